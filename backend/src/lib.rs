@@ -1,0 +1,1 @@
+//! xmx dom0 side: xenbus backend of device `xmx`, ring service, MX engine and NIC I/O.

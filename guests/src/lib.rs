@@ -1,0 +1,1 @@
+//! Guest-side services: the xmx-frontd daemon and simulated-cluster helpers.

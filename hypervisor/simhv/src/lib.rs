@@ -1,0 +1,2 @@
+//! xmx-simhv: one simulated Xen host's hypervisor services in one daemon.
+pub mod xenstored;

@@ -1,0 +1,289 @@
+//! xmx-hv: what Xen offers a split driver, as traits, with two platforms behind them.
+//!
+//! - [`GrantTable`]: grant pages of this domain to another one, map another domain's
+//!   grants in batches, grant-copy.
+//! - [`EventChannels`]: inter-domain event channels with a pollable fd.
+//! - [`Xenstore`]: the xenstore protocol, with transactions and watches.
+//!
+//! Platforms:
+//! - `linux` ([`linux`]): real Xen from userspace (/dev/xen/gntalloc, gntdev, evtchn,
+//!   and xenstored's socket or /dev/xen/xenbus).
+//! - `sim` ([`sim`]): a domain attached to an `xmx-simhv` daemon, with the same semantics.
+//!
+//! Everything above this crate is written against the traits and a [`Platform`]
+//! chosen at run time, so the same binaries run on real Xen and on the simulator.
+
+pub mod conformance;
+pub mod error;
+pub mod linux;
+pub mod platform;
+pub mod sim;
+pub mod xs;
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::{Error, Result};
+pub use platform::{Platform, PlatformKind};
+
+/// A Xen domain id.
+pub type DomId = u16;
+/// A grant reference (index into the granting domain's grant table).
+pub type GrantRef = u32;
+/// An event-channel port, local to the domain that holds it.
+pub type Port = u32;
+
+/// The size of a page, the unit of granting.
+pub const PAGE_SIZE: usize = 4096;
+/// dom0's domain id.
+pub const DOM0: DomId = 0;
+
+/// Pages this domain allocated and granted to one remote domain.
+///
+/// The memory stays mapped in this process until [`GrantedPages::end_access`] or drop.
+/// Dropping ends access if it can; if the remote still has the pages mapped, the platform
+/// keeps them alive (leaks them to the remote, as Linux's gntalloc defers the free) rather
+/// than hand memory the remote can still see back to the allocator.
+pub struct GrantedPages {
+    pub(crate) refs: Vec<GrantRef>,
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) remote: DomId,
+    pub(crate) writable: bool,
+    pub(crate) owner: Option<Box<dyn GrantedOwner>>,
+}
+
+// SAFETY: GrantedPages owns a mapping of shared memory; the raw pointer is only a handle
+// to that mapping, which is valid from any thread until the owner releases it in drop.
+unsafe impl Send for GrantedPages {}
+// SAFETY: &GrantedPages only hands out the pointer and length; all access to the bytes
+// goes through the caller's own synchronisation (rings with acquire/release indices).
+unsafe impl Sync for GrantedPages {}
+
+/// Platform side of [`GrantedPages`]: releases grants and the local mapping.
+pub trait GrantedOwner: Send + Sync {
+    /// End foreign access to every ref; `Err(Error::Busy)` if the remote still maps any,
+    /// in which case nothing was released.
+    fn end_access(&mut self, refs: &[GrantRef]) -> Result<()>;
+    /// Release unconditionally (drop path): end what can be ended and keep the rest
+    /// alive until the remote unmaps it.
+    fn release(&mut self, refs: &[GrantRef]);
+}
+
+impl GrantedPages {
+    pub fn refs(&self) -> &[GrantRef] {
+        &self.refs
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn remote(&self) -> DomId {
+        self.remote
+    }
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+    /// End access to all pages. Refused with [`Error::Busy`] while the remote maps any
+    /// of them; the pages are then handed back unchanged.
+    pub fn end_access(mut self) -> std::result::Result<(), (Self, Error)> {
+        let refs = std::mem::take(&mut self.refs);
+        let res = match self.owner.as_mut() {
+            Some(o) => o.end_access(&refs),
+            None => Ok(()),
+        };
+        match res {
+            Ok(()) => {
+                self.owner = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.refs = refs;
+                Err((self, e))
+            }
+        }
+    }
+}
+
+impl Drop for GrantedPages {
+    fn drop(&mut self) {
+        if let Some(mut o) = self.owner.take() {
+            o.release(&self.refs);
+        }
+    }
+}
+
+/// Another domain's grants, mapped contiguously into this process.
+pub struct MappedPages {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) remote: DomId,
+    pub(crate) refs: Vec<GrantRef>,
+    pub(crate) writable: bool,
+    pub(crate) owner: Option<Box<dyn MappedOwner>>,
+}
+
+// SAFETY: as for GrantedPages: a handle to a mapping that is valid on every thread until
+// the owner unmaps it in drop.
+unsafe impl Send for MappedPages {}
+// SAFETY: see GrantedPages; byte access is synchronised by the users of the mapping.
+unsafe impl Sync for MappedPages {}
+
+/// Platform side of [`MappedPages`]: unmaps.
+pub trait MappedOwner: Send + Sync {
+    fn unmap(&mut self);
+}
+
+impl MappedPages {
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn remote(&self) -> DomId {
+        self.remote
+    }
+    pub fn refs(&self) -> &[GrantRef] {
+        &self.refs
+    }
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+}
+
+impl Drop for MappedPages {
+    fn drop(&mut self) {
+        if let Some(mut o) = self.owner.take() {
+            o.unmap();
+        }
+    }
+}
+
+/// One side of a grant copy: a foreign grant or local memory.
+#[derive(Debug, Clone, Copy)]
+pub enum CopyPtr {
+    /// `offset` bytes into the page that `domid` granted as `gref`.
+    Foreign { domid: DomId, gref: GrantRef, offset: u16 },
+    /// Local memory of the calling process.
+    Local(*mut u8),
+}
+
+/// One grant-copy segment (at most one page, not crossing a page boundary on a foreign side).
+#[derive(Debug, Clone, Copy)]
+pub struct CopySegment {
+    pub source: CopyPtr,
+    pub dest: CopyPtr,
+    pub len: u16,
+}
+
+/// The grant table of the calling domain, both as granter and as mapper.
+pub trait GrantTable: Send + Sync {
+    /// Allocate `count` zeroed pages and grant them to `remote` (read-only unless
+    /// `writable`). The pages are mapped contiguously in this process.
+    fn grant_pages(&self, remote: DomId, count: usize, writable: bool) -> Result<GrantedPages>;
+
+    /// Map `refs` granted by `remote` in one call, contiguously. Fails as a whole (and
+    /// maps nothing) if any ref is out of range, not granted to this domain, or
+    /// read-only while `writable` is asked.
+    fn map(&self, remote: DomId, refs: &[GrantRef], writable: bool) -> Result<MappedPages>;
+
+    /// Grant copy, as GNTTABOP_copy: every segment is checked as a mapping would be.
+    /// Returns per-segment results in the order given.
+    fn copy(&self, segments: &[CopySegment]) -> Result<Vec<Result<()>>>;
+
+    /// How many grant entries this domain's table holds.
+    fn table_size(&self) -> usize;
+}
+
+/// A cheap handle that signals one event-channel port, for the data path.
+pub trait Notify: Send + Sync {
+    fn notify(&self) -> Result<()>;
+}
+
+/// The event channels of the calling domain.
+pub trait EventChannels: Send + Sync {
+    /// Allocate a port that `remote` may bind to.
+    fn alloc_unbound(&self, remote: DomId) -> Result<Port>;
+    /// Bind to `remote_port` of `remote`, which must have been allocated unbound for us.
+    fn bind_interdomain(&self, remote: DomId, remote_port: Port) -> Result<Port>;
+    /// Signal the other end of `port`.
+    fn notify(&self, port: Port) -> Result<()>;
+    /// A notifier for `port` that does not go through this handle's locks.
+    fn notifier(&self, port: Port) -> Result<Arc<dyn Notify>>;
+    /// Re-enable delivery on `port` after it was reported pending.
+    fn unmask(&self, port: Port) -> Result<()>;
+    /// Close `port`; the remote end sees it closed.
+    fn close(&self, port: Port) -> Result<()>;
+    /// A file descriptor that polls readable while any port is pending.
+    fn fd(&self) -> RawFd;
+    /// Append pending ports to `out` without blocking; each reported port is masked until
+    /// [`EventChannels::unmask`].
+    fn pending(&self, out: &mut Vec<Port>) -> Result<()>;
+    /// Block until a port is pending or `timeout` elapses (None: forever), then report as
+    /// [`EventChannels::pending`] does.
+    fn wait(&self, out: &mut Vec<Port>, timeout: Option<Duration>) -> Result<()>;
+}
+
+/// A xenstore transaction id; [`XBT_NULL`] is no transaction.
+pub type TxId = u32;
+pub const XBT_NULL: TxId = 0;
+
+/// One entry of a node's permission list, as xenstored keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct XsPerm {
+    pub domid: DomId,
+    pub access: XsAccess,
+}
+
+/// Access letters of xenstore permissions: n, r, w, b.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum XsAccess {
+    None,
+    Read,
+    Write,
+    Both,
+}
+
+/// A fired watch: the path that changed and the token it was registered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub path: String,
+    pub token: String,
+}
+
+/// The xenstore protocol as a client sees it.
+pub trait Xenstore: Send + Sync {
+    fn read(&self, tx: TxId, path: &str) -> Result<Vec<u8>>;
+    fn write(&self, tx: TxId, path: &str, value: &[u8]) -> Result<()>;
+    fn mkdir(&self, tx: TxId, path: &str) -> Result<()>;
+    fn rm(&self, tx: TxId, path: &str) -> Result<()>;
+    fn directory(&self, tx: TxId, path: &str) -> Result<Vec<String>>;
+    /// First entry is the owner and the default access for other domains.
+    fn get_perms(&self, tx: TxId, path: &str) -> Result<Vec<XsPerm>>;
+    fn set_perms(&self, tx: TxId, path: &str, perms: &[XsPerm]) -> Result<()>;
+    fn transaction_start(&self) -> Result<TxId>;
+    /// Commit (or abort with `commit == false`); a conflicting commit is [`Error::Again`].
+    fn transaction_end(&self, tx: TxId, commit: bool) -> Result<()>;
+    /// Register a watch; xenstored fires it once at once and then on every change.
+    fn watch(&self, path: &str, token: &str) -> Result<()>;
+    fn unwatch(&self, path: &str, token: &str) -> Result<()>;
+    /// A file descriptor that polls readable while a watch event is queued.
+    fn watch_fd(&self) -> RawFd;
+    /// The next queued watch event, waiting up to `timeout` (None: forever).
+    fn next_watch_event(&self, timeout: Option<Duration>) -> Result<Option<WatchEvent>>;
+    fn get_domain_path(&self, domid: DomId) -> Result<String>;
+    fn introduce(&self, domid: DomId, mfn: u64, port: Port) -> Result<()>;
+    fn release(&self, domid: DomId) -> Result<()>;
+    fn is_domain_introduced(&self, domid: DomId) -> Result<bool>;
+    fn reset_watches(&self) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! libmyriexpress: the MX ABI (MX_API 0x301) for unmodified MX applications.
