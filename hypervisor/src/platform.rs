@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::{DomId, EventChannels, GrantTable, Result, Xenstore};
+use crate::{DomId, Error, EventChannels, GrantTable, Result, Xenstore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlatformKind {
@@ -24,4 +24,30 @@ pub trait Platform: Send + Sync {
     fn event_channels(&self) -> Result<Box<dyn EventChannels>>;
     /// A new xenstore connection.
     fn xenstore(&self) -> Result<Box<dyn Xenstore>>;
+}
+
+/// The platform the environment selects: `XMX_PLATFORM` = `sim` (the default) or `linux`.
+///
+/// For `sim`, `XMX_SIM_DIR` names the simhv directory and `XMX_DOMID` the domain to attach
+/// as (both required). `linux` opens the real Xen devices of the running domain.
+pub fn from_env() -> Result<Arc<dyn Platform>> {
+    let kind = std::env::var("XMX_PLATFORM").unwrap_or_else(|_| "sim".to_string());
+    match kind.as_str() {
+        "sim" | "" => {
+            let dir = std::env::var_os("XMX_SIM_DIR").ok_or_else(|| {
+                Error::Invalid("XMX_PLATFORM=sim needs XMX_SIM_DIR (the simhv directory)".into())
+            })?;
+            let domid = std::env::var("XMX_DOMID")
+                .map_err(|_| Error::Invalid("XMX_PLATFORM=sim needs XMX_DOMID".into()))?;
+            let domid: DomId = domid
+                .trim()
+                .parse()
+                .map_err(|_| Error::Invalid(format!("XMX_DOMID={domid:?} is not a domid")))?;
+            Ok(Arc::new(crate::sim::SimPlatform::attach(dir, domid)?))
+        }
+        "linux" => Ok(Arc::new(crate::linux::LinuxPlatform::open()?)),
+        other => Err(Error::Invalid(format!(
+            "XMX_PLATFORM={other:?} (expected sim or linux)"
+        ))),
+    }
 }

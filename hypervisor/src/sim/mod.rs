@@ -5,3 +5,112 @@
 //! - `DIR/dom<N>/xenstore.sock`: xenstore wire protocol, connections are domain N.
 //! - `DIR/dom<N>/hv.sock`: grant-table and event-channel operations of domain N.
 //! - `DIR/dom<N>/...`: shared-memory files of domain N (its pages, its grant table).
+//!
+//! In detail:
+//! - `DIR/simhv.lock`: `flock`ed by the live daemon; a second daemon on DIR refuses to start.
+//! - `DIR/ready`: written (atomically, holding the daemon's pid) once it serves requests.
+//! - `DIR/dom<N>/mem`: domain N's memory; page `f` of the file is frame `f`. It grows on
+//!   demand up to the domain's memory limit; freed frames are zeroed.
+//! - `DIR/dom<N>/gnttab`: domain N's grant table, an array of Xen v1 entries
+//!   `{u16 flags, u16 domid, u32 frame}` little-endian, flags as in Xen's public
+//!   grant_table.h (`GTF_permit_access` 1, `GTF_readonly` 1<<2, `GTF_reading` 1<<3,
+//!   `GTF_writing` 1<<4). Refs 0..8 are reserved as Xen guests reserve them.
+//! - Each `dom<N>` directory is mode 0700; the connecting process of a domain's sockets
+//!   *is* that domain.
+//!
+//! The `hv.sock` protocol is in [`proto`], framing and descriptor passing in [`transport`],
+//! the admin protocol and its client in [`admin`].
+//!
+//! Isolation is enforced on every request (which domain may map or copy which grant,
+//! bind which port). It does not extend to processes of the same user tampering with the
+//! files under DIR directly: a simulated host trusts its own user.
+
+pub mod admin;
+mod conn;
+pub mod evtchn;
+pub mod gnttab;
+pub mod layout;
+pub mod mmap;
+pub mod proto;
+pub mod transport;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub use admin::SimAdmin;
+pub use evtchn::{PortStatus, SimEventChannels, SimNotifier};
+pub use gnttab::SimGrantTable;
+
+use crate::{DomId, Error, EventChannels, GrantTable, Platform, PlatformKind, Result, Xenstore};
+
+/// A domain of a running `xmx-simhv`, as seen by one of its processes.
+pub struct SimPlatform {
+    dir: PathBuf,
+    domid: DomId,
+    grant_table: Mutex<Option<Arc<SimGrantTable>>>,
+}
+
+impl SimPlatform {
+    /// Attach to domain `domid` of the simhv serving `dir`.
+    pub fn attach(dir: impl AsRef<Path>, domid: DomId) -> Result<SimPlatform> {
+        let dir = dir.as_ref().to_path_buf();
+        if !layout::hv_sock(&dir, domid).exists() {
+            return Err(Error::NotFound(format!(
+                "no simulated domain {domid} at {}",
+                dir.display()
+            )));
+        }
+        Ok(SimPlatform {
+            dir,
+            domid,
+            grant_table: Mutex::new(None),
+        })
+    }
+
+    /// The simhv directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The shared grant table as its concrete type.
+    pub fn sim_grant_table(&self) -> Result<Arc<SimGrantTable>> {
+        let mut slot = self
+            .grant_table
+            .lock()
+            .map_err(|_| Error::Closed("platform poisoned".into()))?;
+        if let Some(gt) = slot.as_ref() {
+            return Ok(gt.clone());
+        }
+        let gt = Arc::new(SimGrantTable::open(&self.dir, self.domid)?);
+        *slot = Some(gt.clone());
+        Ok(gt)
+    }
+
+    /// A new event-channel handle as its concrete type.
+    pub fn sim_event_channels(&self) -> Result<SimEventChannels> {
+        SimEventChannels::open(&self.dir, self.domid)
+    }
+}
+
+impl Platform for SimPlatform {
+    fn kind(&self) -> PlatformKind {
+        PlatformKind::Sim
+    }
+
+    fn domid(&self) -> DomId {
+        self.domid
+    }
+
+    fn grant_table(&self) -> Result<Arc<dyn GrantTable>> {
+        Ok(self.sim_grant_table()?)
+    }
+
+    fn event_channels(&self) -> Result<Box<dyn EventChannels>> {
+        Ok(Box::new(self.sim_event_channels()?))
+    }
+
+    fn xenstore(&self) -> Result<Box<dyn Xenstore>> {
+        let path = layout::xenstore_sock(&self.dir, self.domid);
+        Ok(Box::new(crate::xs::XsClient::connect_unix(&path)?))
+    }
+}

@@ -1,0 +1,4 @@
+//! `xmx sim`: simulated clusters on one machine (network namespaces + xmx-simhv per host).
+pub mod cluster;
+pub mod netns;
+pub mod wait;

@@ -1,0 +1,366 @@
+//! Domain lifecycle: create, destroy, suspend, resume, and the counters of `state`.
+//!
+//! Creating domain N makes `DIR/dom<N>` (0700) with its memory and grant-table files,
+//! serves `hv.sock` and `xenstore.sock` there, introduces the domain to xenstored
+//! (`@introduceDomain`) and writes `/local/domain/N/name` and `domid` as the toolstack
+//! does. Destroying it tears down its hypervisor state (see [`crate::hv`]), closes its
+//! connections, releases it in xenstored (`@releaseDomain`, its nodes removed) and removes
+//! the directory. Suspending writes `control/shutdown = "suspend"` in its xenstore home
+//! and makes its grant and event-channel operations fail with `Busy` until resumed
+//! (teardown operations — ending grants, unmapping, closing ports — still work, so a
+//! process of a suspended domain can always let go of what it holds).
+//!
+//! Lifecycle operations are serialised by one lock; the hypervisor state has its own.
+
+use std::collections::BTreeMap;
+use std::fs::DirBuilder;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use xmx_hv::sim::admin::{DomainInfo, DomainState, RunState, XenstoreUsage};
+use xmx_hv::sim::layout;
+use xmx_hv::xs::XsClient;
+use xmx_hv::{DomId, Error, Result, Xenstore, DOM0, XBT_NULL};
+
+use crate::config::Config;
+use crate::hv::{serve, Hv};
+use crate::xenstored::Xenstored;
+
+/// First domid Xen reserves for special purposes (DOMID_FIRST_RESERVED).
+pub const DOMID_FIRST_RESERVED: DomId = 0x7ff0;
+/// Longest domain name accepted.
+pub const MAX_NAME_LEN: usize = 64;
+/// dom0's name, as the toolstack writes it.
+pub const DOM0_NAME: &str = "Domain-0";
+
+/// The threads serving one domain.
+struct Runtime {
+    stop: Arc<OwnedFd>,
+    acceptor: Option<JoinHandle<()>>,
+    xenstore: Option<JoinHandle<()>>,
+}
+
+/// Every domain of the host and the services around them.
+pub(crate) struct Host {
+    dir: PathBuf,
+    hv: Arc<Hv>,
+    xenstored: Arc<Xenstored>,
+    runtimes: Mutex<BTreeMap<DomId, Runtime>>,
+    /// xenstore threads of destroyed domains, joined at shutdown.
+    retired: Mutex<Vec<JoinHandle<()>>>,
+    /// dom0's xenstore connection, used for the toolstack's writes.
+    toolstack: Mutex<Option<XsClient>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn bind_socket(path: &Path) -> Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::Io(e)),
+    }
+    UnixListener::bind(path).map_err(|e| {
+        if e.kind() == io::ErrorKind::InvalidInput {
+            Error::Invalid(format!(
+                "socket path {} is too long for a unix socket; use a shorter --dir",
+                path.display()
+            ))
+        } else {
+            Error::Io(e)
+        }
+    })
+}
+
+/// Bind `DIR/ctl.sock`, replacing a stale one.
+pub(crate) fn bind_ctl(dir: &Path) -> Result<UnixListener> {
+    bind_socket(&layout::ctl_sock(dir))
+}
+
+fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(Error::Invalid(format!(
+            "domain names have 1 to {MAX_NAME_LEN} bytes"
+        )));
+    }
+    if name
+        .chars()
+        .any(|c| c.is_control() || c == '/' || c.is_whitespace())
+    {
+        return Err(Error::Invalid(format!("domain name {name:?}")));
+    }
+    Ok(())
+}
+
+impl Host {
+    /// A host with no domain yet.
+    pub(crate) fn new(dir: &Path, config: Config) -> Host {
+        let xenstored = Xenstored::new(config.xenstore.clone());
+        Host {
+            dir: dir.to_path_buf(),
+            hv: Arc::new(Hv::new(config)),
+            xenstored,
+            runtimes: Mutex::new(BTreeMap::new()),
+            retired: Mutex::new(Vec::new()),
+            toolstack: Mutex::new(None),
+        }
+    }
+
+    /// Bring up dom0.
+    pub(crate) fn start_dom0(&self) -> Result<()> {
+        let mut rt = lock(&self.runtimes);
+        self.create_locked(&mut rt, DOM0, DOM0_NAME)?;
+        Ok(())
+    }
+
+    /// Create a domain; the lowest free domid from 1 unless `domid` is given.
+    pub(crate) fn create(&self, name: &str, domid: Option<DomId>) -> Result<DomId> {
+        validate_name(name)?;
+        let mut rt = lock(&self.runtimes);
+        if self.hv.name_taken(name) {
+            return Err(Error::Exists(format!("a domain is named {name:?}")));
+        }
+        let domid = match domid {
+            Some(0) => return Err(Error::Exists("domain 0".into())),
+            Some(d) if d >= DOMID_FIRST_RESERVED => {
+                return Err(Error::Invalid(format!("domid {d} is reserved")))
+            }
+            Some(d) if rt.contains_key(&d) => return Err(Error::Exists(format!("domain {d}"))),
+            Some(d) => d,
+            None => (1..DOMID_FIRST_RESERVED)
+                .find(|d| !rt.contains_key(d))
+                .ok_or_else(|| Error::Quota("no free domid".into()))?,
+        };
+        self.create_locked(&mut rt, domid, name)?;
+        Ok(domid)
+    }
+
+    fn create_locked(
+        &self,
+        rt: &mut BTreeMap<DomId, Runtime>,
+        domid: DomId,
+        name: &str,
+    ) -> Result<()> {
+        let dir = layout::dom_dir(&self.dir, domid);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        DirBuilder::new().mode(0o700).create(&dir)?;
+        match self.bring_up(rt, domid, name) {
+            Ok(()) => {
+                tracing::info!(domid, name, "domain created");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(domid, name, error = %e, "domain creation failed");
+                if let Some(r) = rt.remove(&domid) {
+                    self.stop_runtime(r);
+                }
+                if let Ok(streams) = self.hv.remove_domain(domid) {
+                    shut(streams);
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn bring_up(&self, rt: &mut BTreeMap<DomId, Runtime>, domid: DomId, name: &str) -> Result<()> {
+        self.hv.add_domain(&self.dir, domid, name)?;
+        let hv_listener = bind_socket(&layout::hv_sock(&self.dir, domid))?;
+        let xs_listener = bind_socket(&layout::xenstore_sock(&self.dir, domid))?;
+        let stop: OwnedFd =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(|e| Error::Io(e.into()))?
+                .into();
+        let stop = Arc::new(stop);
+        let mut runtime = Runtime {
+            stop: stop.clone(),
+            acceptor: None,
+            xenstore: None,
+        };
+        runtime.xenstore = Some(self.xenstored.serve(domid, xs_listener)?);
+        runtime.acceptor = Some(serve::spawn_acceptor(
+            self.hv.clone(),
+            domid,
+            hv_listener,
+            stop,
+        )?);
+        rt.insert(domid, runtime);
+        self.xenstored.introduce_domain(domid);
+        let home = format!("/local/domain/{domid}");
+        self.toolstack_write(&format!("{home}/name"), name.as_bytes())?;
+        self.toolstack_write(&format!("{home}/domid"), domid.to_string().as_bytes())?;
+        Ok(())
+    }
+
+    /// Write a node as the toolstack (dom0) does.
+    fn toolstack_write(&self, path: &str, value: &[u8]) -> Result<()> {
+        let mut ts = lock(&self.toolstack);
+        if ts.is_none() {
+            *ts = Some(XsClient::connect_unix(layout::xenstore_sock(
+                &self.dir, DOM0,
+            ))?);
+        }
+        let Some(client) = ts.as_ref() else {
+            return Err(Error::Closed("toolstack xenstore connection".into()));
+        };
+        match client.write(XBT_NULL, path, value) {
+            Err(Error::Closed(_)) | Err(Error::Io(_)) => {
+                // Reconnect once: the connection may have been dropped.
+                let client = XsClient::connect_unix(layout::xenstore_sock(&self.dir, DOM0))?;
+                let r = client.write(XBT_NULL, path, value);
+                *ts = Some(client);
+                r
+            }
+            r => r,
+        }
+    }
+
+    fn stop_runtime(&self, mut r: Runtime) {
+        if let Err(e) = nix::unistd::write(r.stop.as_ref(), &1u64.to_ne_bytes()) {
+            tracing::error!(error = %e, "stopping an acceptor");
+        }
+        if let Some(a) = r.acceptor.take() {
+            let _ = a.join();
+        }
+        if let Some(x) = r.xenstore.take() {
+            lock(&self.retired).push(x);
+        }
+    }
+
+    /// Destroy a domain (not dom0).
+    pub(crate) fn destroy(&self, domid: DomId) -> Result<()> {
+        if domid == DOM0 {
+            return Err(Error::Invalid("dom0 cannot be destroyed".into()));
+        }
+        let mut rt = lock(&self.runtimes);
+        let runtime = rt
+            .remove(&domid)
+            .ok_or_else(|| Error::NotFound(format!("domain {domid}")))?;
+        self.teardown(domid, runtime);
+        tracing::info!(domid, "domain destroyed");
+        Ok(())
+    }
+
+    fn teardown(&self, domid: DomId, runtime: Runtime) {
+        match self.hv.remove_domain(domid) {
+            Ok(streams) => shut(streams),
+            Err(e) => tracing::error!(domid, error = %e, "tearing down"),
+        }
+        self.stop_runtime(runtime);
+        self.xenstored.release_domain(domid);
+        if let Err(e) = std::fs::remove_dir_all(layout::dom_dir(&self.dir, domid)) {
+            tracing::warn!(domid, error = %e, "removing the domain directory");
+        }
+    }
+
+    /// Suspend a domain (not dom0).
+    pub(crate) fn suspend(&self, domid: DomId) -> Result<()> {
+        if domid == DOM0 {
+            return Err(Error::Invalid("dom0 cannot be suspended".into()));
+        }
+        let _rt = lock(&self.runtimes);
+        self.hv.set_run(domid, RunState::Suspended)?;
+        let path = format!("/local/domain/{domid}/control/shutdown");
+        if let Err(e) = self.toolstack_write(&path, b"suspend") {
+            let _ = self.hv.set_run(domid, RunState::Running);
+            return Err(e);
+        }
+        tracing::info!(domid, "domain suspended");
+        Ok(())
+    }
+
+    /// Resume a suspended domain.
+    pub(crate) fn resume(&self, domid: DomId) -> Result<()> {
+        let _rt = lock(&self.runtimes);
+        self.hv.set_run(domid, RunState::Running)?;
+        tracing::info!(domid, "domain resumed");
+        Ok(())
+    }
+
+    /// Every domain.
+    pub(crate) fn list(&self) -> Vec<DomainInfo> {
+        self.hv
+            .list()
+            .into_iter()
+            .map(|(domid, name, state)| DomainInfo { domid, name, state })
+            .collect()
+    }
+
+    /// Counters of one domain.
+    pub(crate) fn state(&self, domid: DomId) -> Result<DomainState> {
+        let c = self.hv.counters(domid)?;
+        let u = self.xenstored.usage(domid);
+        Ok(DomainState {
+            domid,
+            name: c.name,
+            state: c.run,
+            instance: c.instance,
+            grants_active: c.grants_active,
+            grants_deferred: c.grants_deferred,
+            grants_mapped_by_others: c.grants_mapped_by_others,
+            mappings_held: c.mappings_held,
+            ports_open: c.ports_open,
+            hv_connections: c.hv_connections,
+            mem_pages: c.mem_pages,
+            xenstore: XenstoreUsage {
+                nodes: u.nodes,
+                watches: u.watches,
+                transactions: u.transactions,
+                connections: u.connections,
+            },
+        })
+    }
+
+    /// Stop everything: every domain's connections, acceptors and xenstore service.
+    pub(crate) fn shutdown(&self) {
+        *lock(&self.toolstack) = None;
+        let mut rt = lock(&self.runtimes);
+        let all: Vec<DomId> = rt.keys().rev().copied().collect();
+        for domid in all {
+            if let Some(r) = rt.remove(&domid) {
+                match self.hv.remove_domain(domid) {
+                    Ok(streams) => shut(streams),
+                    Err(e) => tracing::error!(domid, error = %e, "tearing down"),
+                }
+                self.stop_runtime(r);
+                let _ = std::fs::remove_dir_all(layout::dom_dir(&self.dir, domid));
+            }
+        }
+        drop(rt);
+        self.xenstored.shutdown();
+        for t in lock(&self.retired).drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn shut(streams: Vec<std::os::unix::net::UnixStream>) {
+    for s in streams {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("guest-1").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a/b").is_err());
+        assert!(validate_name("a b").is_err());
+        assert!(validate_name("a\nb").is_err());
+        assert!(validate_name(&"x".repeat(MAX_NAME_LEN + 1)).is_err());
+    }
+}

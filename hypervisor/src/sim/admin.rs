@@ -1,0 +1,360 @@
+//! The admin protocol of `DIR/ctl.sock` and its client, [`SimAdmin`].
+//!
+//! One JSON object per line each way. A request is tagged by `op`:
+//! `{"op":"create","name":"guest1"}` (optionally `"domid":N`), `{"op":"destroy","domid":N}`,
+//! `{"op":"suspend","domid":N}`, `{"op":"resume","domid":N}`, `{"op":"list"}`,
+//! `{"op":"state","domid":N}`. A reply is `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":{"kind":"not_found","message":"..."}}`.
+
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Mutex;
+
+use nix::errno::Errno;
+use nix::sys::socket::{send, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+use super::layout;
+use crate::{DomId, Error, Result};
+
+/// Longest line either side accepts.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// An admin request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdminRequest {
+    /// Create a domain; the daemon picks the lowest free domid unless one is given.
+    Create {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        domid: Option<DomId>,
+    },
+    /// Destroy a domain and everything it holds.
+    Destroy { domid: DomId },
+    /// Pause a domain's hypervisor operations and ask it to suspend.
+    Suspend { domid: DomId },
+    /// Let a suspended domain run again.
+    Resume { domid: DomId },
+    /// Every domain.
+    List,
+    /// Counters of one domain.
+    State { domid: DomId },
+}
+
+/// Whether a domain runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Running,
+    Suspended,
+}
+
+/// One entry of `list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainInfo {
+    pub domid: DomId,
+    pub name: String,
+    pub state: RunState,
+}
+
+/// What xenstored holds for a domain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XenstoreUsage {
+    pub nodes: usize,
+    pub watches: usize,
+    pub transactions: usize,
+    pub connections: usize,
+}
+
+/// Counters of one domain, for checking that nothing is left behind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainState {
+    pub domid: DomId,
+    pub name: String,
+    pub state: RunState,
+    /// The daemon's id for this incarnation of the domid.
+    pub instance: u64,
+    /// Grant entries in use in this domain's table (deferred ones included).
+    pub grants_active: usize,
+    /// Grants whose granting handle closed while a remote still mapped them.
+    pub grants_deferred: usize,
+    /// Grant entries of this domain that another domain currently maps.
+    pub grants_mapped_by_others: usize,
+    /// Foreign grant pages this domain currently maps.
+    pub mappings_held: usize,
+    /// Event-channel ports of this domain.
+    pub ports_open: usize,
+    /// Open `hv.sock` connections of this domain.
+    pub hv_connections: usize,
+    /// Pages of this domain's memory file in use.
+    pub mem_pages: usize,
+    pub xenstore: XenstoreUsage,
+}
+
+/// The error part of a failed reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdminError {
+    pub kind: String,
+    pub message: String,
+}
+
+/// One reply line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdminReply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<AdminError>,
+}
+
+impl AdminReply {
+    /// A successful reply.
+    pub fn ok(result: serde_json::Value) -> AdminReply {
+        AdminReply {
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    /// A failed reply.
+    pub fn err(e: &Error) -> AdminReply {
+        AdminReply {
+            ok: false,
+            result: None,
+            error: Some(AdminError {
+                kind: error_kind(e).to_string(),
+                message: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// The `kind` string of an error.
+pub fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::NotFound(_) => "not_found",
+        Error::Denied(_) => "denied",
+        Error::Busy(_) => "busy",
+        Error::Again => "again",
+        Error::Exists(_) => "exists",
+        Error::Invalid(_) => "invalid",
+        Error::Quota(_) => "quota",
+        Error::Unsupported(_) => "unsupported",
+        Error::Closed(_) => "closed",
+        Error::Protocol(_) => "protocol",
+        Error::Xs(_) => "xenstore",
+        Error::Io(_) => "io",
+    }
+}
+
+/// The error a `kind` string and message stand for.
+pub fn error_from_kind(kind: &str, message: String) -> Error {
+    match kind {
+        "not_found" => Error::NotFound(message),
+        "denied" => Error::Denied(message),
+        "busy" => Error::Busy(message),
+        "again" => Error::Again,
+        "exists" => Error::Exists(message),
+        "invalid" => Error::Invalid(message),
+        "quota" => Error::Quota(message),
+        "unsupported" => Error::Unsupported(message),
+        "closed" => Error::Closed(message),
+        "xenstore" => Error::Xs(message),
+        "io" => Error::Io(io::Error::other(message)),
+        _ => Error::Protocol(format!("{kind}: {message}")),
+    }
+}
+
+/// Write all of `buf` to a socket without risking SIGPIPE.
+pub fn send_all(sock: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match send(sock.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Read one line of at most `max` bytes (newline excluded). `Ok(None)` at end of stream.
+pub fn read_line_bounded<R: BufRead>(r: &mut R, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    let n = r.by_ref().take(max as u64 + 1).read_until(b'\n', &mut line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if line.len() > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("line longer than {max} bytes"),
+        ));
+    }
+    Ok(Some(line))
+}
+
+/// A client of a simhv's admin socket.
+pub struct SimAdmin {
+    inner: Mutex<BufReader<UnixStream>>,
+}
+
+impl SimAdmin {
+    /// Connect to `DIR/ctl.sock`.
+    pub fn connect(dir: &Path) -> Result<SimAdmin> {
+        let path = layout::ctl_sock(dir);
+        let sock = UnixStream::connect(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+                Error::NotFound(format!("no xmx-simhv at {} ({e})", dir.display()))
+            }
+            _ => Error::Io(e),
+        })?;
+        Ok(SimAdmin {
+            inner: Mutex::new(BufReader::new(sock)),
+        })
+    }
+
+    /// Send one request and return its result value.
+    pub fn call(&self, req: &AdminRequest) -> Result<serde_json::Value> {
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| Error::Closed("admin connection poisoned".into()))?;
+        let mut line =
+            serde_json::to_vec(req).map_err(|e| Error::Invalid(format!("encoding: {e}")))?;
+        line.push(b'\n');
+        send_all(inner.get_ref(), &line).map_err(closed)?;
+        let reply = read_line_bounded(&mut *inner, MAX_LINE)
+            .map_err(closed)?
+            .ok_or_else(|| Error::Closed("xmx-simhv closed the admin connection".into()))?;
+        let reply: AdminReply = serde_json::from_slice(&reply)
+            .map_err(|e| Error::Protocol(format!("admin reply: {e}")))?;
+        if reply.ok {
+            Ok(reply.result.unwrap_or(serde_json::Value::Null))
+        } else {
+            let e = reply.error.unwrap_or(AdminError {
+                kind: "protocol".into(),
+                message: "failure without an error".into(),
+            });
+            Err(error_from_kind(&e.kind, e.message))
+        }
+    }
+
+    fn call_as<T: for<'de> Deserialize<'de>>(&self, req: &AdminRequest) -> Result<T> {
+        let v = self.call(req)?;
+        serde_json::from_value(v).map_err(|e| Error::Protocol(format!("admin result: {e}")))
+    }
+
+    /// Create a domain named `name` (with `domid` if given); returns its domid.
+    pub fn create(&self, name: &str, domid: Option<DomId>) -> Result<DomId> {
+        #[derive(Deserialize)]
+        struct Created {
+            domid: DomId,
+        }
+        let c: Created = self.call_as(&AdminRequest::Create {
+            name: name.to_string(),
+            domid,
+        })?;
+        Ok(c.domid)
+    }
+
+    /// Destroy a domain.
+    pub fn destroy(&self, domid: DomId) -> Result<()> {
+        self.call(&AdminRequest::Destroy { domid }).map(|_| ())
+    }
+
+    /// Suspend a domain.
+    pub fn suspend(&self, domid: DomId) -> Result<()> {
+        self.call(&AdminRequest::Suspend { domid }).map(|_| ())
+    }
+
+    /// Resume a suspended domain.
+    pub fn resume(&self, domid: DomId) -> Result<()> {
+        self.call(&AdminRequest::Resume { domid }).map(|_| ())
+    }
+
+    /// Every domain.
+    pub fn list(&self) -> Result<Vec<DomainInfo>> {
+        self.call_as(&AdminRequest::List)
+    }
+
+    /// Counters of one domain.
+    pub fn state(&self, domid: DomId) -> Result<DomainState> {
+        self.call_as(&AdminRequest::State { domid })
+    }
+}
+
+fn closed(e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+            Error::Closed(format!("admin connection lost: {e}"))
+        }
+        _ => Error::Io(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_json_form() {
+        let r = AdminRequest::Create {
+            name: "g1".into(),
+            domid: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"op":"create","name":"g1"}"#
+        );
+        let back: AdminRequest =
+            serde_json::from_str(r#"{"op":"create","name":"g1","domid":5}"#).unwrap();
+        assert_eq!(
+            back,
+            AdminRequest::Create {
+                name: "g1".into(),
+                domid: Some(5)
+            }
+        );
+        let back: AdminRequest = serde_json::from_str(r#"{"op":"list"}"#).unwrap();
+        assert_eq!(back, AdminRequest::List);
+        assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"destroy"}"#).is_err());
+        assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"reboot","domid":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<AdminRequest>(r#"{"op":"destroy","domid":70000}"#).is_err()
+        );
+    }
+
+    #[test]
+    fn error_kinds_round_trip() {
+        for e in [
+            Error::NotFound("x".into()),
+            Error::Busy("x".into()),
+            Error::Quota("x".into()),
+            Error::Invalid("x".into()),
+            Error::Exists("x".into()),
+        ] {
+            let reply = AdminReply::err(&e);
+            let err = reply.error.unwrap();
+            let back = error_from_kind(&err.kind, "x".into());
+            assert_eq!(error_kind(&back), error_kind(&e));
+        }
+    }
+
+    #[test]
+    fn bounded_lines() {
+        let mut r = io::Cursor::new(b"abc\ndefgh\n".to_vec());
+        assert_eq!(read_line_bounded(&mut r, 4).unwrap().unwrap(), b"abc");
+        assert!(read_line_bounded(&mut r, 4).is_err());
+        let mut r = io::Cursor::new(b"last".to_vec());
+        assert_eq!(read_line_bounded(&mut r, 4).unwrap().unwrap(), b"last");
+        assert!(read_line_bounded(&mut r, 4).unwrap().is_none());
+    }
+}

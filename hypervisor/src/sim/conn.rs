@@ -1,0 +1,88 @@
+//! One client connection to a domain's `hv.sock`: synchronous request/reply.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::layout;
+use super::proto::{Request, Response, MAX_FRAME};
+use super::transport::{recv_frame, send_frame};
+use crate::{DomId, Error, Result};
+
+/// A connection; every request waits for its reply before the next one is sent.
+pub(crate) struct HvConn {
+    domid: DomId,
+    inner: Mutex<ConnInner>,
+}
+
+struct ConnInner {
+    sock: UnixStream,
+    seq: u32,
+}
+
+impl HvConn {
+    /// Connect to `DIR/dom<domid>/hv.sock`.
+    pub(crate) fn connect(dir: &Path, domid: DomId) -> Result<HvConn> {
+        let path = layout::hv_sock(dir, domid);
+        let sock = UnixStream::connect(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => Error::NotFound(format!(
+                "no simulated domain {domid} at {} ({e})",
+                dir.display()
+            )),
+            _ => Error::Io(e),
+        })?;
+        Ok(HvConn {
+            domid,
+            inner: Mutex::new(ConnInner { sock, seq: 0 }),
+        })
+    }
+
+    /// The domain this connection acts as.
+    pub(crate) fn domid(&self) -> DomId {
+        self.domid
+    }
+
+    /// Send `req`, wait for its reply and the descriptors attached to it.
+    pub(crate) fn call(&self, req: &Request) -> Result<(Response, Vec<OwnedFd>)> {
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| Error::Closed("hv connection poisoned".into()))?;
+        inner.seq = inner.seq.wrapping_add(1);
+        let seq = inner.seq;
+        let mut body = Vec::new();
+        req.emit(seq, &mut body);
+        if body.len() > MAX_FRAME {
+            return Err(Error::Invalid(format!(
+                "request of {} bytes exceeds the {MAX_FRAME}-byte limit",
+                body.len()
+            )));
+        }
+        send_frame(&inner.sock, &body, &[]).map_err(closed_or_io)?;
+        let (reply, fds) = recv_frame(&inner.sock, MAX_FRAME)
+            .map_err(closed_or_io)?
+            .ok_or_else(|| Error::Closed("xmx-simhv closed the connection".into()))?;
+        let (resp, nfds) = Response::parse(&reply, req.op(), seq)?;
+        if nfds != fds.len() {
+            return Err(Error::Protocol(format!(
+                "reply announced {nfds} descriptors, carried {}",
+                fds.len()
+            )));
+        }
+        Ok((resp, fds))
+    }
+}
+
+fn closed_or_io(e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionAborted => {
+            Error::Closed(format!("connection to xmx-simhv lost: {e}"))
+        }
+        _ => Error::Io(e),
+    }
+}

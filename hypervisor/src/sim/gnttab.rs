@@ -1,0 +1,329 @@
+//! The grant table of a simulated domain, as granter (like gntalloc) and as mapper
+//! (like gntdev).
+//!
+//! Granted pages are frames of the domain's own memory file, mapped here with the
+//! descriptor received at `Hello`. Foreign grants are frames of the remote's memory file,
+//! whose descriptor the daemon sends with the first mapping of that remote (per domain
+//! instance and access mode) and which is cached here afterwards.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::conn::HvConn;
+use super::mmap::Region;
+use super::proto::{error_from_code, CopySide, CopySpec, Request, Response, MAX_COPY_SEGMENTS};
+use crate::{
+    CopyPtr, CopySegment, DomId, Error, GrantRef, GrantTable, GrantedOwner, GrantedPages,
+    MappedOwner, MappedPages, Result, PAGE_SIZE,
+};
+
+/// The grant table of one attached domain; grants made through it end when it and every
+/// [`GrantedPages`] it returned are gone.
+pub struct SimGrantTable {
+    conn: Arc<HvConn>,
+    table_size: usize,
+    instance: u64,
+    own_mem: OwnedFd,
+    remote_mem: Mutex<HashMap<(u64, bool), Arc<OwnedFd>>>,
+}
+
+impl SimGrantTable {
+    /// Open a grant-table connection for `domid` of the simhv at `dir`.
+    pub fn open(dir: &Path, domid: DomId) -> Result<SimGrantTable> {
+        let conn = HvConn::connect(dir, domid)?;
+        let (resp, fds) = conn.call(&Request::Hello)?;
+        let Response::Hello {
+            domid: got,
+            instance,
+            table_size,
+        } = resp
+        else {
+            return Err(Error::Protocol("unexpected reply to hello".into()));
+        };
+        if got != domid {
+            return Err(Error::Protocol(format!(
+                "hv.sock of domain {domid} answered as domain {got}"
+            )));
+        }
+        let own_mem = fds
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Protocol("hello reply without the memory descriptor".into()))?;
+        Ok(SimGrantTable {
+            conn: Arc::new(conn),
+            table_size: table_size as usize,
+            instance,
+            own_mem,
+            remote_mem: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The calling domain.
+    pub fn domid(&self) -> DomId {
+        self.conn.domid()
+    }
+
+    /// The daemon's id for this incarnation of the domain (changes if the domid is reused).
+    pub fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    fn remote_fd(
+        &self,
+        instance: u64,
+        writable: bool,
+        attached: Vec<OwnedFd>,
+    ) -> Result<Arc<OwnedFd>> {
+        let mut cache = self
+            .remote_mem
+            .lock()
+            .map_err(|_| Error::Closed("grant table poisoned".into()))?;
+        if let Some(fd) = attached.into_iter().next() {
+            let fd = Arc::new(fd);
+            cache.insert((instance, writable), fd.clone());
+            return Ok(fd);
+        }
+        cache.get(&(instance, writable)).cloned().ok_or_else(|| {
+            Error::Protocol("mapping reply without the remote memory descriptor".into())
+        })
+    }
+}
+
+impl GrantTable for SimGrantTable {
+    fn grant_pages(&self, remote: DomId, count: usize, writable: bool) -> Result<GrantedPages> {
+        if count == 0 {
+            return Err(Error::Invalid("granting zero pages".into()));
+        }
+        let count32 = u32::try_from(count)
+            .map_err(|_| Error::Quota(format!("{count} pages in one grant")))?;
+        let (resp, _) = self.conn.call(&Request::GrantAlloc {
+            remote,
+            writable,
+            count: count32,
+        })?;
+        let Response::Granted { grants } = resp else {
+            return Err(Error::Protocol("unexpected reply to grant".into()));
+        };
+        let refs: Vec<GrantRef> = grants.iter().map(|g| g.0).collect();
+        let frames: Vec<u32> = grants.iter().map(|g| g.1).collect();
+        if refs.len() != count {
+            let _ = self.conn.call(&Request::GrantEnd { defer: true, refs });
+            return Err(Error::Protocol("daemon granted a different page count".into()));
+        }
+        let region = match Region::map_frames(self.own_mem.as_fd(), &frames, true) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.conn.call(&Request::GrantEnd { defer: true, refs });
+                return Err(Error::Io(e));
+            }
+        };
+        Ok(GrantedPages {
+            ptr: region.as_ptr(),
+            len: region.len(),
+            refs,
+            remote,
+            writable,
+            owner: Some(Box::new(SimGrantedOwner {
+                conn: self.conn.clone(),
+                region: Some(region),
+            })),
+        })
+    }
+
+    fn map(&self, remote: DomId, refs: &[GrantRef], writable: bool) -> Result<MappedPages> {
+        if refs.is_empty() {
+            return Err(Error::Invalid("mapping zero grants".into()));
+        }
+        let (resp, fds) = self.conn.call(&Request::Map {
+            remote,
+            writable,
+            refs: refs.to_vec(),
+        })?;
+        let Response::Mapped {
+            handle,
+            instance,
+            frames,
+        } = resp
+        else {
+            return Err(Error::Protocol("unexpected reply to map".into()));
+        };
+        let unmap = |e: Error| {
+            let _ = self.conn.call(&Request::Unmap { handle });
+            e
+        };
+        if frames.len() != refs.len() {
+            return Err(unmap(Error::Protocol(
+                "daemon mapped a different page count".into(),
+            )));
+        }
+        let fd = self.remote_fd(instance, writable, fds).map_err(unmap)?;
+        let region = Region::map_frames(fd.as_fd(), &frames, writable)
+            .map_err(|e| unmap(Error::Io(e)))?;
+        Ok(MappedPages {
+            ptr: region.as_ptr(),
+            len: region.len(),
+            remote,
+            refs: refs.to_vec(),
+            writable,
+            owner: Some(Box::new(SimMappedOwner {
+                conn: self.conn.clone(),
+                handle,
+                region: Some(region),
+            })),
+        })
+    }
+
+    fn copy(&self, segments: &[CopySegment]) -> Result<Vec<Result<()>>> {
+        if segments.len() > MAX_COPY_SEGMENTS {
+            return Err(Error::Invalid(format!(
+                "{} copy segments (at most {MAX_COPY_SEGMENTS})",
+                segments.len()
+            )));
+        }
+        let mut specs = Vec::with_capacity(segments.len());
+        let mut data = Vec::new();
+        for s in segments {
+            if s.len as usize > PAGE_SIZE {
+                return Err(Error::Invalid(format!("copy segment of {} bytes", s.len)));
+            }
+            let source = match s.source {
+                CopyPtr::Local(p) => {
+                    if p.is_null() && s.len > 0 {
+                        return Err(Error::Invalid("null local copy source".into()));
+                    }
+                    if s.len > 0 {
+                        // SAFETY: CopyPtr::Local is, by the GrantTable::copy contract,
+                        // local memory of the caller valid for `len` bytes; it is only read.
+                        let bytes = unsafe { std::slice::from_raw_parts(p, s.len as usize) };
+                        data.extend_from_slice(bytes);
+                    }
+                    CopySide::Local
+                }
+                CopyPtr::Foreign {
+                    domid,
+                    gref,
+                    offset,
+                } => CopySide::Foreign {
+                    domid,
+                    gref,
+                    offset,
+                },
+            };
+            let dest = match s.dest {
+                CopyPtr::Local(p) => {
+                    if p.is_null() && s.len > 0 {
+                        return Err(Error::Invalid("null local copy destination".into()));
+                    }
+                    CopySide::Local
+                }
+                CopyPtr::Foreign {
+                    domid,
+                    gref,
+                    offset,
+                } => CopySide::Foreign {
+                    domid,
+                    gref,
+                    offset,
+                },
+            };
+            specs.push(CopySpec {
+                source,
+                dest,
+                len: s.len,
+            });
+        }
+        let (resp, _) = self.conn.call(&Request::Copy {
+            segments: specs,
+            data,
+        })?;
+        let Response::Copied { status, data } = resp else {
+            return Err(Error::Protocol("unexpected reply to copy".into()));
+        };
+        if status.len() != segments.len() {
+            return Err(Error::Protocol("copy reply with a wrong segment count".into()));
+        }
+        let local_dest_bytes: usize = segments
+            .iter()
+            .filter(|s| matches!(s.dest, CopyPtr::Local(_)))
+            .map(|s| s.len as usize)
+            .sum();
+        if data.len() != local_dest_bytes {
+            return Err(Error::Protocol("copy reply with a wrong data length".into()));
+        }
+        let mut at = 0usize;
+        let mut results = Vec::with_capacity(segments.len());
+        for (s, code) in segments.iter().zip(status) {
+            if let CopyPtr::Local(p) = s.dest {
+                let len = s.len as usize;
+                let chunk = &data[at..at + len];
+                at += len;
+                if code == 0 && len > 0 {
+                    // SAFETY: CopyPtr::Local is, by the GrantTable::copy contract, local
+                    // memory of the caller valid for `len` bytes of writing.
+                    unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), p, len) };
+                }
+            }
+            results.push(if code == 0 {
+                Ok(())
+            } else {
+                Err(error_from_code(code, "grant copy segment failed".into()))
+            });
+        }
+        Ok(results)
+    }
+
+    fn table_size(&self) -> usize {
+        self.table_size
+    }
+}
+
+/// Ends the grants of one [`GrantedPages`] and unmaps them locally.
+struct SimGrantedOwner {
+    conn: Arc<HvConn>,
+    region: Option<Region>,
+}
+
+impl GrantedOwner for SimGrantedOwner {
+    fn end_access(&mut self, refs: &[GrantRef]) -> Result<()> {
+        self.conn.call(&Request::GrantEnd {
+            defer: false,
+            refs: refs.to_vec(),
+        })?;
+        self.region = None;
+        Ok(())
+    }
+
+    fn release(&mut self, refs: &[GrantRef]) {
+        self.region = None;
+        if refs.is_empty() {
+            return;
+        }
+        if let Err(e) = self.conn.call(&Request::GrantEnd {
+            defer: true,
+            refs: refs.to_vec(),
+        }) {
+            tracing::debug!(error = %e, "releasing grants");
+        }
+    }
+}
+
+/// Unmaps one [`MappedPages`]: locally first, then tells the daemon.
+struct SimMappedOwner {
+    conn: Arc<HvConn>,
+    handle: u64,
+    region: Option<Region>,
+}
+
+impl MappedOwner for SimMappedOwner {
+    fn unmap(&mut self) {
+        self.region = None;
+        match self.conn.call(&Request::Unmap {
+            handle: self.handle,
+        }) {
+            Ok(_) | Err(Error::NotFound(_)) | Err(Error::Closed(_)) => {}
+            Err(e) => tracing::warn!(error = %e, handle = self.handle, "unmapping grants"),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Shared mappings of simhv files: frames of a domain's memory laid out contiguously, and
+//! small whole-file mappings (event-channel status pages).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+
+use crate::PAGE_SIZE;
+
+/// A mapping owned by this process; unmapped on drop.
+#[derive(Debug)]
+pub struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Region is only an address range this process mapped; any thread may use or
+// unmap it, and byte access is synchronised by its users.
+unsafe impl Send for Region {}
+// SAFETY: as above; &Region only exposes the address and length.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Map page `frames[i]` of `fd` at page `i` of a fresh contiguous range. Runs of
+    /// consecutive frames are mapped with one call each.
+    pub fn map_frames(fd: BorrowedFd<'_>, frames: &[u32], writable: bool) -> io::Result<Region> {
+        let len = frames
+            .len()
+            .checked_mul(PAGE_SIZE)
+            .filter(|l| *l > 0)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no frames to map"))?;
+        let region = Self::reserve(len)?;
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let mut i = 0usize;
+        while i < frames.len() {
+            let mut run = 1usize;
+            while i + run < frames.len()
+                && frames[i + run - 1].checked_add(1) == Some(frames[i + run])
+            {
+                run += 1;
+            }
+            let offset = frames[i] as u64 * PAGE_SIZE as u64;
+            let offset = libc::off_t::try_from(offset)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame out of range"))?;
+            // SAFETY: the target range [i, i+run) pages lies inside the reservation made
+            // above, which this Region owns exclusively, so MAP_FIXED replaces only our own
+            // PROT_NONE pages. The fd is valid for the call (borrowed).
+            let addr = unsafe {
+                libc::mmap(
+                    region.ptr.as_ptr().add(i * PAGE_SIZE).cast(),
+                    run * PAGE_SIZE,
+                    prot,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    offset,
+                )
+            };
+            if addr == libc::MAP_FAILED {
+                // Dropping `region` unmaps the whole range, runs already mapped included.
+                return Err(io::Error::last_os_error());
+            }
+            i += run;
+        }
+        Ok(region)
+    }
+
+    /// Map the first `len` bytes of `fd`.
+    pub fn map_file(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Region> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED), so no existing
+        // memory is affected; the fd is valid for the call.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Region {
+            ptr: NonNull::new(addr.cast()).ok_or_else(io::Error::last_os_error)?,
+            len,
+        })
+    }
+
+    fn reserve(len: usize) -> io::Result<Region> {
+        // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks;
+        // it touches no existing mapping.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Region {
+            ptr: NonNull::new(addr.cast()).ok_or_else(io::Error::last_os_error)?,
+            len,
+        })
+    }
+
+    /// First byte of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty regions are refused at creation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe exactly the range this Region mapped and still owns;
+        // nothing else unmaps it, so no other mapping is affected.
+        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if rc != 0 {
+            tracing::warn!(error = %io::Error::last_os_error(), "munmap failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    fn file_with_pages(n: usize) -> std::fs::File {
+        let mut f = tempfile_in_tmp();
+        for i in 0..n {
+            f.write_all(&vec![i as u8 + 1; PAGE_SIZE]).unwrap();
+        }
+        f
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!(
+            "xmx-mmap-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f
+    }
+
+    #[test]
+    fn frames_appear_in_the_order_asked() {
+        let f = file_with_pages(6);
+        let frames = [4u32, 5, 0, 2, 3];
+        let r = Region::map_frames(f.as_fd(), &frames, false).unwrap();
+        assert_eq!(r.len(), 5 * PAGE_SIZE);
+        for (i, fr) in frames.iter().enumerate() {
+            // SAFETY: the region maps 5 readable pages.
+            let b = unsafe { *r.as_ptr().add(i * PAGE_SIZE + 17) };
+            assert_eq!(b, *fr as u8 + 1);
+        }
+    }
+
+    #[test]
+    fn writes_reach_the_file() {
+        let f = file_with_pages(3);
+        let r = Region::map_frames(f.as_fd(), &[2], true).unwrap();
+        // SAFETY: one writable page.
+        unsafe { r.as_ptr().add(5).write(0xee) };
+        let mut b = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 2 * PAGE_SIZE as u64 + 5).unwrap();
+        assert_eq!(b[0], 0xee);
+    }
+
+    #[test]
+    fn empty_mappings_are_refused() {
+        let f = file_with_pages(1);
+        assert!(Region::map_frames(f.as_fd(), &[], false).is_err());
+        assert!(Region::map_file(f.as_fd(), 0, false).is_err());
+    }
+}

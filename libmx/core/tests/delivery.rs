@@ -1,0 +1,510 @@
+//! End-to-end scenarios over the simulated network: connect, exactly-once
+//! in-order delivery under loss, timeouts, restarts, LARGE messages.
+
+mod sim;
+
+use std::time::Duration;
+
+use sim::{Channel, Sim};
+use xmx_mx::{Config, Endpoint, Event, Instant, RdmaWindow, RecvDone, Status};
+
+const KEY: u32 = 0x1234_5678;
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = sim::Rng::new(seed);
+    (0..len).map(|_| r.next_u64() as u8).collect()
+}
+
+fn pair(seed: u64, channel: Channel, config: Config) -> Sim {
+    let mut s = Sim::new(seed, channel);
+    s.add(1, Endpoint::new(config.clone(), 0, 0xAAAA_0001, KEY));
+    s.add(2, Endpoint::new(config, 3, 0xBBBB_0002, KEY));
+    s
+}
+
+/// Completed receives of `node`, in the order of their requests (which is
+/// matching order: MEDIUMs may complete after later TINYs).
+fn recvs(s: &mut Sim, node: usize) -> Vec<RecvDone> {
+    s.pump();
+    let mut v: Vec<RecvDone> = s.nodes[node]
+        .take_events(|e| matches!(e, Event::RecvDone(_)))
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::RecvDone(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    v.sort_by_key(|r| r.id);
+    v
+}
+
+fn send_statuses(s: &mut Sim, node: usize) -> Vec<(u64, Status)> {
+    s.pump();
+    let mut v: Vec<_> = s.nodes[node]
+        .take_events(|e| matches!(e, Event::SendDone { .. }))
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::SendDone { id, status, .. } => Some((id.0, status)),
+            _ => None,
+        })
+        .collect();
+    v.sort_by_key(|&(id, _)| id);
+    v
+}
+
+/// Sends `sizes` from node 0 to node 1 (receives posted first), runs to the
+/// end, and checks exactly-once in-order delivery with identical bytes.
+fn exchange(s: &mut Sim, sizes: &[usize]) {
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    for _ in sizes {
+        s.nodes[1].ep.post_recv(now, 0, 0, 1 << 20).unwrap();
+    }
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(i as u64, n))
+        .collect();
+    for (i, m) in msgs.iter().enumerate() {
+        s.nodes[0].ep.send(now, to, i as u64, m).unwrap();
+    }
+    let limit = s.now + Duration::from_secs(3600);
+    let n = sizes.len();
+    assert!(s.run_until(limit, |s| s.nodes[0].events.len() >= n
+        && s.nodes[1].events.len() >= n));
+    s.run_to_quiescence(limit);
+    let got = recvs(s, 1);
+    assert_eq!(got.len(), n, "each message delivered exactly once");
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.match_info, i as u64, "in order");
+        assert_eq!(r.status, Status::Success);
+        assert_eq!(r.data, msgs[i], "bytes of message {i}");
+        assert_eq!(r.source.peer, s.addr(0));
+    }
+    let sends = send_statuses(s, 0);
+    assert_eq!(sends.len(), n);
+    assert!(sends.iter().all(|&(_, st)| st == Status::Success));
+    assert!(
+        s.nodes[0].events.is_empty() && s.nodes[1].events.is_empty(),
+        "no stray completions"
+    );
+    assert_eq!(s.nodes[0].ep.pending_requests(), 0);
+    assert_eq!(s.nodes[1].ep.pending_requests(), 0);
+}
+
+#[test]
+fn lossless_exchange_every_class() {
+    let mut s = pair(1, Channel::perfect(), Config::default());
+    exchange(&mut s, &[0, 1, 32, 33, 128, 129, 4096, 4097, 20000, 32768]);
+}
+
+#[test]
+fn lossy_reordering_duplicating_exchange() {
+    let mut s = pair(
+        7,
+        Channel::lossy(0.25, 0.2, Duration::from_millis(30)),
+        Config::default(),
+    );
+    let sizes: Vec<usize> = (0..60)
+        .map(|i| [5, 100, 3000, 9000, 32768, 0][i % 6])
+        .collect();
+    exchange(&mut s, &sizes);
+    assert!(s.dropped > 0);
+}
+
+#[test]
+fn unexpected_messages_are_kept_in_arrival_order() {
+    let mut s = pair(
+        3,
+        Channel::lossy(0.1, 0.1, Duration::from_millis(5)),
+        Config::default(),
+    );
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let msgs: Vec<Vec<u8>> = (0..10)
+        .map(|i| pattern(100 + i, 50 + 700 * i as usize))
+        .collect();
+    for (i, m) in msgs.iter().enumerate() {
+        s.nodes[0].ep.send(now, to, 0x100 + i as u64, m).unwrap();
+    }
+    let limit = s.now + Duration::from_secs(600);
+    assert!(s.run_until(limit, |s| s.nodes[0].events.len() == 10));
+    // All arrived unexpected; a receive matching the odd ones takes them oldest first.
+    let now = s.now;
+    let info = s.nodes[1]
+        .ep
+        .probe(0x101, 0xfff_ffff_ffff_ff01)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (info.match_info, info.msg_length),
+        (0x101, msgs[1].len() as u32)
+    );
+    for i in [1usize, 3, 5, 7, 9] {
+        s.nodes[1]
+            .ep
+            .post_recv(now, 0x101, 0xfff_ffff_ffff_ff01, 100_000)
+            .unwrap();
+        let r = recvs(&mut s, 1);
+        assert_eq!(r.len(), 1, "completes at once");
+        assert_eq!((r[0].match_info, &r[0].data), (0x100 + i as u64, &msgs[i]));
+    }
+    // A short buffer truncates.
+    s.nodes[1].ep.post_recv(now, 0, 0, 10).unwrap();
+    let r = recvs(&mut s, 1);
+    assert_eq!(
+        (r[0].status, r[0].xfer_length, r[0].msg_length),
+        (Status::Truncated, 10, msgs[0].len() as u32)
+    );
+    assert_eq!(r[0].data, msgs[0][..10]);
+}
+
+#[test]
+fn silent_peer_fails_every_pending_send_with_timeout() {
+    let config = Config {
+        max_retries: 4,
+        ..Config::default()
+    };
+    let budget = config.retry_budget();
+    let mut s = pair(11, Channel::perfect(), config);
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    s.blackhole = true;
+    let to = s.addr(1);
+    let start = s.now;
+    let ids: Vec<u64> = (0..5)
+        .map(|i| {
+            s.nodes[0]
+                .ep
+                .send(start, to, i, &pattern(i, 3000 * i as usize))
+                .unwrap()
+                .0
+        })
+        .collect();
+    let limit = start + Duration::from_secs(100_000);
+    assert!(s.run_until(limit, |s| s.nodes[0].events.len() == 5));
+    assert!(
+        s.now <= start + budget,
+        "finished within the retry budget ({:?} > {:?})",
+        s.now.saturating_since(start),
+        budget
+    );
+    assert_eq!(
+        send_statuses(&mut s, 0),
+        ids.iter()
+            .map(|&i| (i, Status::Timeout))
+            .collect::<Vec<_>>()
+    );
+    // Each message went out once plus max_retries times (MEDIUMs as several frames).
+    assert_eq!(s.nodes[0].ep.next_timeout(), None, "nothing left to time");
+    // The partner was dropped: sending again needs a new connection.
+    assert!(s.nodes[0].ep.send(s.now, to, 0, b"x").is_err());
+}
+
+#[test]
+fn silent_peer_fails_a_connect_with_timeout() {
+    let config = Config {
+        max_retries: 2,
+        resend_delay: Duration::from_millis(10),
+        ..Config::default()
+    };
+    let mut s = pair(12, Channel::perfect(), config);
+    s.blackhole = true;
+    assert_eq!(s.connect(0, 1, KEY), Status::Timeout);
+    assert!(s.now <= Instant::ZERO + Duration::from_millis(10 + 20 + 40));
+}
+
+#[test]
+fn request_timeout_bounds_a_send() {
+    let mut s = pair(13, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    s.blackhole = true;
+    let to = s.addr(1);
+    let start = s.now;
+    let id = s.nodes[0].ep.send(start, to, 1, b"hello").unwrap();
+    assert!(s.nodes[0]
+        .ep
+        .set_request_timeout(id, Duration::from_millis(1200)));
+    assert!(s.run_until(start + Duration::from_secs(60), |s| !s.nodes[0]
+        .events
+        .is_empty()));
+    assert_eq!(s.now, start + Duration::from_millis(1200));
+    assert_eq!(send_statuses(&mut s, 0), vec![(id.0, Status::Timeout)]);
+}
+
+#[test]
+fn wrong_key_is_refused() {
+    let mut s = pair(4, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY ^ 1), Status::BadKey);
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+}
+
+#[test]
+fn connects_survive_loss() {
+    let mut s = pair(
+        5,
+        Channel::lossy(0.5, 0.3, Duration::from_millis(50)),
+        Config::default(),
+    );
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    assert_eq!(s.connect(1, 0, KEY), Status::Success);
+}
+
+#[test]
+fn restarted_peer_gets_bad_session_then_reconnects() {
+    let mut s = pair(6, Channel::perfect(), Config::default());
+    exchange(&mut s, &[10, 200]);
+    // Node 1 closes and reopens: same address, new session.
+    s.nodes[1].ep = Endpoint::new(Config::default(), 3, 0xBBBB_0003, KEY);
+    let to = s.addr(1);
+    let now = s.now;
+    let id = s.nodes[0]
+        .ep
+        .send(now, to, 9, b"to the old session")
+        .unwrap();
+    assert!(s.run_until(now + Duration::from_secs(60), |s| !s.nodes[0]
+        .events
+        .is_empty()));
+    assert_eq!(send_statuses(&mut s, 0), vec![(id.0, Status::BadSession)]);
+    // Reconnecting learns the new session and restarts the sequence numbers.
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let now = s.now;
+    s.nodes[1].ep.post_recv(now, 0, 0, 64).unwrap();
+    s.nodes[0].ep.send(now, to, 10, b"new").unwrap();
+    s.run_to_quiescence(now + Duration::from_secs(60));
+    let r = recvs(&mut s, 1);
+    assert_eq!((r.len(), r[0].data.as_slice()), (1, &b"new"[..]));
+}
+
+#[test]
+fn restarted_sender_is_seen_as_a_new_partner() {
+    let mut s = pair(8, Channel::perfect(), Config::default());
+    exchange(&mut s, &[10, 5000]);
+    s.nodes[0].ep = Endpoint::new(Config::default(), 0, 0xAAAA_0009, KEY);
+    exchange(&mut s, &[7, 7000, 70]);
+}
+
+#[test]
+fn replies_go_back_to_the_source_without_connecting() {
+    let mut s = pair(
+        9,
+        Channel::lossy(0.2, 0.1, Duration::from_millis(3)),
+        Config::default(),
+    );
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let now = s.now;
+    let to = s.addr(1);
+    s.nodes[1].ep.post_recv(now, 0, 0, 100).unwrap();
+    s.nodes[0].ep.post_recv(now, 0, 0, 100).unwrap();
+    s.nodes[0].ep.send(now, to, 1, b"ping").unwrap();
+    assert!(s.run_until(now + Duration::from_secs(60), |s| !s.nodes[1]
+        .events
+        .is_empty()));
+    let src = recvs(&mut s, 1)[0].source;
+    let now = s.now;
+    s.nodes[1].ep.send(now, src.peer, 2, b"pong").unwrap();
+    s.run_to_quiescence(now + Duration::from_secs(60));
+    let r = recvs(&mut s, 0);
+    assert_eq!(r[0].data, b"pong");
+    assert_eq!(r[0].source.session, 0xBBBB_0002);
+}
+
+#[test]
+fn sequence_numbers_wrap() {
+    // 20000 messages each way cross the 14-bit wrap of both directions.
+    let mut s = pair(10, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    assert_eq!(s.connect(1, 0, KEY), Status::Success);
+    let (a, b) = (s.addr(0), s.addr(1));
+    let total = 20_000u64;
+    let mut sent = 0;
+    let mut received = [0u64; 2];
+    while received[0] < total || received[1] < total {
+        let now = s.now;
+        // Keep a bounded number in flight so the run stays small.
+        if sent < total && s.nodes[0].ep.pending_requests() < 64 {
+            for _ in 0..32 {
+                s.nodes[0]
+                    .ep
+                    .send(now, b, sent, &sent.to_le_bytes())
+                    .unwrap();
+                s.nodes[1]
+                    .ep
+                    .send(now, a, sent, &sent.to_le_bytes())
+                    .unwrap();
+                s.nodes[0].ep.post_recv(now, 0, 0, 8).unwrap();
+                s.nodes[1].ep.post_recv(now, 0, 0, 8).unwrap();
+                sent += 1;
+            }
+        }
+        s.step();
+        for (n, count) in received.iter_mut().enumerate() {
+            for r in recvs(&mut s, n) {
+                assert_eq!(r.match_info, *count, "in order across the wrap");
+                assert_eq!(r.data, count.to_le_bytes());
+                *count += 1;
+            }
+            s.nodes[n].take_events(|e| {
+                matches!(
+                    e,
+                    Event::SendDone {
+                        status: Status::Success,
+                        ..
+                    }
+                )
+            });
+            assert!(s.nodes[n].events.is_empty());
+        }
+    }
+}
+
+#[test]
+fn throttled_sends_wait_for_acks_and_all_arrive() {
+    // Frames take a long time: more than the send window is outstanding.
+    let channel = Channel {
+        loss: 0.0,
+        dup: 0.0,
+        delay_min: Duration::from_millis(100),
+        delay_max: Duration::from_millis(100),
+    };
+    let mut s = pair(14, channel, Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let n = 9000u64;
+    for i in 0..n {
+        s.nodes[1].ep.post_recv(now, 0, 0, 8).unwrap();
+        s.nodes[0].ep.send(now, to, i, &i.to_be_bytes()).unwrap();
+    }
+    s.pump();
+    // Only the window's worth left at once.
+    assert_eq!(
+        s.nodes[0].sent_frames,
+        u64::from(xmx_mx::seqnum::THROTTLE_WINDOW) + 1
+    );
+    s.run_to_quiescence(now + Duration::from_secs(3600));
+    let r = recvs(&mut s, 1);
+    assert_eq!(r.len() as u64, n);
+    assert!(r
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.match_info == i as u64 && r.data == (i as u64).to_be_bytes()));
+    assert_eq!(send_statuses(&mut s, 0).len() as u64, n);
+}
+
+#[test]
+fn large_messages_are_pulled_and_notified() {
+    let mut s = pair(
+        15,
+        Channel::lossy(0.2, 0.2, Duration::from_millis(10)),
+        Config::default(),
+    );
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let big = pattern(99, 100_000);
+    let window = RdmaWindow {
+        id: 7,
+        seqnum: 3,
+        offset: 0,
+    };
+    s.register_window(0, window, big.clone());
+    let full = s.nodes[1].ep.post_recv(now, 0, 0, 200_000).unwrap();
+    let short = s.nodes[1].ep.post_recv(now, 0, 0, 1000).unwrap();
+    let a = s.nodes[0]
+        .ep
+        .send_large(now, to, 1, big.len() as u32, window)
+        .unwrap();
+    let b = s.nodes[0]
+        .ep
+        .send_large(now, to, 2, big.len() as u32, window)
+        .unwrap();
+    s.run_to_quiescence(now + Duration::from_secs(600));
+    let r = recvs(&mut s, 1);
+    assert_eq!(r.len(), 2);
+    assert_eq!(
+        (r[0].id, r[0].status, r[0].xfer_length),
+        (full, Status::Success, 100_000)
+    );
+    assert_eq!(
+        (r[1].id, r[1].status, r[1].xfer_length),
+        (short, Status::Truncated, 1000)
+    );
+    assert_eq!(s.pulled[&(1, full.0)], big);
+    assert_eq!(s.pulled[&(1, short.0)], big[..1000]);
+    let sends: Vec<Event> = s.nodes[0].take_events(|_| true);
+    assert!(sends.contains(&Event::SendDone {
+        id: a,
+        status: Status::Success,
+        xfer_length: 100_000
+    }));
+    assert!(sends.contains(&Event::SendDone {
+        id: b,
+        status: Status::Success,
+        xfer_length: 1000
+    }));
+}
+
+#[test]
+fn large_message_into_empty_buffer_needs_no_pull() {
+    let mut s = pair(16, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let now = s.now;
+    let to = s.addr(1);
+    s.nodes[1].ep.post_recv(now, 0, 0, 0).unwrap();
+    s.nodes[0]
+        .ep
+        .send_large(
+            now,
+            to,
+            1,
+            50_000,
+            RdmaWindow {
+                id: 1,
+                seqnum: 0,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    s.run_to_quiescence(now + Duration::from_secs(60));
+    assert!(s.pulled.is_empty());
+    let r = recvs(&mut s, 1);
+    assert_eq!((r[0].status, r[0].xfer_length), (Status::Truncated, 0));
+    assert_eq!(send_statuses(&mut s, 0)[0].1, Status::Success);
+}
+
+#[test]
+fn large_send_whose_receiver_never_pulls_times_out() {
+    let config = Config {
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..Config::default()
+    };
+    let mut s = pair(17, Channel::perfect(), config);
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let now = s.now;
+    let to = s.addr(1);
+    // No receive is posted: the RNDV is acked and waits, unexpected.
+    let id = s.nodes[0]
+        .ep
+        .send_large(
+            now,
+            to,
+            1,
+            40_000,
+            RdmaWindow {
+                id: 2,
+                seqnum: 0,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    assert!(s.run_until(now + Duration::from_secs(3600), |s| !s.nodes[0]
+        .events
+        .is_empty()));
+    // The RNDV arrives after 10 us, its delayed ack leaves one ack delay later
+    // and arrives 10 us after that; the wait for the pull starts there.
+    let acked_at = now + Duration::from_micros(20) + Config::default().ack_delay;
+    assert_eq!(s.now, acked_at + Duration::from_secs(30));
+    assert_eq!(send_statuses(&mut s, 0), vec![(id.0, Status::Timeout)]);
+}

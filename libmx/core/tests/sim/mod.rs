@@ -1,0 +1,354 @@
+//! A deterministic simulated network for endpoint tests.
+//!
+//! Endpoints sit on hosts (peer indexes); frames travel through a channel that
+//! loses, duplicates and delays them at random from a seeded generator, so
+//! reordering emerges from the delays. Time is virtual: the simulation jumps
+//! to the next frame arrival or endpoint timer. The same seed always replays
+//! the same run.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use xmx_mx::{Body, Endpoint, Event, Frame, Instant, PeerAddr, RdmaWindow, Status};
+
+/// splitmix64: small, seedable, good enough to pick losses and delays.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        ((self.next_u64() >> 11) as f64) / ((1u64 << 53) as f64) < p
+    }
+}
+
+/// What the channel does to frames.
+#[derive(Clone, Debug)]
+pub struct Channel {
+    pub loss: f64,
+    pub dup: f64,
+    pub delay_min: Duration,
+    pub delay_max: Duration,
+}
+
+impl Channel {
+    pub fn perfect() -> Self {
+        Channel {
+            loss: 0.0,
+            dup: 0.0,
+            delay_min: Duration::from_micros(10),
+            delay_max: Duration::from_micros(10),
+        }
+    }
+
+    pub fn lossy(loss: f64, dup: f64, jitter: Duration) -> Self {
+        Channel {
+            loss,
+            dup,
+            delay_min: Duration::from_micros(10),
+            delay_max: Duration::from_micros(10) + jitter,
+        }
+    }
+}
+
+/// One endpoint in the simulation and what it reported.
+pub struct Node {
+    pub host: u16,
+    pub ep: Endpoint,
+    pub events: Vec<Event>,
+    /// Frames this node emitted, by kind, for assertions.
+    pub sent_frames: u64,
+}
+
+impl Node {
+    pub fn addr(&self) -> PeerAddr {
+        PeerAddr::new(self.host, self.ep.index())
+    }
+
+    /// Removes and returns the events for which `pick` holds.
+    pub fn take_events(&mut self, mut pick: impl FnMut(&Event) -> bool) -> Vec<Event> {
+        let (taken, kept) = std::mem::take(&mut self.events)
+            .into_iter()
+            .partition(|e| pick(e));
+        self.events = kept;
+        taken
+    }
+}
+
+struct InFlight {
+    to: PeerAddr,
+    frame: Frame<Vec<u8>>,
+}
+
+/// The simulation.
+pub struct Sim {
+    pub now: Instant,
+    pub nodes: Vec<Node>,
+    pub rng: Rng,
+    pub channel: Channel,
+    /// Drop every frame from now on.
+    pub blackhole: bool,
+    /// Arrival time and tie-break sequence -> frame.
+    in_flight: BTreeMap<(Instant, u64), InFlight>,
+    seq: u64,
+    pub delivered: u64,
+    pub dropped: u64,
+    /// Memory of registered LARGE windows: (host, endpoint, window id) -> data.
+    pub windows: HashMap<(u16, u8, u8), Vec<u8>>,
+    /// Where each receive's pulled data lands: (node, request) -> bytes.
+    pub pulled: HashMap<(usize, u64), Vec<u8>>,
+    /// Answer pulls automatically.
+    pub auto_pull: bool,
+    /// Print every frame and event (debugging aid).
+    pub trace: bool,
+}
+
+impl Sim {
+    pub fn new(seed: u64, channel: Channel) -> Self {
+        Sim {
+            now: Instant::ZERO,
+            nodes: Vec::new(),
+            rng: Rng::new(seed),
+            channel,
+            blackhole: false,
+            in_flight: BTreeMap::new(),
+            seq: 0,
+            delivered: 0,
+            dropped: 0,
+            windows: HashMap::new(),
+            pulled: HashMap::new(),
+            auto_pull: true,
+            trace: false,
+        }
+    }
+
+    /// Adds an endpoint on host `host`; returns its node index.
+    pub fn add(&mut self, host: u16, ep: Endpoint) -> usize {
+        self.nodes.push(Node {
+            host,
+            ep,
+            events: Vec::new(),
+            sent_frames: 0,
+        });
+        self.nodes.len() - 1
+    }
+
+    pub fn addr(&self, node: usize) -> PeerAddr {
+        self.nodes[node].addr()
+    }
+
+    fn node_at(&self, addr: PeerAddr) -> Option<usize> {
+        self.nodes.iter().position(|n| n.addr() == addr)
+    }
+
+    /// Collects every frame and event the endpoints have ready.
+    pub fn pump(&mut self) {
+        for i in 0..self.nodes.len() {
+            while let Some(frame) = self.nodes[i].ep.poll_transmit() {
+                self.nodes[i].sent_frames += 1;
+                let src_host = self.nodes[i].host;
+                self.submit(src_host, frame);
+            }
+            while let Some(ev) = self.nodes[i].ep.poll_event() {
+                if self.trace {
+                    println!("{:?} node {i} event {:?}", self.now, ev);
+                }
+                if let Event::PullNeeded(p) = &ev {
+                    if self.auto_pull {
+                        let data = self
+                            .windows
+                            .get(&(
+                                p.source.peer.peer_index,
+                                p.source.peer.endpoint,
+                                p.window.id,
+                            ))
+                            .map(|d| d[..(p.length as usize).min(d.len())].to_vec());
+                        let status = if data.is_some() {
+                            Status::Success
+                        } else {
+                            Status::BadRdmawin
+                        };
+                        self.pulled.insert((i, p.id.0), data.unwrap_or_default());
+                        let now = self.now;
+                        self.nodes[i]
+                            .ep
+                            .pull_done(now, p.id, status)
+                            .expect("pull_done");
+                        self.nodes[i].events.push(ev);
+                        // pull_done may have queued a NOTIFY.
+                        while let Some(frame) = self.nodes[i].ep.poll_transmit() {
+                            self.nodes[i].sent_frames += 1;
+                            let src_host = self.nodes[i].host;
+                            self.submit(src_host, frame);
+                        }
+                        continue;
+                    }
+                }
+                self.nodes[i].events.push(ev);
+            }
+        }
+    }
+
+    fn submit(&mut self, src_host: u16, mut frame: Frame<Vec<u8>>) {
+        if self.trace {
+            println!("{:?} host {src_host} sends {:?}", self.now, frame);
+        }
+        let to = frame.destination();
+        if self.blackhole || self.rng.chance(self.channel.loss) {
+            self.dropped += 1;
+            return;
+        }
+        // The receiver sees the sender's host in the peer index.
+        frame.peer_index = src_host;
+        let copies = if self.rng.chance(self.channel.dup) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let span = self
+                .channel
+                .delay_max
+                .saturating_sub(self.channel.delay_min)
+                .as_nanos() as u64;
+            let delay = self.channel.delay_min
+                + Duration::from_nanos(if span == 0 {
+                    0
+                } else {
+                    self.rng.below(span + 1)
+                });
+            self.seq += 1;
+            self.in_flight.insert(
+                (self.now + delay, self.seq),
+                InFlight {
+                    to,
+                    frame: frame.clone(),
+                },
+            );
+        }
+    }
+
+    /// Injects a frame as if `from` had sent it.
+    pub fn inject(&mut self, from_host: u16, frame: Frame<Vec<u8>>) {
+        self.submit(from_host, frame);
+    }
+
+    /// The earliest pending frame arrival or endpoint timer.
+    pub fn next_instant(&self) -> Option<Instant> {
+        let frames = self.in_flight.keys().next().map(|k| k.0);
+        let timers = self.nodes.iter().filter_map(|n| n.ep.next_timeout()).min();
+        match (frames, timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Advances to the next instant something happens and handles it.
+    /// Returns false when nothing is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.pump();
+        let Some(next) = self.next_instant() else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        let now = self.now;
+        let due: Vec<(Instant, u64)> = self
+            .in_flight
+            .range(..=(now, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            let Some(f) = self.in_flight.remove(&k) else {
+                continue;
+            };
+            match self.node_at(f.to) {
+                Some(i) => {
+                    self.delivered += 1;
+                    self.nodes[i].ep.handle_frame(now, f.frame.as_borrowed());
+                }
+                None => self.dropped += 1,
+            }
+        }
+        for n in &mut self.nodes {
+            if n.ep.next_timeout().is_some_and(|t| t <= now) {
+                n.ep.handle_timeout(now);
+            }
+        }
+        self.pump();
+        true
+    }
+
+    /// Steps until `done` holds (true) or nothing is left / `limit` passes (false).
+    pub fn run_until(&mut self, limit: Instant, mut done: impl FnMut(&mut Sim) -> bool) -> bool {
+        let mut steps = 0u64;
+        loop {
+            self.pump();
+            if done(self) {
+                return true;
+            }
+            match self.next_instant() {
+                Some(t) if t <= limit => {}
+                _ => return false,
+            }
+            steps += 1;
+            assert!(steps < 50_000_000, "simulation does not converge");
+            self.step();
+        }
+    }
+
+    /// Runs until nothing is left to happen or `limit`.
+    pub fn run_to_quiescence(&mut self, limit: Instant) {
+        self.run_until(limit, |_| false);
+    }
+
+    /// Connects `a` to `b` with key `key`, running the simulation until done.
+    pub fn connect(&mut self, a: usize, b: usize, key: u32) -> Status {
+        let to = self.addr(b);
+        let now = self.now;
+        let id = self.nodes[a].ep.connect(now, to, key);
+        let limit = self.now + Duration::from_secs(100_000);
+        let mut status = None;
+        self.run_until(limit, |s| {
+            for e in
+                s.nodes[a].take_events(|e| matches!(e, Event::Connected { id: x, .. } if *x == id))
+            {
+                if let Event::Connected { status: st, .. } = e {
+                    status = Some(st);
+                }
+            }
+            status.is_some()
+        });
+        status.expect("connect did not complete")
+    }
+
+    /// Registers a LARGE window on node `node`.
+    pub fn register_window(&mut self, node: usize, window: RdmaWindow, data: Vec<u8>) {
+        let a = self.addr(node);
+        self.windows
+            .insert((a.peer_index, a.endpoint, window.id), data);
+    }
+}
+
+/// Whether a frame is a message frame (TINY/SMALL/MEDIUM/RNDV).
+pub fn is_message<B>(f: &Frame<B>) -> bool {
+    matches!(f.body, Body::Message(_))
+}

@@ -1,0 +1,299 @@
+//! Access to memory shared with another domain or process.
+//!
+//! This is the only place in the ring that touches raw memory. Every access is an atomic
+//! load or store at a bounds-checked, naturally aligned offset, so a peer writing the same
+//! bytes at the same time is a race on values, never undefined behaviour in this process.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use super::{RingError, PAGE_SIZE};
+
+/// A region of memory shared with a peer (a granted or mapped page, or an owned buffer in
+/// tests), accessed only through atomic loads and stores.
+///
+/// Clones refer to the same memory.
+#[derive(Clone)]
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    _owner: Option<Arc<dyn Send + Sync>>,
+}
+
+// SAFETY: SharedMem is a handle to memory that stays valid for the life of every clone (the
+// caller of `from_raw` promised it, or `_owner` keeps it alive); all access through it is
+// atomic, so using it from several threads cannot cause a data race.
+unsafe impl Send for SharedMem {}
+// SAFETY: see Send; `&SharedMem` only offers atomic accesses.
+unsafe impl Sync for SharedMem {}
+
+impl std::fmt::Debug for SharedMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMem")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Zeroed, page-aligned memory owned by a [`SharedMem`].
+struct OwnedPages {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: OwnedPages only frees its allocation on drop; the bytes are accessed through the
+// SharedMem handles, atomically.
+unsafe impl Send for OwnedPages {}
+// SAFETY: as Send: no method reads or writes through the pointer.
+unsafe impl Sync for OwnedPages {}
+
+impl Drop for OwnedPages {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from alloc_zeroed with this layout and is freed once, here.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl SharedMem {
+    /// Allocate `pages` (at least one) zeroed, page-aligned pages owned by the returned handle
+    /// and its clones: ring memory for tests and for rings whose halves share a process.
+    pub fn new_owned(pages: usize) -> Self {
+        let len = pages.max(1).saturating_mul(PAGE_SIZE);
+        let layout =
+            Layout::from_size_align(len, PAGE_SIZE).expect("page-aligned layout of a sane size");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        let owner: Arc<dyn Send + Sync> = Arc::new(OwnedPages { ptr, layout });
+        SharedMem {
+            ptr,
+            len,
+            _owner: Some(owner),
+        }
+    }
+
+    /// Wrap `len` bytes of mapped memory at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be readable and writable, and stay mapped as long as the returned
+    /// value or any clone of it lives. Other parties may write the memory at any time; this
+    /// process must touch it only through `SharedMem` handles or atomics.
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<Self, RingError> {
+        Self::checked(ptr, len, None)
+    }
+
+    /// As [`SharedMem::from_raw`], and keep `owner` (the object that holds the mapping, such
+    /// as the platform's mapped-pages handle) alive as long as the memory is in use.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be readable and writable for as long as `owner` lives, and this
+    /// process must touch it only through `SharedMem` handles or atomics.
+    pub unsafe fn from_raw_with_owner(
+        ptr: *mut u8,
+        len: usize,
+        owner: Arc<dyn Send + Sync>,
+    ) -> Result<Self, RingError> {
+        Self::checked(ptr, len, Some(owner))
+    }
+
+    fn checked(
+        ptr: *mut u8,
+        len: usize,
+        owner: Option<Arc<dyn Send + Sync>>,
+    ) -> Result<Self, RingError> {
+        let ptr = NonNull::new(ptr).ok_or(RingError::Misaligned)?;
+        if ptr.as_ptr() as usize & 7 != 0 {
+            return Err(RingError::Misaligned);
+        }
+        if len > isize::MAX as usize {
+            return Err(RingError::TooSmall { len, slot: 0 });
+        }
+        Ok(SharedMem {
+            ptr,
+            len,
+            _owner: owner,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the region, for handing it to code that maps or grants it.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn in_bounds(&self, off: usize, n: usize) -> bool {
+        off.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+
+    /// Load the aligned `u32` at `off` with `order`; `None` if out of bounds or unaligned.
+    pub fn load_u32(&self, off: usize, order: Ordering) -> Option<u32> {
+        if off & 3 != 0 || !self.in_bounds(off, 4) {
+            return None;
+        }
+        // SAFETY: off..off+4 is inside the region (checked) and 4-aligned (the base is
+        // 8-aligned, off is a multiple of 4); the region is valid for the life of self.
+        let cell = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast::<u32>()) };
+        Some(cell.load(order))
+    }
+
+    /// Store `value` at the aligned offset `off` with `order`; false if out of bounds or
+    /// unaligned (nothing is written).
+    pub fn store_u32(&self, off: usize, value: u32, order: Ordering) -> bool {
+        if off & 3 != 0 || !self.in_bounds(off, 4) {
+            return false;
+        }
+        // SAFETY: as in load_u32.
+        let cell = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast::<u32>()) };
+        cell.store(value, order);
+        true
+    }
+
+    /// Copy `dst.len()` bytes starting at `off` out of the region (relaxed loads, one pass);
+    /// false if the range is out of bounds (nothing is read).
+    pub fn read_bytes(&self, off: usize, dst: &mut [u8]) -> bool {
+        if !self.in_bounds(off, dst.len()) {
+            return false;
+        }
+        let mut i = 0;
+        while i < dst.len() {
+            let at = off + i;
+            if at & 7 == 0 && dst.len() - i >= 8 {
+                // SAFETY: at..at+8 is inside the region (the whole range was checked) and
+                // 8-aligned (8-aligned base, at & 7 == 0).
+                let cell = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at).cast::<u64>()) };
+                dst[i..i + 8].copy_from_slice(&cell.load(Ordering::Relaxed).to_ne_bytes());
+                i += 8;
+            } else {
+                // SAFETY: `at` is inside the region (checked range); a byte is always aligned.
+                let cell = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) };
+                dst[i] = cell.load(Ordering::Relaxed);
+                i += 1;
+            }
+        }
+        true
+    }
+
+    /// Copy `src` into the region at `off` (relaxed stores); false if the range is out of
+    /// bounds (nothing is written).
+    pub fn write_bytes(&self, off: usize, src: &[u8]) -> bool {
+        if !self.in_bounds(off, src.len()) {
+            return false;
+        }
+        let mut i = 0;
+        while i < src.len() {
+            let at = off + i;
+            if at & 7 == 0 && src.len() - i >= 8 {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(&src[i..i + 8]);
+                // SAFETY: as in read_bytes.
+                let cell = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at).cast::<u64>()) };
+                cell.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+                i += 8;
+            } else {
+                // SAFETY: as in read_bytes.
+                let cell = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) };
+                cell.store(src[i], Ordering::Relaxed);
+                i += 1;
+            }
+        }
+        true
+    }
+
+    /// Set `n` bytes at `off` to zero; false if out of bounds (nothing is written).
+    pub fn zero(&self, off: usize, n: usize) -> bool {
+        if !self.in_bounds(off, n) {
+            return false;
+        }
+        const ZEROS: [u8; 64] = [0; 64];
+        let mut done = 0;
+        while done < n {
+            let chunk = (n - done).min(ZEROS.len());
+            self.write_bytes(off + done, &ZEROS[..chunk]);
+            done += chunk;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_memory_is_zeroed_and_page_aligned() {
+        let mem = SharedMem::new_owned(2);
+        assert_eq!(mem.len(), 2 * PAGE_SIZE);
+        assert_eq!(mem.as_ptr() as usize % PAGE_SIZE, 0);
+        let mut buf = vec![0xffu8; mem.len()];
+        assert!(mem.read_bytes(0, &mut buf));
+        assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn bytes_round_trip_at_any_alignment() {
+        let mem = SharedMem::new_owned(1);
+        let src: Vec<u8> = (0..100u8).collect();
+        for off in 0..17 {
+            assert!(mem.zero(0, 256));
+            assert!(mem.write_bytes(off, &src));
+            let mut back = vec![0u8; src.len()];
+            assert!(mem.read_bytes(off, &mut back));
+            assert_eq!(back, src);
+            let mut before = vec![0xffu8; off];
+            assert!(mem.read_bytes(0, &mut before));
+            assert!(before.iter().all(|&b| b == 0));
+        }
+    }
+
+    #[test]
+    fn out_of_bounds_and_unaligned_accesses_are_refused() {
+        let mem = SharedMem::new_owned(1);
+        assert_eq!(mem.load_u32(PAGE_SIZE - 4, Ordering::Relaxed), Some(0));
+        assert_eq!(mem.load_u32(PAGE_SIZE, Ordering::Relaxed), None);
+        assert_eq!(mem.load_u32(2, Ordering::Relaxed), None);
+        assert_eq!(mem.load_u32(usize::MAX - 1, Ordering::Relaxed), None);
+        assert!(!mem.store_u32(PAGE_SIZE, 1, Ordering::Relaxed));
+        assert!(!mem.store_u32(6, 1, Ordering::Relaxed));
+        assert!(!mem.write_bytes(PAGE_SIZE - 1, &[1, 2]));
+        assert!(!mem.read_bytes(usize::MAX, &mut [0u8; 2]));
+        assert!(!mem.zero(1, PAGE_SIZE));
+        let mut page = vec![0xffu8; PAGE_SIZE];
+        assert!(mem.read_bytes(0, &mut page));
+        assert!(
+            page.iter().all(|&b| b == 0),
+            "a refused write must write nothing"
+        );
+    }
+
+    #[test]
+    fn raw_memory_must_be_aligned_and_non_null() {
+        let mem = SharedMem::new_owned(1);
+        // SAFETY: the owned page outlives both handles created here, which are only checked.
+        let odd = unsafe { SharedMem::from_raw(mem.as_ptr().add(4), 64) };
+        assert_eq!(odd.unwrap_err(), RingError::Misaligned);
+        // SAFETY: a null pointer is refused before any use.
+        let null = unsafe { SharedMem::from_raw(std::ptr::null_mut(), 64) };
+        assert_eq!(null.unwrap_err(), RingError::Misaligned);
+        // SAFETY: as above: the owned page is alive and 4096 bytes long.
+        let ok = unsafe {
+            SharedMem::from_raw_with_owner(mem.as_ptr(), PAGE_SIZE, Arc::new(mem.clone()))
+        }
+        .unwrap();
+        assert!(ok.store_u32(8, 7, Ordering::Relaxed));
+        assert_eq!(mem.load_u32(8, Ordering::Relaxed), Some(7));
+    }
+}
