@@ -508,3 +508,24 @@ fn large_send_whose_receiver_never_pulls_times_out() {
     assert_eq!(s.now, acked_at + Duration::from_secs(30));
     assert_eq!(send_statuses(&mut s, 0), vec![(id.0, Status::Timeout)]);
 }
+
+#[test]
+fn an_endpoint_can_talk_to_itself() {
+    let mut s = Sim::new(18, Channel::lossy(0.2, 0.2, Duration::from_millis(2)));
+    s.add(1, Endpoint::new(Config::default(), 0, 0x5E1F, KEY));
+    assert_eq!(s.connect(0, 0, KEY), Status::Success);
+    let me = s.addr(0);
+    let now = s.now;
+    let msgs: Vec<Vec<u8>> = (0..5).map(|i| pattern(i, 1000 * i as usize)).collect();
+    for (i, m) in msgs.iter().enumerate() {
+        s.nodes[0].ep.post_recv(now, 0, 0, 10_000).unwrap();
+        s.nodes[0].ep.send(now, me, i as u64, m).unwrap();
+    }
+    s.run_to_quiescence(now + Duration::from_secs(600));
+    let got = recvs(&mut s, 0);
+    assert_eq!(
+        got.iter().map(|r| &r.data).collect::<Vec<_>>(),
+        msgs.iter().collect::<Vec<_>>()
+    );
+    assert_eq!(send_statuses(&mut s, 0).len(), 5);
+}

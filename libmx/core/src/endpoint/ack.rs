@@ -1,0 +1,209 @@
+//! Acks and NACKs received, and the completion of requests they end.
+
+use super::*;
+
+impl Endpoint {
+    pub(super) fn complete_send(&mut self, id: RequestId, status: Status, xfer_length: u32) {
+        if self.requests.remove(&id).is_some() {
+            tracing::debug!(?id, %status, "send done");
+            self.events.push_back(Event::SendDone {
+                id,
+                status,
+                xfer_length,
+            });
+        }
+    }
+
+    pub(super) fn complete_connect(
+        &mut self,
+        id: RequestId,
+        status: Status,
+        addr: Option<EndpointAddr>,
+    ) {
+        if self.requests.remove(&id).is_some() {
+            tracing::debug!(?id, %status, "connect done");
+            self.events.push_back(Event::Connected { id, status, addr });
+        }
+    }
+
+    /// An acked LARGE send now waits for the receiver's pull, for at most the
+    /// rendezvous timeout (a receiver that died after the ack never notifies).
+    fn start_notify_wait(&mut self, now: Instant, id: RequestId) {
+        let limit = self
+            .config
+            .rendezvous_timeout
+            .unwrap_or_else(|| self.config.retry_budget());
+        if let Some(Request::Send(s)) = self.requests.get_mut(&id) {
+            if matches!(s.payload, SendPayload::Large { .. }) && s.notified.is_none() {
+                let wait_end = now + limit;
+                s.deadline = Some(s.deadline.map_or(wait_end, |d| d.min(wait_end)));
+            }
+        }
+    }
+
+    /// The sequenced message of `id` was acknowledged (`Success`) or refused.
+    pub(super) fn finish_sequenced(&mut self, id: RequestId, status: Status) {
+        match self.requests.get_mut(&id) {
+            Some(Request::Send(s)) => {
+                s.retx = None;
+                match s.payload {
+                    SendPayload::Eager(ref data) => {
+                        let len = data.len() as u32;
+                        self.complete_send(id, status, len);
+                    }
+                    SendPayload::Large { .. } => {
+                        if !status.is_success() {
+                            self.complete_send(id, status, 0);
+                        } else if let Some(len) = s.notified {
+                            self.complete_send(id, status, len);
+                        } else {
+                            let peer = s.peer;
+                            if let Some(p) = self.partners.get_mut(&peer) {
+                                p.awaiting_notify.push(id);
+                            }
+                        }
+                    }
+                }
+            }
+            Some(Request::Recv(RecvReq {
+                state:
+                    RecvState::Notifying {
+                        large,
+                        status: pull_status,
+                        ..
+                    },
+                ..
+            })) => {
+                let large = *large;
+                let failure = match (status, *pull_status) {
+                    (Status::Success, Status::Success) => None,
+                    (Status::Success, s) => Some(s),
+                    (s, _) => Some(s),
+                };
+                if failure.is_none() {
+                    // The data went straight to the application's region.
+                    self.requests.remove(&id);
+                    let source = self.addr_of(large.source);
+                    let status = if large.xfer_length < large.msg_length {
+                        Status::Truncated
+                    } else {
+                        Status::Success
+                    };
+                    self.events.push_back(Event::RecvDone(RecvDone {
+                        id,
+                        status,
+                        source,
+                        match_info: large.match_info,
+                        msg_length: large.msg_length,
+                        xfer_length: large.xfer_length,
+                        data: Vec::new(),
+                    }));
+                } else {
+                    self.complete_recv(
+                        id,
+                        large.source,
+                        large.match_info,
+                        large.msg_length,
+                        Vec::new(),
+                        failure,
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Processes an ack (piggybacked or explicit) of our sends up to `ack_before`.
+    pub(super) fn on_ack(&mut self, now: Instant, peer: PeerAddr, ack_before: Seqnum) {
+        let Some(p) = self.partners.get(&peer) else {
+            return;
+        };
+        let new = p.new_acks(ack_before);
+        if new == 0 {
+            return;
+        }
+        let mut acked = Vec::new();
+        let mut count = 0;
+        for &id in &p.non_acked {
+            match self.retx_of(id) {
+                Some(r) if p.send_index(r.seqnum) >= new => break,
+                _ => {
+                    acked.push(id);
+                    count += 1;
+                }
+            }
+        }
+        let Some(p) = self.partners.get_mut(&peer) else {
+            return;
+        };
+        p.non_acked.drain(..count);
+        p.next_acked_send_seq = ack_before;
+        tracing::trace!(?peer, ?ack_before, count, "acked");
+        for id in acked {
+            self.start_notify_wait(now, id);
+            self.finish_sequenced(id, Status::Success);
+        }
+        self.release_throttled(now, peer);
+    }
+
+    pub(super) fn on_liback(&mut self, now: Instant, src: PeerAddr, a: &Liback) {
+        if a.session != self.session || a.ack_session != a.session {
+            tracing::debug!(?src, "ack for another session, dropped");
+            return;
+        }
+        let Some(p) = self.partners.get_mut(&src) else {
+            return;
+        };
+        if !a.lib_seqnum.same_session(p.next_send_seq) {
+            return;
+        }
+        if a.acknum <= p.last_recv_acknum {
+            tracing::trace!(?src, acknum = a.acknum, "stale explicit ack");
+            return;
+        }
+        p.last_recv_acknum = a.acknum;
+        self.on_ack(now, src, a.lib_seqnum);
+    }
+
+    pub(super) fn on_nack(&mut self, src: PeerAddr, n: &Nack) {
+        let Some(nack_type) = NackType::from_wire(n.nack_type) else {
+            tracing::warn!(?src, nack_type = n.nack_type, "unknown NACK type ignored");
+            return;
+        };
+        let status = nack_type.status();
+        let Some(p) = self.partners.get(&src) else {
+            return;
+        };
+        if n.lib_seqnum.same_session(p.next_send_seq) {
+            let target = p.send_index(n.lib_seqnum);
+            let mut found = None;
+            for (pos, &id) in p.non_acked.iter().enumerate() {
+                let Some(r) = self.retx_of(id) else { continue };
+                let i = p.send_index(r.seqnum);
+                if i > target {
+                    break;
+                }
+                if i == target {
+                    found = Some((pos, id));
+                    break;
+                }
+            }
+            if let Some((pos, id)) = found {
+                tracing::debug!(?src, ?id, %status, "send refused by the peer");
+                if let Some(p) = self.partners.get_mut(&src) {
+                    p.non_acked.remove(pos);
+                }
+                self.finish_sequenced(id, status);
+                return;
+            }
+        }
+        // Connects carry no seqnum; any pending one is equivalent to another.
+        let Some(p) = self.partners.get_mut(&src) else {
+            return;
+        };
+        if !p.connects.is_empty() {
+            let id = p.connects.remove(0);
+            self.complete_connect(id, status, None);
+        }
+    }
+}

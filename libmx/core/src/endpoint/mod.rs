@@ -1,0 +1,681 @@
+//! The endpoint: one MX endpoint's protocol state, driven by calls and frames.
+//!
+//! Inputs are the application's requests ([`Endpoint::connect`],
+//! [`Endpoint::send`], [`Endpoint::post_recv`], ...), received frames
+//! ([`Endpoint::handle_frame`]) and the passage of time
+//! ([`Endpoint::handle_timeout`]). Outputs are frames to put on the wire
+//! ([`Endpoint::poll_transmit`]), completions ([`Endpoint::poll_event`]) and
+//! the next instant at which the endpoint wants `handle_timeout`
+//! ([`Endpoint::next_timeout`]). Every call takes the current time as an
+//! argument; nothing here reads a clock, sleeps or does I/O.
+//!
+//! After any input, callers drain `poll_transmit` (which also emits acks
+//! that became urgent) and `poll_event`, then wait for a frame or for
+//! `next_timeout`.
+
+mod ack;
+mod connect;
+mod recv;
+mod send;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::class::{MessageClass, SMALL_MAX, TINY_MAX};
+use crate::config::Config;
+use crate::frame::{
+    Body, ConnectReply, ConnectRequest, Frame, Liback, MediumFrag, Message, MessageKind, Nack,
+    Notify, PeerAddr, RdmaWindow, Rndv,
+};
+use crate::matching::{BadMatchMask, Matcher, Posting};
+use crate::medium::{self, FragError, Inserted, Reassembly, FRAG_PIPELINE};
+use crate::partner::{AckNeed, Arrival, EarlyFrame, Partner};
+use crate::seqnum::Seqnum;
+use crate::status::{ConnectStatus, NackType, Status};
+use crate::time::Instant;
+
+/// Names a request (connect, send or receive) for its whole life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// Names a message being received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct InboundId(pub(crate) u64);
+
+/// A connected remote endpoint as the application sees it: where it is and
+/// which incarnation (session) of it we talk to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointAddr {
+    /// Where the endpoint is.
+    pub peer: PeerAddr,
+    /// Its session id.
+    pub session: u32,
+}
+
+/// Requests the endpoint refuses outright.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Sending needs a partner that connected to us or that we connected to.
+    #[error("not connected to peer {} endpoint {}", .0.peer_index, .0.endpoint)]
+    NotConnected(PeerAddr),
+    /// Above MEDIUM size, data travels by rendezvous: use `send_large`.
+    #[error("a {0}-byte message needs the rendezvous protocol")]
+    NeedsRendezvous(usize),
+    /// A receive's match info lies outside its mask.
+    #[error(transparent)]
+    BadMatchMask(#[from] BadMatchMask),
+    /// No request with that id is in a state where the call applies.
+    #[error("request {0:?} is unknown or not in the right state")]
+    BadRequest(RequestId),
+}
+
+/// A finished receive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvDone {
+    /// The receive request.
+    pub id: RequestId,
+    /// `Success`, `Truncated` when the buffer was shorter than the message, or
+    /// why the message could not be received.
+    pub status: Status,
+    /// Who sent it.
+    pub source: EndpointAddr,
+    /// The message's match info.
+    pub match_info: u64,
+    /// Length of the message as sent.
+    pub msg_length: u32,
+    /// Bytes delivered: `min(msg_length, buffer length)`.
+    pub xfer_length: u32,
+    /// The delivered bytes (`xfer_length` of them); empty for LARGE messages,
+    /// whose data was pulled straight into the application's region.
+    pub data: Vec<u8>,
+}
+
+/// A LARGE message matched a receive: its data must be pulled from the
+/// sender's window, then reported with [`Endpoint::pull_done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PullNeeded {
+    /// The receive request.
+    pub id: RequestId,
+    /// The sender.
+    pub source: EndpointAddr,
+    /// The sender's window holding the data.
+    pub window: RdmaWindow,
+    /// Bytes to pull (the receive buffer may be shorter than the message).
+    pub length: u32,
+}
+
+/// What the endpoint reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A connect finished; `addr` is set on success.
+    Connected {
+        /// The connect request.
+        id: RequestId,
+        /// `Success`, `BadKey`, `Timeout` or a NACK status.
+        status: Status,
+        /// The remote endpoint, on success.
+        addr: Option<EndpointAddr>,
+    },
+    /// A send finished: acknowledged (LARGE: also pulled), refused, or timed out.
+    SendDone {
+        /// The send request.
+        id: RequestId,
+        /// How it ended.
+        status: Status,
+        /// Bytes the receiver took.
+        xfer_length: u32,
+    },
+    /// A receive finished.
+    RecvDone(RecvDone),
+    /// A receive needs its LARGE data pulled.
+    PullNeeded(PullNeeded),
+}
+
+/// An unexpected message, as `probe` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeInfo {
+    /// Who sent it.
+    pub source: EndpointAddr,
+    /// Its match info.
+    pub match_info: u64,
+    /// Its length.
+    pub msg_length: u32,
+}
+
+/// Retransmission state of one sequenced message.
+#[derive(Clone, Copy, Debug)]
+struct Retx {
+    seqnum: Seqnum,
+    transmissions: u32,
+    next_resend: Instant,
+}
+
+#[derive(Debug)]
+enum SendPayload {
+    Eager(Vec<u8>),
+    Large { msg_length: u32, window: RdmaWindow },
+}
+
+#[derive(Debug)]
+struct SendReq {
+    peer: PeerAddr,
+    match_info: u64,
+    payload: SendPayload,
+    submitted: Instant,
+    deadline: Option<Instant>,
+    retx: Option<Retx>,
+    /// LARGE: the length the receiver's NOTIFY reported.
+    notified: Option<u32>,
+}
+
+#[derive(Debug)]
+struct ConnectReq {
+    peer: PeerAddr,
+    key: u32,
+    connect_seqnum: u8,
+    submitted: Instant,
+    deadline: Option<Instant>,
+    transmissions: u32,
+    next_resend: Instant,
+}
+
+/// A LARGE message matched by a receive.
+#[derive(Clone, Copy, Debug)]
+struct LargeRecv {
+    source: PeerAddr,
+    window: RdmaWindow,
+    match_info: u64,
+    msg_length: u32,
+    xfer_length: u32,
+}
+
+#[derive(Debug)]
+enum RecvState {
+    /// Waiting for a message.
+    Posted,
+    /// Bound to a MEDIUM still missing fragments.
+    Assembling,
+    /// Waiting for the pull of a LARGE message.
+    Pulling(LargeRecv),
+    /// Pulled (or failed); the NOTIFY to the sender waits for its ack.
+    Notifying {
+        large: LargeRecv,
+        status: Status,
+        deadline: Option<Instant>,
+        retx: Option<Retx>,
+    },
+}
+
+#[derive(Debug)]
+struct RecvReq {
+    capacity: usize,
+    state: RecvState,
+}
+
+#[derive(Debug)]
+enum Request {
+    Connect(ConnectReq),
+    Send(SendReq),
+    Recv(RecvReq),
+}
+
+#[derive(Debug)]
+enum Content {
+    Whole(Vec<u8>),
+    Assembling(Reassembly),
+    Rndv(RdmaWindow),
+}
+
+/// A message being received (matched or not).
+#[derive(Debug)]
+struct Inbound {
+    source: PeerAddr,
+    match_info: u64,
+    msg_length: u32,
+    content: Content,
+    recv: Option<RequestId>,
+}
+
+impl Inbound {
+    /// Bytes held while unexpected.
+    fn stored_len(&self) -> usize {
+        match self.content {
+            Content::Rndv(_) => 0,
+            _ => self.msg_length as usize,
+        }
+    }
+}
+
+/// One MX endpoint's protocol state machine.
+#[derive(Debug)]
+pub struct Endpoint {
+    config: Config,
+    index: u8,
+    session: u32,
+    key: u32,
+    partners: BTreeMap<PeerAddr, Partner>,
+    requests: BTreeMap<RequestId, Request>,
+    inbound: BTreeMap<InboundId, Inbound>,
+    matcher: Matcher<RequestId, InboundId>,
+    unexpected_bytes: usize,
+    /// Partners that may owe an ack (a superset; pruned when scanned).
+    ack_pending: BTreeSet<PeerAddr>,
+    transmits: VecDeque<Frame<Vec<u8>>>,
+    events: VecDeque<Event>,
+    next_request: u64,
+    next_inbound: u64,
+}
+impl Endpoint {
+    /// An endpoint with index `index` on its NIC, session id `session` (the
+    /// driver/backend picks it, randomly, at open) and application key `key`.
+    pub fn new(config: Config, index: u8, session: u32, key: u32) -> Self {
+        Endpoint {
+            config,
+            index,
+            session,
+            key,
+            partners: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            inbound: BTreeMap::new(),
+            matcher: Matcher::new(),
+            unexpected_bytes: 0,
+            ack_pending: BTreeSet::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            next_request: 1,
+            next_inbound: 1,
+        }
+    }
+
+    /// The endpoint's index.
+    pub fn index(&self) -> u8 {
+        self.index
+    }
+
+    /// The endpoint's session id.
+    pub fn session(&self) -> u32 {
+        self.session
+    }
+
+    /// The tunables in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Requests not finished yet.
+    pub fn pending_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether every message sent to `peer` has been acknowledged and nothing
+    /// is queued for it.
+    pub fn is_settled_with(&self, peer: PeerAddr) -> bool {
+        match self.partners.get(&peer) {
+            None => true,
+            Some(p) => p.non_acked.is_empty() && p.throttled.is_empty() && p.connects.is_empty(),
+        }
+    }
+
+    fn alloc_request(&mut self) -> RequestId {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        id
+    }
+
+    fn partner_entry(&mut self, peer: PeerAddr) -> &mut Partner {
+        self.partners
+            .entry(peer)
+            .or_insert_with(|| Partner::new(peer))
+    }
+
+    fn addr_of(&self, peer: PeerAddr) -> EndpointAddr {
+        let session = self
+            .partners
+            .get(&peer)
+            .and_then(|p| p.back_session.or(p.true_session))
+            .unwrap_or(0);
+        EndpointAddr { peer, session }
+    }
+
+    fn deadline_from(&self, now: Instant) -> Option<Instant> {
+        self.config.request_timeout.map(|t| now + t)
+    }
+
+    /// Starts connecting to `peer` with application key `key`. Completes with
+    /// [`Event::Connected`].
+    pub fn connect(&mut self, now: Instant, peer: PeerAddr, key: u32) -> RequestId {
+        let id = self.alloc_request();
+        let p = self.partner_entry(peer);
+        let connect_seqnum = p.connect_seqnum;
+        p.connect_seqnum = p.connect_seqnum.wrapping_add(1);
+        p.connects.push(id);
+        let deadline = self.deadline_from(now);
+        self.requests.insert(
+            id,
+            Request::Connect(ConnectReq {
+                peer,
+                key,
+                connect_seqnum,
+                submitted: now,
+                deadline,
+                transmissions: 0,
+                next_resend: now,
+            }),
+        );
+        tracing::debug!(?peer, connect_seqnum, "connecting");
+        self.transmit_connect(now, id);
+        id
+    }
+
+    /// Sends `data` (at most [`MEDIUM_MAX`](crate::MEDIUM_MAX) bytes) with
+    /// `match_info` to a connected partner. The data is copied. Completes with
+    /// [`Event::SendDone`] once the partner acknowledged it.
+    pub fn send(
+        &mut self,
+        now: Instant,
+        dest: PeerAddr,
+        match_info: u64,
+        data: &[u8],
+    ) -> Result<RequestId, Error> {
+        if MessageClass::of(data.len()) == MessageClass::Large {
+            return Err(Error::NeedsRendezvous(data.len()));
+        }
+        self.submit_send(now, dest, match_info, SendPayload::Eager(data.to_vec()))
+    }
+
+    /// Announces a LARGE message of `msg_length` bytes held in the registered
+    /// `window`; the receiver pulls it. Completes with [`Event::SendDone`]
+    /// once the receiver has notified the end of its pull.
+    pub fn send_large(
+        &mut self,
+        now: Instant,
+        dest: PeerAddr,
+        match_info: u64,
+        msg_length: u32,
+        window: RdmaWindow,
+    ) -> Result<RequestId, Error> {
+        self.submit_send(
+            now,
+            dest,
+            match_info,
+            SendPayload::Large { msg_length, window },
+        )
+    }
+
+    fn submit_send(
+        &mut self,
+        now: Instant,
+        dest: PeerAddr,
+        match_info: u64,
+        payload: SendPayload,
+    ) -> Result<RequestId, Error> {
+        if self
+            .partners
+            .get(&dest)
+            .and_then(|p| p.true_session)
+            .is_none()
+        {
+            return Err(Error::NotConnected(dest));
+        }
+        let id = self.alloc_request();
+        let deadline = self.deadline_from(now);
+        self.requests.insert(
+            id,
+            Request::Send(SendReq {
+                peer: dest,
+                match_info,
+                payload,
+                submitted: now,
+                deadline,
+                retx: None,
+                notified: None,
+            }),
+        );
+        self.enqueue_sequenced(now, dest, id);
+        Ok(id)
+    }
+
+    /// Posts a receive for up to `capacity` bytes of a message satisfying
+    /// `(match_info, match_mask)`. Completes with [`Event::RecvDone`] (or first
+    /// [`Event::PullNeeded`] for a LARGE message); may complete at once if a
+    /// matching message already arrived.
+    pub fn post_recv(
+        &mut self,
+        now: Instant,
+        match_info: u64,
+        match_mask: u64,
+        capacity: usize,
+    ) -> Result<RequestId, Error> {
+        let id = self.alloc_request();
+        let posting = self.matcher.post(match_info, match_mask, id)?;
+        self.requests.insert(
+            id,
+            Request::Recv(RecvReq {
+                capacity,
+                state: RecvState::Posted,
+            }),
+        );
+        if let Posting::Matched(_, iid) = posting {
+            if let Some(inb) = self.inbound.get_mut(&iid) {
+                self.unexpected_bytes -= inb.stored_len();
+                inb.recv = Some(id);
+            }
+            self.settle(now, iid);
+        }
+        Ok(id)
+    }
+
+    /// Withdraws a posted receive that has not matched yet. Returns whether it
+    /// was withdrawn; a withdrawn request produces no event.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        let posted = matches!(
+            self.requests.get(&id),
+            Some(Request::Recv(RecvReq {
+                state: RecvState::Posted,
+                ..
+            }))
+        );
+        if posted && self.matcher.cancel(|&r| r == id).is_some() {
+            self.requests.remove(&id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The earliest unexpected message satisfying `(match_info, match_mask)`,
+    /// without receiving it (MX's `mx_iprobe`).
+    pub fn probe(&self, match_info: u64, match_mask: u64) -> Result<Option<ProbeInfo>, Error> {
+        crate::matching::check_mask(match_info, match_mask)?;
+        Ok(self
+            .matcher
+            .probe(match_info, match_mask)
+            .and_then(|(_, iid)| {
+                self.inbound.get(iid).map(|inb| ProbeInfo {
+                    source: self.addr_of(inb.source),
+                    match_info: inb.match_info,
+                    msg_length: inb.msg_length,
+                })
+            }))
+    }
+
+    /// Reports the end of a pull requested by [`Event::PullNeeded`]; the
+    /// receive completes (with `status` if it is not `Success`) once the
+    /// sender acknowledged the NOTIFY.
+    pub fn pull_done(&mut self, now: Instant, id: RequestId, status: Status) -> Result<(), Error> {
+        let large = match self.requests.get(&id) {
+            Some(Request::Recv(RecvReq {
+                state: RecvState::Pulling(large),
+                ..
+            })) => *large,
+            _ => return Err(Error::BadRequest(id)),
+        };
+        self.start_notify(now, id, large, status);
+        Ok(())
+    }
+
+    /// Sets a deadline on a pending send or connect, counted from its submission
+    /// (MX's `mx_set_request_timeout`). Returns whether the request was found.
+    pub fn set_request_timeout(&mut self, id: RequestId, timeout: std::time::Duration) -> bool {
+        match self.requests.get_mut(&id) {
+            Some(Request::Send(s)) => {
+                s.deadline = Some(s.submitted + timeout);
+                true
+            }
+            Some(Request::Connect(c)) => {
+                c.deadline = Some(c.submitted + timeout);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops everything shared with `peer`: pending requests to it complete
+    /// with `EndpointUnreachable`, and frames of the old connection are
+    /// ignored from now on.
+    pub fn disconnect(&mut self, peer: PeerAddr) {
+        self.cleanup_partner(peer, Status::EndpointUnreachable, true);
+    }
+
+    /// The next frame to send, if any. Acks that must go out now are emitted
+    /// here, after the frames already queued.
+    pub fn poll_transmit(&mut self) -> Option<Frame<Vec<u8>>> {
+        if self.transmits.is_empty() {
+            self.flush_immediate_acks();
+        }
+        self.transmits.pop_front()
+    }
+
+    /// The next completion, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called:
+    /// the earliest delayed ack, retransmission or request deadline.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut consider = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        for p in self.partners.values() {
+            if let Some(t) = p.ack_due(self.config.ack_delay) {
+                consider(t);
+            }
+            for id in p
+                .non_acked
+                .iter()
+                .chain(&p.throttled)
+                .chain(&p.awaiting_notify)
+                .chain(&p.connects)
+            {
+                let Some(req) = self.requests.get(id) else {
+                    continue;
+                };
+                let (retx_at, deadline) = match req {
+                    Request::Send(s) => (s.retx.map(|r| r.next_resend), s.deadline),
+                    Request::Connect(c) => (Some(c.next_resend), c.deadline),
+                    Request::Recv(RecvReq {
+                        state: RecvState::Notifying { retx, deadline, .. },
+                        ..
+                    }) => (retx.map(|r| r.next_resend), *deadline),
+                    Request::Recv(_) => (None, None),
+                };
+                retx_at.into_iter().chain(deadline).for_each(&mut consider);
+            }
+        }
+        next
+    }
+
+    /// Advances timers to `now`: sends due delayed acks, retransmits unacked
+    /// messages and connects, and fails every pending request to a partner
+    /// whose retry budget or deadline ran out.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let peers: Vec<PeerAddr> = self.partners.keys().copied().collect();
+        for peer in peers {
+            if self.partner_expired(now, peer) {
+                tracing::warn!(
+                    ?peer,
+                    "partner did not answer within the retry budget, dropping it"
+                );
+                self.cleanup_partner(peer, Status::Timeout, true);
+                continue;
+            }
+            let Some(p) = self.partners.get(&peer) else {
+                continue;
+            };
+            let due_ack = p.ack_due(self.config.ack_delay).is_some_and(|t| t <= now);
+            let resend: Vec<RequestId> = p
+                .non_acked
+                .iter()
+                .copied()
+                .filter(|id| self.retx_of(*id).is_some_and(|r| r.next_resend <= now))
+                .collect();
+            let reconnect: Vec<RequestId> = p
+                .connects
+                .iter()
+                .copied()
+                .filter(|id| matches!(self.requests.get(id), Some(Request::Connect(c)) if c.next_resend <= now))
+                .collect();
+            for id in resend {
+                tracing::debug!(?peer, ?id, "retransmitting");
+                self.transmit_sequenced(now, id);
+            }
+            for id in reconnect {
+                self.transmit_connect(now, id);
+            }
+            // A retransmission carried the ack already if there was one.
+            if due_ack
+                && self
+                    .partners
+                    .get(&peer)
+                    .is_some_and(|p| p.ack != AckNeed::None)
+            {
+                self.send_liback(peer);
+            }
+        }
+    }
+
+    fn partner_expired(&self, now: Instant, peer: PeerAddr) -> bool {
+        let Some(p) = self.partners.get(&peer) else {
+            return false;
+        };
+        let max = self.config.max_retries;
+        let past = |d: Option<Instant>| d.is_some_and(|d| d <= now);
+        let exhausted =
+            |r: Option<Retx>| r.is_some_and(|r| r.next_resend <= now && r.transmissions > max);
+        p.non_acked
+            .iter()
+            .chain(&p.throttled)
+            .chain(&p.awaiting_notify)
+            .chain(&p.connects)
+            .any(|id| match self.requests.get(id) {
+                Some(Request::Send(s)) => exhausted(s.retx) || past(s.deadline),
+                Some(Request::Connect(c)) => {
+                    (c.next_resend <= now && c.transmissions > max) || past(c.deadline)
+                }
+                Some(Request::Recv(RecvReq {
+                    state: RecvState::Notifying { retx, deadline, .. },
+                    ..
+                })) => exhausted(*retx) || past(*deadline),
+                _ => false,
+            })
+    }
+
+    /// Handles one frame addressed to this endpoint.
+    pub fn handle_frame(&mut self, now: Instant, frame: Frame<&[u8]>) {
+        if frame.dst_endpoint != self.index {
+            tracing::debug!(
+                dst = frame.dst_endpoint,
+                "frame for another endpoint, dropped"
+            );
+            return;
+        }
+        let src = frame.source();
+        match &frame.body {
+            Body::Message(m) => self.on_message(now, src, m),
+            Body::Notify(n) => self.on_notify_frame(now, src, n),
+            Body::Liback(a) => self.on_liback(now, src, a),
+            Body::ConnectRequest(c) => self.on_connect_request(src, c),
+            Body::ConnectReply(c) => self.on_connect_reply(src, c),
+            Body::Nack(n) => self.on_nack(src, n),
+        }
+    }
+}
