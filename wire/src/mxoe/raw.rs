@@ -1,7 +1,7 @@
 //! RAW: frames for mapper-style tools (MX's mx_raw interface). Past the type
 //! byte the content is opaque and runs to the end of the frame, so a RAW
 //! packet has no length of its own; the whole frame is bounded by
-//! [`RAW_FRAME_LEN_MAX`](super::RAW_FRAME_LEN_MAX).
+//! [`RAW_FRAME_LEN_MAX`].
 
 use super::access::{expect_ptype, need, packet_view, put, room};
 use super::{PacketType, HEAD_LEN, RAW_FRAME_LEN_MAX};
