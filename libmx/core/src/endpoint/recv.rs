@@ -404,10 +404,10 @@ impl Endpoint {
         if self
             .partners
             .get(&large.source)
-            .and_then(|p| p.back_session)
+            .and_then(|p| p.back_session.or(p.true_session))
             .is_none()
         {
-            // The sender's connection is gone; nobody to notify.
+            // We know no session of the sender (its connection is gone); nobody to notify.
             self.complete_recv(
                 id,
                 large.source,

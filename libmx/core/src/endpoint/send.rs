@@ -159,7 +159,9 @@ impl Endpoint {
                     0
                 };
                 transmits.push_back(frame(Body::Notify(Notify {
-                    session: p.back_session.unwrap_or(0),
+                    // The sender may never have connected to us (a reply to
+                    // `status.source`): then the session we connected with identifies it.
+                    session: p.back_session.or(p.true_session).unwrap_or(0),
                     total_length,
                     rdma_id: large.window.id,
                     rdma_seqnum: large.window.seqnum,

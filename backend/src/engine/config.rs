@@ -1,0 +1,54 @@
+//! Limits and timers of the engine.
+
+use std::time::Duration;
+
+/// Tunables of an [`Engine`](super::Engine). The defaults suit one dom0 serving a few dozen
+/// guests on a jumbo-frame LAN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Endpoint indices a guest may open (at most 256). A frame for an index at or beyond
+    /// it is refused with `BAD_ENDPT`, one for a closed index below it with `ENDPT_CLOSED`.
+    pub endpoints_per_guest: u16,
+    /// PULL blocks a pull keeps requested at once (Open-MX keeps 4).
+    pub pull_blocks_in_flight: usize,
+    /// How long a pull waits without any new reply before requesting its blocks again.
+    pub pull_retransmit_timeout: Duration,
+    /// Consecutive retransmissions without progress after which a pull fails.
+    pub pull_retries_max: u32,
+    /// Pulls one guest may have outstanding.
+    pub max_pulls_per_guest: usize,
+    /// Sum of the lengths of one guest's outstanding pulls.
+    pub max_pull_bytes_per_guest: u64,
+    /// Regions one guest may have registered, over all its endpoints.
+    pub max_regions_per_guest: usize,
+    /// Bytes of frames built for one guest and not yet taken by [`Engine::poll_transmit`](super::Engine::poll_transmit).
+    pub max_tx_bytes_per_guest: usize,
+    /// Frames waiting for the NIC, all guests together; beyond it frames are dropped.
+    pub max_tx_frames: usize,
+    /// Unsolicited events (receives, nacks) waiting for one endpoint; beyond it received
+    /// packets are dropped and the sending library retransmits. Completions always pass.
+    pub max_pending_events_per_endpoint: usize,
+    /// HOST_REPLY results kept for the peer service.
+    pub max_host_replies: usize,
+    /// Frame buffers kept for reuse.
+    pub buffer_pool_size: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            endpoints_per_guest: 256,
+            pull_blocks_in_flight: 4,
+            pull_retransmit_timeout: Duration::from_millis(500),
+            pull_retries_max: 10,
+            max_pulls_per_guest: 256,
+            max_pull_bytes_per_guest: 1 << 30,
+            max_regions_per_guest: 1024,
+            max_tx_bytes_per_guest: 4 << 20,
+            max_tx_frames: 16384,
+            max_pending_events_per_endpoint: 4096,
+            max_host_replies: 1024,
+            buffer_pool_size: 512,
+        }
+    }
+}

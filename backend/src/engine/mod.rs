@@ -1,0 +1,667 @@
+//! The backend's MX engine: the Open-MX "driver" role, for many guests, as a sans-IO state
+//! machine.
+//!
+//! The engine owns no socket, thread or clock. The daemon feeds it
+//! - send requests it copied out of guests' send rings ([`Engine::handle_send`]),
+//! - frames received from the NIC ([`Engine::handle_frame`]),
+//! - the passing of time ([`Engine::handle_timeout`], due at [`Engine::poll_timeout`]),
+//!
+//! and collects what it produced: frames for the NIC ([`Engine::poll_transmit`]), events
+//! for endpoint event rings ([`Engine::poll_event`]) and host replies for the peer service
+//! ([`Engine::poll_host_reply`]). Guest memory (queues, registered regions) is reached
+//! through each guest's [`GuestMemory`].
+//!
+//! # Roles
+//!
+//! As Open-MX's kernel driver, the engine builds and parses MXoE frames, demultiplexes them
+//! to guests (by destination MAC) and endpoints, NACKs packets for closed endpoints or stale
+//! sessions, copies MEDIUM fragments into receive queues and runs the puller's side of
+//! LARGE transfers (PULL per block, replies written straight into the registered region,
+//! retransmission of PULL requests). Reliability of messages (sequence numbers, acks,
+//! resends, matching) stays in the guest's library: the engine passes those fields through.
+//!
+//! # Identity and isolation
+//!
+//! Each guest is a virtual MX NIC with a MAC chosen by dom0 ([`GuestConfig`]); every frame
+//! built for a guest carries that MAC as source, whatever the guest asks. Peers are named
+//! by index in the [`PeerTable`] the peer service pushes; each peer belongs to a virtual
+//! cluster and a guest only exchanges traffic with peers of its own cluster: a send
+//! elsewhere completes with an ERROR event (`Denied`) and no frame, a received frame from
+//! another cluster's peer is dropped. The sender of a received frame is identified by its
+//! source MAC (the head's peer index is only the sender's claim); frames from MACs not in
+//! the table are dropped. Frames from the wire claiming a co-located guest's MAC are
+//! dropped as spoofed.
+//!
+//! # Co-located guests
+//!
+//! A frame whose destination is another guest of this engine never reaches the NIC: it is
+//! looped back into the receive path before the call returns, so the receiver sees exactly
+//! the events it would have seen over the wire and the data is copied from one guest's
+//! memory to the other's.
+//!
+//! # Hostile guests
+//!
+//! Every field of a send request is checked again here (parsing checked only the format):
+//! a request no correct library would issue returns [`Violation`] and changes nothing, so
+//! the daemon can disconnect that guest alone. Per-guest quotas (pulls, pull bytes,
+//! regions, queued transmit bytes) turn excess into ERROR events (`NoResources`), counted
+//! as quota refusals. Nothing a guest or the wire sends makes the engine panic.
+//!
+//! # Receive-queue slots
+//!
+//! A RECV_MEDIUM event hands a receive-queue slot to the library. The library gives it
+//! back through the daemon, which calls [`Engine::release_recvq_slot`] (the ring ABI has
+//! no message for this yet; the daemon may equally release a slot when the application
+//! consumes the event that carried it, as Open-MX ties the two).
+
+mod config;
+mod error;
+mod host;
+mod memory;
+mod output;
+mod peers;
+mod pull;
+mod rdma;
+mod recv;
+mod send;
+mod vnic;
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use xmx_wire::msg::{ErrorCode, Event, EventBody};
+use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, PacketRepr, HOSTNAME_LEN_MAX, MEDIUM_MSG_LEN_MAX};
+
+pub use config::EngineConfig;
+pub use error::{EngineError, PeerTableError, Violation};
+pub use memory::{
+    checked_range, GuestMemory, InMemoryGuest, MemoryArea, MemoryError, RegionHandle,
+};
+pub use output::{GuestEvent, HostReply, Transmit};
+pub use peers::{PeerEntry, PeerTable};
+pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
+
+use output::{Output, Path};
+use vnic::{Endpoint, Link, Region, Usage};
+
+/// A guest, by the id dom0 gives it (its domain id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GuestId(pub u32);
+
+/// A virtual cluster: guests and peers that may talk to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterId(pub u32);
+
+/// How dom0 introduces a guest.
+pub struct GuestConfig {
+    /// The guest.
+    pub id: GuestId,
+    /// Its board address, unique among the engine's guests.
+    pub mac: Mac,
+    /// Its virtual cluster.
+    pub cluster: ClusterId,
+    /// What HOST_REPLY announces for it (1 to 79 bytes, no NUL).
+    pub hostname: String,
+    /// Its shared memory.
+    pub memory: Box<dyn GuestMemory>,
+}
+
+/// What happened to frames before they reached a guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Frames handed to [`Engine::handle_frame`].
+    pub rx_frames: u64,
+    /// Frames whose head did not parse (short, other ethertype).
+    pub rx_malformed: u64,
+    /// Frames for a MAC that is none of our guests'.
+    pub rx_unknown_destination: u64,
+    /// Frames from the wire whose source MAC is one of our guests'.
+    pub rx_spoofed_source: u64,
+}
+
+/// The MX engine of one physical interface. See the module documentation.
+pub struct Engine {
+    config: EngineConfig,
+    guests: HashMap<GuestId, VirtualNic>,
+    /// Our guests by MAC, with their cluster.
+    local: HashMap<Mac, (GuestId, ClusterId)>,
+    peers: PeerTable,
+    out: Output,
+    counters: EngineCounters,
+    /// Bounce buffer for data read out of guest memory (a whole MEDIUM message).
+    scratch: Vec<u8>,
+}
+
+/// The parts of the engine a handler needs besides the guest it works for.
+pub(crate) struct Ctx<'a> {
+    pub config: &'a EngineConfig,
+    pub peers: &'a PeerTable,
+    pub local: &'a HashMap<Mac, (GuestId, ClusterId)>,
+    pub out: &'a mut Output,
+    pub scratch: &'a mut Vec<u8>,
+}
+
+impl Ctx<'_> {
+    /// Where a frame for `dst` goes.
+    pub fn path(&self, dst: Mac) -> Path {
+        if self.local.contains_key(&dst) {
+            Path::Local
+        } else {
+            Path::Wire
+        }
+    }
+
+    /// The index the peer at `peer` knows this guest by: what it told us, else our own
+    /// index in the (cluster-wide, hence shared) table, else "unknown".
+    pub fn reverse_index(&self, link: &Link, peer: Mac) -> u16 {
+        link.reverse_index
+            .get(&peer)
+            .copied()
+            .or_else(|| self.peers.by_mac(link.mac).map(|e| e.index))
+            .unwrap_or(u16::MAX)
+    }
+
+    /// Complete a send request with an ERROR event.
+    pub fn refuse(&mut self, link: &mut Link, endpoint: u8, tag: u32, code: ErrorCode) {
+        link.counters.send_errors += 1;
+        tracing::debug!(guest = link.id.0, endpoint, tag, ?code, "send refused");
+        let body = EventBody::Error { code };
+        self.out.completion(link.id, endpoint, Event { tag, body });
+    }
+
+    /// Build a frame from the guest to `dst` and queue it; false if it was dropped.
+    pub fn send(&mut self, link: &mut Link, dst: Mac, packet: PacketRepr) -> bool {
+        let frame = FrameRepr {
+            head: HeadRepr {
+                dst,
+                src: link.mac,
+                dst_src_peer_index: self.reverse_index(link, dst),
+            },
+            packet,
+        };
+        let path = self.path(dst);
+        if path == Path::Wire && !self.out.tx_has_room() {
+            link.counters.drop(vnic::DropReason::TxQueueFull);
+            return false;
+        }
+        let buf = match self.out.build(&frame) {
+            Ok(buf) => buf,
+            Err(e) => {
+                tracing::warn!(guest = link.id.0, error = %e, "frame refused by its emitter");
+                link.counters.drop(vnic::DropReason::Malformed);
+                return false;
+            }
+        };
+        let len = buf.len() as u64;
+        match path {
+            Path::Wire => {
+                link.counters.tx_frames += 1;
+                link.counters.tx_bytes += len;
+                link.tx_bytes_queued += buf.len();
+                self.out.tx.push_back((link.id, buf));
+            }
+            Path::Local => {
+                link.counters.local_frames += 1;
+                link.counters.local_bytes += len;
+                self.out.loopback.push_back(buf);
+            }
+        }
+        true
+    }
+}
+
+impl Engine {
+    /// An engine serving no guest yet, with an empty peer table.
+    pub fn new(config: EngineConfig) -> Self {
+        let out = Output::new(
+            config.buffer_pool_size,
+            config.max_tx_frames,
+            config.max_pending_events_per_endpoint,
+            config.max_host_replies,
+        );
+        Engine {
+            config,
+            guests: HashMap::new(),
+            local: HashMap::new(),
+            peers: PeerTable::new(),
+            out,
+            counters: EngineCounters::default(),
+            scratch: vec![0; MEDIUM_MSG_LEN_MAX],
+        }
+    }
+
+    /// The engine's configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Split the engine into one guest and the rest.
+    fn split(&mut self, guest: GuestId) -> Option<(&mut VirtualNic, Ctx<'_>)> {
+        let nic = self.guests.get_mut(&guest)?;
+        Some((
+            nic,
+            Ctx {
+                config: &self.config,
+                peers: &self.peers,
+                local: &self.local,
+                out: &mut self.out,
+                scratch: &mut self.scratch,
+            },
+        ))
+    }
+
+    // ----- control path -----
+
+    /// Start serving a guest.
+    pub fn add_guest(&mut self, guest: GuestConfig) -> Result<(), EngineError> {
+        if self.guests.contains_key(&guest.id) {
+            return Err(EngineError::GuestExists(guest.id));
+        }
+        if !guest.mac.is_unicast() || self.local.contains_key(&guest.mac) {
+            return Err(EngineError::BadMac(guest.mac));
+        }
+        let name_ok = !guest.hostname.is_empty()
+            && guest.hostname.len() < HOSTNAME_LEN_MAX
+            && !guest.hostname.contains('\0');
+        if !name_ok {
+            return Err(EngineError::BadHostname);
+        }
+        self.local.insert(guest.mac, (guest.id, guest.cluster));
+        self.guests.insert(
+            guest.id,
+            VirtualNic {
+                link: Link {
+                    id: guest.id,
+                    mac: guest.mac,
+                    cluster: guest.cluster,
+                    hostname: guest.hostname,
+                    counters: NicCounters::default(),
+                    reverse_index: HashMap::new(),
+                    tx_bytes_queued: 0,
+                },
+                memory: guest.memory,
+                endpoints: HashMap::new(),
+                usage: Usage::default(),
+            },
+        );
+        tracing::info!(guest = guest.id.0, mac = %guest.mac, cluster = guest.cluster.0, "guest attached");
+        Ok(())
+    }
+
+    /// Stop serving a guest: its endpoints, regions and pulls are dropped without events,
+    /// and its queued events are discarded. Its frames already queued for the NIC still go.
+    pub fn remove_guest(&mut self, guest: GuestId) -> Result<VirtualNic, EngineError> {
+        let nic = self
+            .guests
+            .remove(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        self.local.remove(&nic.link.mac);
+        self.out.purge_events(guest, None);
+        tracing::info!(guest = guest.0, "guest detached");
+        Ok(nic)
+    }
+
+    /// A guest's virtual NIC.
+    pub fn guest(&self, guest: GuestId) -> Option<&VirtualNic> {
+        self.guests.get(&guest)
+    }
+
+    /// Every guest's id, ascending.
+    pub fn guest_ids(&self) -> Vec<GuestId> {
+        let mut ids: Vec<GuestId> = self.guests.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Open endpoint `endpoint` of a guest.
+    pub fn open_endpoint(
+        &mut self,
+        guest: GuestId,
+        endpoint: u8,
+        config: EndpointConfig,
+    ) -> Result<(), EngineError> {
+        let limit = self.config.endpoints_per_guest;
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        if u16::from(endpoint) >= limit {
+            return Err(EngineError::BadEndpoint(endpoint));
+        }
+        if nic.endpoints.contains_key(&endpoint) {
+            return Err(EngineError::EndpointBusy(endpoint));
+        }
+        nic.endpoints.insert(endpoint, Endpoint::new(config));
+        Ok(())
+    }
+
+    /// Close an endpoint: its regions and pulls are dropped without events, its queued
+    /// events discarded; later packets for it are NACKed as closed.
+    pub fn close_endpoint(&mut self, guest: GuestId, endpoint: u8) -> Result<(), EngineError> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        let ep = nic
+            .endpoints
+            .remove(&endpoint)
+            .ok_or(EngineError::EndpointNotOpen(endpoint))?;
+        nic.usage.regions = nic.usage.regions.saturating_sub(ep.regions.len());
+        for pull in ep.pulls.iter() {
+            nic.usage.pulls = nic.usage.pulls.saturating_sub(1);
+            nic.usage.pull_bytes = nic.usage.pull_bytes.saturating_sub(u64::from(pull.total()));
+        }
+        self.out.purge_events(guest, Some(endpoint));
+        Ok(())
+    }
+
+    /// Register a region of `length` bytes whose memory `handle` names.
+    pub fn register_region(
+        &mut self,
+        guest: GuestId,
+        endpoint: u8,
+        region_id: u8,
+        handle: RegionHandle,
+        length: u64,
+    ) -> Result<(), EngineError> {
+        let max = self.config.max_regions_per_guest;
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        let ep = nic
+            .endpoints
+            .get_mut(&endpoint)
+            .ok_or(EngineError::EndpointNotOpen(endpoint))?;
+        if ep.regions.contains_key(&region_id) {
+            return Err(EngineError::BadRegion(region_id));
+        }
+        if length == 0 {
+            return Err(EngineError::EmptyRegion);
+        }
+        if nic.usage.regions >= max {
+            nic.link.counters.quota_refusals += 1;
+            return Err(EngineError::Quota("regions"));
+        }
+        ep.regions.insert(region_id, Region { handle, length });
+        nic.usage.regions += 1;
+        Ok(())
+    }
+
+    /// Deregister a region. Pulls writing into it complete with `Aborted`.
+    pub fn deregister_region(
+        &mut self,
+        guest: GuestId,
+        endpoint: u8,
+        region_id: u8,
+    ) -> Result<RegionHandle, EngineError> {
+        let (nic, mut ctx) = self.split(guest).ok_or(EngineError::UnknownGuest(guest))?;
+        let ep = nic
+            .endpoints
+            .get_mut(&endpoint)
+            .ok_or(EngineError::EndpointNotOpen(endpoint))?;
+        let region = ep
+            .regions
+            .remove(&region_id)
+            .ok_or(EngineError::BadRegion(region_id))?;
+        nic.usage.regions = nic.usage.regions.saturating_sub(1);
+        let doomed: Vec<u32> = ep
+            .pulls
+            .iter()
+            .filter(|p| p.sink.region == region_id)
+            .map(|p| p.wire_handle)
+            .collect();
+        for handle in doomed {
+            rdma::finish_pull(
+                &mut ctx,
+                &mut nic.link,
+                &mut nic.usage,
+                ep,
+                endpoint,
+                handle,
+                xmx_wire::msg::DoneStatus::Aborted,
+            );
+        }
+        Ok(region.handle)
+    }
+
+    /// The library handed a receive-queue slot back.
+    pub fn release_recvq_slot(
+        &mut self,
+        guest: GuestId,
+        endpoint: u8,
+        slot: u16,
+    ) -> Result<(), Violation> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(Violation::UnknownGuest(guest))?;
+        let ep = nic
+            .endpoints
+            .get_mut(&endpoint)
+            .ok_or(Violation::EndpointNotOpen(endpoint))?;
+        if ep.recvq.give_back(slot) {
+            Ok(())
+        } else {
+            Err(Violation::BadRecvQueueSlot { slot })
+        }
+    }
+
+    /// Replace the peer table. Reverse indices learnt from peers are kept (they are keyed
+    /// by MAC).
+    pub fn set_peers(
+        &mut self,
+        entries: impl IntoIterator<Item = PeerEntry>,
+    ) -> Result<(), PeerTableError> {
+        self.peers = PeerTable::from_entries(entries)?;
+        tracing::debug!(peers = self.peers.iter().count(), "peer table replaced");
+        Ok(())
+    }
+
+    /// The peer table.
+    pub fn peers(&self) -> &PeerTable {
+        &self.peers
+    }
+
+    // ----- data path -----
+
+    /// Serve a request a guest put on endpoint `endpoint`'s send ring. `Err` means the
+    /// guest broke the protocol and should be disconnected; nothing was done.
+    pub fn handle_send(
+        &mut self,
+        now: Instant,
+        guest: GuestId,
+        endpoint: u8,
+        request: &xmx_wire::msg::SendRequest,
+    ) -> Result<(), Violation> {
+        let result = self.send_request(now, guest, endpoint, request);
+        self.drain_loopback(now);
+        result
+    }
+
+    /// Take in a frame received from the NIC.
+    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.counters.rx_frames += 1;
+        self.receive(now, frame, Path::Wire);
+        self.drain_loopback(now);
+    }
+
+    /// Let time pass: pulls without progress for a timeout request their blocks again or
+    /// fail.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let ids: Vec<GuestId> = self.guests.keys().copied().collect();
+        for guest in ids {
+            if let Some((nic, mut ctx)) = self.split(guest) {
+                rdma::on_timeouts(&mut ctx, nic, now);
+            }
+        }
+        self.drain_loopback(now);
+    }
+
+    /// When [`Engine::handle_timeout`] should next run, if anything waits for time.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.guests
+            .values()
+            .flat_map(|nic| nic.endpoints.values())
+            .flat_map(|ep| ep.pulls.iter())
+            .map(|p| p.deadline)
+            .min()
+    }
+
+    /// The next frame to put on the NIC.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let (guest, bytes) = self.out.tx.pop_front()?;
+        if let Some(nic) = self.guests.get_mut(&guest) {
+            nic.link.tx_bytes_queued = nic.link.tx_bytes_queued.saturating_sub(bytes.len());
+        }
+        Some(Transmit { bytes })
+    }
+
+    /// Give a transmitted frame's buffer back for reuse.
+    pub fn recycle(&mut self, transmit: Transmit) {
+        self.out.recycle(transmit.bytes);
+    }
+
+    /// The next event for an endpoint's event ring.
+    pub fn poll_event(&mut self) -> Option<GuestEvent> {
+        self.out.pop_event()
+    }
+
+    /// The next HOST_REPLY received, for the peer service.
+    pub fn poll_host_reply(&mut self) -> Option<HostReply> {
+        self.out.host_replies.pop_front()
+    }
+
+    /// Ask the board at `dst` for its hostname, on behalf of `guest` (whose MAC is the
+    /// source and to which the reply comes back).
+    pub fn host_query(
+        &mut self,
+        now: Instant,
+        guest: GuestId,
+        dst: Mac,
+    ) -> Result<(), EngineError> {
+        let (nic, mut ctx) = self.split(guest).ok_or(EngineError::UnknownGuest(guest))?;
+        host::send_query(&mut ctx, &mut nic.link, dst);
+        self.drain_loopback(now);
+        Ok(())
+    }
+
+    /// Engine-wide counters.
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    /// Frames waiting for [`Engine::poll_transmit`].
+    pub fn pending_transmits(&self) -> usize {
+        self.out.tx.len()
+    }
+
+    /// Process frames sent to co-located guests until none is left.
+    fn drain_loopback(&mut self, now: Instant) {
+        while let Some(buf) = self.out.loopback.pop_front() {
+            self.receive(now, &buf, Path::Local);
+            self.out.recycle(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guest(id: u32, mac: Mac, hostname: &str) -> GuestConfig {
+        GuestConfig {
+            id: GuestId(id),
+            mac,
+            cluster: ClusterId(1),
+            hostname: hostname.into(),
+            memory: Box::new(InMemoryGuest::new()),
+        }
+    }
+
+    const MAC: Mac = Mac([2, 0, 0, 0, 0, 1]);
+
+    #[test]
+    fn engine_is_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Engine>();
+    }
+
+    #[test]
+    fn guests_need_unique_ids_unicast_macs_and_hostnames() {
+        let mut e = Engine::new(EngineConfig::default());
+        e.add_guest(guest(1, MAC, "a:0")).unwrap();
+        assert_eq!(
+            e.add_guest(guest(1, Mac([2, 0, 0, 0, 0, 2]), "b:0")),
+            Err(EngineError::GuestExists(GuestId(1)))
+        );
+        assert_eq!(
+            e.add_guest(guest(2, MAC, "b:0")),
+            Err(EngineError::BadMac(MAC))
+        );
+        let group = Mac([3, 0, 0, 0, 0, 2]);
+        assert_eq!(
+            e.add_guest(guest(2, group, "b:0")),
+            Err(EngineError::BadMac(group))
+        );
+        let other = Mac([2, 0, 0, 0, 0, 2]);
+        for bad in ["", "a\0b", &"x".repeat(HOSTNAME_LEN_MAX)] {
+            assert_eq!(
+                e.add_guest(guest(2, other, bad)),
+                Err(EngineError::BadHostname)
+            );
+        }
+        e.add_guest(guest(2, other, &"x".repeat(HOSTNAME_LEN_MAX - 1)))
+            .unwrap();
+        assert_eq!(e.guest_ids(), vec![GuestId(1), GuestId(2)]);
+        assert_eq!(e.remove_guest(GuestId(1)).unwrap().mac(), MAC);
+        // The MAC is free again.
+        e.add_guest(guest(3, MAC, "c:0")).unwrap();
+    }
+
+    #[test]
+    fn endpoints_and_regions_are_checked() {
+        let config = EngineConfig {
+            endpoints_per_guest: 4,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(config);
+        e.add_guest(guest(1, MAC, "a:0")).unwrap();
+        let g = GuestId(1);
+        let ep = EndpointConfig {
+            session_id: 7,
+            send_queue_slots: 1,
+            recv_queue_slots: 1,
+        };
+        assert_eq!(e.open_endpoint(g, 4, ep), Err(EngineError::BadEndpoint(4)));
+        assert_eq!(
+            e.open_endpoint(GuestId(9), 0, ep),
+            Err(EngineError::UnknownGuest(GuestId(9)))
+        );
+        e.open_endpoint(g, 3, ep).unwrap();
+        assert_eq!(e.open_endpoint(g, 3, ep), Err(EngineError::EndpointBusy(3)));
+        let h = RegionHandle(5);
+        assert_eq!(
+            e.register_region(g, 2, 0, h, 10),
+            Err(EngineError::EndpointNotOpen(2))
+        );
+        assert_eq!(
+            e.register_region(g, 3, 0, h, 0),
+            Err(EngineError::EmptyRegion)
+        );
+        e.register_region(g, 3, 0, h, 10).unwrap();
+        assert_eq!(
+            e.register_region(g, 3, 0, h, 10),
+            Err(EngineError::BadRegion(0))
+        );
+        assert_eq!(e.guest(g).unwrap().registered_regions(), 1);
+        assert_eq!(e.deregister_region(g, 3, 1), Err(EngineError::BadRegion(1)));
+        assert_eq!(e.deregister_region(g, 3, 0), Ok(h));
+        e.register_region(g, 3, 0, h, 10).unwrap();
+        // Closing the endpoint releases its regions from the quota.
+        e.close_endpoint(g, 3).unwrap();
+        assert_eq!(e.guest(g).unwrap().registered_regions(), 0);
+        assert_eq!(e.close_endpoint(g, 3), Err(EngineError::EndpointNotOpen(3)));
+        assert_eq!(e.guest(g).unwrap().open_endpoints(), Vec::<u8>::new());
+    }
+}

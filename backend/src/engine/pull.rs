@@ -1,0 +1,607 @@
+//! The puller's side of a LARGE transfer: which frames of which blocks are requested,
+//! which arrived, and when to ask again.
+//!
+//! The transfer is cut as Open-MX cuts it in MX wire-compatible mode. Frames are 4096
+//! bytes of the *remote* region's layout: frame 0 starts at the remote offset and ends at
+//! the next 4096 boundary, later frames are whole. A block is at most 8 frames; the first
+//! block is shortened by the remote offset so later blocks start on a frame boundary.
+//! Several blocks stay requested at once; each arriving reply clears one bit of its
+//! block's bitmap. When the oldest block is complete, completed blocks are retired and new
+//! ones requested. When a later block completes while an older one still misses frames, a
+//! frame was probably lost, so the older blocks are requested again (once per timeout).
+//! When nothing arrives for a timeout, every incomplete block is requested again; after
+//! too many consecutive timeouts the pull fails.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use xmx_wire::mxoe::{Mac, PullRepr, PULL_BLOCK_LEN_MAX, PULL_REPLY_LEN_MAX};
+
+use super::memory::RegionHandle;
+
+const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
+const BLOCK: u32 = PULL_BLOCK_LEN_MAX as u32;
+
+/// Blocks are tracked in a `u32` mask of block positions.
+pub(crate) const BLOCKS_IN_FLIGHT_MAX: usize = 32;
+
+/// XORed with the endpoint index to form the magic a PULL carries and its replies echo.
+const PULL_MAGIC_XOR: u32 = 0x584d_5830;
+
+/// The magic naming `endpoint` in PULL frames.
+pub(crate) fn pull_magic(endpoint: u8) -> u32 {
+    u32::from(endpoint) ^ PULL_MAGIC_XOR
+}
+
+/// The endpoint a magic names, if it is one of ours.
+pub(crate) fn magic_endpoint(magic: u32) -> Option<u8> {
+    u8::try_from(magic ^ PULL_MAGIC_XOR).ok()
+}
+
+/// Where the data comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PullSource {
+    pub peer_mac: Mac,
+    pub endpoint: u8,
+    pub session: u32,
+    pub region: u8,
+    pub region_seqnum: u8,
+    pub offset: u16,
+}
+
+/// Where the data goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PullSink {
+    pub region: u8,
+    pub handle: RegionHandle,
+    pub offset: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    frame_index: u32,
+    first_frame_offset: u16,
+    length: u16,
+    frames: u32,
+    missing: u8,
+}
+
+/// A reply that fits the pull: where its data goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AcceptedReply {
+    block: usize,
+    bit: u8,
+    /// Offset in the sink region to write the data at.
+    pub sink_offset: u64,
+}
+
+/// Why a reply was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplyRefusal {
+    /// Its frame is not among the requested ones (late duplicate, old block).
+    NotRequested,
+    /// Its offset or length does not match its frame.
+    Mismatch,
+    /// Its frame already arrived.
+    Duplicate,
+}
+
+/// Blocks to request after a reply: new ones, or older ones again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Requests {
+    /// Positions of the blocks to request.
+    pub blocks: u32,
+    /// True if they were requested before (a frame was probably lost).
+    pub again: bool,
+}
+
+/// What a timeout leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TimeoutOutcome {
+    /// Request these blocks (mask of positions) again.
+    Rerequest(u32),
+    /// Give up.
+    Abort,
+}
+
+/// One outstanding pull.
+#[derive(Debug)]
+pub(crate) struct Pull {
+    /// Tag of the Pull send request, echoed by PULL_DONE.
+    pub tag: u32,
+    pub source: PullSource,
+    pub sink: PullSink,
+    /// Handle the replies echo (slot and generation).
+    pub wire_handle: u32,
+    pub deadline: Instant,
+    total: u32,
+    first_frame_offset: u16,
+    /// Bytes not yet put in a block.
+    unrequested: u32,
+    /// First frame of the oldest block.
+    frame_index: u32,
+    next_frame_index: u32,
+    requested_frames: u32,
+    blocks: VecDeque<Block>,
+    blocks_in_flight: usize,
+    rerequested: usize,
+    retries: u32,
+    received: u64,
+}
+
+impl Pull {
+    /// A pull of `total` bytes, with its first blocks laid out (not yet requested: see
+    /// [`Pull::initial_requests`]).
+    pub fn new(
+        tag: u32,
+        source: PullSource,
+        sink: PullSink,
+        total: u32,
+        blocks_in_flight: usize,
+        deadline: Instant,
+    ) -> Self {
+        let first_frame_offset = (u64::from(source.offset) % FRAME) as u16;
+        let mut pull = Pull {
+            tag,
+            source,
+            sink,
+            wire_handle: 0,
+            deadline,
+            total,
+            first_frame_offset,
+            unrequested: total,
+            frame_index: 0,
+            next_frame_index: 0,
+            requested_frames: 0,
+            blocks: VecDeque::new(),
+            blocks_in_flight: blocks_in_flight.clamp(1, BLOCKS_IN_FLIGHT_MAX),
+            rerequested: 0,
+            retries: 0,
+            received: 0,
+        };
+        if total > 0 {
+            let first = (BLOCK - u32::from(first_frame_offset)).min(total);
+            pull.append_block(first, first_frame_offset);
+            pull.fill_blocks();
+        }
+        pull
+    }
+
+    /// Bytes to pull.
+    pub fn total(&self) -> u32 {
+        self.total
+    }
+
+    /// Bytes written so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// True once every byte arrived.
+    pub fn is_complete(&self) -> bool {
+        self.unrequested == 0 && self.blocks.is_empty()
+    }
+
+    /// Blocks to request when the pull starts.
+    pub fn initial_requests(&self) -> u32 {
+        mask_of(0..self.blocks.len())
+    }
+
+    fn append_block(&mut self, length: u32, first_frame_offset: u16) {
+        let frames = (u64::from(first_frame_offset) + u64::from(length)).div_ceil(FRAME) as u32;
+        let missing = ((1u16 << frames) - 1) as u8;
+        self.blocks.push_back(Block {
+            frame_index: self.next_frame_index,
+            first_frame_offset,
+            length: length as u16,
+            frames,
+            missing,
+        });
+        self.requested_frames += frames;
+        self.next_frame_index += frames;
+        self.unrequested -= length;
+    }
+
+    /// Lay out new whole blocks while there is room and data left; returns the positions
+    /// of the new blocks.
+    fn fill_blocks(&mut self) -> u32 {
+        let first_new = self.blocks.len();
+        while self.blocks.len() < self.blocks_in_flight && self.unrequested > 0 {
+            self.append_block(BLOCK.min(self.unrequested), 0);
+        }
+        mask_of(first_new..self.blocks.len())
+    }
+
+    /// The PULL frame body requesting the block at position `block`.
+    pub fn request(&self, block: usize, src_endpoint: u8) -> Option<PullRepr> {
+        let b = self.blocks.get(block)?;
+        Some(PullRepr {
+            dst_endpoint: self.source.endpoint,
+            src_endpoint,
+            src_generation: 0,
+            session: self.source.session,
+            total_length: self.total,
+            pulled_rdma_id: self.source.region,
+            pulled_rdma_seqnum: self.source.region_seqnum,
+            pulled_rdma_offset: self.source.offset,
+            src_pull_handle: self.wire_handle,
+            src_magic: pull_magic(src_endpoint),
+            first_frame_offset: b.first_frame_offset,
+            block_length: b.length,
+            frame_index: b.frame_index,
+        })
+    }
+
+    /// Check a reply against the requested frames, without changing anything.
+    pub fn check_reply(
+        &self,
+        frame_seqnum: u8,
+        msg_offset: u32,
+        data_len: usize,
+    ) -> Result<AcceptedReply, ReplyRefusal> {
+        // Frame numbers travel modulo 256; at most 32 * 8 frames are requested at once.
+        let delta = u32::from(frame_seqnum.wrapping_sub(self.frame_index as u8));
+        if delta >= self.requested_frames {
+            return Err(ReplyRefusal::NotRequested);
+        }
+        let frame = self.frame_index + delta;
+        let ffo = u64::from(self.first_frame_offset);
+        let expected_offset = if frame == 0 {
+            0
+        } else {
+            u64::from(frame) * FRAME - ffo
+        };
+        let frame_room = if frame == 0 { FRAME - ffo } else { FRAME };
+        let expected_len = frame_room.min(u64::from(self.total).saturating_sub(expected_offset));
+        if u64::from(msg_offset) != expected_offset || data_len as u64 != expected_len {
+            return Err(ReplyRefusal::Mismatch);
+        }
+        let (block, b) = self
+            .blocks
+            .iter()
+            .enumerate()
+            .find(|(_, b)| (b.frame_index..b.frame_index + b.frames).contains(&frame))
+            .ok_or(ReplyRefusal::NotRequested)?;
+        let bit = (frame - b.frame_index) as u8;
+        if b.missing & (1 << bit) == 0 {
+            return Err(ReplyRefusal::Duplicate);
+        }
+        Ok(AcceptedReply {
+            block,
+            bit,
+            sink_offset: self.sink.offset + expected_offset,
+        })
+    }
+
+    /// Record an accepted reply whose data was written; returns the blocks to request.
+    pub fn record_reply(
+        &mut self,
+        reply: AcceptedReply,
+        len: usize,
+        now: Instant,
+        timeout: Duration,
+    ) -> Requests {
+        let Some(b) = self.blocks.get_mut(reply.block) else {
+            return Requests::default();
+        };
+        b.missing &= !(1 << reply.bit);
+        let block_done = b.missing == 0;
+        self.received += len as u64;
+        self.retries = 0;
+        self.deadline = deadline_after(now, timeout);
+
+        let oldest_missing = self.blocks.front().is_some_and(|b| b.missing != 0);
+        if oldest_missing {
+            if block_done && reply.block > self.rerequested {
+                // A later block completed before older ones: a frame was likely lost.
+                let again = (self.rerequested..reply.block)
+                    .filter(|&i| self.blocks.get(i).is_some_and(|b| b.missing != 0));
+                let blocks = again.fold(0, |m, i| m | 1 << i);
+                self.rerequested = reply.block;
+                return Requests {
+                    blocks,
+                    again: true,
+                };
+            }
+            return Requests::default();
+        }
+        while self.blocks.front().is_some_and(|b| b.missing == 0) {
+            if let Some(b) = self.blocks.pop_front() {
+                self.frame_index += b.frames;
+                self.requested_frames -= b.frames;
+                self.rerequested = self.rerequested.saturating_sub(1);
+            }
+        }
+        Requests {
+            blocks: self.fill_blocks(),
+            again: false,
+        }
+    }
+
+    /// The deadline passed without progress.
+    pub fn on_timeout(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        retries_max: u32,
+    ) -> TimeoutOutcome {
+        self.retries += 1;
+        if self.retries > retries_max {
+            return TimeoutOutcome::Abort;
+        }
+        self.deadline = deadline_after(now, timeout);
+        self.rerequested = 0;
+        let incomplete =
+            (0..self.blocks.len()).filter(|&i| self.blocks.get(i).is_some_and(|b| b.missing != 0));
+        TimeoutOutcome::Rerequest(incomplete.fold(0, |m, i| m | 1 << i))
+    }
+}
+
+/// `now + timeout`, with the timeout capped so the sum cannot overflow.
+pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Instant {
+    const CAP: Duration = Duration::from_secs(24 * 3600);
+    now.checked_add(timeout.min(CAP)).unwrap_or(now)
+}
+
+fn mask_of(range: std::ops::Range<usize>) -> u32 {
+    range.fold(0, |m, i| m | 1 << i)
+}
+
+/// The block positions set in `mask`.
+pub(crate) fn mask_positions(mask: u32) -> impl Iterator<Item = usize> {
+    (0..BLOCKS_IN_FLIGHT_MAX).filter(move |i| mask & (1 << i) != 0)
+}
+
+/// An endpoint's outstanding pulls, found by the handle their replies echo. A handle is
+/// the slot index and the slot's generation, so a reply for a finished pull whose slot
+/// was reused does not match.
+#[derive(Debug, Default)]
+pub(crate) struct PullSlots {
+    slots: Vec<(u16, Option<Pull>)>,
+}
+
+impl PullSlots {
+    /// Store a pull; returns its wire handle, or `None` if 65536 slots are in use.
+    pub fn insert(&mut self, mut pull: Pull) -> Option<u32> {
+        let index = match self.slots.iter().position(|(_, p)| p.is_none()) {
+            Some(i) => i,
+            None if self.slots.len() < 1 << 16 => {
+                self.slots.push((0, None));
+                self.slots.len() - 1
+            }
+            None => return None,
+        };
+        let (generation, slot) = self.slots.get_mut(index)?;
+        let handle = (u32::from(*generation) << 16) | index as u32;
+        pull.wire_handle = handle;
+        *slot = Some(pull);
+        Some(handle)
+    }
+
+    /// The pull a handle names.
+    pub fn get_mut(&mut self, handle: u32) -> Option<&mut Pull> {
+        let (generation, slot) = self.slots.get_mut((handle & 0xffff) as usize)?;
+        if u32::from(*generation) != handle >> 16 {
+            return None;
+        }
+        slot.as_mut()
+    }
+
+    /// Take a pull out; its handle stops matching.
+    pub fn remove(&mut self, handle: u32) -> Option<Pull> {
+        let (generation, slot) = self.slots.get_mut((handle & 0xffff) as usize)?;
+        if u32::from(*generation) != handle >> 16 {
+            return None;
+        }
+        let pull = slot.take()?;
+        *generation = generation.wrapping_add(1);
+        Some(pull)
+    }
+
+    /// Handles of all pulls.
+    pub fn handles(&self) -> Vec<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, p))| p.is_some())
+            .map(|(i, (g, _))| (u32::from(*g) << 16) | i as u32)
+            .collect()
+    }
+
+    /// All pulls.
+    pub fn iter(&self) -> impl Iterator<Item = &Pull> {
+        self.slots.iter().filter_map(|(_, p)| p.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_millis(100);
+
+    fn pull(total: u32, remote_offset: u16, in_flight: usize) -> Pull {
+        let source = PullSource {
+            peer_mac: Mac([2, 0, 0, 0, 0, 9]),
+            endpoint: 3,
+            session: 0x1234,
+            region: 5,
+            region_seqnum: 1,
+            offset: remote_offset,
+        };
+        let sink = PullSink {
+            region: 2,
+            handle: RegionHandle(1),
+            offset: 100,
+        };
+        Pull::new(7, source, sink, total, in_flight, Instant::now())
+    }
+
+    /// Every (frame seqnum, msg offset, length) a sender answers `req` with.
+    fn replies_for(req: &PullRepr) -> Vec<(u8, u32, usize)> {
+        let mut out = vec![];
+        let base = u64::from(req.pulled_rdma_offset);
+        let mut off =
+            (u64::from(req.frame_index) * FRAME + u64::from(req.first_frame_offset)) - base % FRAME;
+        let mut left = u64::from(req.block_length);
+        for i in 0..req.replies() {
+            let room = if i == 0 {
+                FRAME - u64::from(req.first_frame_offset)
+            } else {
+                FRAME
+            };
+            let len = room.min(left);
+            out.push(((req.frame_index + i as u32) as u8, off as u32, len as usize));
+            off += len;
+            left -= len;
+        }
+        out
+    }
+
+    fn replies(p: &Pull, block: usize) -> Vec<(u8, u32, usize)> {
+        replies_for(&p.request(block, 1).unwrap())
+    }
+
+    fn deliver(p: &mut Pull, r: (u8, u32, usize)) -> Result<u32, ReplyRefusal> {
+        let a = p.check_reply(r.0, r.1, r.2)?;
+        Ok(p.record_reply(a, r.2, Instant::now(), TIMEOUT).blocks)
+    }
+
+    #[test]
+    fn first_block_is_shortened_by_the_remote_offset() {
+        let p = pull(100_000, 1000, 4);
+        let b0 = p.request(0, 1).unwrap();
+        assert_eq!(
+            (b0.first_frame_offset, b0.block_length, b0.frame_index),
+            (1000, 31768, 0)
+        );
+        assert_eq!(b0.replies(), 8);
+        let b1 = p.request(1, 1).unwrap();
+        assert_eq!(
+            (b1.first_frame_offset, b1.block_length, b1.frame_index),
+            (0, 32768, 8)
+        );
+        let b3 = p.request(3, 1).unwrap();
+        assert_eq!(b3.block_length as u32, 100_000 - 31768 - 2 * 32768);
+        assert!(p.request(4, 1).is_none());
+        assert_eq!(p.initial_requests(), 0b1111);
+        assert_eq!(b0.src_magic, pull_magic(1));
+        assert_eq!(magic_endpoint(b0.src_magic), Some(1));
+    }
+
+    #[test]
+    fn in_order_replies_complete_the_pull() {
+        let total = 5 * 32768 + 17;
+        let mut p = pull(total, 0, 2);
+        let mut requests: VecDeque<PullRepr> = mask_positions(p.initial_requests())
+            .map(|i| p.request(i, 1).unwrap())
+            .collect();
+        let mut frames = 0;
+        while let Some(req) = requests.pop_front() {
+            for r in replies_for(&req) {
+                let a = p.check_reply(r.0, r.1, r.2).unwrap();
+                assert_eq!(a.sink_offset, 100 + u64::from(r.1));
+                let next = p.record_reply(a, r.2, Instant::now(), TIMEOUT);
+                assert!(!next.again);
+                requests.extend(mask_positions(next.blocks).map(|i| p.request(i, 1).unwrap()));
+                frames += 1;
+            }
+        }
+        assert!(p.is_complete());
+        assert_eq!(p.received(), u64::from(total));
+        assert_eq!(frames, (total as usize).div_ceil(4096));
+    }
+
+    #[test]
+    fn bad_replies_are_refused() {
+        let mut p = pull(70_000, 10, 4);
+        let rs = replies(&p, 0);
+        let (s, o, l) = rs[1];
+        assert_eq!(p.check_reply(s, o + 1, l), Err(ReplyRefusal::Mismatch));
+        assert_eq!(p.check_reply(s, o, l - 1), Err(ReplyRefusal::Mismatch));
+        assert_eq!(p.check_reply(200, o, l), Err(ReplyRefusal::NotRequested));
+        deliver(&mut p, rs[1]).unwrap();
+        assert_eq!(deliver(&mut p, rs[1]), Err(ReplyRefusal::Duplicate));
+    }
+
+    #[test]
+    fn later_block_done_early_rerequests_older_ones_once() {
+        let mut p = pull(4 * 32768, 0, 4);
+        let b0 = replies(&p, 0);
+        // Block 0 misses its last frame.
+        for r in &b0[..7] {
+            assert_eq!(deliver(&mut p, *r), Ok(0));
+        }
+        let b1 = replies(&p, 1);
+        let mut mask = 0;
+        for r in b1 {
+            mask |= deliver(&mut p, r).unwrap();
+        }
+        assert_eq!(mask, 0b1, "block 0 requested again");
+        let b2 = replies(&p, 2);
+        let mut mask = 0;
+        for r in b2 {
+            mask |= deliver(&mut p, r).unwrap();
+        }
+        assert_eq!(mask, 0, "block 0 was already requested again");
+        // The missing frame arrives: blocks 0-2 retire, no more data to lay out.
+        assert_eq!(deliver(&mut p, b0[7]), Ok(0));
+        assert_eq!(p.blocks.len(), 1);
+        for r in replies(&p, 0) {
+            deliver(&mut p, r).unwrap();
+        }
+        assert!(p.is_complete());
+    }
+
+    #[test]
+    fn timeouts_rerequest_incomplete_blocks_then_abort() {
+        let mut p = pull(3 * 32768, 0, 4);
+        for r in replies(&p, 1) {
+            deliver(&mut p, r).unwrap();
+        }
+        let now = Instant::now();
+        assert_eq!(
+            p.on_timeout(now, TIMEOUT, 2),
+            TimeoutOutcome::Rerequest(0b101)
+        );
+        assert_eq!(p.deadline, now + TIMEOUT);
+        assert_eq!(
+            p.on_timeout(now, TIMEOUT, 2),
+            TimeoutOutcome::Rerequest(0b101)
+        );
+        assert_eq!(p.on_timeout(now, TIMEOUT, 2), TimeoutOutcome::Abort);
+    }
+
+    #[test]
+    fn progress_resets_the_retry_count() {
+        let mut p = pull(2 * 32768, 0, 1);
+        let now = Instant::now();
+        assert_eq!(p.on_timeout(now, TIMEOUT, 1), TimeoutOutcome::Rerequest(1));
+        let first = replies(&p, 0)[0];
+        deliver(&mut p, first).unwrap();
+        assert_eq!(p.on_timeout(now, TIMEOUT, 1), TimeoutOutcome::Rerequest(1));
+    }
+
+    #[test]
+    fn huge_timeouts_do_not_overflow() {
+        let now = Instant::now();
+        assert_eq!(deadline_after(now, TIMEOUT), now + TIMEOUT);
+        assert!(deadline_after(now, Duration::MAX) > now);
+    }
+
+    #[test]
+    fn handles_change_generation_when_a_slot_is_reused() {
+        let mut slots = PullSlots::default();
+        let h1 = slots.insert(pull(10, 0, 1)).unwrap();
+        assert!(slots.get_mut(h1).is_some());
+        assert!(slots.remove(h1).is_some());
+        assert!(slots.get_mut(h1).is_none());
+        let h2 = slots.insert(pull(10, 0, 1)).unwrap();
+        assert_eq!(h2 & 0xffff, h1 & 0xffff);
+        assert_ne!(h2, h1);
+        assert!(slots.remove(h1).is_none());
+        assert_eq!(slots.handles(), vec![h2]);
+        assert_eq!(slots.iter().count(), 1);
+        assert_eq!(slots.get_mut(h2).unwrap().wire_handle, h2);
+    }
+}

@@ -1,0 +1,370 @@
+//! LARGE transfers on the engine: a guest's Pull request becomes a [`Pull`] whose blocks
+//! are requested from the peer; PULL requests from peers are answered with PULL_REPLY
+//! frames read from the pulled region; replies and NACK_MCP complete the puller's pulls.
+
+use std::time::Instant;
+
+use xmx_wire::msg::{self, DoneStatus, ErrorCode, Event, EventBody, Route};
+use xmx_wire::mxoe::{
+    HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyRepr, PullRepr, HEAD_LEN,
+    PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
+};
+
+use super::memory::MemoryArea;
+use super::output::Path;
+use super::pull::{
+    deadline_after, magic_endpoint, mask_positions, Pull, PullSink, PullSource, ReplyRefusal,
+    TimeoutOutcome,
+};
+use super::vnic::{DropReason, Endpoint, Link, Usage, VirtualNic};
+use super::Ctx;
+
+const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
+
+/// A Pull send request, checked and resolved.
+pub(crate) struct PullStart {
+    pub now: Instant,
+    pub endpoint: u8,
+    pub tag: u32,
+    pub route: Route,
+    pub dst: Mac,
+    pub pull: msg::Pull,
+}
+
+/// Start pulling; the local region and range were checked by the caller.
+pub(crate) fn start_pull(
+    ctx: &mut Ctx,
+    link: &mut Link,
+    usage: &mut Usage,
+    ep: &mut Endpoint,
+    s: PullStart,
+) {
+    let p = s.pull;
+    // The wire carries the remote offset on 16 bits (MX's offset in the first page).
+    let Ok(remote_offset) = u16::try_from(p.remote_offset) else {
+        ctx.refuse(link, s.endpoint, s.tag, ErrorCode::Unsupported);
+        return;
+    };
+    let Some(region) = ep.regions.get(&p.local_region).copied() else {
+        ctx.refuse(link, s.endpoint, s.tag, ErrorCode::BadRegion);
+        return;
+    };
+    if usage.pulls >= ctx.config.max_pulls_per_guest
+        || usage.pull_bytes + u64::from(p.length) > ctx.config.max_pull_bytes_per_guest
+    {
+        link.counters.quota_refusals += 1;
+        ctx.refuse(link, s.endpoint, s.tag, ErrorCode::NoResources);
+        return;
+    }
+    if p.length == 0 {
+        let body = EventBody::PullDone {
+            status: DoneStatus::Success,
+            length: 0,
+        };
+        ctx.out
+            .completion(link.id, s.endpoint, Event { tag: s.tag, body });
+        return;
+    }
+    let source = PullSource {
+        peer_mac: s.dst,
+        endpoint: s.route.endpoint,
+        session: s.route.session_id,
+        region: p.remote_region,
+        region_seqnum: p.remote_region_seqnum,
+        offset: remote_offset,
+    };
+    let sink = PullSink {
+        region: p.local_region,
+        handle: region.handle,
+        offset: u64::from(p.local_offset),
+    };
+    let deadline = deadline_after(s.now, ctx.config.pull_retransmit_timeout);
+    let pull = Pull::new(
+        s.tag,
+        source,
+        sink,
+        p.length,
+        ctx.config.pull_blocks_in_flight,
+        deadline,
+    );
+    let first = pull.initial_requests();
+    let Some(handle) = ep.pulls.insert(pull) else {
+        link.counters.quota_refusals += 1;
+        ctx.refuse(link, s.endpoint, s.tag, ErrorCode::NoResources);
+        return;
+    };
+    usage.pulls += 1;
+    usage.pull_bytes += u64::from(p.length);
+    request_blocks(ctx, link, ep, s.endpoint, handle, first);
+}
+
+/// Send the PULL requests for the blocks at the positions set in `mask`.
+fn request_blocks(
+    ctx: &mut Ctx,
+    link: &mut Link,
+    ep: &mut Endpoint,
+    endpoint: u8,
+    handle: u32,
+    mask: u32,
+) {
+    let Some(pull) = ep.pulls.get_mut(handle) else {
+        return;
+    };
+    let dst = pull.source.peer_mac;
+    for block in mask_positions(mask) {
+        if let Some(request) = pull.request(block, endpoint) {
+            ctx.send(link, dst, PacketRepr::Pull(request));
+        }
+    }
+}
+
+/// Complete a pull with `status` and free its slot.
+pub(crate) fn finish_pull(
+    ctx: &mut Ctx,
+    link: &mut Link,
+    usage: &mut Usage,
+    ep: &mut Endpoint,
+    endpoint: u8,
+    handle: u32,
+    status: DoneStatus,
+) {
+    let Some(pull) = ep.pulls.remove(handle) else {
+        return;
+    };
+    usage.pulls = usage.pulls.saturating_sub(1);
+    usage.pull_bytes = usage.pull_bytes.saturating_sub(u64::from(pull.total()));
+    if status == DoneStatus::Success {
+        link.counters.pulls_done += 1;
+    } else {
+        link.counters.pulls_failed += 1;
+        tracing::debug!(
+            guest = link.id.0,
+            endpoint,
+            tag = pull.tag,
+            ?status,
+            "pull failed"
+        );
+    }
+    let body = EventBody::PullDone {
+        status,
+        length: u32::try_from(pull.received()).unwrap_or(u32::MAX),
+    };
+    ctx.out.completion(
+        link.id,
+        endpoint,
+        Event {
+            tag: pull.tag,
+            body,
+        },
+    );
+}
+
+/// A PULL_REPLY for one of this guest's pulls arrived from `src`.
+pub(crate) fn on_pull_reply(
+    ctx: &mut Ctx,
+    nic: &mut VirtualNic,
+    now: Instant,
+    src: Mac,
+    reply: &PullReplyRepr,
+) {
+    let link = &mut nic.link;
+    let found = magic_endpoint(reply.dst_magic).and_then(|endpoint| {
+        let ep = nic.endpoints.get_mut(&endpoint)?;
+        let pull = ep.pulls.get_mut(reply.dst_pull_handle)?;
+        (pull.source.peer_mac == src).then_some((endpoint, ep))
+    });
+    let Some((endpoint, ep)) = found else {
+        link.counters.drop(DropReason::StalePull);
+        return;
+    };
+    let handle = reply.dst_pull_handle;
+    let Some(pull) = ep.pulls.get_mut(handle) else {
+        return;
+    };
+    let accepted = match pull.check_reply(reply.frame_seqnum, reply.msg_offset, reply.data.len()) {
+        Ok(a) => a,
+        Err(refusal) => {
+            link.counters.drop(match refusal {
+                ReplyRefusal::NotRequested => DropReason::StalePull,
+                ReplyRefusal::Mismatch => DropReason::BadPullReply,
+                ReplyRefusal::Duplicate => DropReason::DuplicatePullReply,
+            });
+            return;
+        }
+    };
+    let area = MemoryArea::Region(pull.sink.handle);
+    if nic
+        .memory
+        .write(area, accepted.sink_offset, reply.data)
+        .is_err()
+    {
+        link.counters.drop(DropReason::MemoryFault);
+        finish_pull(
+            ctx,
+            link,
+            &mut nic.usage,
+            ep,
+            endpoint,
+            handle,
+            DoneStatus::Aborted,
+        );
+        return;
+    }
+    let timeout = ctx.config.pull_retransmit_timeout;
+    let next = pull.record_reply(accepted, reply.data.len(), now, timeout);
+    if pull.is_complete() {
+        finish_pull(
+            ctx,
+            link,
+            &mut nic.usage,
+            ep,
+            endpoint,
+            handle,
+            DoneStatus::Success,
+        );
+        return;
+    }
+    if next.again {
+        link.counters.pull_rerequests += u64::from(next.blocks.count_ones());
+    }
+    request_blocks(ctx, link, ep, endpoint, handle, next.blocks);
+}
+
+/// A peer refused one of this guest's PULL requests.
+pub(crate) fn on_nack_mcp(ctx: &mut Ctx, nic: &mut VirtualNic, src: Mac, nack: &NackMcpRepr) {
+    let link = &mut nic.link;
+    let status = match nack.nack_type {
+        NackType::BadEndpoint => DoneStatus::BadEndpoint,
+        NackType::EndpointClosed => DoneStatus::EndpointClosed,
+        NackType::BadSession => DoneStatus::BadSession,
+        NackType::BadRdmaWindow => DoneStatus::BadRegion,
+        NackType::None => {
+            link.counters.drop(DropReason::Malformed);
+            return;
+        }
+    };
+    let found = magic_endpoint(nack.src_magic).and_then(|endpoint| {
+        let ep = nic.endpoints.get_mut(&endpoint)?;
+        let pull = ep.pulls.get_mut(nack.src_pull_handle)?;
+        (pull.source.peer_mac == src).then_some((endpoint, ep))
+    });
+    let Some((endpoint, ep)) = found else {
+        link.counters.drop(DropReason::StalePull);
+        return;
+    };
+    let handle = nack.src_pull_handle;
+    finish_pull(ctx, link, &mut nic.usage, ep, endpoint, handle, status);
+}
+
+/// Pulls whose deadline passed request their incomplete blocks again, or fail.
+pub(crate) fn on_timeouts(ctx: &mut Ctx, nic: &mut VirtualNic, now: Instant) {
+    let timeout = ctx.config.pull_retransmit_timeout;
+    let retries_max = ctx.config.pull_retries_max;
+    for (&endpoint, ep) in nic.endpoints.iter_mut() {
+        for handle in ep.pulls.handles() {
+            let Some(pull) = ep.pulls.get_mut(handle) else {
+                continue;
+            };
+            if pull.deadline > now {
+                continue;
+            }
+            match pull.on_timeout(now, timeout, retries_max) {
+                TimeoutOutcome::Abort => {
+                    let (link, usage) = (&mut nic.link, &mut nic.usage);
+                    finish_pull(ctx, link, usage, ep, endpoint, handle, DoneStatus::Timeout);
+                }
+                TimeoutOutcome::Rerequest(mask) => {
+                    nic.link.counters.pull_rerequests += u64::from(mask.count_ones());
+                    request_blocks(ctx, &mut nic.link, ep, endpoint, handle, mask);
+                }
+            }
+        }
+    }
+}
+
+/// A peer asks this guest for one block of a region: answer with PULL_REPLY frames, or
+/// NACK_MCP if the endpoint, session, region or range is wrong.
+pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, pull: &PullRepr) {
+    let link = &mut nic.link;
+    let refuse = |ctx: &mut Ctx, link: &mut Link, nack_type: NackType, reason: DropReason| {
+        link.counters.drop(reason);
+        link.counters.nacks_sent += 1;
+        let nack = NackMcpRepr {
+            src_endpoint: pull.dst_endpoint,
+            src_generation: 0,
+            nack_type,
+            src_pull_handle: pull.src_pull_handle,
+            src_magic: pull.src_magic,
+        };
+        ctx.send(link, head.src, PacketRepr::NackMcp(nack));
+    };
+    if u16::from(pull.dst_endpoint) >= ctx.config.endpoints_per_guest {
+        return refuse(ctx, link, NackType::BadEndpoint, DropReason::BadEndpoint);
+    }
+    let Some(ep) = nic.endpoints.get(&pull.dst_endpoint) else {
+        return refuse(
+            ctx,
+            link,
+            NackType::EndpointClosed,
+            DropReason::EndpointClosed,
+        );
+    };
+    if pull.session != ep.session {
+        return refuse(ctx, link, NackType::BadSession, DropReason::BadSession);
+    }
+    let Some(region) = ep.regions.get(&pull.pulled_rdma_id).copied() else {
+        return refuse(ctx, link, NackType::BadRdmaWindow, DropReason::BadRegion);
+    };
+    // The block's place in the message, then in the region (all in 64 bits: the frame
+    // index is the peer's to choose).
+    let base = u64::from(pull.pulled_rdma_offset);
+    let msg_offset = (u64::from(pull.frame_index) * FRAME + u64::from(pull.first_frame_offset))
+        .checked_sub(base % FRAME);
+    let in_range = msg_offset.filter(|&off| {
+        let end = off + u64::from(pull.block_length);
+        end <= u64::from(u32::MAX) && base + end <= region.length
+    });
+    let Some(msg_offset) = in_range else {
+        return refuse(ctx, link, NackType::BadRdmaWindow, DropReason::BadRegion);
+    };
+    let replies = pull.replies();
+    let wire_bytes = replies * (HEAD_LEN + PULL_REPLY_LEN) + usize::from(pull.block_length);
+    if ctx.path(head.src) == Path::Wire
+        && link.tx_bytes_queued + wire_bytes > ctx.config.max_tx_bytes_per_guest
+    {
+        // The puller asks again after its timeout.
+        link.counters.drop(DropReason::TxQuota);
+        return;
+    }
+    let area = MemoryArea::Region(region.handle);
+    let mut scratch = std::mem::take(ctx.scratch);
+    let mut offset = msg_offset;
+    let mut left = u64::from(pull.block_length);
+    for i in 0..replies {
+        let room = if i == 0 {
+            FRAME - u64::from(pull.first_frame_offset)
+        } else {
+            FRAME
+        };
+        let len = room.min(left) as usize;
+        let Some(data) = scratch.get_mut(..len) else {
+            break;
+        };
+        if nic.memory.read(area, base + offset, data).is_err() {
+            refuse(ctx, link, NackType::BadRdmaWindow, DropReason::MemoryFault);
+            break;
+        }
+        let reply = PullReplyRepr {
+            frame_seqnum: pull.frame_index.wrapping_add(i as u32) as u8,
+            // Bounded by u32::MAX above, and by the region's end.
+            msg_offset: offset as u32,
+            dst_pull_handle: pull.src_pull_handle,
+            dst_magic: pull.src_magic,
+            data: &*data,
+        };
+        ctx.send(link, head.src, PacketRepr::PullReply(reply));
+        offset += len as u64;
+        left -= len as u64;
+    }
+    *ctx.scratch = scratch;
+}

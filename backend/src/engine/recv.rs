@@ -1,0 +1,405 @@
+//! Frames in: demultiplexed by destination MAC to a guest, by endpoint index to an
+//! endpoint, checked (source peer and cluster, endpoint open, session), then turned into
+//! events, receive-queue copies, pull progress or PULL replies.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use xmx_wire::msg::{
+    medium_frags, ConnectReply, ConnectRequest, Event, EventBody, InlineData, InlineMsg, Liback,
+    MsgInfo, NackKind, Notify, RecvMedium, Rndv, Route, MEDIUM_FRAG_MAX,
+};
+use xmx_wire::mxoe::{
+    ConnectData, HeadPacket, HeadRepr, Mac, MsgHeader, NackLibRepr, NackType, PacketRepr, HEAD_LEN,
+    MEDIUM_FRAG_LEN_SHIFT,
+};
+
+use super::memory::MemoryArea;
+use super::output::Path;
+use super::vnic::{DropReason, Endpoint, Link};
+use super::{host, rdma, Ctx, Engine, EngineConfig};
+
+/// Who sent a frame: its board and its index in the peer table.
+#[derive(Debug, Clone, Copy)]
+struct Sender {
+    mac: Mac,
+    index: u16,
+}
+
+impl Sender {
+    fn route(&self, endpoint: u8, session_id: u32) -> Route {
+        Route {
+            peer_index: self.index,
+            endpoint,
+            session_id,
+        }
+    }
+}
+
+impl Engine {
+    /// Take in one frame, from the wire or looped back from a co-located guest.
+    pub(super) fn receive(&mut self, now: Instant, frame: &[u8], origin: Path) {
+        let head = match HeadPacket::new_checked(frame).and_then(|p| HeadRepr::parse(&p)) {
+            Ok(head) => head,
+            Err(_) => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        let Some(&(guest, _)) = self.local.get(&head.dst) else {
+            self.counters.rx_unknown_destination += 1;
+            return;
+        };
+        if origin == Path::Wire && self.local.contains_key(&head.src) {
+            // Our guests' frames never come from the wire.
+            self.counters.rx_spoofed_source += 1;
+            return;
+        }
+        let Some((nic, mut ctx)) = self.split(guest) else {
+            return;
+        };
+        let packet = match PacketRepr::parse(frame.get(HEAD_LEN..).unwrap_or(&[])) {
+            Ok(packet) => packet,
+            Err(e) => {
+                tracing::trace!(guest = guest.0, error = %e, "malformed packet");
+                nic.link.counters.drop(DropReason::Malformed);
+                return;
+            }
+        };
+        // Host discovery precedes the peer table: a querier may not be known yet.
+        match &packet {
+            PacketRepr::HostQuery(q) => return host::on_query(&mut ctx, &mut nic.link, &head, q),
+            PacketRepr::HostReply(r) => return host::on_reply(&mut ctx, &mut nic.link, &head, r),
+            _ => {}
+        }
+        let Some(peer) = ctx.peers.by_mac(head.src) else {
+            nic.link.counters.drop(DropReason::UnknownSource);
+            return;
+        };
+        if peer.cluster != nic.link.cluster {
+            nic.link.counters.drop(DropReason::CrossCluster);
+            return;
+        }
+        let from = Sender {
+            mac: head.src,
+            index: peer.index,
+        };
+        nic.link.counters.rx_frames += 1;
+        nic.link.counters.rx_bytes += frame.len() as u64;
+
+        let endpoints = &mut nic.endpoints;
+        let link = &mut nic.link;
+        match packet {
+            PacketRepr::Tiny(t) => {
+                let h = t.header;
+                let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
+                    return;
+                };
+                let Ok(msg) = inline_msg(&h, t.data) else {
+                    return link.counters.drop(DropReason::Malformed);
+                };
+                let from = from.route(h.src_endpoint, 0);
+                deliver(
+                    &mut ctx,
+                    link,
+                    ep,
+                    h.dst_endpoint,
+                    EventBody::RecvTiny { from, msg },
+                );
+            }
+            PacketRepr::Small(s) => {
+                let h = s.header;
+                let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
+                    return;
+                };
+                let Ok(msg) = inline_msg(&h, s.data) else {
+                    return link.counters.drop(DropReason::Malformed);
+                };
+                let from = from.route(h.src_endpoint, 0);
+                deliver(
+                    &mut ctx,
+                    link,
+                    ep,
+                    h.dst_endpoint,
+                    EventBody::RecvSmall { from, msg },
+                );
+            }
+            PacketRepr::Medium(m) => {
+                let h = m.header;
+                let length = u32::from(m.msg_length);
+                if usize::from(m.frag_seqnum) >= medium_frags(length) {
+                    // An empty fragment past the end of the message.
+                    return link.counters.drop(DropReason::Malformed);
+                }
+                let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
+                    return;
+                };
+                if !ctx.out.has_event_room(link.id, h.dst_endpoint) {
+                    return link.counters.drop(DropReason::EventQueueFull);
+                }
+                let Some(slot) = ep.recvq.take() else {
+                    return link.counters.drop(DropReason::RecvQueueFull);
+                };
+                let area = MemoryArea::RecvQueue {
+                    endpoint: h.dst_endpoint,
+                };
+                let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
+                if nic.memory.write(area, offset, m.data).is_err() {
+                    ep.recvq.give_back(slot);
+                    return link.counters.drop(DropReason::MemoryFault);
+                }
+                let frag = RecvMedium {
+                    info: msg_info(&h),
+                    length,
+                    recvq_slot: slot,
+                    // At most 4096: checked by the parser.
+                    frag_length: m.data.len() as u16,
+                    frag_seqnum: m.frag_seqnum,
+                    frag_pipeline: MEDIUM_FRAG_LEN_SHIFT as u8,
+                };
+                let from = from.route(h.src_endpoint, 0);
+                deliver(
+                    &mut ctx,
+                    link,
+                    ep,
+                    h.dst_endpoint,
+                    EventBody::RecvMedium { from, frag },
+                );
+            }
+            PacketRepr::Rndv(r) => {
+                let h = r.header;
+                let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
+                    return;
+                };
+                let rndv = Rndv {
+                    info: msg_info(&h),
+                    length: r.msg_length,
+                    region_id: r.pulled_rdma_id,
+                    region_seqnum: r.pulled_rdma_seqnum,
+                    region_offset: u32::from(r.pulled_rdma_offset),
+                };
+                let from = from.route(h.src_endpoint, 0);
+                deliver(
+                    &mut ctx,
+                    link,
+                    ep,
+                    h.dst_endpoint,
+                    EventBody::RecvRndv { from, rndv },
+                );
+            }
+            PacketRepr::Connect(c) => {
+                // The sender tells us our index in its table, whatever happens next.
+                link.reverse_index.insert(from.mac, c.src_dst_peer_index);
+                let check = check_endpoint(ctx.config, endpoints, c.dst_endpoint, None);
+                let ep = match check {
+                    Ok(ep) => ep,
+                    Err(t) => {
+                        let nack = Refused {
+                            our_endpoint: c.dst_endpoint,
+                            their_endpoint: c.src_endpoint,
+                            lib_seqnum: c.lib_seqnum,
+                        };
+                        return nack_lib(&mut ctx, link, from, nack, t);
+                    }
+                };
+                let body = match c.data {
+                    ConnectData::Request(r) => EventBody::RecvConnectRequest {
+                        from: from.route(c.src_endpoint, r.src_session_id),
+                        request: ConnectRequest {
+                            seqnum: c.lib_seqnum,
+                            target_recv_seqnum_start: r.target_recv_seqnum_start,
+                            app_key: r.app_key,
+                            connect_seqnum: r.connect_seqnum,
+                        },
+                    },
+                    ConnectData::Reply(r) => EventBody::RecvConnectReply {
+                        from: from.route(c.src_endpoint, r.src_session_id),
+                        reply: ConnectReply {
+                            seqnum: c.lib_seqnum,
+                            target_recv_seqnum_start: r.target_recv_seqnum_start,
+                            connect_seqnum: r.connect_seqnum,
+                            status: r.status.into(),
+                        },
+                        target_session_id: r.target_session_id,
+                    },
+                };
+                deliver(&mut ctx, link, ep, c.dst_endpoint, body);
+            }
+            PacketRepr::Notify(n) => {
+                let check = check_endpoint(ctx.config, endpoints, n.dst_endpoint, Some(n.session));
+                let ep = match check {
+                    Ok(ep) => ep,
+                    Err(t) => {
+                        let nack = Refused {
+                            our_endpoint: n.dst_endpoint,
+                            their_endpoint: n.src_endpoint,
+                            lib_seqnum: n.lib_seqnum,
+                        };
+                        return nack_lib(&mut ctx, link, from, nack, t);
+                    }
+                };
+                let notify = Notify {
+                    seqnum: n.lib_seqnum,
+                    piggyack: n.lib_piggyack,
+                    total_length: n.total_length,
+                    region_id: n.pulled_rdma_id,
+                    region_seqnum: n.pulled_rdma_seqnum,
+                };
+                let from = from.route(n.src_endpoint, 0);
+                deliver(
+                    &mut ctx,
+                    link,
+                    ep,
+                    n.dst_endpoint,
+                    EventBody::RecvNotify { from, notify },
+                );
+            }
+            PacketRepr::Truc(t) => {
+                // Acks are never NACKed: a lost ack is sent again anyway.
+                let check = check_endpoint(ctx.config, endpoints, t.dst_endpoint, Some(t.session));
+                let ep = match check {
+                    Ok(ep) => ep,
+                    Err(nack_type) => return link.counters.drop(drop_reason(nack_type)),
+                };
+                if t.liback.session_id != t.session {
+                    return link.counters.drop(DropReason::BadSession);
+                }
+                let ack = Liback {
+                    lib_seqnum: t.liback.lib_seqnum,
+                    send_seq: t.liback.send_seq,
+                    acknum: t.liback.acknum,
+                    resent: t.liback.resent != 0,
+                };
+                let from = from.route(t.src_endpoint, 0);
+                deliver(
+                    &mut ctx,
+                    link,
+                    ep,
+                    t.dst_endpoint,
+                    EventBody::RecvLiback { from, ack },
+                );
+            }
+            PacketRepr::NackLib(n) => {
+                let kind = match n.nack_type {
+                    NackType::BadEndpoint => NackKind::BadEndpoint,
+                    NackType::EndpointClosed => NackKind::EndpointClosed,
+                    NackType::BadSession => NackKind::BadSession,
+                    NackType::BadRdmaWindow => NackKind::BadRdmaWindow,
+                    NackType::None => return link.counters.drop(DropReason::Malformed),
+                };
+                let Some(ep) = endpoints.get_mut(&n.dst_endpoint) else {
+                    return link.counters.drop(DropReason::EndpointClosed);
+                };
+                let body = EventBody::RecvNack {
+                    from: from.route(n.src_endpoint, 0),
+                    kind,
+                    seqnum: n.lib_seqnum,
+                };
+                deliver(&mut ctx, link, ep, n.dst_endpoint, body);
+            }
+            PacketRepr::Pull(p) => rdma::serve_pull(&mut ctx, nic, &head, &p),
+            PacketRepr::PullReply(r) => rdma::on_pull_reply(&mut ctx, nic, now, from.mac, &r),
+            PacketRepr::NackMcp(n) => rdma::on_nack_mcp(&mut ctx, nic, from.mac, &n),
+            PacketRepr::Raw(_) | PacketRepr::HostQuery(_) | PacketRepr::HostReply(_) => {
+                link.counters.drop(DropReason::Unsupported)
+            }
+        }
+    }
+}
+
+/// The endpoint a packet is for, if open and (when `session` is given) in that session;
+/// else the NACK type Open-MX answers with.
+fn check_endpoint<'e>(
+    config: &EngineConfig,
+    endpoints: &'e mut HashMap<u8, Endpoint>,
+    endpoint: u8,
+    session: Option<u32>,
+) -> Result<&'e mut Endpoint, NackType> {
+    if u16::from(endpoint) >= config.endpoints_per_guest {
+        return Err(NackType::BadEndpoint);
+    }
+    let ep = endpoints
+        .get_mut(&endpoint)
+        .ok_or(NackType::EndpointClosed)?;
+    match session {
+        Some(s) if s != ep.session => Err(NackType::BadSession),
+        _ => Ok(ep),
+    }
+}
+
+/// Endpoint and session checks of TINY/SMALL/MEDIUM/RNDV, NACKing a refusal.
+fn accept_message<'e>(
+    ctx: &mut Ctx,
+    link: &mut Link,
+    endpoints: &'e mut HashMap<u8, Endpoint>,
+    from: Sender,
+    h: &MsgHeader,
+) -> Option<&'e mut Endpoint> {
+    match check_endpoint(ctx.config, endpoints, h.dst_endpoint, Some(h.session)) {
+        Ok(ep) => Some(ep),
+        Err(t) => {
+            let refused = Refused {
+                our_endpoint: h.dst_endpoint,
+                their_endpoint: h.src_endpoint,
+                lib_seqnum: h.lib_seqnum,
+            };
+            nack_lib(ctx, link, from, refused, t);
+            None
+        }
+    }
+}
+
+/// The packet a NACK_LIB refuses.
+struct Refused {
+    our_endpoint: u8,
+    their_endpoint: u8,
+    lib_seqnum: u16,
+}
+
+fn drop_reason(t: NackType) -> DropReason {
+    match t {
+        NackType::BadEndpoint => DropReason::BadEndpoint,
+        NackType::EndpointClosed => DropReason::EndpointClosed,
+        NackType::BadSession => DropReason::BadSession,
+        NackType::BadRdmaWindow => DropReason::BadRegion,
+        NackType::None => DropReason::Malformed,
+    }
+}
+
+fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_type: NackType) {
+    link.counters.drop(drop_reason(nack_type));
+    link.counters.nacks_sent += 1;
+    let nack = NackLibRepr {
+        src_endpoint: refused.our_endpoint,
+        src_generation: 0,
+        nack_type,
+        dst_endpoint: refused.their_endpoint,
+        dst_src_peer_index: ctx.reverse_index(link, to.mac),
+        lib_seqnum: refused.lib_seqnum,
+    };
+    ctx.send(link, to.mac, PacketRepr::NackLib(nack));
+}
+
+/// Queue an unsolicited event unless the endpoint already has too many waiting.
+fn deliver(ctx: &mut Ctx, link: &mut Link, ep: &mut Endpoint, endpoint: u8, body: EventBody) {
+    if !ctx.out.has_event_room(link.id, endpoint) {
+        return link.counters.drop(DropReason::EventQueueFull);
+    }
+    let tag = ep.next_tag();
+    ctx.out.unsolicited(link.id, endpoint, Event { tag, body });
+}
+
+fn msg_info(h: &MsgHeader) -> MsgInfo {
+    MsgInfo {
+        seqnum: h.lib_seqnum,
+        piggyack: h.lib_piggyack,
+        match_info: h.match_info,
+    }
+}
+
+fn inline_msg(h: &MsgHeader, data: &[u8]) -> xmx_wire::Result<InlineMsg> {
+    Ok(InlineMsg {
+        info: msg_info(h),
+        data: InlineData::new(data)?,
+    })
+}

@@ -1,0 +1,316 @@
+//! Send requests: checked again, turned into frames from the guest's own MAC, completed
+//! with an event.
+
+use std::time::Instant;
+
+use xmx_wire::msg::{
+    medium_frags, DoneStatus, ErrorCode, Event, EventBody, MsgInfo, Route, SendOp, SendRequest,
+    MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX, TINY_MAX,
+};
+use xmx_wire::mxoe::{
+    ConnectData, ConnectRepr, ConnectStatus, LibAck, Mac, MediumRepr, MsgHeader, NotifyRepr,
+    PacketRepr, RndvRepr, SmallRepr, TinyRepr, TrucRepr, HEAD_LEN, MEDIUM_LEN,
+};
+
+use super::memory::MemoryArea;
+use super::output::Path;
+use super::vnic::{DropReason, Endpoint, Link};
+use super::{rdma, Ctx, Engine, GuestId, Violation};
+
+impl Engine {
+    pub(super) fn send_request(
+        &mut self,
+        now: Instant,
+        guest: GuestId,
+        endpoint: u8,
+        request: &SendRequest,
+    ) -> Result<(), Violation> {
+        let (nic, mut ctx) = self.split(guest).ok_or(Violation::UnknownGuest(guest))?;
+        let ep = nic
+            .endpoints
+            .get_mut(&endpoint)
+            .ok_or(Violation::EndpointNotOpen(endpoint))?;
+        check_op(&request.op, ep)?;
+        let tag = request.tag;
+        let route = request.route;
+        let dst = match resolve(&ctx, &nic.link, route.peer_index)? {
+            Ok(mac) => mac,
+            Err(code) => {
+                ctx.refuse(&mut nic.link, endpoint, tag, code);
+                return Ok(());
+            }
+        };
+        let link = &mut nic.link;
+        let done = |ctx: &mut Ctx, link: &Link, length: u32| {
+            let body = EventBody::SendDone {
+                status: DoneStatus::Success,
+                length,
+            };
+            ctx.out.completion(link.id, endpoint, Event { tag, body });
+        };
+        match &request.op {
+            SendOp::Tiny(m) => {
+                let data = m.data.as_slice();
+                let header = msg_header(&route, endpoint, &m.info);
+                ctx.send(link, dst, PacketRepr::Tiny(TinyRepr { header, data }));
+                done(&mut ctx, link, data.len() as u32);
+            }
+            SendOp::Small(m) => {
+                let data = m.data.as_slice();
+                let header = msg_header(&route, endpoint, &m.info);
+                ctx.send(link, dst, PacketRepr::Small(SmallRepr { header, data }));
+                done(&mut ctx, link, data.len() as u32);
+            }
+            SendOp::Medium(m) => {
+                let frags = m.sendq_slots.len();
+                let wire_bytes = frags * (HEAD_LEN + MEDIUM_LEN) + m.length as usize;
+                if ctx.path(dst) == Path::Wire
+                    && link.tx_bytes_queued + wire_bytes > ctx.config.max_tx_bytes_per_guest
+                {
+                    link.counters.quota_refusals += 1;
+                    ctx.refuse(link, endpoint, tag, ErrorCode::NoResources);
+                    return Ok(());
+                }
+                // Copy the whole message out of the send queue first: the guest may rewrite
+                // its slots at any time, and a fault must not leave half a message sent.
+                let mut scratch = std::mem::take(ctx.scratch);
+                let area = MemoryArea::SendQueue { endpoint };
+                let mut fault = false;
+                for (i, &slot) in m.sendq_slots.as_slice().iter().enumerate() {
+                    let (start, len) = frag_span(m.length, i);
+                    let Some(buf) = scratch.get_mut(start..start + len) else {
+                        fault = true;
+                        break;
+                    };
+                    let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
+                    if nic.memory.read(area, offset, buf).is_err() {
+                        fault = true;
+                        break;
+                    }
+                }
+                if fault {
+                    *ctx.scratch = scratch;
+                    link.counters.drop(DropReason::MemoryFault);
+                    ctx.refuse(link, endpoint, tag, ErrorCode::Malformed);
+                    return Ok(());
+                }
+                let header = msg_header(&route, endpoint, &m.info);
+                for i in 0..frags {
+                    let (start, len) = frag_span(m.length, i);
+                    let data = scratch.get(start..start + len).unwrap_or(&[]);
+                    let frag = MediumRepr {
+                        header,
+                        // At most 32 KiB: checked by check_op.
+                        msg_length: m.length as u16,
+                        frag_seqnum: i as u8,
+                        data,
+                    };
+                    ctx.send(link, dst, PacketRepr::Medium(frag));
+                }
+                *ctx.scratch = scratch;
+                done(&mut ctx, link, m.length);
+            }
+            SendOp::Rndv(r) => {
+                let Ok(offset) = u16::try_from(r.region_offset) else {
+                    ctx.refuse(link, endpoint, tag, ErrorCode::Unsupported);
+                    return Ok(());
+                };
+                let rndv = RndvRepr {
+                    header: msg_header(&route, endpoint, &r.info),
+                    msg_length: r.length,
+                    pulled_rdma_id: r.region_id,
+                    pulled_rdma_seqnum: r.region_seqnum,
+                    pulled_rdma_offset: offset,
+                };
+                ctx.send(link, dst, PacketRepr::Rndv(rndv));
+                done(&mut ctx, link, 0);
+            }
+            SendOp::ConnectRequest(c) => {
+                let connect = ConnectRepr {
+                    dst_endpoint: route.endpoint,
+                    src_endpoint: endpoint,
+                    src_generation: 0,
+                    lib_seqnum: c.seqnum,
+                    src_dst_peer_index: route.peer_index,
+                    data: ConnectData::Request(xmx_wire::mxoe::ConnectRequest {
+                        src_session_id: ep.session,
+                        app_key: c.app_key,
+                        target_recv_seqnum_start: c.target_recv_seqnum_start,
+                        connect_seqnum: c.connect_seqnum,
+                    }),
+                };
+                ctx.send(link, dst, PacketRepr::Connect(connect));
+                done(&mut ctx, link, 0);
+            }
+            SendOp::ConnectReply(c) => {
+                let connect = ConnectRepr {
+                    dst_endpoint: route.endpoint,
+                    src_endpoint: endpoint,
+                    src_generation: 0,
+                    lib_seqnum: c.seqnum,
+                    src_dst_peer_index: route.peer_index,
+                    data: ConnectData::Reply(xmx_wire::mxoe::ConnectReply {
+                        src_session_id: ep.session,
+                        target_session_id: route.session_id,
+                        target_recv_seqnum_start: c.target_recv_seqnum_start,
+                        connect_seqnum: c.connect_seqnum,
+                        // Checked by check_op.
+                        status: ConnectStatus::try_from(c.status).unwrap_or(ConnectStatus::BadKey),
+                    }),
+                };
+                ctx.send(link, dst, PacketRepr::Connect(connect));
+                done(&mut ctx, link, 0);
+            }
+            SendOp::Notify(n) => {
+                let notify = NotifyRepr {
+                    dst_endpoint: route.endpoint,
+                    src_endpoint: endpoint,
+                    src_generation: 0,
+                    session: route.session_id,
+                    total_length: n.total_length,
+                    pulled_rdma_id: n.region_id,
+                    pulled_rdma_seqnum: n.region_seqnum,
+                    lib_seqnum: n.seqnum,
+                    lib_piggyack: n.piggyack,
+                };
+                ctx.send(link, dst, PacketRepr::Notify(notify));
+                done(&mut ctx, link, 0);
+            }
+            SendOp::Liback(a) => {
+                let truc = TrucRepr {
+                    dst_endpoint: route.endpoint,
+                    src_endpoint: endpoint,
+                    src_generation: 0,
+                    session: route.session_id,
+                    liback: LibAck {
+                        lib_seqnum: a.lib_seqnum,
+                        session_id: route.session_id,
+                        acknum: a.acknum,
+                        send_seq: a.send_seq,
+                        resent: a.resent.into(),
+                    },
+                };
+                ctx.send(link, dst, PacketRepr::Truc(truc));
+                done(&mut ctx, link, 0);
+            }
+            SendOp::Pull(p) => {
+                rdma::start_pull(
+                    &mut ctx,
+                    link,
+                    &mut nic.usage,
+                    ep,
+                    rdma::PullStart {
+                        now,
+                        endpoint,
+                        tag,
+                        route,
+                        dst,
+                        pull: *p,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Re-check what parsing could not know: lengths against classes, queue slots against the
+/// endpoint's queue, regions against the endpoint's registrations.
+fn check_op(op: &SendOp, ep: &Endpoint) -> Result<(), Violation> {
+    match op {
+        SendOp::Tiny(m) if m.data.len() > TINY_MAX => Err(Violation::BadLength {
+            class: "tiny",
+            length: m.data.len() as u32,
+        }),
+        SendOp::Small(m) if m.data.len() > SMALL_MAX => Err(Violation::BadLength {
+            class: "small",
+            length: m.data.len() as u32,
+        }),
+        SendOp::Medium(m) => {
+            if m.length as usize > MEDIUM_MAX || m.sendq_slots.len() != medium_frags(m.length) {
+                return Err(Violation::BadLength {
+                    class: "medium",
+                    length: m.length,
+                });
+            }
+            match m
+                .sendq_slots
+                .as_slice()
+                .iter()
+                .find(|&&s| s >= ep.send_queue_slots)
+            {
+                Some(&slot) => Err(Violation::BadSendQueueSlot {
+                    slot,
+                    slots: ep.send_queue_slots,
+                }),
+                None => Ok(()),
+            }
+        }
+        SendOp::Rndv(r) => check_region(ep, r.region_id, u64::from(r.region_offset), r.length),
+        SendOp::Pull(p) => check_region(ep, p.local_region, u64::from(p.local_offset), p.length),
+        SendOp::ConnectReply(c) => ConnectStatus::try_from(c.status)
+            .map(|_| ())
+            .map_err(|_| Violation::BadConnectStatus(c.status)),
+        _ => Ok(()),
+    }
+}
+
+fn check_region(ep: &Endpoint, region: u8, offset: u64, length: u32) -> Result<(), Violation> {
+    let r = ep
+        .regions
+        .get(&region)
+        .ok_or(Violation::BadRegion(region))?;
+    // Both operands fit in 32 bits, so the sum cannot overflow 64.
+    if offset + u64::from(length) > r.length {
+        return Err(Violation::RegionRange {
+            region,
+            offset,
+            length: u64::from(length),
+            region_len: r.length,
+        });
+    }
+    Ok(())
+}
+
+/// The board a peer index names, or the ERROR code a send to it completes with.
+fn resolve(ctx: &Ctx, link: &Link, peer_index: u16) -> Result<Result<Mac, ErrorCode>, Violation> {
+    if usize::from(peer_index) >= ctx.peers.len() {
+        return Err(Violation::BadPeerIndex {
+            peer_index,
+            table_len: ctx.peers.len(),
+        });
+    }
+    let Some(peer) = ctx.peers.get(peer_index) else {
+        return Ok(Err(ErrorCode::BadPeer));
+    };
+    if peer.cluster != link.cluster {
+        return Ok(Err(ErrorCode::Denied));
+    }
+    // A stale table could put a co-located guest of another cluster in ours.
+    if let Some(&(_, cluster)) = ctx.local.get(&peer.mac) {
+        if cluster != link.cluster {
+            return Ok(Err(ErrorCode::Denied));
+        }
+    }
+    Ok(Ok(peer.mac))
+}
+
+fn msg_header(route: &Route, src_endpoint: u8, info: &MsgInfo) -> MsgHeader {
+    MsgHeader {
+        dst_endpoint: route.endpoint,
+        src_endpoint,
+        src_generation: 0,
+        lib_seqnum: info.seqnum,
+        lib_piggyack: info.piggyack,
+        match_info: info.match_info,
+        session: route.session_id,
+        checksum: 0,
+    }
+}
+
+/// Start and length of fragment `i` of a MEDIUM message of `length` bytes.
+fn frag_span(length: u32, i: usize) -> (usize, usize) {
+    let start = i * MEDIUM_FRAG_MAX;
+    let len = (length as usize).saturating_sub(start).min(MEDIUM_FRAG_MAX);
+    (start, len)
+}

@@ -1,0 +1,322 @@
+//! One guest as the engine serves it: a virtual MX NIC with its own board MAC, virtual
+//! cluster, endpoints, registered regions and counters.
+
+use std::collections::{HashMap, VecDeque};
+
+use xmx_wire::mxoe::Mac;
+
+use super::memory::{GuestMemory, RegionHandle};
+use super::pull::PullSlots;
+use super::{ClusterId, GuestId};
+
+/// Why the engine dropped a frame or a packet for a guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// The packet after the head did not parse.
+    Malformed,
+    /// The source MAC is not in the peer table.
+    UnknownSource,
+    /// The source belongs to another virtual cluster.
+    CrossCluster,
+    /// The destination endpoint index is beyond the guest's limit (NACK_LIB/MCP sent).
+    BadEndpoint,
+    /// The destination endpoint is closed (NACK sent, except for TRUC).
+    EndpointClosed,
+    /// The session id is not the endpoint's (NACK sent, except for TRUC).
+    BadSession,
+    /// A PULL for an unknown region or a range outside it (NACK_MCP sent).
+    BadRegion,
+    /// No free receive-queue slot for a MEDIUM fragment.
+    RecvQueueFull,
+    /// Too many events already wait for the endpoint.
+    EventQueueFull,
+    /// A PULL_REPLY or NACK_MCP for no outstanding pull of this guest, or from another peer.
+    StalePull,
+    /// A PULL_REPLY whose frame number, offset or length does not fit its pull.
+    BadPullReply,
+    /// A PULL_REPLY already received.
+    DuplicatePullReply,
+    /// Guest memory refused an access.
+    MemoryFault,
+    /// The transmit queue was full.
+    TxQueueFull,
+    /// The guest's share of the transmit queue was used up.
+    TxQuota,
+    /// A packet type the engine does not serve (RAW), or a HOST_REPLY with a foreign magic.
+    Unsupported,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 16] = [
+        DropReason::Malformed,
+        DropReason::UnknownSource,
+        DropReason::CrossCluster,
+        DropReason::BadEndpoint,
+        DropReason::EndpointClosed,
+        DropReason::BadSession,
+        DropReason::BadRegion,
+        DropReason::RecvQueueFull,
+        DropReason::EventQueueFull,
+        DropReason::StalePull,
+        DropReason::BadPullReply,
+        DropReason::DuplicatePullReply,
+        DropReason::MemoryFault,
+        DropReason::TxQueueFull,
+        DropReason::TxQuota,
+        DropReason::Unsupported,
+    ];
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// What happened on one virtual NIC.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NicCounters {
+    /// Frames this guest put on the wire.
+    pub tx_frames: u64,
+    /// Their bytes (Ethernet header included, padding included).
+    pub tx_bytes: u64,
+    /// Frames this guest sent to co-located guests without touching the wire.
+    pub local_frames: u64,
+    /// Their bytes.
+    pub local_bytes: u64,
+    /// Frames received for this guest (wire and co-located) from a known peer of its cluster.
+    pub rx_frames: u64,
+    /// Their bytes.
+    pub rx_bytes: u64,
+    /// NACK_LIB and NACK_MCP frames sent on this guest's behalf.
+    pub nacks_sent: u64,
+    /// Send requests refused because a per-guest quota was reached.
+    pub quota_refusals: u64,
+    /// Send requests completed with an ERROR event (unreachable peer, other cluster...).
+    pub send_errors: u64,
+    /// Pulls that completed successfully.
+    pub pulls_done: u64,
+    /// Pulls that failed (nack, timeout, abort).
+    pub pulls_failed: u64,
+    /// PULL block requests sent again after a timeout or an early later block.
+    pub pull_rerequests: u64,
+    drops: [u64; DropReason::ALL.len()],
+}
+
+impl NicCounters {
+    /// Frames or packets dropped for `reason`.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops.get(reason.slot()).copied().unwrap_or(0)
+    }
+
+    /// Drops for all reasons.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    pub(crate) fn drop(&mut self, reason: DropReason) {
+        if let Some(c) = self.drops.get_mut(reason.slot()) {
+            *c += 1;
+        }
+    }
+}
+
+/// Size and session of an endpoint, decided by the control path when it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Session id packets for this endpoint must carry (chosen by the backend).
+    pub session_id: u32,
+    /// Slots of the send queue (one 4096-byte MEDIUM fragment each).
+    pub send_queue_slots: u16,
+    /// Slots of the receive queue.
+    pub recv_queue_slots: u16,
+}
+
+/// The guest's identity on the wire, its counters and what it learnt from peers. Kept
+/// apart from the endpoints so frames can be sent while an endpoint is borrowed.
+pub(crate) struct Link {
+    pub id: GuestId,
+    pub mac: Mac,
+    pub cluster: ClusterId,
+    pub hostname: String,
+    pub counters: NicCounters,
+    /// Our index in each peer's table, as the peer told us (CONNECT, HOST_QUERY/REPLY).
+    pub reverse_index: HashMap<Mac, u16>,
+    /// Bytes of this guest's frames waiting in the transmit queue.
+    pub tx_bytes_queued: usize,
+}
+
+/// Resources a guest holds, checked against the per-guest quotas.
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    pub regions: usize,
+    pub pulls: usize,
+    pub pull_bytes: u64,
+}
+
+/// A registered region.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Region {
+    pub handle: RegionHandle,
+    pub length: u64,
+}
+
+/// Which receive-queue slots the library has handed back.
+#[derive(Debug)]
+pub(crate) struct RecvQueue {
+    free: VecDeque<u16>,
+    in_use: Vec<bool>,
+}
+
+impl RecvQueue {
+    fn new(slots: u16) -> Self {
+        RecvQueue {
+            free: (0..slots).collect(),
+            in_use: vec![false; usize::from(slots)],
+        }
+    }
+
+    /// Take the oldest free slot.
+    pub fn take(&mut self) -> Option<u16> {
+        let slot = self.free.pop_front()?;
+        if let Some(u) = self.in_use.get_mut(usize::from(slot)) {
+            *u = true;
+        }
+        Some(slot)
+    }
+
+    /// Give a slot back; false if it is out of range or was not taken.
+    pub fn give_back(&mut self, slot: u16) -> bool {
+        match self.in_use.get_mut(usize::from(slot)) {
+            Some(u) if *u => {
+                *u = false;
+                self.free.push_back(slot);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Slots currently free.
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+}
+
+/// An open endpoint.
+pub(crate) struct Endpoint {
+    pub session: u32,
+    pub send_queue_slots: u16,
+    pub recvq: RecvQueue,
+    pub regions: HashMap<u8, Region>,
+    pub pulls: PullSlots,
+    next_event_tag: u32,
+}
+
+impl Endpoint {
+    pub fn new(config: EndpointConfig) -> Self {
+        Endpoint {
+            session: config.session_id,
+            send_queue_slots: config.send_queue_slots,
+            recvq: RecvQueue::new(config.recv_queue_slots),
+            regions: HashMap::new(),
+            pulls: PullSlots::default(),
+            next_event_tag: 0,
+        }
+    }
+
+    /// The running tag of the next unsolicited event.
+    pub fn next_tag(&mut self) -> u32 {
+        let tag = self.next_event_tag;
+        self.next_event_tag = tag.wrapping_add(1);
+        tag
+    }
+}
+
+/// A guest served by the engine: its virtual MX NIC.
+pub struct VirtualNic {
+    pub(crate) link: Link,
+    pub(crate) memory: Box<dyn GuestMemory>,
+    pub(crate) endpoints: HashMap<u8, Endpoint>,
+    pub(crate) usage: Usage,
+}
+
+impl VirtualNic {
+    /// The guest.
+    pub fn id(&self) -> GuestId {
+        self.link.id
+    }
+
+    /// Its board address (chosen by dom0).
+    pub fn mac(&self) -> Mac {
+        self.link.mac
+    }
+
+    /// Its virtual cluster.
+    pub fn cluster(&self) -> ClusterId {
+        self.link.cluster
+    }
+
+    /// The hostname HOST_REPLY announces for it.
+    pub fn hostname(&self) -> &str {
+        &self.link.hostname
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> &NicCounters {
+        &self.link.counters
+    }
+
+    /// Indices of its open endpoints, ascending.
+    pub fn open_endpoints(&self) -> Vec<u8> {
+        let mut v: Vec<u8> = self.endpoints.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Free receive-queue slots of an open endpoint.
+    pub fn free_recvq_slots(&self, endpoint: u8) -> Option<usize> {
+        Some(self.endpoints.get(&endpoint)?.recvq.free_slots())
+    }
+
+    /// Pulls outstanding over all endpoints.
+    pub fn outstanding_pulls(&self) -> usize {
+        self.usage.pulls
+    }
+
+    /// Regions registered over all endpoints.
+    pub fn registered_regions(&self) -> usize {
+        self.usage.regions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recv_queue_hands_out_and_takes_back() {
+        let mut q = RecvQueue::new(2);
+        assert_eq!(q.take(), Some(0));
+        assert_eq!(q.take(), Some(1));
+        assert_eq!(q.take(), None);
+        assert!(q.give_back(1));
+        assert!(!q.give_back(1), "double release");
+        assert!(!q.give_back(7), "out of range");
+        assert_eq!(q.take(), Some(1));
+    }
+
+    #[test]
+    fn drop_counters_are_per_reason() {
+        let mut c = NicCounters::default();
+        c.drop(DropReason::CrossCluster);
+        c.drop(DropReason::CrossCluster);
+        c.drop(DropReason::Unsupported);
+        assert_eq!(c.drops(DropReason::CrossCluster), 2);
+        assert_eq!(c.drops(DropReason::Unsupported), 1);
+        assert_eq!(c.drops(DropReason::Malformed), 0);
+        assert_eq!(c.total_drops(), 3);
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(r.slot(), i);
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! What our `mx_endpoint_addr_t` holds.
+//!
+//! MX leaves the 16 bytes opaque. Ours carry the remote NIC id, the remote
+//! endpoint id and session (what `mx_decompose_endpoint_addr2` reports), and
+//! the handle of the local endpoint that connected, which keys the
+//! per-address context of `mx_set_endpoint_addr_context`:
+//!
+//! - `stuff[0]`: NIC id (48-bit MAC in the low bits)
+//! - `stuff[1]`: session in bits 0..32, remote endpoint id in bits 32..40,
+//!   local endpoint handle in bits 40..64.
+//!
+//! Any 16 bytes decode; whether they name a reachable endpoint is checked
+//! where they are used.
+
+use crate::abi::MxEndpointAddr;
+
+/// Bits of the local endpoint handle stored in an address.
+pub const LOCAL_HANDLE_BITS: u32 = 24;
+
+/// A decoded endpoint address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Addr {
+    /// The remote board.
+    pub nic_id: u64,
+    /// The remote endpoint id.
+    pub endpoint: u8,
+    /// The remote endpoint's session id.
+    pub session: u32,
+    /// Handle of the local endpoint the address belongs to (0: none).
+    pub local: u32,
+}
+
+impl Addr {
+    /// The C form.
+    pub fn encode(&self) -> MxEndpointAddr {
+        let local = (self.local as u64) & ((1 << LOCAL_HANDLE_BITS) - 1);
+        MxEndpointAddr {
+            stuff: [
+                self.nic_id,
+                self.session as u64 | (self.endpoint as u64) << 32 | local << 40,
+            ],
+        }
+    }
+
+    /// Reads the C form.
+    pub fn decode(a: MxEndpointAddr) -> Self {
+        Addr {
+            nic_id: a.stuff[0],
+            session: a.stuff[1] as u32,
+            endpoint: (a.stuff[1] >> 32) as u8,
+            local: (a.stuff[1] >> 40) as u32,
+        }
+    }
+
+    /// The key of the per-address context: the remote endpoint, whatever
+    /// its session.
+    pub fn remote(&self) -> (u64, u8) {
+        (self.nic_id, self.endpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let a = Addr {
+            nic_id: 0x0002_c9ff_0a0b_0c0d,
+            endpoint: 255,
+            session: 0xdead_beef,
+            local: 0xab_cdef,
+        };
+        assert_eq!(Addr::decode(a.encode()), a);
+        let e = a.encode();
+        assert_eq!(e.stuff[0], 0x0002_c9ff_0a0b_0c0d);
+        assert_eq!(e.stuff[1], 0xabcd_efff_dead_beef);
+    }
+
+    #[test]
+    fn any_bytes_decode() {
+        let a = Addr::decode(MxEndpointAddr {
+            stuff: [u64::MAX, u64::MAX],
+        });
+        assert_eq!((a.endpoint, a.session, a.local), (255, u32::MAX, 0xff_ffff));
+    }
+}

@@ -1,0 +1,674 @@
+//! An open MX endpoint: the protocol core, the transport port and the
+//! application's requests, behind one lock.
+//!
+//! Every MX call on an endpoint takes its lock, lets the endpoint progress
+//! (take in frames, run timers, turn core events into request completions,
+//! send what the core emitted) and then does its own work. Blocking calls
+//! release the lock while they sleep on the endpoint's doorbell, so other
+//! threads (and `mx_wakeup`) can use the endpoint meanwhile. Unexpected
+//! handlers run with the lock released, as MX allows them to post receives.
+
+mod requests;
+mod unexp;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use xmx_mx::{Event, PeerAddr, RdmaWindow, RequestId, Status};
+
+use crate::abi::{MxEndpointAddr, MxErrorHandler, MxReturn, MxStatus, MX_INFINITE};
+use crate::addr::Addr;
+use crate::counters::{self, Counter};
+use crate::doorbell::Doorbell;
+use crate::errors::{Failure, MxResult};
+use crate::runtime::{self, Background, Library};
+use crate::transport::{Port, PullProgress, Regions, Transport};
+
+pub use requests::Kind;
+pub(crate) use requests::Request;
+pub use unexp::UnexpHandler;
+
+/// Bits of a request token that number the request within its endpoint.
+const SEQ_BITS: u32 = 40;
+/// Frames taken in per progress round, so timers and sends keep their turn.
+const FRAMES_PER_ROUND: usize = 256;
+
+/// Splits a request token into endpoint handle and request number.
+pub fn split_token(token: usize) -> (u32, u64) {
+    let t = token as u64;
+    ((t >> SEQ_BITS) as u32, t & ((1 << SEQ_BITS) - 1))
+}
+
+fn make_token(handle: u32, seq: u64) -> usize {
+    (((handle as u64) << SEQ_BITS) | seq) as usize
+}
+
+/// What an endpoint is opened with (from `mx_param_t`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenParams {
+    /// `MX_PARAM_ERROR_HANDLER`.
+    pub error_handler: Option<MxErrorHandler>,
+    /// `MX_PARAM_CONTEXT_ID`: (bits, shift).
+    pub context_id: Option<(u8, u8)>,
+}
+
+/// What a core request id stands for in the library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Link {
+    /// An application request.
+    Request(u64),
+    /// An eager send the application was told is complete.
+    Zombie,
+    /// The catch-all receive of the unexpected handler.
+    Sentinel,
+    /// Nobody wants this completion any more.
+    Discard,
+}
+
+/// The state behind an endpoint's lock.
+pub(crate) struct State {
+    pub(crate) core: xmx_mx::Endpoint,
+    port: Option<Box<dyn Port>>,
+    regions: Arc<dyn Regions>,
+    pub(crate) requests: HashMap<u64, Request>,
+    pub(crate) links: HashMap<RequestId, Link>,
+    /// Completed, not yet reported requests in completion order.
+    pub(crate) done: BTreeMap<u64, u64>,
+    next_seq: u64,
+    next_done: u64,
+    zombies: usize,
+    /// LARGE sends waiting for a free window, in posting order.
+    waiting_large: VecDeque<u64>,
+    addr_contexts: HashMap<(u64, u8), usize>,
+    pub(crate) unexp: unexp::Unexp,
+    completed: bool,
+}
+
+/// An open endpoint.
+pub struct Endpoint {
+    handle: u32,
+    board: u32,
+    index: u8,
+    session: u32,
+    nic_id: u64,
+    error_handler: Option<MxErrorHandler>,
+    ctxid_mask: u64,
+    zombie_max: usize,
+    doorbell: Arc<Doorbell>,
+    transport: Arc<dyn Transport>,
+    background: Arc<Background>,
+    wakeups: AtomicU64,
+    progression_disabled: AtomicBool,
+    closed: AtomicBool,
+    /// The core's next timer (nanos), `u64::MAX` for none.
+    deadline: AtomicU64,
+    state: Mutex<State>,
+    handlers: Mutex<()>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("handle", &self.handle)
+            .field("index", &self.index)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Endpoint {
+    /// Opens endpoint `endpoint_id` (or any) of board `board` with
+    /// application key `key`, and registers it with the library.
+    pub fn open(
+        lib: &Arc<Library>,
+        board: u32,
+        endpoint_id: Option<u8>,
+        key: u32,
+        params: OpenParams,
+    ) -> MxResult<Arc<Endpoint>> {
+        let ctxid_mask = match params.context_id {
+            None | Some((0, _)) => 0,
+            Some((bits, shift)) => {
+                if bits > crate::abi::MX_CONTEXT_ID_BITS_MAX || bits as u32 + shift as u32 > 64 {
+                    return Err(Failure::new(
+                        MxReturn::BadParamVal,
+                        format!("context id of {bits} bits at shift {shift}"),
+                    ));
+                }
+                (((1u128 << bits) - 1) << shift) as u64
+            }
+        };
+        let boards = lib.transport.boards();
+        let Some(info) = boards.get(board as usize) else {
+            return Err(Failure::new(
+                MxReturn::BoardUnknown,
+                format!("no board {board} ({} present)", boards.len()),
+            ));
+        };
+        let handle = lib.new_handle();
+        let background = lib.background();
+        let unattended: Arc<dyn crate::doorbell::Unattended> = background.clone();
+        let doorbell = Arc::new(Doorbell::new(
+            lib.settings.spin,
+            handle as u64,
+            Some(unattended),
+        ));
+        let port = lib
+            .transport
+            .open(board, endpoint_id, doorbell.clone(), lib.settings.rcache)?;
+        let config = lib.transport.tune(lib.settings.config.clone());
+        let core = xmx_mx::Endpoint::new(config, port.index(), port.session(), key);
+        let ep = Arc::new(Endpoint {
+            handle,
+            board,
+            index: port.index(),
+            session: port.session(),
+            nic_id: info.nic_id,
+            error_handler: params.error_handler,
+            ctxid_mask,
+            zombie_max: lib.settings.zombie_max,
+            doorbell,
+            transport: lib.transport.clone(),
+            background,
+            wakeups: AtomicU64::new(0),
+            progression_disabled: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            deadline: AtomicU64::new(u64::MAX),
+            state: Mutex::new(State {
+                core,
+                regions: port.regions(),
+                port: Some(port),
+                requests: HashMap::new(),
+                links: HashMap::new(),
+                done: BTreeMap::new(),
+                next_seq: 1,
+                next_done: 1,
+                zombies: 0,
+                waiting_large: VecDeque::new(),
+                addr_contexts: HashMap::new(),
+                unexp: unexp::Unexp::default(),
+                completed: false,
+            }),
+            handlers: Mutex::new(()),
+        });
+        lib.add_endpoint(ep.clone());
+        tracing::debug!(
+            handle,
+            index = ep.index,
+            session = ep.session,
+            "endpoint open"
+        );
+        Ok(ep)
+    }
+
+    /// The `mx_endpoint_t` value given to the application.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// The endpoint id on its board.
+    pub fn index(&self) -> u8 {
+        self.index
+    }
+
+    /// Its board number.
+    pub fn board(&self) -> u32 {
+        self.board
+    }
+
+    /// The endpoint's own handler, if it was opened with one.
+    pub fn error_handler(&self) -> Option<MxErrorHandler> {
+        self.error_handler
+    }
+
+    /// Whether `mx_disable_progression` is in force.
+    pub fn progression_disabled(&self) -> bool {
+        self.progression_disabled.load(Ordering::SeqCst)
+    }
+
+    /// `mx_disable_progression` / `mx_reenable_progression`.
+    pub fn set_progression(&self, enabled: bool) {
+        self.progression_disabled.store(!enabled, Ordering::SeqCst);
+    }
+
+    /// The next protocol timer.
+    pub fn next_deadline(&self) -> Option<xmx_mx::Instant> {
+        let d = self.deadline.load(Ordering::SeqCst);
+        (d != u64::MAX).then(|| xmx_mx::Instant::from_nanos(d))
+    }
+
+    /// This endpoint's own address (`mx_get_endpoint_addr`).
+    pub fn addr(&self) -> MxEndpointAddr {
+        Addr {
+            nic_id: self.nic_id,
+            endpoint: self.index,
+            session: self.session,
+            local: self.handle,
+        }
+        .encode()
+    }
+
+    pub(crate) fn lock(&self) -> MxResult<MutexGuard<'_, State>> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(self.closed_failure());
+        }
+        Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn closed_failure(&self) -> Failure {
+        Failure::new(MxReturn::BadEndpoint, "the endpoint is closed")
+    }
+
+    /// `mx_close_endpoint`: the port closes (peers' frames are refused from
+    /// now on), pending requests are dropped, blocked calls return.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.port = None;
+        st.requests.clear();
+        st.links.clear();
+        st.done.clear();
+        st.waiting_large.clear();
+        drop(st);
+        self.deadline.store(u64::MAX, Ordering::SeqCst);
+        self.doorbell.ring_local();
+        tracing::debug!(handle = self.handle, "endpoint closed");
+    }
+
+    /// Whether the calling thread runs an unexpected handler.
+    pub fn in_handler() -> bool {
+        IN_HANDLER.with(|h| h.get())
+    }
+
+    /// `mx_wakeup`: every call blocked on this endpoint returns.
+    pub fn wakeup(&self) {
+        self.wakeups.fetch_add(1, Ordering::SeqCst);
+        self.doorbell.ring_local();
+    }
+
+    fn peer_of(&self, addr: &Addr) -> MxResult<PeerAddr> {
+        let index = self.transport.peer_index(addr.nic_id).ok_or_else(|| {
+            Failure::new(
+                MxReturn::NicNotFound,
+                format!("NIC {:012x} is not in the peer table", addr.nic_id),
+            )
+        })?;
+        Ok(PeerAddr::new(index, addr.endpoint))
+    }
+
+    fn addr_of(&self, peer: PeerAddr, session: u32) -> Addr {
+        Addr {
+            nic_id: self.transport.peer_nic_id(peer.peer_index).unwrap_or(0),
+            endpoint: peer.endpoint,
+            session,
+            local: self.handle,
+        }
+    }
+
+    /// Runs `f` on the progressed state, then lets the endpoint progress
+    /// again (to send what `f` queued) and runs unexpected handlers.
+    pub(crate) fn with_state<T>(
+        &self,
+        f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
+    ) -> MxResult<T> {
+        let r = {
+            let mut st = self.lock()?;
+            self.progress(&mut st);
+            let r = f(self, &mut st);
+            self.progress(&mut st);
+            r
+        };
+        self.run_handlers();
+        r
+    }
+
+    /// `mx_progress` and the background thread: progress if the endpoint
+    /// is free. Returns false if another thread holds it.
+    pub fn background_progress(&self) -> bool {
+        if self.closed.load(Ordering::SeqCst) {
+            return true;
+        }
+        let Ok(mut st) = self.state.try_lock() else {
+            return false;
+        };
+        self.progress(&mut st);
+        drop(st);
+        self.run_handlers();
+        true
+    }
+
+    /// Moves everything forward: frames in, timers, events, frames out.
+    fn progress(&self, st: &mut State) {
+        let now = runtime::now();
+        loop {
+            let mut work = false;
+            if let Some(port) = st.port.as_mut() {
+                for _ in 0..FRAMES_PER_ROUND {
+                    let Some(f) = port.receive() else { break };
+                    counters::add(Counter::FramesReceived, 1);
+                    st.core.handle_frame(now, f.as_borrowed());
+                    work = true;
+                }
+            }
+            if st.core.next_timeout().is_some_and(|t| t <= now) {
+                st.core.handle_timeout(now);
+                work = true;
+            }
+            while let Some((id, result)) = st.regions.completed_pull() {
+                self.finish_pull(st, now, id, result);
+                work = true;
+            }
+            while let Some(ev) = st.core.poll_event() {
+                self.on_event(st, now, ev);
+                work = true;
+            }
+            self.start_waiting_large(st, now);
+            while let Some(frame) = st.core.poll_transmit() {
+                counters::add(Counter::FramesSent, 1);
+                if let Some(port) = st.port.as_mut() {
+                    port.transmit(frame);
+                }
+                work = true;
+            }
+            if !work {
+                break;
+            }
+        }
+        let next = st.core.next_timeout();
+        self.deadline
+            .store(next.map_or(u64::MAX, |t| t.as_nanos()), Ordering::SeqCst);
+        if let Some(t) = next {
+            self.background.nudge(t);
+        }
+        if std::mem::take(&mut st.completed) {
+            self.doorbell.ring_local();
+        }
+    }
+
+    fn on_event(&self, st: &mut State, now: xmx_mx::Instant, ev: Event) {
+        match ev {
+            Event::Connected { id, status, addr } => {
+                let Some(Link::Request(seq)) = st.links.remove(&id) else {
+                    return;
+                };
+                if let Some(r) = st.requests.get_mut(&seq) {
+                    r.code = status;
+                    if let Some(a) = addr {
+                        r.source = self.addr_of(a.peer, a.session);
+                    }
+                }
+                self.complete(st, seq);
+            }
+            Event::SendDone {
+                id,
+                status,
+                xfer_length,
+            } => match st.links.remove(&id) {
+                Some(Link::Zombie) => {
+                    st.zombies = st.zombies.saturating_sub(1);
+                    if !status.is_success() {
+                        tracing::warn!(%status, "a send reported complete failed later");
+                    }
+                }
+                Some(Link::Request(seq)) => {
+                    let Some(r) = st.requests.get_mut(&seq) else {
+                        return;
+                    };
+                    r.code = status;
+                    if let Some(w) = r.window.take() {
+                        st.regions.release(w);
+                        r.xfer_length = xfer_length;
+                    } else if status.is_success() {
+                        r.xfer_length = r.msg_length;
+                    }
+                    if status.is_success() {
+                        counters::add(Counter::BytesSent, r.xfer_length as u64);
+                    }
+                    self.complete(st, seq);
+                }
+                _ => {}
+            },
+            Event::RecvDone(done) => match st.links.remove(&done.id) {
+                Some(Link::Request(seq)) => self.finish_recv(st, seq, done),
+                Some(Link::Sentinel) => self.unexp_arrived(st, now, done),
+                _ => {}
+            },
+            Event::PullNeeded(p) => match st.links.get(&p.id).copied() {
+                Some(Link::Request(seq)) => {
+                    let Some(r) = st.requests.get(&seq) else {
+                        let _ = st.core.pull_done(now, p.id, Status::Aborted);
+                        return;
+                    };
+                    let progress =
+                        st.regions
+                            .pull(p.id, p.source.peer, p.window, &r.segs, p.length);
+                    if let PullProgress::Done(result) = progress {
+                        self.finish_pull(st, now, p.id, result);
+                    }
+                }
+                Some(Link::Sentinel) => self.unexp_large_arrived(st, now, p),
+                _ => {
+                    // Dropped receive: tell the sender nothing was taken.
+                    let _ = st.core.pull_done(now, p.id, Status::Aborted);
+                }
+            },
+        }
+    }
+
+    fn finish_pull(
+        &self,
+        st: &mut State,
+        now: xmx_mx::Instant,
+        id: RequestId,
+        result: Result<(), Status>,
+    ) {
+        counters::add(Counter::Pulls, 1);
+        let status = match result {
+            Ok(()) => Status::Success,
+            Err(s) => s,
+        };
+        if st.core.pull_done(now, id, status).is_err() {
+            tracing::debug!(?id, "pull finished for a receive that is gone");
+        }
+    }
+
+    fn finish_recv(&self, st: &mut State, seq: u64, done: xmx_mx::RecvDone) {
+        let Some(r) = st.requests.get_mut(&seq) else {
+            return;
+        };
+        let written = if done.data.is_empty() {
+            done.xfer_length as usize
+        } else {
+            r.segs.scatter(&done.data)
+        };
+        r.code = done.status;
+        r.source = Addr {
+            nic_id: self
+                .transport
+                .peer_nic_id(done.source.peer.peer_index)
+                .unwrap_or(0),
+            endpoint: done.source.peer.endpoint,
+            session: done.source.session,
+            local: self.handle,
+        };
+        r.match_info = done.match_info;
+        r.msg_length = done.msg_length;
+        r.xfer_length = written as u32;
+        counters::add(Counter::BytesReceived, r.xfer_length as u64);
+        self.complete(st, seq);
+    }
+
+    /// A request finished: queue it for test/wait (or drop it if forgotten).
+    pub(crate) fn complete(&self, st: &mut State, seq: u64) {
+        let Some(r) = st.requests.get_mut(&seq) else {
+            return;
+        };
+        if r.forgotten {
+            st.requests.remove(&seq);
+            return;
+        }
+        let order = st.next_done;
+        st.next_done += 1;
+        r.done = Some(order);
+        if !r.internal {
+            st.done.insert(order, seq);
+        }
+        st.completed = true;
+    }
+
+    fn start_waiting_large(&self, st: &mut State, now: xmx_mx::Instant) {
+        while let Some(&seq) = st.waiting_large.front() {
+            let Some(r) = st.requests.get(&seq) else {
+                st.waiting_large.pop_front();
+                continue;
+            };
+            let Some(window) = st.regions.register(&r.segs) else {
+                return;
+            };
+            st.waiting_large.pop_front();
+            self.launch_large(st, now, seq, window);
+        }
+    }
+
+    fn launch_large(&self, st: &mut State, now: xmx_mx::Instant, seq: u64, window: RdmaWindow) {
+        let Some(r) = st.requests.get_mut(&seq) else {
+            st.regions.release(window);
+            return;
+        };
+        let Some(dest) = r.dest else { return };
+        match st
+            .core
+            .send_large(now, dest, r.match_info, r.msg_length, window)
+        {
+            Ok(id) => {
+                r.window = Some(window);
+                r.core = Some(id);
+                st.links.insert(id, Link::Request(seq));
+            }
+            Err(e) => {
+                st.regions.release(window);
+                tracing::debug!(%e, "rendezvous send refused");
+                r.code = Status::EndpointUnreachable;
+                self.complete(st, seq);
+            }
+        }
+    }
+
+    /// Blocks until `check` finds what it looks for, the timeout passes
+    /// (`MX_INFINITE`: never) or `mx_wakeup` is called; `Ok(None)` for the
+    /// last two.
+    pub(crate) fn block<T>(
+        &self,
+        timeout_ms: u32,
+        mut check: impl FnMut(&Self, &mut State) -> Option<T>,
+    ) -> MxResult<Option<T>> {
+        let deadline = (timeout_ms != MX_INFINITE)
+            .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
+        let woken = self.wakeups.load(Ordering::SeqCst);
+        let _attending = self.doorbell.attend();
+        loop {
+            let seen = self.doorbell.generation();
+            let found = {
+                let mut st = self.lock()?;
+                self.progress(&mut st);
+                check(self, &mut st)
+            };
+            self.run_handlers();
+            if found.is_some() {
+                return Ok(found);
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(self.closed_failure());
+            }
+            if self.wakeups.load(Ordering::SeqCst) != woken {
+                return Ok(None);
+            }
+            let now = std::time::Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let timer = self.next_deadline().map(runtime::to_std);
+            let until = match (deadline, timer) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            self.doorbell.wait(seen, until);
+        }
+    }
+
+    fn new_request(&self, st: &mut State, r: Request) -> u64 {
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.requests.insert(seq, r);
+        seq
+    }
+
+    /// The token the application holds for request `seq`.
+    pub fn token(&self, seq: u64) -> usize {
+        make_token(self.handle, seq)
+    }
+
+    fn seq_of(&self, token: usize) -> MxResult<u64> {
+        let (h, seq) = split_token(token);
+        if h != self.handle || seq == 0 {
+            return Err(Failure::new(
+                MxReturn::BadRequest,
+                format!("{token:#x} is not a request of this endpoint"),
+            ));
+        }
+        Ok(seq)
+    }
+
+    fn status_of(&self, r: &Request) -> MxStatus {
+        MxStatus {
+            code: r.code.code(),
+            source: r.source.encode(),
+            match_info: r.match_info,
+            msg_length: r.msg_length,
+            xfer_length: r.xfer_length,
+            context: r.context as *mut c_void,
+        }
+    }
+
+    /// Checks a receive-side `(match_info, match_mask)` pair.
+    fn check_match(&self, match_info: u64, match_mask: u64) -> MxResult<()> {
+        if match_info & !match_mask != 0 {
+            return Err(Failure::new(
+                MxReturn::BadMatchMask,
+                format!("match info {match_info:#x} has bits outside mask {match_mask:#x}"),
+            ));
+        }
+        if self.ctxid_mask & !match_mask != 0 {
+            return Err(Failure::new(
+                MxReturn::BadMatchingForContextIdMask,
+                format!(
+                    "mask {match_mask:#x} leaves context-id bits {:#x} unmatched",
+                    self.ctxid_mask
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `mx_set_endpoint_addr_context`.
+    pub fn set_addr_context(&self, addr: &Addr, context: usize) -> MxResult<()> {
+        let mut st = self.lock()?;
+        st.addr_contexts.insert(addr.remote(), context);
+        Ok(())
+    }
+
+    /// `mx_get_endpoint_addr_context` (NULL if never set).
+    pub fn addr_context(&self, addr: &Addr) -> MxResult<usize> {
+        let st = self.lock()?;
+        Ok(st.addr_contexts.get(&addr.remote()).copied().unwrap_or(0))
+    }
+}

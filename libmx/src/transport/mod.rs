@@ -1,0 +1,258 @@
+//! Transports: how an endpoint's frames reach other endpoints.
+//!
+//! A [`Transport`] is one process's view of its boards (NICs) and their peer
+//! table; [`Transport::open`] gives an endpoint its [`Port`], through which
+//! frames go out and come in, and its [`Regions`], through which LARGE data
+//! is registered and pulled. Arrivals ring the endpoint's
+//! [`Doorbell`], which is what blocked calls wait on.
+//!
+//! - [`loopback`]: the endpoints of this process, delivered in memory.
+//! - `native` (to come): the backend's engine in this process on an
+//!   AF_PACKET interface.
+//! - `xen` (to come): a guest's shared rings to the dom0 backend; its port
+//!   rings the doorbell from the event channel, and its regions grant pages
+//!   (with the registration cache of [`rcache`]).
+//!
+//! `XMX_TRANSPORT=loopback|native|xen` selects one (see [`select`]).
+
+use std::sync::Arc;
+
+use xmx_mx::frame::Nack;
+use xmx_mx::{Body, Config, Frame, NackType, PeerAddr, RdmaWindow, RequestId, Status};
+
+use crate::abi::MxReturn;
+use crate::doorbell::Doorbell;
+use crate::errors::{Failure, MxResult};
+use crate::segments::Segments;
+use crate::settings::{Settings, TransportKind};
+
+pub mod loopback;
+pub mod peers;
+pub mod rcache;
+
+/// What a board reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoardInfo {
+    /// Its NIC id (the 48-bit MAC address).
+    pub nic_id: u64,
+    /// Its MX hostname (`host:board`).
+    pub hostname: String,
+    /// Most endpoints it can open.
+    pub max_endpoints: u32,
+    /// NUMA node of the device, `u32::MAX` when unknown.
+    pub numa_node: u32,
+}
+
+/// Why a transport refused to open an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// No such board.
+    #[error("no board {0}")]
+    BoardUnknown(u32),
+    /// The endpoint id is beyond the board's range.
+    #[error("endpoint id {0} out of range")]
+    BadEndpointId(u32),
+    /// That endpoint id is open already.
+    #[error("endpoint {0} is busy")]
+    Busy(u8),
+    /// Every endpoint id is taken.
+    #[error("no free endpoint")]
+    NoResources,
+}
+
+impl From<OpenError> for Failure {
+    fn from(e: OpenError) -> Failure {
+        let code = match e {
+            OpenError::BoardUnknown(_) => MxReturn::BoardUnknown,
+            OpenError::BadEndpointId(_) => MxReturn::BadEndpointId,
+            OpenError::Busy(_) => MxReturn::Busy,
+            OpenError::NoResources => MxReturn::NoResources,
+        };
+        Failure::new(code, format!("opening endpoint: {e}"))
+    }
+}
+
+/// One process's access to its boards.
+pub trait Transport: Send + Sync {
+    /// Short name for logs.
+    fn name(&self) -> &'static str;
+    /// The boards, indexed by board number.
+    fn boards(&self) -> Vec<BoardInfo>;
+    /// Adjusts protocol tunables to the medium (e.g. acks cost nothing in
+    /// memory, so a loopback acks at once).
+    fn tune(&self, config: Config) -> Config {
+        config
+    }
+    /// Opens endpoint `endpoint` (or the first free one) of board `board`;
+    /// arrivals for it ring `doorbell`.
+    fn open(
+        &self,
+        board: u32,
+        endpoint: Option<u8>,
+        doorbell: Arc<Doorbell>,
+        rcache: bool,
+    ) -> Result<Box<dyn Port>, OpenError>;
+    /// Peer-table index of a NIC.
+    fn peer_index(&self, nic_id: u64) -> Option<u16>;
+    /// NIC id at a peer-table index.
+    fn peer_nic_id(&self, peer_index: u16) -> Option<u64>;
+    /// Hostname of a NIC, if known.
+    fn peer_hostname(&self, nic_id: u64) -> Option<String>;
+    /// NIC id of a hostname.
+    fn peer_by_hostname(&self, hostname: &str) -> Option<u64>;
+    /// Adds (or renames) a peer, as a mapper does.
+    fn add_peer(&self, nic_id: u64, hostname: Option<&str>) -> MxResult<()>;
+    /// Removes a peer; returns whether it was known.
+    fn remove_peer(&self, nic_id: u64) -> bool;
+    /// Renames a board.
+    fn set_hostname(&self, board: u32, hostname: &str) -> MxResult<()>;
+    /// Opens a raw endpoint of board `board`; arrivals ring `doorbell`.
+    fn open_raw(&self, board: u32, doorbell: Arc<Doorbell>) -> MxResult<Box<dyn RawPort>>;
+}
+
+/// An open endpoint's access to the network. Dropping it closes the
+/// endpoint: frames addressed to it are refused from then on.
+pub trait Port: Send {
+    /// The endpoint id.
+    fn index(&self) -> u8;
+    /// The session id chosen at open (random: a reopened endpoint differs).
+    fn session(&self) -> u32;
+    /// Sends a frame the core emitted (`peer_index` is the destination).
+    /// Best effort, as on a wire: the core retransmits what is lost.
+    fn transmit(&mut self, frame: Frame<Vec<u8>>);
+    /// The next frame that arrived (`peer_index` is the source).
+    fn receive(&mut self) -> Option<Frame<Vec<u8>>>;
+    /// This endpoint's LARGE regions.
+    fn regions(&self) -> Arc<dyn Regions>;
+}
+
+/// How a pull started by [`Regions::pull`] goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PullProgress {
+    /// Finished at once.
+    Done(Result<(), Status>),
+    /// Runs in the background; [`Regions::completed_pull`] reports it.
+    Started,
+}
+
+/// LARGE data: the sender registers its buffer as a window the receiver
+/// pulls from.
+///
+/// The data is referenced, never copied at registration: MX requires the
+/// application to keep a send buffer unchanged until the send completes, so
+/// a pull always reads what the application sent. A transport that caches
+/// registrations (`MX_RCACHE=1`) keys them by `(address, length)` and drops
+/// a cached one when it is invalidated, so a freed or reused buffer is never
+/// read through a stale registration.
+pub trait Regions: Send + Sync {
+    /// Registers a send's buffer; `None` when every window id is in use
+    /// (the send waits for one to be released).
+    fn register(&self, data: &Segments) -> Option<RdmaWindow>;
+    /// The send is over: the window may not be pulled from any more.
+    fn release(&self, window: RdmaWindow);
+    /// The application's memory in `[addr, addr + len)` is going away:
+    /// forget cached registrations overlapping it.
+    fn invalidate(&self, addr: usize, len: usize);
+    /// Pulls `length` bytes of `source`'s `window` into `dest`, for receive
+    /// `id`.
+    fn pull(
+        &self,
+        id: RequestId,
+        source: PeerAddr,
+        window: RdmaWindow,
+        dest: &Segments,
+        length: u32,
+    ) -> PullProgress;
+    /// A pull that [`PullProgress::Started`] and has finished since.
+    fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
+        None
+    }
+}
+
+/// A raw endpoint (mapper traffic): whole frames, no protocol.
+pub trait RawPort: Send {
+    /// Sends `data` to the other raw endpoints of the fabric.
+    fn send(&mut self, data: &[u8]) -> MxResult<()>;
+    /// The next frame received.
+    fn receive(&mut self) -> Option<Vec<u8>>;
+}
+
+/// The frame a NIC answers when a frame arrives for an endpoint that is not
+/// open: a NACK naming the refused message (or the connect), sent back to
+/// its sender as if from the closed endpoint. Acks and NACKs get nothing.
+pub fn refusal(frame: &Frame<Vec<u8>>, nack: NackType) -> Option<Frame<Vec<u8>>> {
+    let lib_seqnum = match &frame.body {
+        Body::Message(m) => m.seqnum,
+        Body::Notify(n) => n.seqnum,
+        Body::ConnectRequest(_) => xmx_mx::Seqnum::from_raw(0),
+        Body::ConnectReply(_) | Body::Liback(_) | Body::Nack(_) => return None,
+    };
+    Some(Frame {
+        peer_index: frame.peer_index,
+        dst_endpoint: frame.src_endpoint,
+        src_endpoint: frame.dst_endpoint,
+        body: Body::Nack(Nack {
+            nack_type: nack.to_wire(),
+            lib_seqnum,
+        }),
+    })
+}
+
+/// The transport `XMX_TRANSPORT` names.
+pub fn select(settings: &Settings) -> MxResult<Arc<dyn Transport>> {
+    match settings.transport {
+        TransportKind::Loopback => Ok(loopback::Loopback::process_wide()),
+        TransportKind::Native => Err(Failure::new(
+            MxReturn::NoDriver,
+            "XMX_TRANSPORT=native: the native transport is not available in this build yet",
+        )),
+        TransportKind::Xen => Err(Failure::new(
+            MxReturn::NoDriver,
+            "XMX_TRANSPORT=xen: the Xen transport is not available in this build yet",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xmx_mx::frame::{ConnectRequest, Liback};
+    use xmx_mx::Seqnum;
+
+    #[test]
+    fn refusal_answers_requests_only() {
+        let connect = Frame {
+            peer_index: 3,
+            dst_endpoint: 7,
+            src_endpoint: 1,
+            body: Body::ConnectRequest(ConnectRequest {
+                lib_seqnum: 0,
+                src_session: 9,
+                app_key: 1,
+                target_recv_seqnum_start: Seqnum::from_raw(0),
+                connect_seqnum: 0,
+            }),
+        };
+        let r = refusal(&connect, NackType::EndpointClosed).expect("a nack");
+        assert_eq!((r.peer_index, r.dst_endpoint, r.src_endpoint), (3, 1, 7));
+        assert_eq!(
+            r.body,
+            Body::Nack(Nack {
+                nack_type: 2,
+                lib_seqnum: Seqnum::from_raw(0)
+            })
+        );
+        let ack = Frame {
+            body: Body::Liback(Liback {
+                session: 1,
+                ack_session: 1,
+                acknum: 1,
+                lib_seqnum: Seqnum::from_raw(0),
+                send_seq: Seqnum::from_raw(0),
+                resent: 0,
+            }),
+            ..connect
+        };
+        assert_eq!(refusal(&ack, NackType::BadEndpoint), None);
+    }
+}
