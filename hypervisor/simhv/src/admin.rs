@@ -60,10 +60,7 @@ impl AdminServer {
 impl Drop for AdminServer {
     fn drop(&mut self) {
         self.stop();
-        self.conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -122,8 +119,7 @@ fn accept_loop(
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        let (done, running): (Vec<_>, Vec<_>) =
-            workers.drain(..).partition(|w| w.is_finished());
+        let (done, running): (Vec<_>, Vec<_>) = workers.drain(..).partition(|w| w.is_finished());
         workers = running;
         for w in done {
             let _ = w.join();

@@ -80,10 +80,7 @@ fn remove_leftovers(dir: &Path) -> Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        let is_dom = name
-            .to_str()
-            .and_then(layout::parse_dom_dir_name)
-            .is_some();
+        let is_dom = name.to_str().and_then(layout::parse_dom_dir_name).is_some();
         if is_dom && entry.file_type()?.is_dir() {
             tracing::info!(path = %entry.path().display(), "removing a stale domain directory");
             std::fs::remove_dir_all(entry.path())?;

@@ -25,8 +25,7 @@ use std::thread::JoinHandle;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::sim::admin::{DomainInfo, DomainState, RunState, XenstoreUsage};
 use xmx_hv::sim::layout;
-use xmx_hv::xs::XsClient;
-use xmx_hv::{DomId, Error, Result, Xenstore, DOM0, XBT_NULL};
+use xmx_hv::{DomId, Error, Result, DOM0};
 
 use crate::config::Config;
 use crate::hv::{serve, Hv};
@@ -52,10 +51,8 @@ pub(crate) struct Host {
     hv: Arc<Hv>,
     xenstored: Arc<Xenstored>,
     runtimes: Mutex<BTreeMap<DomId, Runtime>>,
-    /// xenstore threads of destroyed domains, joined at shutdown.
+    /// xenstore threads to join at shutdown.
     retired: Mutex<Vec<JoinHandle<()>>>,
-    /// dom0's xenstore connection, used for the toolstack's writes.
-    toolstack: Mutex<Option<XsClient>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -103,14 +100,13 @@ fn validate_name(name: &str) -> Result<()> {
 impl Host {
     /// A host with no domain yet.
     pub(crate) fn new(dir: &Path, config: Config) -> Host {
-        let xenstored = Xenstored::new(config.xenstore.clone());
+        let xenstored = Xenstored::new(config.xenstore);
         Host {
             dir: dir.to_path_buf(),
             hv: Arc::new(Hv::new(config)),
             xenstored,
             runtimes: Mutex::new(BTreeMap::new()),
             retired: Mutex::new(Vec::new()),
-            toolstack: Mutex::new(None),
         }
     }
 
@@ -161,11 +157,16 @@ impl Host {
             }
             Err(e) => {
                 tracing::warn!(domid, name, error = %e, "domain creation failed");
-                if let Some(r) = rt.remove(&domid) {
-                    self.stop_runtime(r);
-                }
                 if let Ok(streams) = self.hv.remove_domain(domid) {
                     shut(streams);
+                }
+                if let Some(r) = rt.remove(&domid) {
+                    if let Some(x) = self.stop_runtime(r) {
+                        lock(&self.retired).push(x);
+                    }
+                }
+                if domid != DOM0 {
+                    self.xenstored.release_domain(domid);
                 }
                 let _ = std::fs::remove_dir_all(&dir);
                 Err(e)
@@ -195,7 +196,10 @@ impl Host {
             stop,
         )?);
         rt.insert(domid, runtime);
-        self.xenstored.introduce_domain(domid);
+        if domid != DOM0 {
+            // xenstored starts with dom0 introduced.
+            self.xenstored.introduce_domain(domid);
+        }
         let home = format!("/local/domain/{domid}");
         self.toolstack_write(&format!("{home}/name"), name.as_bytes())?;
         self.toolstack_write(&format!("{home}/domid"), domid.to_string().as_bytes())?;
@@ -204,37 +208,22 @@ impl Host {
 
     /// Write a node as the toolstack (dom0) does.
     fn toolstack_write(&self, path: &str, value: &[u8]) -> Result<()> {
-        let mut ts = lock(&self.toolstack);
-        if ts.is_none() {
-            *ts = Some(XsClient::connect_unix(layout::xenstore_sock(
-                &self.dir, DOM0,
-            ))?);
-        }
-        let Some(client) = ts.as_ref() else {
-            return Err(Error::Closed("toolstack xenstore connection".into()));
-        };
-        match client.write(XBT_NULL, path, value) {
-            Err(Error::Closed(_)) | Err(Error::Io(_)) => {
-                // Reconnect once: the connection may have been dropped.
-                let client = XsClient::connect_unix(layout::xenstore_sock(&self.dir, DOM0))?;
-                let r = client.write(XBT_NULL, path, value);
-                *ts = Some(client);
-                r
-            }
-            r => r,
-        }
+        self.xenstored
+            .write(DOM0, path, value)
+            .map_err(|e| Error::Xs(format!("toolstack write of {path}: {e:?}")))
     }
 
-    fn stop_runtime(&self, mut r: Runtime) {
+    /// Stop the domain's hv acceptor (its connections must be shut down already) and
+    /// keep its xenstore thread, which ends once xenstored releases the domain or shuts
+    /// down, for joining then.
+    fn stop_runtime(&self, mut r: Runtime) -> Option<JoinHandle<()>> {
         if let Err(e) = nix::unistd::write(r.stop.as_ref(), &1u64.to_ne_bytes()) {
             tracing::error!(error = %e, "stopping an acceptor");
         }
         if let Some(a) = r.acceptor.take() {
             let _ = a.join();
         }
-        if let Some(x) = r.xenstore.take() {
-            lock(&self.retired).push(x);
-        }
+        r.xenstore.take()
     }
 
     /// Destroy a domain (not dom0).
@@ -256,8 +245,11 @@ impl Host {
             Ok(streams) => shut(streams),
             Err(e) => tracing::error!(domid, error = %e, "tearing down"),
         }
-        self.stop_runtime(runtime);
+        let xs_thread = self.stop_runtime(runtime);
         self.xenstored.release_domain(domid);
+        if let Some(t) = xs_thread {
+            let _ = t.join();
+        }
         if let Err(e) = std::fs::remove_dir_all(layout::dom_dir(&self.dir, domid)) {
             tracing::warn!(domid, error = %e, "removing the domain directory");
         }
@@ -323,7 +315,6 @@ impl Host {
 
     /// Stop everything: every domain's connections, acceptors and xenstore service.
     pub(crate) fn shutdown(&self) {
-        *lock(&self.toolstack) = None;
         let mut rt = lock(&self.runtimes);
         let all: Vec<DomId> = rt.keys().rev().copied().collect();
         for domid in all {
@@ -332,7 +323,9 @@ impl Host {
                     Ok(streams) => shut(streams),
                     Err(e) => tracing::error!(domid, error = %e, "tearing down"),
                 }
-                self.stop_runtime(r);
+                if let Some(x) = self.stop_runtime(r) {
+                    lock(&self.retired).push(x);
+                }
                 let _ = std::fs::remove_dir_all(layout::dom_dir(&self.dir, domid));
             }
         }

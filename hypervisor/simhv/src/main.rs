@@ -8,9 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use nix::unistd::{fork, setsid, ForkResult};
-use xmx_simhv::config::{
-    DEFAULT_GNTTAB_ENTRIES, DEFAULT_MAX_MAPPINGS, DEFAULT_MAX_PORTS,
-};
+use xmx_simhv::config::{DEFAULT_GNTTAB_ENTRIES, DEFAULT_MAX_MAPPINGS, DEFAULT_MAX_PORTS};
 use xmx_simhv::{Config, Daemon};
 
 /// A one-machine Xen hypervisor for xmx: xenstored, grant tables, event channels and

@@ -33,7 +33,11 @@ fn one_page_is_shared_both_ways_with_dom0() {
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
 
-    let granted = guest.grant_table().unwrap().grant_pages(DOM0, 1, true).unwrap();
+    let granted = guest
+        .grant_table()
+        .unwrap()
+        .grant_pages(DOM0, 1, true)
+        .unwrap();
     assert_eq!(granted.len(), PAGE_SIZE);
     assert_eq!(granted.refs().len(), 1);
     // Fresh grants are zeroed.
@@ -73,7 +77,11 @@ fn two_thousand_pages_map_in_one_batch() {
     assert_eq!(granted.len(), N * PAGE_SIZE);
     write_pages(granted.as_ptr(), N, 3);
 
-    let mapped = pb.grant_table().unwrap().map(a, granted.refs(), true).unwrap();
+    let mapped = pb
+        .grant_table()
+        .unwrap()
+        .map(a, granted.refs(), true)
+        .unwrap();
     assert_eq!(mapped.len(), N * PAGE_SIZE);
     assert_eq!(mapped.refs(), granted.refs());
     check_pages(mapped.as_ptr(), N, 3);
@@ -139,7 +147,10 @@ fn a_guest_cannot_map_what_was_not_granted_to_it() {
         "an out-of-range ref",
     );
     denied(gtb.map(a, &[ended_ref], false), "an ended ref");
-    denied(gtb.map(c, to_b.refs(), false), "the right ref of the wrong domain");
+    denied(
+        gtb.map(c, to_b.refs(), false),
+        "the right ref of the wrong domain",
+    );
     // All or nothing: one bad ref in a batch maps nothing.
     denied(
         gtb.map(a, &[to_b.refs()[0], to_dom0.refs()[0]], false),
@@ -181,7 +192,10 @@ fn end_access_is_busy_while_mapped_and_succeeds_after_unmap() {
     drop(mapped);
     granted.end_access().map_err(|(_, e)| e).unwrap();
     let s = host.state(g);
-    assert_eq!((s.grants_active, s.grants_mapped_by_others, s.mem_pages), (0, 0, 0));
+    assert_eq!(
+        (s.grants_active, s.grants_mapped_by_others, s.mem_pages),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -288,9 +302,7 @@ fn grant_copy_moves_bytes_both_ways_and_checks_each_side() {
     let ro = gtg.grant_pages(DOM0, 1, false).unwrap();
     let to_other = gtg.grant_pages(other, 1, true).unwrap();
     // SAFETY: writable pages of ours.
-    unsafe {
-        std::ptr::copy_nonoverlapping(b"from the guest".as_ptr(), ro.as_ptr().add(100), 14)
-    };
+    unsafe { std::ptr::copy_nonoverlapping(b"from the guest".as_ptr(), ro.as_ptr().add(100), 14) };
 
     let gt0 = dom0.grant_table().unwrap();
     let mut out = *b"dom0 writes this";
@@ -351,9 +363,21 @@ fn grant_copy_moves_bytes_both_ways_and_checks_each_side() {
     let results = gt0.copy(&segs).unwrap();
     assert!(results[0].is_ok(), "{:?}", results[0]);
     assert!(results[1].is_ok(), "{:?}", results[1]);
-    assert!(matches!(results[2], Err(Error::Denied(_))), "{:?}", results[2]);
-    assert!(matches!(results[3], Err(Error::Denied(_))), "{:?}", results[3]);
-    assert!(matches!(results[4], Err(Error::Invalid(_))), "{:?}", results[4]);
+    assert!(
+        matches!(results[2], Err(Error::Denied(_))),
+        "{:?}",
+        results[2]
+    );
+    assert!(
+        matches!(results[3], Err(Error::Denied(_))),
+        "{:?}",
+        results[3]
+    );
+    assert!(
+        matches!(results[4], Err(Error::Invalid(_))),
+        "{:?}",
+        results[4]
+    );
     assert_eq!(&back, b"from the guest");
     assert_eq!(scratch, [0u8; 8]);
     // SAFETY: our own granted page.
@@ -375,15 +399,27 @@ fn grant_quotas_are_enforced() {
     let g = host.create("guest");
     let guest = host.attach(g);
     let gt = guest.grant_table().unwrap();
-    assert!(matches!(gt.grant_pages(DOM0, 5, true), Err(Error::Quota(_))));
+    assert!(matches!(
+        gt.grant_pages(DOM0, 5, true),
+        Err(Error::Quota(_))
+    ));
     let three = gt.grant_pages(DOM0, 3, true).unwrap();
-    assert!(matches!(gt.grant_pages(DOM0, 2, true), Err(Error::Quota(_))));
+    assert!(matches!(
+        gt.grant_pages(DOM0, 2, true),
+        Err(Error::Quota(_))
+    ));
     let dom0 = host.attach(DOM0);
     let gt0 = dom0.grant_table().unwrap();
-    assert!(matches!(gt0.map(g, three.refs(), false), Err(Error::Quota(_))));
+    assert!(matches!(
+        gt0.map(g, three.refs(), false),
+        Err(Error::Quota(_))
+    ));
     let two = gt0.map(g, &three.refs()[..2], false).unwrap();
     assert_eq!(two.len(), 2 * PAGE_SIZE);
-    assert!(matches!(gt.grant_pages(DOM0, 0, true), Err(Error::Invalid(_))));
+    assert!(matches!(
+        gt.grant_pages(DOM0, 0, true),
+        Err(Error::Invalid(_))
+    ));
 }
 
 /// Role process of the next test: map the grants, mark the first page, and die.
@@ -398,7 +434,11 @@ fn role_map_then_crash() {
         .split(',')
         .map(|r| r.parse().unwrap())
         .collect();
-    let m = platform.grant_table().unwrap().map(remote, &refs, true).unwrap();
+    let m = platform
+        .grant_table()
+        .unwrap()
+        .map(remote, &refs, true)
+        .unwrap();
     // SAFETY: a writable mapping of at least one page.
     unsafe { m.as_ptr().write_volatile(0x5a) };
     // Die without unmapping or closing anything: the kernel closes the socket.
@@ -431,4 +471,32 @@ fn a_mapper_that_crashes_releases_its_mappings() {
     assert_eq!(host.state(b).mappings_held, 0);
     assert_eq!(host.state(b).hv_connections, 0);
     granted.end_access().map_err(|(_, e)| e).unwrap();
+}
+
+/// Not a check: prints what granting and mapping 2048 pages in one batch costs.
+/// Run with `--ignored`.
+#[test]
+#[ignore]
+fn measure_grant_and_map_2048_pages() {
+    use std::time::Instant;
+    let host = Host::start();
+    let a = host.create("a");
+    let b = host.create("b");
+    let gta = host.attach(a).grant_table().unwrap();
+    let gtb = host.attach(b).grant_table().unwrap();
+    for round in 0..3 {
+        let t = Instant::now();
+        let g = gta.grant_pages(b, 2048, true).unwrap();
+        let granted = t.elapsed();
+        let t = Instant::now();
+        let m = gtb.map(a, g.refs(), true).unwrap();
+        let mapped = t.elapsed();
+        let t = Instant::now();
+        drop(m);
+        g.end_access().map_err(|(_, e)| e).unwrap();
+        let released = t.elapsed();
+        println!(
+            "round {round}: grant 2048 pages {granted:?}, map {mapped:?}, unmap+end {released:?}"
+        );
+    }
 }

@@ -186,7 +186,10 @@ pub fn send_all(sock: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
 /// Read one line of at most `max` bytes (newline excluded). `Ok(None)` at end of stream.
 pub fn read_line_bounded<R: BufRead>(r: &mut R, max: usize) -> io::Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
-    let n = r.by_ref().take(max as u64 + 1).read_until(b'\n', &mut line)?;
+    let n = r
+        .by_ref()
+        .take(max as u64 + 1)
+        .read_until(b'\n', &mut line)?;
     if n == 0 {
         return Ok(None);
     }
@@ -327,9 +330,7 @@ mod tests {
         assert_eq!(back, AdminRequest::List);
         assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"destroy"}"#).is_err());
         assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"reboot","domid":1}"#).is_err());
-        assert!(
-            serde_json::from_str::<AdminRequest>(r#"{"op":"destroy","domid":70000}"#).is_err()
-        );
+        assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"destroy","domid":70000}"#).is_err());
     }
 
     #[test]

@@ -190,7 +190,9 @@ impl SimEventChannels {
         let result = (|| {
             let mut fds = fds.into_iter();
             let (Some(rx), Some(tx), None) = (fds.next(), fds.next(), fds.next()) else {
-                return Err(Error::Protocol("a port comes with exactly rx and tx".into()));
+                return Err(Error::Protocol(
+                    "a port comes with exactly rx and tx".into(),
+                ));
             };
             let slot = slot as usize;
             if slot >= self.status.slots {

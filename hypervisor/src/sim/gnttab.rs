@@ -110,7 +110,9 @@ impl GrantTable for SimGrantTable {
         let frames: Vec<u32> = grants.iter().map(|g| g.1).collect();
         if refs.len() != count {
             let _ = self.conn.call(&Request::GrantEnd { defer: true, refs });
-            return Err(Error::Protocol("daemon granted a different page count".into()));
+            return Err(Error::Protocol(
+                "daemon granted a different page count".into(),
+            ));
         }
         let region = match Region::map_frames(self.own_mem.as_fd(), &frames, true) {
             Ok(r) => r,
@@ -159,8 +161,8 @@ impl GrantTable for SimGrantTable {
             )));
         }
         let fd = self.remote_fd(instance, writable, fds).map_err(unmap)?;
-        let region = Region::map_frames(fd.as_fd(), &frames, writable)
-            .map_err(|e| unmap(Error::Io(e)))?;
+        let region =
+            Region::map_frames(fd.as_fd(), &frames, writable).map_err(|e| unmap(Error::Io(e)))?;
         Ok(MappedPages {
             ptr: region.as_ptr(),
             len: region.len(),
@@ -242,7 +244,9 @@ impl GrantTable for SimGrantTable {
             return Err(Error::Protocol("unexpected reply to copy".into()));
         };
         if status.len() != segments.len() {
-            return Err(Error::Protocol("copy reply with a wrong segment count".into()));
+            return Err(Error::Protocol(
+                "copy reply with a wrong segment count".into(),
+            ));
         }
         let local_dest_bytes: usize = segments
             .iter()
@@ -250,7 +254,9 @@ impl GrantTable for SimGrantTable {
             .map(|s| s.len as usize)
             .sum();
         if data.len() != local_dest_bytes {
-            return Err(Error::Protocol("copy reply with a wrong data length".into()));
+            return Err(Error::Protocol(
+                "copy reply with a wrong data length".into(),
+            ));
         }
         let mut at = 0usize;
         let mut results = Vec::with_capacity(segments.len());

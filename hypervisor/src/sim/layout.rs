@@ -74,7 +74,10 @@ mod tests {
     fn paths_follow_the_layout() {
         let d = Path::new("/run/sim");
         assert_eq!(hv_sock(d, 7), Path::new("/run/sim/dom7/hv.sock"));
-        assert_eq!(xenstore_sock(d, 0), Path::new("/run/sim/dom0/xenstore.sock"));
+        assert_eq!(
+            xenstore_sock(d, 0),
+            Path::new("/run/sim/dom0/xenstore.sock")
+        );
         assert_eq!(mem_file(d, 12), Path::new("/run/sim/dom12/mem"));
         assert_eq!(gnttab_file(d, 3), Path::new("/run/sim/dom3/gnttab"));
         assert_eq!(ctl_sock(d), Path::new("/run/sim/ctl.sock"));

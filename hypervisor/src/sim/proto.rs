@@ -113,7 +113,11 @@ pub enum CopySide {
     /// Bytes carried in the message (source: in the request; dest: in the response).
     Local,
     /// `offset` bytes into the page `domid` granted as `gref`.
-    Foreign { domid: DomId, gref: GrantRef, offset: u16 },
+    Foreign {
+        domid: DomId,
+        gref: GrantRef,
+        offset: u16,
+    },
 }
 
 /// A copy segment as sent on the wire.
@@ -130,17 +134,42 @@ const SEGMENT_LEN: usize = 2 * 9 + 2;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Hello,
-    GrantAlloc { remote: DomId, writable: bool, count: u32 },
-    GrantEnd { defer: bool, refs: Vec<GrantRef> },
-    Map { remote: DomId, writable: bool, refs: Vec<GrantRef> },
-    Unmap { handle: u64 },
+    GrantAlloc {
+        remote: DomId,
+        writable: bool,
+        count: u32,
+    },
+    GrantEnd {
+        defer: bool,
+        refs: Vec<GrantRef>,
+    },
+    Map {
+        remote: DomId,
+        writable: bool,
+        refs: Vec<GrantRef>,
+    },
+    Unmap {
+        handle: u64,
+    },
     /// `data` is the concatenated bytes of every segment whose source is local, in order.
-    Copy { segments: Vec<CopySpec>, data: Vec<u8> },
+    Copy {
+        segments: Vec<CopySpec>,
+        data: Vec<u8>,
+    },
     EvtchnOpen,
-    EvtchnAllocUnbound { remote: DomId },
-    EvtchnBind { remote: DomId, remote_port: Port },
-    EvtchnClose { port: Port },
-    EvtchnStatus { port: Port },
+    EvtchnAllocUnbound {
+        remote: DomId,
+    },
+    EvtchnBind {
+        remote: DomId,
+        remote_port: Port,
+    },
+    EvtchnClose {
+        port: Port,
+    },
+    EvtchnStatus {
+        port: Port,
+    },
 }
 
 /// The fixed part of a request body.

@@ -230,6 +230,12 @@ pub fn error_from_name(name: &str, context: &str) -> crate::Error {
     }
 }
 
+impl From<XsErrno> for crate::Error {
+    fn from(e: XsErrno) -> Self {
+        error_from_name(e.name(), "")
+    }
+}
+
 impl From<WireError> for crate::Error {
     fn from(e: WireError) -> Self {
         crate::Error::Protocol(e.to_string())

@@ -31,8 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::proto::{
-    CopySide, CopySpec, Request, Response, PORT_BOUND, PORT_PEER_CLOSED, PORT_UNBOUND,
-    STATUS_SLOTS,
+    CopySide, CopySpec, Request, Response, PORT_BOUND, PORT_PEER_CLOSED, PORT_UNBOUND, STATUS_SLOTS,
 };
 use xmx_hv::sim::{layout, proto};
 use xmx_hv::{DomId, Error, GrantRef, Port, Result, PAGE_SIZE};
@@ -154,10 +153,8 @@ impl Hv {
             return Err(Error::Exists(format!("domain {domid}")));
         }
         let mem = MemFile::create(&layout::mem_file(dir, domid), self.config.mem_limit)?;
-        let table = TableFile::create(
-            &layout::gnttab_file(dir, domid),
-            self.config.gnttab_entries,
-        )?;
+        let table =
+            TableFile::create(&layout::gnttab_file(dir, domid), self.config.gnttab_entries)?;
         let instance = st.next_instance;
         st.next_instance += 1;
         st.domains.insert(
@@ -622,7 +619,14 @@ impl HvState {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.sent_mem.insert(sent_key);
         }
-        tracing::debug!(domid, remote, count = refs.len(), writable, handle, "mapped");
+        tracing::debug!(
+            domid,
+            remote,
+            count = refs.len(),
+            writable,
+            handle,
+            "mapped"
+        );
         Ok((
             Response::Mapped {
                 handle,
@@ -649,7 +653,7 @@ impl HvState {
             }
         }
         if let Some(m) = dom.mappings.remove(&handle) {
-            dom.mapped_pages -= m.refs.len();
+            dom.mapped_pages = dom.mapped_pages.saturating_sub(m.refs.len());
             self.release_at_granter(&m);
         }
         no_fds(Response::Done)
@@ -888,9 +892,10 @@ impl HvState {
         if rdom.run != RunState::Running {
             return Err(suspended(remote));
         }
-        let rp = rdom.ports.get(&remote_port).ok_or_else(|| {
-            Error::Invalid(format!("domain {remote} has no port {remote_port}"))
-        })?;
+        let rp = rdom
+            .ports
+            .get(&remote_port)
+            .ok_or_else(|| Error::Invalid(format!("domain {remote} has no port {remote_port}")))?;
         if rp.binding != (Binding::Unbound { remote: domid }) {
             return Err(Error::Invalid(format!(
                 "port {remote_port} of domain {remote} is not open for domain {domid}"
@@ -931,7 +936,12 @@ impl HvState {
         Ok((resp, fds))
     }
 
-    fn close(&mut self, conn: ConnId, domid: DomId, port: Port) -> Result<(Response, Vec<OwnedFd>)> {
+    fn close(
+        &mut self,
+        conn: ConnId,
+        domid: DomId,
+        port: Port,
+    ) -> Result<(Response, Vec<OwnedFd>)> {
         let dom = self.domain(domid)?;
         match dom.ports.get(&port) {
             Some(p) if p.conn == conn => {}
@@ -955,7 +965,11 @@ impl HvState {
         else {
             return;
         };
-        if let Some(page) = self.conns.get_mut(&entry.conn).and_then(|c| c.status.as_mut()) {
+        if let Some(page) = self
+            .conns
+            .get_mut(&entry.conn)
+            .and_then(|c| c.status.as_mut())
+        {
             page.release(entry.slot);
         }
         if let Binding::Interdomain {
@@ -975,8 +989,7 @@ impl HvState {
                     })
                 {
                     peer.binding = Binding::Unbound { remote: domid };
-                    if let Some(page) = self.conns.get(&peer.conn).and_then(|c| c.status.as_ref())
-                    {
+                    if let Some(page) = self.conns.get(&peer.conn).and_then(|c| c.status.as_ref()) {
                         page.set(peer.slot, peer.generation, PORT_PEER_CLOSED);
                     }
                     kick(&peer.rx);
@@ -1048,7 +1061,7 @@ impl HvState {
                 .collect();
             for h in handles {
                 if let Some(m) = d.mappings.remove(&h) {
-                    d.mapped_pages -= m.refs.len();
+                    d.mapped_pages = d.mapped_pages.saturating_sub(m.refs.len());
                     released.push(m);
                 }
             }
@@ -1124,7 +1137,7 @@ impl HvState {
                 .collect();
             for h in gone {
                 if let Some(m) = dom.mappings.remove(&h) {
-                    dom.mapped_pages -= m.refs.len();
+                    dom.mapped_pages = dom.mapped_pages.saturating_sub(m.refs.len());
                 }
             }
         }

@@ -63,8 +63,7 @@ fn accept_loop(hv: Arc<Hv>, domid: DomId, listener: UnixListener, stop: Arc<Owne
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        let (done, running): (Vec<_>, Vec<_>) =
-            workers.drain(..).partition(|w| w.is_finished());
+        let (done, running): (Vec<_>, Vec<_>) = workers.drain(..).partition(|w| w.is_finished());
         workers = running;
         for w in done {
             let _ = w.join();

@@ -103,7 +103,10 @@ impl TableFile {
     /// Read entry `r` (a copy; the file is not trusted to be unchanged).
     pub(crate) fn read(&self, r: GrantRef) -> io::Result<EntryV1> {
         if r >= self.entries {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "ref out of range"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "ref out of range",
+            ));
         }
         let mut b = [0u8; 8];
         let n = self.file.read_at(&mut b, r as u64 * ENTRY_LEN)?;
