@@ -53,7 +53,7 @@ fn link(ns: &str, dev: &str) -> Value {
 }
 
 fn alive(pid: i64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    xmx_tools::sim::wait::alive(pid as i32)
 }
 
 #[test]

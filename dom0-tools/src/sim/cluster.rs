@@ -235,7 +235,7 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
         let pid = spawn_in_ns(
             &ns,
             &opts.bin_dir.join("xmx-simhv"),
-            &["--dir".into(), simhv_dir.display().to_string()],
+            &["--foreground".into(), "--dir".into(), simhv_dir.display().to_string()],
             &log,
         )?;
         host.daemons.push(DaemonState { name: "xmx-simhv".into(), pid, log: log.clone() });

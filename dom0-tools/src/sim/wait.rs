@@ -55,6 +55,15 @@ pub fn process_exits(pid: i32, timeout: Duration) -> bool {
     }
 }
 
+/// Whether `pid` is a running process. A zombie (exited, not yet reaped by whoever inherited
+/// it) counts as gone.
 pub fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the parenthesised command name, which may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
