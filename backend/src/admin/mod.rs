@@ -1,0 +1,378 @@
+//! The status and control socket of `xmx-backd`.
+//!
+//! A unix stream socket (`--control PATH`); one JSON object per line each way, requests
+//! served in order per connection.
+//!
+//! # Requests
+//!
+//! ```text
+//! {"op":"counters"}
+//! {"op":"guests"}
+//! {"op":"set-peers","peers":[{"index":0,"mac":"02:00:00:00:00:01","hostname":"h:0","cluster":1}, ...]}
+//! {"op":"attach","domid":5,"devid":0,"mac":"02:00:00:00:05:00","cluster":1,"hostname":"g5:0"}
+//! {"op":"detach","domid":5,"devid":0}
+//! ```
+//!
+//! `devid` defaults to 0, `cluster` to 0; `hostname` may be left out for `attach` (the
+//! daemon then names the guest `<host>-<domid>:<devid>`). Unknown fields are refused
+//! (`counters` and `guests`, which take none, ignore them).
+//!
+//! # Replies
+//!
+//! `{"ok":true,"result":R}` or `{"ok":false,"error":{"kind":K,"message":M}}` with `K` one of
+//! `invalid`, `not_found`, `exists`, `busy`, `denied`, `quota`, `closed`, `io`, `protocol`.
+//!
+//! - `counters`: R = [`CountersReport`]:
+//!   `{"engine":{"rx_frames","rx_malformed","rx_unknown_destination","rx_spoofed_source"},
+//!     "backend":{"rounds","nic_rx_frames","nic_tx_frames","nic_tx_errors","tx_without_link",
+//!                "disconnects"},
+//!     "guests":[{"domid","devid","connected","ctrl_requests","quota_refusals",
+//!                "nic":{"tx_frames","tx_bytes","local_frames","local_bytes","rx_frames",
+//!                       "rx_bytes","nacks_sent","send_errors","pulls_done","pulls_failed",
+//!                       "retransmits","quota_refusals","total_drops","drops":{REASON:N}},
+//!                "endpoints":[{"endpoint","send_requests","events","event_drops",
+//!                              "notifications","backlog"}]}]}`
+//!   (`nic` is null while the guest is not connected; `retransmits` counts PULL blocks
+//!   requested again; `drops` keys are snake_case drop reasons such as `cross_cluster`).
+//! - `guests`: R = list of [`GuestReport`]:
+//!   `[{"domid","devid","state","state_name","mac","cluster","hostname","connected",
+//!      "endpoints":[N...],"regions","mapped_pages","last_error"}]`.
+//! - `set-peers`: R = `{"peers":N}` (entries in the new table).
+//! - `attach`, `detach`: R = `null`.
+
+pub mod client;
+pub mod server;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub use client::AdminClient;
+
+/// Longest request or reply line.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// A request on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Counters per guest and endpoint.
+    Counters,
+    /// Every device the backend knows.
+    Guests,
+    /// Replace the peer table.
+    SetPeers { peers: Vec<PeerSpec> },
+    /// Create a device in xenstore (both halves).
+    Attach {
+        domid: u16,
+        #[serde(default)]
+        devid: u32,
+        mac: String,
+        #[serde(default)]
+        cluster: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hostname: Option<String>,
+    },
+    /// Remove a device from xenstore.
+    Detach {
+        domid: u16,
+        #[serde(default)]
+        devid: u32,
+    },
+}
+
+/// One peer-table entry as the peer service pushes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSpec {
+    /// Index guests name the peer by.
+    pub index: u16,
+    /// Board MAC, `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+    /// MX hostname (`host:board`).
+    pub hostname: String,
+    /// Virtual cluster of the peer.
+    pub cluster: u32,
+}
+
+/// The error part of a failed reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplyError {
+    /// Machine-readable class (see the module documentation).
+    pub kind: String,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl ReplyError {
+    /// An error of `kind`.
+    pub fn new(kind: &str, message: impl Into<String>) -> Self {
+        ReplyError {
+            kind: kind.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The reply error for a platform error.
+    pub fn from_hv(e: &xmx_hv::Error) -> Self {
+        use xmx_hv::Error as E;
+        let kind = match e {
+            E::NotFound(_) => "not_found",
+            E::Denied(_) => "denied",
+            E::Busy(_) | E::Again => "busy",
+            E::Exists(_) => "exists",
+            E::Invalid(_) => "invalid",
+            E::Quota(_) => "quota",
+            E::Closed(_) => "closed",
+            E::Io(_) => "io",
+            E::Unsupported(_) | E::Protocol(_) | E::Xs(_) => "protocol",
+        };
+        ReplyError::new(kind, e.to_string())
+    }
+}
+
+impl std::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for ReplyError {}
+
+/// One reply line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// True for success: `result` is set; false: `error` is.
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ReplyError>,
+}
+
+impl Reply {
+    /// A successful reply carrying `result`.
+    pub fn ok(result: serde_json::Value) -> Self {
+        Reply {
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    /// A failed reply.
+    pub fn err(error: ReplyError) -> Self {
+        Reply {
+            ok: false,
+            result: None,
+            error: Some(error),
+        }
+    }
+
+    /// The result, or the error.
+    pub fn into_result(self) -> Result<serde_json::Value, ReplyError> {
+        if self.ok {
+            Ok(self.result.unwrap_or(serde_json::Value::Null))
+        } else {
+            Err(self
+                .error
+                .unwrap_or_else(|| ReplyError::new("protocol", "failure without an error")))
+        }
+    }
+}
+
+/// Engine-wide receive counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineCountersReport {
+    pub rx_frames: u64,
+    pub rx_malformed: u64,
+    pub rx_unknown_destination: u64,
+    pub rx_spoofed_source: u64,
+}
+
+/// Counters of the service loop itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendCounters {
+    /// Service rounds run.
+    pub rounds: u64,
+    /// Frames received from the NIC.
+    pub nic_rx_frames: u64,
+    /// Frames handed to the NIC.
+    pub nic_tx_frames: u64,
+    /// Frames the NIC refused.
+    pub nic_tx_errors: u64,
+    /// Frames for the wire dropped because the backend runs without a NIC.
+    pub tx_without_link: u64,
+    /// Guests disconnected for breaking the protocol.
+    pub disconnects: u64,
+}
+
+/// A guest's virtual NIC counters, from the engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicCountersReport {
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    pub local_frames: u64,
+    pub local_bytes: u64,
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub nacks_sent: u64,
+    pub send_errors: u64,
+    pub pulls_done: u64,
+    pub pulls_failed: u64,
+    pub retransmits: u64,
+    pub quota_refusals: u64,
+    pub total_drops: u64,
+    pub drops: BTreeMap<String, u64>,
+}
+
+/// Counters of one open endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointCountersReport {
+    pub endpoint: u8,
+    /// Send requests taken from the send ring.
+    pub send_requests: u64,
+    /// Events written to the event ring.
+    pub events: u64,
+    /// Received-message events dropped because the event backlog was full.
+    pub event_drops: u64,
+    /// Event-channel notifications sent to the guest.
+    pub notifications: u64,
+    /// Events waiting for room in the event ring now.
+    pub backlog: u64,
+}
+
+/// Counters of one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestCountersReport {
+    pub domid: u16,
+    pub devid: u32,
+    pub connected: bool,
+    /// Control requests served since the device was first seen.
+    pub ctrl_requests: u64,
+    /// Control requests refused for a quota since the device was first seen.
+    pub quota_refusals: u64,
+    pub nic: Option<NicCountersReport>,
+    pub endpoints: Vec<EndpointCountersReport>,
+}
+
+/// Reply of `counters`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersReport {
+    pub engine: EngineCountersReport,
+    pub backend: BackendCounters,
+    pub guests: Vec<GuestCountersReport>,
+}
+
+/// One entry of the reply of `guests`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestReport {
+    pub domid: u16,
+    pub devid: u32,
+    /// The backend's xenbus state, as its number.
+    pub state: u32,
+    /// The same, by name.
+    pub state_name: String,
+    pub mac: String,
+    pub cluster: u32,
+    pub hostname: String,
+    pub connected: bool,
+    pub endpoints: Vec<u8>,
+    pub regions: usize,
+    pub mapped_pages: usize,
+    /// Why the device was last closed by the backend, if it was.
+    pub last_error: Option<String>,
+}
+
+/// `CamelCase` to `snake_case`, for counter names taken from enum variants.
+pub(crate) fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_json_form() {
+        let r: Request = serde_json::from_str(r#"{"op":"counters"}"#).unwrap();
+        assert_eq!(r, Request::Counters);
+        let r: Request = serde_json::from_str(
+            r#"{"op":"set-peers","peers":[{"index":3,"mac":"02:00:00:00:00:01","hostname":"h:0","cluster":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::SetPeers {
+                peers: vec![PeerSpec {
+                    index: 3,
+                    mac: "02:00:00:00:00:01".into(),
+                    hostname: "h:0".into(),
+                    cluster: 1
+                }]
+            }
+        );
+        let r: Request =
+            serde_json::from_str(r#"{"op":"attach","domid":5,"mac":"02:00:00:00:05:00"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Attach {
+                domid: 5,
+                devid: 0,
+                mac: "02:00:00:00:05:00".into(),
+                cluster: 0,
+                hostname: None
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Detach { domid: 5, devid: 1 }).unwrap(),
+            r#"{"op":"detach","domid":5,"devid":1}"#
+        );
+        for bad in [
+            r#"{"op":"reboot"}"#,
+            r#"{"op":"detach"}"#,
+            r#"{"op":"detach","domid":1,"extra":1}"#,
+            r#"{"op":"detach","domid":70000}"#,
+            "[]",
+        ] {
+            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let ok = Reply::ok(serde_json::json!({"peers": 2}));
+        assert_eq!(
+            serde_json::to_string(&ok).unwrap(),
+            r#"{"ok":true,"result":{"peers":2}}"#
+        );
+        let err = Reply::err(ReplyError::new("invalid", "bad mac"));
+        let text = serde_json::to_string(&err).unwrap();
+        assert_eq!(
+            text,
+            r#"{"ok":false,"error":{"kind":"invalid","message":"bad mac"}}"#
+        );
+        let back: Reply = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            back.into_result().unwrap_err(),
+            ReplyError::new("invalid", "bad mac")
+        );
+    }
+
+    #[test]
+    fn counter_names_are_snake_case() {
+        assert_eq!(snake_case("CrossCluster"), "cross_cluster");
+        assert_eq!(snake_case("TxQuota"), "tx_quota");
+        assert_eq!(snake_case("Malformed"), "malformed");
+    }
+}

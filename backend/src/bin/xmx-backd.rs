@@ -1,0 +1,144 @@
+//! `xmx-backd`: the dom0 backend daemon of device `xmx`.
+//!
+//! Serves every guest's xmx device from one thread: xenbus handshake, control and endpoint
+//! rings, the MX engine, and MXoE frames on `--iface` over AF_PACKET. The platform comes from
+//! the environment (`XMX_PLATFORM`, and for the simulator `XMX_SIM_DIR`, `XMX_DOMID`).
+//! SIGTERM or SIGINT moves every device to Closing, releases what guests shared and exits 0.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use nix::sys::signal::{SigSet, Signal};
+use tracing_subscriber::EnvFilter;
+use xmx_backend::nic::{NicConfig, PacketSocket};
+use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
+
+/// The dom0 backend of the xmx split driver.
+#[derive(Debug, Parser)]
+#[command(name = "xmx-backd", version, about)]
+struct Args {
+    /// Physical interface carrying MXoE frames; `none` serves co-located guests only.
+    #[arg(long)]
+    iface: String,
+    /// Domain this backend runs in.
+    #[arg(long, default_value_t = 0)]
+    domid: u16,
+    /// Microseconds an idle service loop keeps polling before it sleeps.
+    #[arg(long = "spin-us", default_value_t = 50)]
+    spin_us: u64,
+    /// This host's name (guests without a hostname are named after it).
+    #[arg(long)]
+    hostname: Option<String>,
+    /// Path of the status and control socket [default: $XMX_SIM_DIR/backd.sock on the
+    /// simulator, /run/xmx/backd.sock on Xen].
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// Endpoints a guest may have open at once.
+    #[arg(long, default_value_t = Quotas::default().max_endpoints)]
+    max_endpoints: usize,
+    /// Regions an endpoint may have registered at once.
+    #[arg(long, default_value_t = Quotas::default().max_regions_per_endpoint)]
+    max_regions: usize,
+    /// Guest pages a guest may have mapped in dom0 at once.
+    #[arg(long, default_value_t = Quotas::default().max_mapped_pages)]
+    max_mapped_pages: usize,
+    /// Do not put the interface in promiscuous mode (guests' MACs then need the NIC's
+    /// unicast filter to pass them).
+    #[arg(long)]
+    no_promiscuous: bool,
+}
+
+fn default_control_socket() -> PathBuf {
+    let sim = std::env::var("XMX_PLATFORM").map_or(true, |p| p == "sim" || p.is_empty());
+    match std::env::var_os("XMX_SIM_DIR") {
+        Some(dir) if sim => PathBuf::from(dir).join("backd.sock"),
+        _ => PathBuf::from("/run/xmx/backd.sock"),
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "xmx".into())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    // Before any thread exists: the signals are taken by a dedicated thread with sigwait.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals
+        .thread_block()
+        .map_err(|e| format!("blocking signals: {e}"))?;
+    if std::env::var_os("XMX_DOMID").is_none() {
+        // Single-threaded still: nothing reads the environment concurrently.
+        std::env::set_var("XMX_DOMID", args.domid.to_string());
+    }
+
+    let platform = xmx_hv::platform::from_env().map_err(|e| format!("platform: {e}"))?;
+    if platform.domid() != args.domid {
+        return Err(format!(
+            "the platform says this is domain {}, --domid says {}",
+            platform.domid(),
+            args.domid
+        ));
+    }
+    let link: Option<Box<dyn FrameLink>> = if args.iface == "none" {
+        tracing::warn!("no interface: only co-located guests can talk");
+        None
+    } else {
+        let cfg = NicConfig {
+            promiscuous: !args.no_promiscuous,
+            ..NicConfig::default()
+        };
+        let sock =
+            PacketSocket::open(&args.iface, cfg).map_err(|e| format!("{}: {e}", args.iface))?;
+        tracing::info!(iface = %args.iface, mac = %sock.mac(), mtu = sock.mtu(), "NIC open");
+        Some(Box::new(sock))
+    };
+    let cfg = BackendConfig {
+        spin: Duration::from_micros(args.spin_us),
+        host_name: args.hostname.unwrap_or_else(host_name),
+        quotas: Quotas {
+            max_endpoints: args.max_endpoints,
+            max_regions_per_endpoint: args.max_regions,
+            max_mapped_pages: args.max_mapped_pages,
+            ..Quotas::default()
+        },
+        control_socket: Some(args.control.unwrap_or_else(default_control_socket)),
+        ..BackendConfig::default()
+    };
+    let backend = Backend::new(platform.as_ref(), link, cfg).map_err(|e| e.to_string())?;
+    let stopper = backend.stopper();
+    std::thread::Builder::new()
+        .name("backd-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!(signal = ?sig, "stopping");
+            }
+            stopper.stop();
+        })
+        .map_err(|e| format!("signal thread: {e}"))?;
+    backend.run().map_err(|e| e.to_string())
+}

@@ -1,0 +1,301 @@
+//! What the backend holds for one connected guest: its control ring, its open endpoints
+//! (send ring, event ring, queues, event channel) and its registered regions.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use xmx_hv::{DomId, Notify, Port};
+use xmx_wire::msg::{CtrlBack, Event, EventBody, EventFront, SendBack};
+use xmx_wire::ring::RingError;
+
+use super::memory::GrantMemory;
+use super::quota::Usage;
+use crate::admin::EndpointCountersReport;
+use crate::engine::{GuestId, RegionHandle};
+
+/// A device, by guest domain and device index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceKey {
+    pub domu: DomId,
+    pub devid: u32,
+}
+
+impl DeviceKey {
+    /// The engine's id for the device's virtual NIC: the domain id for device 0, the
+    /// device index in the upper half otherwise (device indices are below 65536).
+    pub fn guest(&self) -> GuestId {
+        GuestId(u32::from(self.domu) | (self.devid << 16))
+    }
+
+    /// The device whose virtual NIC is `guest`.
+    pub fn from_guest(guest: GuestId) -> Self {
+        DeviceKey {
+            domu: (guest.0 & 0xffff) as DomId,
+            devid: guest.0 >> 16,
+        }
+    }
+}
+
+/// Counters of one endpoint's rings.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EndpointCounters {
+    pub send_requests: u64,
+    pub events: u64,
+    pub event_drops: u64,
+    pub notifications: u64,
+}
+
+/// True for events the guest did not ask for (received packets); completions are never
+/// dropped, because the library waits for them.
+pub(crate) fn is_unsolicited(event: &Event) -> bool {
+    !matches!(
+        event.body,
+        EventBody::SendDone { .. } | EventBody::PullDone { .. } | EventBody::Error { .. }
+    )
+}
+
+/// The receive-queue slot an event hands to the library, if any.
+pub(crate) fn recvq_slot(event: &Event) -> Option<u16> {
+    match event.body {
+        EventBody::RecvMedium { frag, .. } => Some(frag.recvq_slot),
+        _ => None,
+    }
+}
+
+/// An open endpoint.
+pub(crate) struct EndpointConn {
+    /// Our port of the endpoint's event channel.
+    pub port: Port,
+    pub notify: Arc<dyn Notify>,
+    /// Requests from the application; we consume.
+    pub send: SendBack,
+    /// Events for the application; we produce.
+    pub events: EventFront,
+    /// Events waiting for room in the event ring.
+    pub backlog: VecDeque<Event>,
+    /// One entry per event in the ring not yet returned by the application: the
+    /// receive-queue slot it handed over. A slot goes back to the engine when the
+    /// application returns the event's ring slot.
+    pub in_ring: VecDeque<Option<u16>>,
+    /// Pages mapped for the endpoint (rings and queues).
+    pub pages: usize,
+    pub counters: EndpointCounters,
+}
+
+impl EndpointConn {
+    /// Take back the event-ring slots the application returned; the receive-queue slots
+    /// those events carried are appended to `released`.
+    pub fn reclaim_events(&mut self, released: &mut Vec<u16>) -> Result<u32, RingError> {
+        let n = self.events.reclaim()?;
+        for _ in 0..n {
+            if let Some(Some(slot)) = self.in_ring.pop_front() {
+                released.push(slot);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Queue an event; an unsolicited one is refused when `limit` events already wait.
+    pub fn queue_event(&mut self, event: Event, limit: usize) -> bool {
+        if self.backlog.len() >= limit && is_unsolicited(&event) {
+            self.counters.event_drops += 1;
+            return false;
+        }
+        self.backlog.push_back(event);
+        true
+    }
+
+    /// Move waiting events into the event ring as far as it has room; true if the
+    /// application asked to be notified.
+    pub fn flush_events(&mut self) -> bool {
+        let mut pushed = 0u32;
+        while !self.events.is_full() {
+            let Some(event) = self.backlog.pop_front() else {
+                break;
+            };
+            match self.events.push_request(&event) {
+                Ok(()) => {
+                    self.in_ring.push_back(recvq_slot(&event));
+                    self.counters.events += 1;
+                    pushed += 1;
+                }
+                Err(e) => {
+                    // The engine only builds events that encode; keep going without it.
+                    tracing::error!(error = %e, ?event, "event does not encode; dropped");
+                }
+            }
+        }
+        pushed > 0 && self.events.push_requests_and_check_notify()
+    }
+
+    /// Counters for the status socket.
+    pub fn report(&self, endpoint: u8) -> EndpointCountersReport {
+        EndpointCountersReport {
+            endpoint,
+            send_requests: self.counters.send_requests,
+            events: self.counters.events,
+            event_drops: self.counters.event_drops,
+            notifications: self.counters.notifications,
+            backlog: self.backlog.len() as u64,
+        }
+    }
+
+    /// Signal the application, counting it.
+    pub fn notify(&mut self) {
+        self.counters.notifications += 1;
+        if let Err(e) = self.notify.notify() {
+            tracing::debug!(port = self.port, error = %e, "endpoint notify failed");
+        }
+    }
+}
+
+/// A registered region.
+pub(crate) struct RegionConn {
+    pub handle: RegionHandle,
+    pub pages: usize,
+}
+
+/// A connected guest.
+pub(crate) struct Connection {
+    pub guest: GuestId,
+    pub domu: DomId,
+    /// Control requests from the guest daemon; we answer.
+    pub ctrl: CtrlBack,
+    pub ctrl_port: Port,
+    pub ctrl_notify: Arc<dyn Notify>,
+    /// The guest's areas as the engine reaches them (a clone is the engine's).
+    pub memory: GrantMemory,
+    pub endpoints: BTreeMap<u8, EndpointConn>,
+    /// By (endpoint, region id).
+    pub regions: BTreeMap<(u8, u8), RegionConn>,
+    pub usage: Usage,
+    /// Set when the guest broke the protocol: it is disconnected at the end of the round.
+    pub failure: Option<String>,
+}
+
+impl Connection {
+    /// Record a protocol violation (the first one wins).
+    pub fn fail(&mut self, reason: String) {
+        if self.failure.is_none() {
+            self.failure = Some(reason);
+        }
+    }
+
+    /// Regions registered on `endpoint`.
+    pub fn regions_of(&self, endpoint: u8) -> usize {
+        self.regions
+            .range((endpoint, 0)..=(endpoint, u8::MAX))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xmx_wire::msg::{DoneStatus, EventBack, InlineData, InlineMsg, MsgInfo, RecvMedium, Route};
+    use xmx_wire::ring::{init_shared, SharedMem};
+
+    struct Counting(std::sync::atomic::AtomicU32);
+    impl Notify for Counting {
+        fn notify(&self) -> xmx_hv::Result<()> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn endpoint() -> (EndpointConn, EventBack) {
+        let send_mem = SharedMem::new_owned(1);
+        let event_mem = SharedMem::new_owned(1);
+        init_shared(&send_mem, 0).unwrap();
+        init_shared(&event_mem, 0).unwrap();
+        let app_events = EventBack::new(event_mem.clone()).unwrap();
+        let ep = EndpointConn {
+            port: 1,
+            notify: Arc::new(Counting(0.into())),
+            send: SendBack::new(send_mem).unwrap(),
+            events: EventFront::attach(event_mem).unwrap(),
+            backlog: VecDeque::new(),
+            in_ring: VecDeque::new(),
+            pages: 2,
+            counters: EndpointCounters::default(),
+        };
+        (ep, app_events)
+    }
+
+    fn tiny(tag: u32) -> Event {
+        Event {
+            tag,
+            body: EventBody::RecvTiny {
+                from: Route::default(),
+                msg: InlineMsg {
+                    info: MsgInfo::default(),
+                    data: InlineData::new(b"hi").unwrap(),
+                },
+            },
+        }
+    }
+
+    fn medium(tag: u32, slot: u16) -> Event {
+        Event {
+            tag,
+            body: EventBody::RecvMedium {
+                from: Route::default(),
+                frag: RecvMedium {
+                    info: MsgInfo::default(),
+                    length: 100,
+                    recvq_slot: slot,
+                    frag_length: 100,
+                    frag_seqnum: 0,
+                    frag_pipeline: 12,
+                },
+            },
+        }
+    }
+
+    fn done(tag: u32) -> Event {
+        Event {
+            tag,
+            body: EventBody::SendDone {
+                status: DoneStatus::Success,
+                length: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn backlog_is_bounded_for_unsolicited_events_only() {
+        let (mut ep, _app) = endpoint();
+        assert!(ep.queue_event(tiny(0), 2));
+        assert!(ep.queue_event(tiny(1), 2));
+        assert!(!ep.queue_event(tiny(2), 2));
+        assert!(ep.queue_event(done(3), 2), "completions always pass");
+        assert_eq!(ep.backlog.len(), 3);
+        assert_eq!(ep.counters.event_drops, 1);
+    }
+
+    #[test]
+    fn events_flow_when_the_ring_has_room_and_slots_come_back_with_them() {
+        let (mut ep, mut app) = endpoint();
+        let size = ep.events.size() as usize;
+        for i in 0..size + 3 {
+            ep.queue_event(medium(i as u32, i as u16), usize::MAX);
+        }
+        // Nobody asked for a notification yet? The ring starts with rsp/req events at 1.
+        assert!(ep.flush_events());
+        assert_eq!(ep.backlog.len(), 3);
+        assert_eq!(ep.in_ring.len(), size);
+        // The application consumes two events and returns their slots.
+        for want in 0..2u32 {
+            let ev = app.next_request().unwrap().unwrap();
+            assert_eq!(ev, medium(want, want as u16));
+        }
+        app.retire_consumed();
+        app.push_responses();
+        let mut released = Vec::new();
+        assert_eq!(ep.reclaim_events(&mut released).unwrap(), 2);
+        assert_eq!(released, vec![0, 1]);
+        ep.flush_events();
+        assert_eq!(ep.backlog.len(), 1);
+        assert_eq!(ep.counters.events as usize, size + 2);
+    }
+}

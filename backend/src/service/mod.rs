@@ -1,0 +1,744 @@
+//! The backend daemon's service: one thread serving every guest.
+//!
+//! [`Backend`] owns the MX [`Engine`], the NIC, one event-channel handle and one xenstore
+//! connection, and runs a loop over them (see [`Backend::run`]). One thread serves all
+//! guests on purpose: the machines this runs on have few cores, and busy pollers beyond the
+//! core count preempt each other until latency is the scheduler's time slice.
+//!
+//! # A round
+//!
+//! 1. requests from the control socket, then xenstore watch events (device lifecycle);
+//! 2. pending event-channel ports are acknowledged (unmasked): rings are polled anyway;
+//! 3. frames waiting on the NIC go into the engine, as a batch;
+//! 4. every connected guest: its control ring is served; for each endpoint, the event
+//!    slots the application returned are reclaimed (releasing the receive-queue slots the
+//!    events carried), then at most `send_budget_per_round` send requests are taken, so one
+//!    busy guest cannot starve the others;
+//! 5. engine timeouts, then the engine's frames go to the NIC with one flush;
+//! 6. the engine's events are queued per endpoint and written into the event rings, with a
+//!    notification only where the ring's check says the application asked for one;
+//! 7. guests that broke the protocol are disconnected, alone.
+//!
+//! When a round found nothing to do, the loop keeps polling for a bounded spin budget
+//! (`spin`, 50 us by default), then re-arms every ring's event index with a final check and
+//! sleeps in `epoll` on the NIC, the event-channel handle, the xenstore watch queue and a
+//! wake-up eventfd, until a frame, a notification, a watch, a command or the engine's next
+//! timeout.
+//!
+//! # Receive-queue slots
+//!
+//! A RECV_MEDIUM event lends the application one slot of its receive queue. The slot goes
+//! back to the engine when the application returns that event's slot of the event ring, so
+//! the application copies a fragment out of the receive queue before it retires the event.
+//!
+//! # Hostile guests
+//!
+//! Rings copy each request out of shared memory before it is decoded. A slot that does not
+//! decode, a producer index no correct peer could write, or a request the engine refuses as
+//! a [`Violation`](crate::engine::Violation) disconnects that guest only: its device goes
+//! Closing, everything it shared is unmapped, its ports are closed, and it goes Closed.
+
+mod commands;
+mod control;
+mod devices;
+mod guest;
+mod link;
+mod memory;
+mod quota;
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use xmx_hv::{DomId, EventChannels, GrantTable, Platform, Port, Xenstore};
+use xmx_wire::ring::RingError;
+
+use crate::admin::server::{AdminServer, Dispatch};
+use crate::admin::{BackendCounters, Reply, ReplyError, Request};
+use crate::engine::{Engine, EngineConfig};
+use control::{ControlCtx, SessionIds};
+use devices::Device;
+
+pub use guest::DeviceKey;
+pub use link::FrameLink;
+pub use memory::GrantMemory;
+pub use quota::{Quotas, Usage};
+
+/// How the backend runs.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    /// How long an idle loop keeps polling before it sleeps.
+    pub spin: Duration,
+    /// This host's name; guests without a `hostname` key are named `<host>-<domid>:<devid>`.
+    pub host_name: String,
+    /// Per-guest limits.
+    pub quotas: Quotas,
+    /// The MX engine's limits and timers.
+    pub engine: EngineConfig,
+    /// Where to serve the status and control socket, if anywhere.
+    pub control_socket: Option<std::path::PathBuf>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            spin: Duration::from_micros(50),
+            host_name: "xmx".into(),
+            quotas: Quotas::default(),
+            engine: EngineConfig::default(),
+            control_socket: None,
+        }
+    }
+}
+
+/// Why the backend could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The hypervisor platform failed (xenstore connection lost, device unusable).
+    #[error("platform: {0}")]
+    Platform(#[from] xmx_hv::Error),
+    /// A system call of the loop failed.
+    #[error("{op}: {source}")]
+    Sys {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn sys(op: &'static str) -> impl FnOnce(nix::errno::Errno) -> BackendError {
+    move |e| BackendError::Sys {
+        op,
+        source: e.into(),
+    }
+}
+
+/// A request from the control socket with the way back to its caller.
+struct Command {
+    request: Request,
+    reply: SyncSender<Reply>,
+}
+
+/// Requests queued for the service loop at most.
+const COMMAND_QUEUE: usize = 64;
+/// How long a caller waits for the loop to answer.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sends requests to a running backend and waits for its answers; cheap to clone.
+#[derive(Clone)]
+pub struct ControlHandle {
+    tx: SyncSender<Command>,
+    wake: Arc<EventFd>,
+    closed: Arc<AtomicBool>,
+}
+
+impl ControlHandle {
+    /// Have the service loop answer `request`.
+    pub fn call(&self, request: Request) -> Reply {
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        let cmd = Command {
+            request,
+            reply: reply_tx,
+        };
+        if self.tx.try_send(cmd).is_err() {
+            return Reply::err(ReplyError::new(
+                "busy",
+                "the backend is not taking requests",
+            ));
+        }
+        let _ = self.wake.write(1);
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        // Waits in slices so a caller notices a backend that stopped without answering.
+        while Instant::now() < deadline && !self.closed.load(Ordering::Acquire) {
+            match reply_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(reply) => return reply,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        Reply::err(ReplyError::new("closed", "the backend did not answer"))
+    }
+}
+
+/// Stops a running backend from another thread; cheap to clone.
+#[derive(Clone)]
+pub struct Stopper {
+    flag: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+}
+
+impl Stopper {
+    /// Ask the loop to disconnect every guest and return.
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::Release);
+        let _ = self.wake.write(1);
+    }
+}
+
+/// A backend running on its own thread.
+pub struct BackendThread {
+    handle: Option<JoinHandle<Result<(), BackendError>>>,
+    stopper: Stopper,
+    control: ControlHandle,
+}
+
+impl BackendThread {
+    /// A handle for requests.
+    pub fn control(&self) -> ControlHandle {
+        self.control.clone()
+    }
+
+    /// A handle that stops the loop.
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// Stop the loop and wait for it; the loop's own result.
+    pub fn stop(mut self) -> Result<(), BackendError> {
+        self.stopper.stop();
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<(), BackendError> {
+        match self.handle.take() {
+            Some(h) => h.join().unwrap_or_else(|_| {
+                Err(BackendError::Sys {
+                    op: "backend thread",
+                    source: std::io::Error::other("panicked"),
+                })
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for BackendThread {
+    fn drop(&mut self) {
+        self.stopper.stop();
+        let _ = self.join();
+    }
+}
+
+/// Epoll tokens.
+const TOKEN_EVTCHN: u64 = 1;
+const TOKEN_XENSTORE: u64 = 2;
+const TOKEN_WAKE: u64 = 3;
+const TOKEN_NIC: u64 = 4;
+
+/// Watch tokens.
+const WATCH_BACKEND: &str = "xmx-backd:backend";
+const WATCH_RELEASE: &str = "xmx-backd:release";
+const WATCH_FRONTEND_PREFIX: &str = "xmx-backd:frontend:";
+
+/// The dom0 backend of device `xmx`; see the module documentation.
+pub struct Backend {
+    cfg: BackendConfig,
+    domid: DomId,
+    xs: Box<dyn Xenstore>,
+    gnttab: Arc<dyn GrantTable>,
+    evtchn: Box<dyn EventChannels>,
+    engine: Engine,
+    link: Option<Box<dyn FrameLink>>,
+    devices: BTreeMap<DeviceKey, Device>,
+    sessions: SessionIds,
+    next_region: u64,
+    counters: BackendCounters,
+    epoll: Epoll,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    commands: Option<Receiver<Command>>,
+    control: ControlHandle,
+    admin: Option<AdminServer>,
+    /// Scratch lists reused every round.
+    ports: Vec<Port>,
+    released: Vec<u16>,
+}
+
+fn borrow_raw(fd: RawFd) -> BorrowedFd<'static> {
+    // SAFETY: used only for the duration of an epoll_ctl call, on descriptors owned by
+    // handles the Backend holds for its whole life (event channels, xenstore, NIC).
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+impl Backend {
+    /// A backend in domain `platform.domid()`, with `link` to the wire (None: co-located
+    /// guests only). Registers its xenstore watches at once; the devices already present
+    /// are picked up by the first round.
+    pub fn new(
+        platform: &dyn Platform,
+        link: Option<Box<dyn FrameLink>>,
+        cfg: BackendConfig,
+    ) -> Result<Backend, BackendError> {
+        let domid = platform.domid();
+        let xs = platform.xenstore()?;
+        let gnttab = platform.grant_table()?;
+        let evtchn = platform.event_channels()?;
+        let engine = Engine::new(cfg.engine.clone());
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(sys("epoll_create"))?;
+        let wake = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(sys("eventfd"))?,
+        );
+        let ev = |token| EpollEvent::new(EpollFlags::EPOLLIN, token);
+        epoll
+            .add(borrow_raw(evtchn.fd()), ev(TOKEN_EVTCHN))
+            .map_err(sys("epoll_ctl(evtchn)"))?;
+        epoll
+            .add(borrow_raw(xs.watch_fd()), ev(TOKEN_XENSTORE))
+            .map_err(sys("epoll_ctl(xenstore)"))?;
+        epoll
+            .add(wake.as_fd(), ev(TOKEN_WAKE))
+            .map_err(sys("epoll_ctl(eventfd)"))?;
+        if let Some(l) = &link {
+            epoll
+                .add(borrow_raw(l.raw_fd()), ev(TOKEN_NIC))
+                .map_err(sys("epoll_ctl(nic)"))?;
+        }
+        let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE);
+        let control = ControlHandle {
+            tx,
+            wake: wake.clone(),
+            closed: Arc::new(AtomicBool::new(false)),
+        };
+        let admin = match &cfg.control_socket {
+            Some(path) => {
+                let handle = control.clone();
+                let dispatch: Dispatch = Arc::new(move |req| handle.call(req));
+                Some(
+                    AdminServer::start(path, dispatch).map_err(|source| BackendError::Sys {
+                        op: "control socket",
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        xs.watch(&xmx_wire::xenbus::backend_root(domid), WATCH_BACKEND)?;
+        xs.watch(xmx_hv::xs::wire::RELEASE_DOMAIN, WATCH_RELEASE)?;
+        tracing::info!(domid, nic = link.is_some(), "xmx backend ready");
+        Ok(Backend {
+            cfg,
+            domid,
+            xs,
+            gnttab,
+            evtchn,
+            engine,
+            link,
+            devices: BTreeMap::new(),
+            sessions: SessionIds::new(),
+            next_region: 1,
+            counters: BackendCounters::default(),
+            epoll,
+            wake: wake.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            commands: Some(rx),
+            control,
+            admin,
+            ports: Vec::new(),
+            released: Vec::new(),
+        })
+    }
+
+    /// A handle for requests (the same ones the control socket takes).
+    pub fn control(&self) -> ControlHandle {
+        self.control.clone()
+    }
+
+    /// A handle that stops [`Backend::run`] from another thread.
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            flag: self.stop.clone(),
+            wake: self.wake.clone(),
+        }
+    }
+
+    /// Where the control socket listens, if it does.
+    pub fn control_socket(&self) -> Option<&std::path::Path> {
+        self.admin.as_ref().map(|a| a.path())
+    }
+
+    /// Run [`Backend::run`] on a thread of its own.
+    pub fn spawn(self) -> std::io::Result<BackendThread> {
+        let stopper = self.stopper();
+        let control = self.control();
+        let handle = std::thread::Builder::new()
+            .name("xmx-backd".into())
+            .spawn(move || self.run())?;
+        Ok(BackendThread {
+            handle: Some(handle),
+            stopper,
+            control,
+        })
+    }
+
+    /// Serve until stopped; then move every device to Closing, release what guests shared
+    /// and return. An error means the loop could not go on (xenstore lost, epoll failed);
+    /// guests are released in that case too.
+    pub fn run(mut self) -> Result<(), BackendError> {
+        let result = self.serve();
+        self.shutdown();
+        result
+    }
+
+    fn serve(&mut self) -> Result<(), BackendError> {
+        let mut events = [EpollEvent::empty(); 8];
+        let mut idle_since: Option<Instant> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if self.round(now)? {
+                idle_since = None;
+                continue;
+            }
+            let since = *idle_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < self.cfg.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self.arm() {
+                idle_since = None;
+                continue;
+            }
+            let timeout = match self.engine.poll_timeout() {
+                None => EpollTimeout::NONE,
+                Some(at) => {
+                    let wait = at.saturating_duration_since(Instant::now());
+                    // Round up: waking early only costs a round, waking late delays a pull.
+                    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128);
+                    EpollTimeout::try_from(ms as u64).unwrap_or(EpollTimeout::MAX)
+                }
+            };
+            match self.epoll.wait(&mut events, timeout) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(sys("epoll_wait")(e)),
+            }
+            // Level-triggered: the other sources are drained by the round itself.
+            let _ = self.wake.read();
+            idle_since = None;
+        }
+        Ok(())
+    }
+
+    /// One pass over every source; true if anything was done.
+    fn round(&mut self, now: Instant) -> Result<bool, BackendError> {
+        self.counters.rounds += 1;
+        let mut work = self.serve_commands();
+        work |= self.serve_watches()?;
+        work |= self.ack_ports();
+        work |= self.receive_frames(now);
+        work |= self.serve_guests(now);
+        if self.engine.poll_timeout().is_some_and(|at| at <= now) {
+            self.engine.handle_timeout(now);
+            work = true;
+        }
+        work |= self.transmit();
+        work |= self.deliver_events();
+        self.disconnect_failed();
+        Ok(work)
+    }
+
+    fn ack_ports(&mut self) -> bool {
+        self.ports.clear();
+        if let Err(e) = self.evtchn.pending(&mut self.ports) {
+            tracing::warn!(error = %e, "reading pending ports");
+            return false;
+        }
+        for &port in &self.ports {
+            if let Err(e) = self.evtchn.unmask(port) {
+                tracing::debug!(port, error = %e, "unmasking a port");
+            }
+        }
+        !self.ports.is_empty()
+    }
+
+    fn receive_frames(&mut self, now: Instant) -> bool {
+        let Backend { link, engine, .. } = self;
+        let Some(link) = link else {
+            return false;
+        };
+        let n = link.recv(&mut |frame| engine.handle_frame(now, frame));
+        self.counters.nic_rx_frames += n as u64;
+        n > 0
+    }
+
+    fn transmit(&mut self) -> bool {
+        let mut sent = 0u64;
+        while let Some(t) = self.engine.poll_transmit() {
+            match &mut self.link {
+                Some(link) => match link.send(&t.bytes) {
+                    Ok(()) => sent += 1,
+                    Err(e) => {
+                        self.counters.nic_tx_errors += 1;
+                        tracing::debug!(error = %e, "frame refused by the NIC");
+                    }
+                },
+                None => self.counters.tx_without_link += 1,
+            }
+            self.engine.recycle(t);
+        }
+        if sent > 0 {
+            if let Some(link) = &mut self.link {
+                if let Err(e) = link.flush() {
+                    self.counters.nic_tx_errors += 1;
+                    tracing::warn!(error = %e, "NIC flush failed");
+                }
+            }
+        }
+        self.counters.nic_tx_frames += sent;
+        sent > 0
+    }
+
+    /// Serve every connected guest's rings; true if any request was taken.
+    fn serve_guests(&mut self, now: Instant) -> bool {
+        let Backend {
+            devices,
+            engine,
+            gnttab,
+            evtchn,
+            cfg,
+            sessions,
+            next_region,
+            released,
+            ..
+        } = self;
+        let mut work = false;
+        for device in devices.values_mut() {
+            let Some(conn) = device.conn.as_mut() else {
+                continue;
+            };
+            // Control ring.
+            let mut answered = 0;
+            loop {
+                let req = match conn.ctrl.next_request() {
+                    Ok(Some(req)) => req,
+                    Ok(None) => break,
+                    Err(e) => {
+                        conn.fail(format!("control ring: {e}"));
+                        break;
+                    }
+                };
+                device.ctrl_requests += 1;
+                let mut ctx = ControlCtx {
+                    engine,
+                    gnttab: gnttab.as_ref(),
+                    evtchn: evtchn.as_ref(),
+                    quotas: &cfg.quotas,
+                    sessions,
+                    next_region,
+                };
+                let rsp = control::serve(&mut ctx, conn, &req);
+                if rsp.status == xmx_wire::msg::CtrlStatus::Quota {
+                    device.quota_refusals += 1;
+                }
+                if let Err(e) = conn.ctrl.push_response(&rsp) {
+                    conn.fail(format!("control ring response: {e}"));
+                    break;
+                }
+                answered += 1;
+            }
+            if answered > 0 {
+                work = true;
+                if conn.ctrl.push_responses_and_check_notify() {
+                    if let Err(e) = conn.ctrl_notify.notify() {
+                        tracing::debug!(domu = conn.domu, error = %e, "control notify failed");
+                    }
+                }
+            }
+            if conn.failure.is_some() {
+                continue;
+            }
+            // Endpoints.
+            let guest = conn.guest;
+            let budget = cfg.quotas.send_budget_per_round;
+            let backlog_max = cfg.quotas.max_event_backlog;
+            let mut failure = None;
+            for (&epi, ep) in conn.endpoints.iter_mut() {
+                released.clear();
+                match ep.reclaim_events(released) {
+                    Ok(n) => work |= n > 0,
+                    Err(e) => {
+                        failure = Some(format!("endpoint {epi} event ring: {e}"));
+                        break;
+                    }
+                }
+                for &slot in released.iter() {
+                    if let Err(v) = engine.release_recvq_slot(guest, epi, slot) {
+                        tracing::warn!(domu = conn.domu, endpoint = epi, error = %v, "receive slot");
+                    }
+                }
+                if ep.backlog.len() >= backlog_max {
+                    // Completions would have nowhere to go: leave the requests in the ring.
+                    continue;
+                }
+                let mut taken = 0;
+                while taken < budget {
+                    let req = match ep.send.next_request() {
+                        Ok(Some(req)) => req,
+                        Ok(None) => break,
+                        Err(e) => {
+                            failure = Some(format!("endpoint {epi} send ring: {e}"));
+                            break;
+                        }
+                    };
+                    taken += 1;
+                    ep.counters.send_requests += 1;
+                    if let Err(v) = engine.handle_send(now, guest, epi, &req) {
+                        failure = Some(format!("endpoint {epi}: {v}"));
+                        break;
+                    }
+                }
+                if taken > 0 {
+                    work = true;
+                    ep.send.retire_consumed();
+                    if ep.send.push_responses_and_check_notify() {
+                        ep.notify();
+                    }
+                }
+                if failure.is_some() {
+                    break;
+                }
+            }
+            if let Some(reason) = failure {
+                conn.fail(reason);
+            }
+        }
+        work
+    }
+
+    /// Queue the engine's events per endpoint and write them into the event rings.
+    fn deliver_events(&mut self) -> bool {
+        let limit = self.cfg.quotas.max_event_backlog;
+        let mut any = false;
+        while let Some(ge) = self.engine.poll_event() {
+            any = true;
+            let key = DeviceKey::from_guest(ge.guest);
+            let ep = self
+                .devices
+                .get_mut(&key)
+                .and_then(|d| d.conn.as_mut())
+                .and_then(|c| c.endpoints.get_mut(&ge.endpoint));
+            let Some(ep) = ep else {
+                continue;
+            };
+            if !ep.queue_event(ge.event, limit) {
+                // A dropped MEDIUM fragment gives its receive slot back at once.
+                if let Some(slot) = guest::recvq_slot(&ge.event) {
+                    let _ = self.engine.release_recvq_slot(ge.guest, ge.endpoint, slot);
+                }
+            }
+        }
+        for device in self.devices.values_mut() {
+            let Some(conn) = device.conn.as_mut() else {
+                continue;
+            };
+            for ep in conn.endpoints.values_mut() {
+                if !ep.backlog.is_empty() && ep.flush_events() {
+                    ep.notify();
+                }
+            }
+        }
+        any
+    }
+
+    /// Before sleeping: ask every ring for an event on its next entry and check again.
+    /// True if something arrived meanwhile (do not sleep).
+    fn arm(&mut self) -> bool {
+        let limit = self.cfg.quotas.max_event_backlog;
+        let mut ready = false;
+        for device in self.devices.values_mut() {
+            let Some(conn) = device.conn.as_mut() else {
+                continue;
+            };
+            let mut failure: Option<String> = None;
+            match conn.ctrl.final_check_for_requests() {
+                Ok(more) => ready |= more,
+                Err(e) => failure = Some(format!("control ring: {e}")),
+            }
+            for (&epi, ep) in conn.endpoints.iter_mut() {
+                let checked: Result<bool, RingError> = (|| {
+                    let mut more = false;
+                    if ep.backlog.len() < limit {
+                        more |= ep.send.final_check_for_requests()?;
+                    }
+                    if !ep.backlog.is_empty() || !ep.in_ring.is_empty() {
+                        // Waiting for the application to return event slots.
+                        more |= ep.events.final_check_for_responses()?;
+                    }
+                    Ok(more)
+                })();
+                match checked {
+                    Ok(more) => ready |= more,
+                    Err(e) => {
+                        failure.get_or_insert(format!("endpoint {epi}: {e}"));
+                    }
+                }
+            }
+            if let Some(reason) = failure {
+                conn.fail(reason);
+                ready = true;
+            }
+        }
+        ready
+    }
+
+    fn disconnect_failed(&mut self) {
+        let failed: Vec<(DeviceKey, String)> = self
+            .devices
+            .iter()
+            .filter_map(|(k, d)| Some((*k, d.conn.as_ref()?.failure.clone()?)))
+            .collect();
+        for (key, reason) in failed {
+            tracing::warn!(domu = key.domu, devid = key.devid, %reason, "guest broke the protocol; disconnecting it");
+            self.counters.disconnects += 1;
+            self.close_device(key, Some(reason));
+        }
+    }
+
+    fn serve_commands(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let Some(rx) = &self.commands else {
+                return any;
+            };
+            let cmd = match rx.try_recv() {
+                Ok(cmd) => cmd,
+                Err(_) => return any,
+            };
+            any = true;
+            let reply = self.answer(cmd.request);
+            let _ = cmd.reply.try_send(reply);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        // Callers waiting on the loop learn it is gone before the socket threads are joined.
+        self.control.closed.store(true, Ordering::Release);
+        if let Some(rx) = self.commands.take() {
+            while let Ok(cmd) = rx.try_recv() {
+                let _ = cmd.reply.try_send(Reply::err(ReplyError::new(
+                    "closed",
+                    "the backend is stopping",
+                )));
+            }
+        }
+        if let Some(mut admin) = self.admin.take() {
+            admin.stop();
+        }
+        let keys: Vec<DeviceKey> = self.devices.keys().copied().collect();
+        for key in keys {
+            self.shutdown_device(key);
+        }
+        let _ = self
+            .xs
+            .unwatch(&xmx_wire::xenbus::backend_root(self.domid), WATCH_BACKEND);
+        let _ = self
+            .xs
+            .unwatch(xmx_hv::xs::wire::RELEASE_DOMAIN, WATCH_RELEASE);
+        tracing::info!("xmx backend stopped");
+    }
+}

@@ -1,0 +1,215 @@
+//! The toolstack's side of device `xmx`: creating and removing both halves of a device in
+//! xenstore, as `xl` does for its devices.
+//!
+//! [`attach`] writes, in one transaction,
+//!
+//! ```text
+//! /local/domain/<backend>/backend/xmx/<domU>/<devid>/   owner backend, domU may read
+//!     frontend, frontend-id, mac, cluster, hostname, state = 1
+//! /local/domain/<domU>/device/xmx/<devid>/              owner domU, backend may read
+//!     backend, backend-id, state = 1
+//! ```
+//!
+//! Keys are written after their directory's permissions are set, so they inherit them.
+//! [`detach`] removes both directories in one transaction; the backend sees its directory
+//! vanish and releases the guest.
+
+use xmx_hv::{DomId, Error, Result, TxId, Xenstore, XsAccess, XsPerm};
+use xmx_wire::mxoe::Mac;
+use xmx_wire::xenbus::{self, keys, XenbusState};
+
+/// Times a conflicting transaction is retried before giving up.
+const TX_ATTEMPTS: usize = 16;
+
+/// What dom0 decides about a guest's xmx device: never chosen by the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// The guest's domain.
+    pub domu: DomId,
+    /// Device index within the guest (0 for the first).
+    pub devid: u32,
+    /// The guest's board MAC (unicast).
+    pub mac: Mac,
+    /// Its virtual cluster.
+    pub cluster: u32,
+    /// Its MX hostname (`host:board`), 1 to 79 bytes.
+    pub hostname: String,
+}
+
+impl DeviceSpec {
+    /// Refuse values the backend would refuse later.
+    pub fn validate(&self) -> Result<()> {
+        if !self.mac.is_unicast() {
+            return Err(Error::Invalid(format!("MAC {} is not unicast", self.mac)));
+        }
+        if self.hostname.is_empty()
+            || self.hostname.len() >= xmx_wire::mxoe::HOSTNAME_LEN_MAX
+            || self.hostname.contains('\0')
+        {
+            return Err(Error::Invalid(
+                "hostname must be 1 to 79 bytes without NUL".into(),
+            ));
+        }
+        if self.devid > u32::from(u16::MAX) {
+            return Err(Error::Invalid("device id must be below 65536".into()));
+        }
+        Ok(())
+    }
+
+    /// Read a device's parameters back from its backend directory; a device without a
+    /// `hostname` key gets `default_hostname`.
+    pub fn read(
+        xs: &dyn Xenstore,
+        backend_dir: &str,
+        domu: DomId,
+        devid: u32,
+        default_hostname: &str,
+    ) -> Result<Self> {
+        let text = |key: &str| -> Result<String> {
+            let raw = xs.read(xmx_hv::XBT_NULL, &xenbus::key_path(backend_dir, key))?;
+            String::from_utf8(raw)
+                .map(|s| s.trim_end_matches('\0').to_string())
+                .map_err(|_| Error::Invalid(format!("{key} is not UTF-8")))
+        };
+        let mac: Mac = text(keys::MAC)?
+            .trim()
+            .parse()
+            .map_err(|e| Error::Invalid(format!("mac: {e}")))?;
+        let cluster = match text(keys::CLUSTER) {
+            Ok(s) => xenbus::parse_u32(&s).map_err(|e| Error::Invalid(format!("cluster: {e}")))?,
+            Err(Error::NotFound(_)) => 0,
+            Err(e) => return Err(e),
+        };
+        let hostname = match text(keys::HOSTNAME) {
+            Ok(s) => s,
+            Err(Error::NotFound(_)) => default_hostname.to_string(),
+            Err(e) => return Err(e),
+        };
+        let spec = DeviceSpec {
+            domu,
+            devid,
+            mac,
+            cluster,
+            hostname,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Run `body` in a transaction, retrying while it conflicts.
+pub fn in_transaction<T>(xs: &dyn Xenstore, mut body: impl FnMut(TxId) -> Result<T>) -> Result<T> {
+    for _ in 0..TX_ATTEMPTS {
+        let tx = xs.transaction_start()?;
+        let value = match body(tx) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = xs.transaction_end(tx, false);
+                return Err(e);
+            }
+        };
+        match xs.transaction_end(tx, true) {
+            Ok(()) => return Ok(value),
+            Err(Error::Again) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Again)
+}
+
+fn exists(xs: &dyn Xenstore, tx: TxId, path: &str) -> Result<bool> {
+    match xs.read(tx, path) {
+        Ok(_) => Ok(true),
+        Err(Error::NotFound(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Create both halves of device `spec` of a guest served by backend domain `backend`.
+/// Refused with [`Error::Exists`] if either directory exists.
+pub fn attach(xs: &dyn Xenstore, backend: DomId, spec: &DeviceSpec) -> Result<()> {
+    spec.validate()?;
+    let bdir = xenbus::backend_dir(backend, spec.domu, spec.devid);
+    let fdir = xenbus::frontend_dir(spec.domu, spec.devid);
+    let initialising = XenbusState::Initialising.to_string();
+    in_transaction(xs, |tx| {
+        for dir in [&bdir, &fdir] {
+            if exists(xs, tx, dir)? {
+                return Err(Error::Exists(dir.clone()));
+            }
+        }
+        xs.mkdir(tx, &bdir)?;
+        xs.set_perms(
+            tx,
+            &bdir,
+            &[
+                XsPerm {
+                    domid: backend,
+                    access: XsAccess::None,
+                },
+                XsPerm {
+                    domid: spec.domu,
+                    access: XsAccess::Read,
+                },
+            ],
+        )?;
+        let put = |dir: &str, key: &str, value: &str| {
+            xs.write(tx, &xenbus::key_path(dir, key), value.as_bytes())
+        };
+        put(&bdir, keys::FRONTEND, &fdir)?;
+        put(&bdir, keys::FRONTEND_ID, &spec.domu.to_string())?;
+        put(&bdir, keys::MAC, &spec.mac.to_string())?;
+        put(&bdir, keys::CLUSTER, &spec.cluster.to_string())?;
+        put(&bdir, keys::HOSTNAME, &spec.hostname)?;
+        put(&bdir, keys::STATE, &initialising)?;
+
+        xs.mkdir(tx, &fdir)?;
+        xs.set_perms(
+            tx,
+            &fdir,
+            &[
+                XsPerm {
+                    domid: spec.domu,
+                    access: XsAccess::None,
+                },
+                XsPerm {
+                    domid: backend,
+                    access: XsAccess::Read,
+                },
+            ],
+        )?;
+        put(&fdir, keys::BACKEND, &bdir)?;
+        put(&fdir, keys::BACKEND_ID, &backend.to_string())?;
+        put(&fdir, keys::STATE, &initialising)?;
+        Ok(())
+    })?;
+    tracing::info!(domu = spec.domu, devid = spec.devid, mac = %spec.mac, "xmx device attached");
+    Ok(())
+}
+
+/// Remove both halves of a device. Removing what is already gone is not an error; the
+/// call fails with [`Error::NotFound`] only if neither directory existed.
+pub fn detach(xs: &dyn Xenstore, backend: DomId, domu: DomId, devid: u32) -> Result<()> {
+    let bdir = xenbus::backend_dir(backend, domu, devid);
+    let fdir = xenbus::frontend_dir(domu, devid);
+    let removed = in_transaction(xs, |tx| {
+        let mut removed = 0;
+        for dir in [&bdir, &fdir] {
+            // xenstored accepts removing a missing node whose parent exists: look first.
+            if !exists(xs, tx, dir)? {
+                continue;
+            }
+            match xs.rm(tx, dir) {
+                Ok(()) => removed += 1,
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(removed)
+    })?;
+    if removed == 0 {
+        return Err(Error::NotFound(format!("no xmx device {domu}/{devid}")));
+    }
+    tracing::info!(domu, devid, "xmx device detached");
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! Two guests of one backend talk through their rings; the engine delivers locally.
+
+mod backd_util;
+
+use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use xmx_backend::admin::{CountersReport, PeerSpec, Request};
+use xmx_backend::service::{BackendThread, Quotas};
+use xmx_wire::msg::{
+    CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
+    QueueSlots, Rndv, Route, SendOp, SendRequest,
+};
+
+fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
+    let peers = entries
+        .iter()
+        .map(|&(index, last, cluster)| PeerSpec {
+            index,
+            mac: guest_mac(last).to_string(),
+            hostname: format!("g{last}:0"),
+            cluster,
+        })
+        .collect();
+    let r = backend
+        .control()
+        .call(Request::SetPeers { peers })
+        .into_result()
+        .unwrap();
+    assert_eq!(r["peers"], entries.len());
+}
+
+/// Two connected guests with endpoint 0 open each, in the peer table as 0 and 1.
+fn pair(
+    host: &Host,
+    backend: &BackendThread,
+) -> (FakeGuest, FakeEndpoint, FakeGuest, FakeEndpoint) {
+    peers(backend, &[(0, 1, 1), (1, 2, 1)]);
+    let mut a = host.guest("a", 1, 1);
+    let mut b = host.guest("b", 2, 1);
+    a.connect();
+    b.connect();
+    let (rsp, ea) = a.open_endpoint(0, small_endpoint(8));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let (rsp, eb) = b.open_endpoint(0, small_endpoint(8));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    (a, ea.unwrap(), b, eb.unwrap())
+}
+
+fn info(seqnum: u16, match_info: u64) -> MsgInfo {
+    MsgInfo {
+        seqnum,
+        piggyack: 0,
+        match_info,
+    }
+}
+
+/// The next event is the successful completion of send `tag` (of `length` bytes if given).
+fn expect_done(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32, length: Option<u32>) {
+    let ev = g.next_event(ep);
+    assert_eq!(ev.tag, tag);
+    match ev.body {
+        EventBody::SendDone {
+            status: DoneStatus::Success,
+            length: l,
+        } => {
+            if let Some(want) = length {
+                assert_eq!(l, want);
+            }
+        }
+        other => panic!("expected the completion of {tag}, got {other:?}"),
+    }
+    g.retire_events(ep);
+}
+
+#[test]
+fn tiny_and_medium_messages_cross_between_colocated_guests() {
+    let host = Host::start();
+    let backend = host.start_backend(Quotas::default());
+    let (a, mut ea, b, mut eb) = pair(&host, &backend);
+    let to_b = Route {
+        peer_index: 1,
+        endpoint: 0,
+        session_id: eb.session,
+    };
+
+    // TINY: inline both ways.
+    let payload = b"hello from a, tiny";
+    a.send(
+        &mut ea,
+        SendRequest {
+            tag: 10,
+            route: to_b,
+            op: SendOp::Tiny(InlineMsg {
+                info: info(1, 0xfeed_0000_0000_0001),
+                data: InlineData::new(payload).unwrap(),
+            }),
+        },
+    );
+    let ev = b.next_event(&mut eb);
+    match ev.body {
+        EventBody::RecvTiny { from, msg } => {
+            assert_eq!(from.peer_index, 0, "a is peer 0");
+            assert_eq!(from.endpoint, 0);
+            assert_eq!(msg.data.as_slice(), payload);
+            assert_eq!(msg.info, info(1, 0xfeed_0000_0000_0001));
+        }
+        other => panic!("expected a TINY, got {other:?}"),
+    }
+    b.retire_events(&mut eb);
+    expect_done(&a, &mut ea, 10, Some(payload.len() as u32));
+
+    // MEDIUM: 10000 bytes in three send-queue slots (given out of order on purpose).
+    let message: Vec<u8> = (0..10000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let slots = [5u16, 2, 7];
+    for (i, &slot) in slots.iter().enumerate() {
+        let chunk = &message[i * 4096..((i + 1) * 4096).min(message.len())];
+        assert!(ea.sendq.write_bytes(usize::from(slot) * 4096, chunk));
+    }
+    a.send(
+        &mut ea,
+        SendRequest {
+            tag: 11,
+            route: to_b,
+            op: SendOp::Medium(MediumSend {
+                info: info(2, 42),
+                length: message.len() as u32,
+                sendq_slots: QueueSlots::new(&slots).unwrap(),
+            }),
+        },
+    );
+    let mut received = vec![0u8; message.len()];
+    let mut frags = 0;
+    while frags < slots.len() {
+        let ev = b.next_event(&mut eb);
+        let EventBody::RecvMedium { from, frag } = ev.body else {
+            panic!("expected a MEDIUM fragment, got {:?}", ev.body);
+        };
+        assert_eq!(from.peer_index, 0);
+        assert_eq!(frag.length, message.len() as u32);
+        assert_eq!(frag.info.match_info, 42);
+        let start = usize::from(frag.frag_seqnum) * 4096;
+        let len = usize::from(frag.frag_length);
+        // Read the fragment out of the receive queue before its event slot goes back.
+        assert!(eb.recvq.read_bytes(
+            usize::from(frag.recvq_slot) * 4096,
+            &mut received[start..start + len]
+        ));
+        frags += 1;
+    }
+    b.retire_events(&mut eb);
+    assert_eq!(received, message);
+    expect_done(&a, &mut ea, 11, Some(message.len() as u32));
+
+    // The counters saw it all, without the wire.
+    let report: CountersReport = serde_json::from_value(
+        backend
+            .control()
+            .call(Request::Counters)
+            .into_result()
+            .unwrap(),
+    )
+    .unwrap();
+    let ga = report.guests.iter().find(|g| g.domid == a.domid).unwrap();
+    let nic = ga.nic.as_ref().unwrap();
+    assert_eq!(nic.local_frames, 1 + 3);
+    assert_eq!(nic.tx_frames, 0);
+    assert_eq!(ga.endpoints[0].send_requests, 2);
+    assert_eq!(ga.endpoints[0].events, 2);
+    let gb = report.guests.iter().find(|g| g.domid == b.domid).unwrap();
+    assert_eq!(gb.nic.as_ref().unwrap().rx_frames, 4);
+    assert_eq!(gb.endpoints[0].events, 4);
+    assert_eq!(report.backend.tx_without_link, 0);
+}
+
+#[test]
+fn a_large_message_is_pulled_between_registered_regions() {
+    let host = Host::start();
+    let backend = host.start_backend(Quotas::default());
+    let (mut a, mut ea, mut b, mut eb) = pair(&host, &backend);
+    // 100 KiB, starting 300 bytes into the sender's first page and 1000 into the receiver's.
+    let len = 100 * 1024u32;
+    let (rsp, src) = a.register_region(0, 3, 300, len);
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let (rsp, dst) = b.register_region(0, 4, 1000, len);
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    assert!(src.mem.write_bytes(300, &data));
+
+    a.send(
+        &mut ea,
+        SendRequest {
+            tag: 20,
+            route: Route {
+                peer_index: 1,
+                endpoint: 0,
+                session_id: eb.session,
+            },
+            op: SendOp::Rndv(Rndv {
+                info: info(1, 7),
+                length: len,
+                region_id: 3,
+                region_seqnum: 0,
+                region_offset: 0,
+            }),
+        },
+    );
+    let ev = b.next_event(&mut eb);
+    let EventBody::RecvRndv { from, rndv } = ev.body else {
+        panic!("expected a RNDV, got {:?}", ev.body);
+    };
+    assert_eq!((rndv.length, rndv.region_id), (len, 3));
+    b.retire_events(&mut eb);
+    b.send(
+        &mut eb,
+        SendRequest {
+            tag: 21,
+            route: Route {
+                peer_index: from.peer_index,
+                endpoint: from.endpoint,
+                session_id: ea.session,
+            },
+            op: SendOp::Pull(Pull {
+                length: len,
+                local_region: 4,
+                local_offset: 0,
+                remote_region: rndv.region_id,
+                remote_region_seqnum: rndv.region_seqnum,
+                remote_offset: rndv.region_offset,
+            }),
+        },
+    );
+    let ev = b.next_event(&mut eb);
+    assert_eq!(ev.tag, 21);
+    assert_eq!(
+        ev.body,
+        EventBody::PullDone {
+            status: DoneStatus::Success,
+            length: len
+        }
+    );
+    b.retire_events(&mut eb);
+    let mut got = vec![0u8; len as usize];
+    assert!(dst.mem.read_bytes(1000, &mut got));
+    assert!(got == data, "pulled bytes differ");
+    // The sender's RNDV completes once sent.
+    expect_done(&a, &mut ea, 20, None);
+}

@@ -1,0 +1,108 @@
+//! The control ring: endpoints and regions map and unmap exactly their pages.
+
+mod backd_util;
+
+use backd_util::{small_endpoint, Host};
+use xmx_backend::service::Quotas;
+use xmx_hv::DOM0;
+use xmx_wire::msg::{CtrlOp, CtrlReply, CtrlStatus, EndpointPages};
+
+#[test]
+fn endpoints_and_regions_map_and_unmap_exactly_their_pages() {
+    let host = Host::start();
+    let _backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let d = g.domid;
+    assert_eq!((host.dom0_mappings(), host.mapped_by_others(d)), (1, 1));
+
+    // 2 + 1 ring pages, 3 + 4 queue pages: 10 pages mapped; the info page is read and let go.
+    let pages = EndpointPages {
+        send_ring: 2,
+        event_ring: 1,
+        send_queue: 3,
+        recv_queue: 4,
+    };
+    let (rsp, ep) = g.open_endpoint(5, pages);
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let ep = ep.unwrap();
+    assert_ne!(ep.session, 0);
+    assert_eq!(host.dom0_mappings(), 1 + 10);
+    assert_eq!(host.mapped_by_others(d), 1 + 10);
+    assert_eq!(host.state(DOM0).ports_open, 2);
+
+    // A region of 3 pages (100 bytes into its first page, 2 pages + 200 bytes long).
+    let (rsp, region) = g.register_region(5, 9, 100, 2 * 4096 + 200);
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(
+        rsp.reply,
+        CtrlReply::RegionRegister {
+            endpoint: 5,
+            region_id: 9
+        }
+    );
+    assert_eq!(region.pages.refs().len(), 3);
+    assert_eq!(host.dom0_mappings(), 1 + 10 + 3);
+    assert_eq!(host.mapped_by_others(d), 1 + 10 + 3);
+
+    // The same id again, or on a closed endpoint, is refused and maps nothing.
+    let (rsp, _dup) = g.register_region(5, 9, 0, 10);
+    assert_eq!(rsp.status, CtrlStatus::BadRegion);
+    let (rsp, _closed) = g.register_region(6, 1, 0, 10);
+    assert_eq!(rsp.status, CtrlStatus::EndpointNotOpen);
+    assert_eq!(host.dom0_mappings(), 14);
+
+    let rsp = g.call(CtrlOp::RegionDeregister {
+        endpoint: 5,
+        region_id: 9,
+    });
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(host.dom0_mappings(), 11);
+    assert_eq!(host.mapped_by_others(d), 11);
+    let rsp = g.call(CtrlOp::RegionDeregister {
+        endpoint: 5,
+        region_id: 9,
+    });
+    assert_eq!(rsp.status, CtrlStatus::BadRegion);
+
+    // Closing the endpoint releases its pages, its port and any region still registered.
+    let (rsp, _r) = g.register_region(5, 1, 0, 4096);
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(host.dom0_mappings(), 12);
+    let rsp = g.call(CtrlOp::EndpointClose { endpoint: 5 });
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(host.dom0_mappings(), 1);
+    assert_eq!(host.mapped_by_others(d), 1);
+    assert_eq!(host.state(DOM0).ports_open, 1);
+    let rsp = g.call(CtrlOp::EndpointClose { endpoint: 5 });
+    assert_eq!(rsp.status, CtrlStatus::EndpointNotOpen);
+
+    // The guest's grants can all be ended now: nothing of them is mapped any more.
+    drop(ep);
+    g.close();
+    assert_eq!(host.dom0_mappings(), 0);
+    assert_eq!(host.mapped_by_others(d), 0);
+}
+
+#[test]
+fn an_endpoint_opened_twice_is_busy_and_closing_the_device_releases_everything() {
+    let host = Host::start();
+    let _backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let (rsp, _a) = g.open_endpoint(0, small_endpoint(2));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let (rsp, none) = g.open_endpoint(0, small_endpoint(2));
+    assert_eq!(rsp.status, CtrlStatus::EndpointBusy);
+    assert!(none.is_none());
+    let (rsp, _b) = g.open_endpoint(1, small_endpoint(1));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let (rsp, _region) = g.register_region(1, 0, 0, 5 * 4096);
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(host.dom0_mappings(), 1 + 6 + 4 + 5);
+    assert_eq!(host.state(DOM0).ports_open, 3);
+    g.close();
+    assert_eq!(host.dom0_mappings(), 0);
+    assert_eq!(host.mapped_by_others(g.domid), 0);
+    assert_eq!(host.state(DOM0).ports_open, 0);
+}

@@ -1,0 +1,259 @@
+//! The xenbus handshake of the backend daemon: InitWait, Connected, teardown, reconnect.
+
+mod backd_util;
+
+use backd_util::Host;
+use xmx_backend::admin::{GuestReport, Request};
+use xmx_backend::service::Quotas;
+use xmx_backend::xenbus::toolstack;
+use xmx_hv::{Platform, XsAccess, XsPerm, DOM0};
+use xmx_wire::xenbus::{keys, XenbusState};
+
+#[test]
+fn states_go_initwait_connected_closed_and_back() {
+    let host = Host::start();
+    let backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 7);
+
+    g.wait_backend_state(XenbusState::InitWait);
+    assert_eq!(g.read_backend(keys::MAX_ENDPOINTS).as_deref(), Some("32"));
+    assert_eq!(g.read_backend(keys::MAX_REGIONS).as_deref(), Some("256"));
+    assert_eq!(g.read_backend(keys::FEATURE_RCACHE).as_deref(), Some("1"));
+    assert_eq!(g.read_backend(keys::PROTOCOL_VERSION).as_deref(), Some("1"));
+    assert_eq!(
+        g.read_backend(keys::MAC).as_deref(),
+        Some("02:00:00:00:00:01")
+    );
+
+    g.connect();
+    assert_eq!(host.dom0_mappings(), 1, "the control ring");
+    assert_eq!(host.mapped_by_others(g.domid), 1);
+    assert_eq!(host.state(DOM0).ports_open, 1);
+    let guests: Vec<GuestReport> = serde_json::from_value(
+        backend
+            .control()
+            .call(Request::Guests)
+            .into_result()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(guests.len(), 1);
+    assert_eq!(guests[0].domid, g.domid);
+    assert_eq!(guests[0].state_name, "Connected");
+    assert!(guests[0].connected);
+    assert_eq!(guests[0].cluster, 7);
+    assert_eq!(guests[0].hostname, "g1:0");
+    assert_eq!(guests[0].mapped_pages, 1);
+
+    // The frontend closes: everything is released before the backend says Closed.
+    g.close();
+    assert_eq!(host.dom0_mappings(), 0);
+    assert_eq!(host.mapped_by_others(g.domid), 0);
+    assert_eq!(host.state(DOM0).ports_open, 0);
+
+    // The frontend starts again (a resumed guest): InitWait, then Connected again.
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    assert_eq!(host.dom0_mappings(), 1);
+    assert_eq!(host.mapped_by_others(g.domid), 1);
+
+    // Stopping the daemon disconnects the guest cleanly.
+    backend.stop().unwrap();
+    assert_eq!(g.backend_state(), Some(XenbusState::Closing));
+    assert_eq!(host.dom0_mappings(), 0);
+    assert_eq!(host.mapped_by_others(g.domid), 0);
+    assert_eq!(host.state(DOM0).ports_open, 0);
+}
+
+#[test]
+fn a_frontend_restarting_while_connected_is_released_and_served_again() {
+    let host = Host::start();
+    let _backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    assert_eq!(host.dom0_mappings(), 1);
+    // The guest lost its state without closing (as after a resume): Initialising.
+    g.set_state(XenbusState::Initialising);
+    g.wait_backend_state(XenbusState::InitWait);
+    assert_eq!(host.dom0_mappings(), 0);
+    assert_eq!(host.mapped_by_others(g.domid), 0);
+    g.connect();
+    assert_eq!(host.dom0_mappings(), 1);
+}
+
+#[test]
+fn detaching_the_device_releases_the_guest() {
+    let host = Host::start();
+    let backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let xs0 = host.attach(DOM0).xenstore().unwrap();
+    toolstack::detach(xs0.as_ref(), DOM0, g.domid, 0).unwrap();
+    backd_util::eventually("the guest is released", || {
+        host.dom0_mappings() == 0 && host.state(DOM0).ports_open == 0
+    });
+    assert_eq!(host.mapped_by_others(g.domid), 0);
+    let guests = backend
+        .control()
+        .call(Request::Guests)
+        .into_result()
+        .unwrap();
+    assert_eq!(guests, serde_json::json!([]));
+    // Neither half was re-created behind the toolstack's back.
+    assert_eq!(g.backend_state(), None);
+}
+
+#[test]
+fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
+    let host = Host::start();
+    let _backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.wait_backend_state(XenbusState::InitWait);
+    // A ring-ref that grants nothing, and an unbound port.
+    g.write_front(keys::RING_REF, "12345");
+    g.write_front(keys::EVENT_CHANNEL, "1");
+    g.write_front(keys::PROTOCOL_VERSION, "1");
+    g.set_state(XenbusState::Initialised);
+    g.wait_backend_state(XenbusState::Closed);
+    let error = g.read_backend("error").unwrap();
+    assert!(error.contains("ring-ref"), "{error}");
+    assert_eq!(host.dom0_mappings(), 0);
+    assert_eq!(host.state(DOM0).ports_open, 0);
+    // Restarting with a correct ring works.
+    g.set_state(XenbusState::Closed);
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    assert_eq!(host.dom0_mappings(), 1);
+}
+
+#[test]
+fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
+    let host = Host::start();
+    let backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    // A second guest's device claims a multicast MAC (written by hand: attach refuses it).
+    let d2 = host.create("g2");
+    let xs0 = host.attach(DOM0).xenstore().unwrap();
+    let bdir = xmx_wire::xenbus::backend_dir(DOM0, d2, 0);
+    let fdir = xmx_wire::xenbus::frontend_dir(d2, 0);
+    let mac_key = xmx_wire::xenbus::key_path(&bdir, keys::MAC);
+    toolstack::in_transaction(xs0.as_ref(), |tx| {
+        let put = |dir: &str, k: &str, v: &str| {
+            xs0.write(tx, &xmx_wire::xenbus::key_path(dir, k), v.as_bytes())
+        };
+        let perms = |owner, reader| {
+            [
+                XsPerm {
+                    domid: owner,
+                    access: XsAccess::None,
+                },
+                XsPerm {
+                    domid: reader,
+                    access: XsAccess::Read,
+                },
+            ]
+        };
+        xs0.mkdir(tx, &bdir)?;
+        xs0.set_perms(tx, &bdir, &perms(DOM0, d2))?;
+        xs0.mkdir(tx, &fdir)?;
+        xs0.set_perms(tx, &fdir, &perms(d2, DOM0))?;
+        put(&fdir, keys::BACKEND, &bdir)?;
+        put(&fdir, keys::BACKEND_ID, "0")?;
+        put(&fdir, keys::STATE, "1")?;
+        put(&bdir, keys::FRONTEND, &fdir)?;
+        put(&bdir, keys::FRONTEND_ID, &d2.to_string())?;
+        put(&bdir, keys::MAC, "01:00:5e:00:00:01")?;
+        put(&bdir, keys::HOSTNAME, "g2:0")?;
+        put(&bdir, keys::STATE, "1")
+    })
+    .unwrap();
+    let mut g2 = backd_util::FakeGuest::new(&host, d2, 0);
+    g2.wait_backend_state(XenbusState::Closed);
+    assert!(g2.read_backend("error").unwrap().contains("MAC"));
+    let guests: Vec<GuestReport> = serde_json::from_value(
+        backend
+            .control()
+            .call(Request::Guests)
+            .into_result()
+            .unwrap(),
+    )
+    .unwrap();
+    let r = guests.iter().find(|r| r.domid == d2).unwrap();
+    assert_eq!(r.state_name, "Closed");
+    assert!(!r.connected);
+    // The first guest was never disturbed.
+    assert_eq!(g.backend_state(), Some(XenbusState::Connected));
+    // Fixed by the toolstack: the device starts again and connects.
+    xs0.write(xmx_hv::XBT_NULL, &mac_key, b"02:00:00:00:00:0a")
+        .unwrap();
+    g2.connect();
+    assert_eq!(host.dom0_mappings(), 2);
+}
+
+#[test]
+fn attach_writes_both_halves_with_the_toolstack_permissions() {
+    let host = Host::start();
+    let g = host.guest("g1", 1, 4);
+    let other = backd_util::FakeGuest::new(&host, host.create("other"), 0);
+    let xs0 = host.attach(DOM0).xenstore().unwrap();
+    let (bdir, fdir) = (g.backend_dir(), g.frontend_dir());
+    let perm = |domid, access| XsPerm { domid, access };
+    assert_eq!(
+        xs0.get_perms(xmx_hv::XBT_NULL, &bdir).unwrap(),
+        [perm(DOM0, XsAccess::None), perm(g.domid, XsAccess::Read)]
+    );
+    assert_eq!(
+        xs0.get_perms(xmx_hv::XBT_NULL, &fdir).unwrap(),
+        [perm(g.domid, XsAccess::None), perm(DOM0, XsAccess::Read)]
+    );
+    // Keys inherit their directory's permissions.
+    let key = |dir: &str, k: &str| xmx_wire::xenbus::key_path(dir, k);
+    assert_eq!(
+        xs0.get_perms(xmx_hv::XBT_NULL, &key(&bdir, keys::MAC))
+            .unwrap(),
+        [perm(DOM0, XsAccess::None), perm(g.domid, XsAccess::Read)]
+    );
+    assert_eq!(g.read_backend(keys::CLUSTER).as_deref(), Some("4"));
+    assert_eq!(
+        g.read_backend(keys::FRONTEND).as_deref(),
+        Some(fdir.as_str())
+    );
+    // The guest writes its own half, not the backend's; another guest sees neither.
+    g.write_front(keys::RING_REF, "8");
+    assert!(g
+        .xs
+        .write(
+            xmx_hv::XBT_NULL,
+            &key(&bdir, keys::MAC),
+            b"02:00:00:00:00:66"
+        )
+        .is_err());
+    assert!(other
+        .xs
+        .read(xmx_hv::XBT_NULL, &key(&bdir, keys::MAC))
+        .is_err());
+    assert!(other
+        .xs
+        .read(xmx_hv::XBT_NULL, &key(&fdir, keys::STATE))
+        .is_err());
+    // A second attach of the same device is refused; detach removes both halves.
+    let spec = toolstack::DeviceSpec {
+        domu: g.domid,
+        devid: 0,
+        mac: backd_util::guest_mac(1),
+        cluster: 4,
+        hostname: "g1:0".into(),
+    };
+    assert!(matches!(
+        toolstack::attach(xs0.as_ref(), DOM0, &spec),
+        Err(xmx_hv::Error::Exists(_))
+    ));
+    toolstack::detach(xs0.as_ref(), DOM0, g.domid, 0).unwrap();
+    assert!(xs0.read(xmx_hv::XBT_NULL, &bdir).is_err());
+    assert!(xs0.read(xmx_hv::XBT_NULL, &fdir).is_err());
+    assert!(matches!(
+        toolstack::detach(xs0.as_ref(), DOM0, g.domid, 0),
+        Err(xmx_hv::Error::NotFound(_))
+    ));
+}

@@ -1,0 +1,477 @@
+//! Shared pieces of the backend daemon tests: a simulated host in a temporary directory, a
+//! backend serving it on a thread, and a minimal frontend that plays a guest (grants its
+//! pages, writes its xenstore keys, pushes control and send requests, waits on its event
+//! channel).
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xmx_backend::service::{Backend, BackendConfig, BackendThread, Quotas};
+use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
+use xmx_hv::sim::admin::DomainState;
+use xmx_hv::sim::{SimAdmin, SimPlatform};
+use xmx_hv::{
+    DomId, EventChannels, GrantTable, GrantedPages, Platform, Port, Xenstore, DOM0, PAGE_SIZE,
+    XBT_NULL,
+};
+use xmx_simhv::{Config, Daemon, DaemonHandle};
+use xmx_wire::msg::{
+    pack_info_page, pack_info_pages, CtrlFront, CtrlOp, CtrlRequest, CtrlResponse, EndpointOpen,
+    EndpointPages, Event, EventBack, RegionRegister, SendFront, SendRequest, PROTOCOL_VERSION,
+};
+use xmx_wire::mxoe::Mac;
+use xmx_wire::ring::{init_shared, SharedMem};
+use xmx_wire::xenbus::{self, keys, XenbusState};
+
+/// How long any wait in these tests may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A simulated host living in a temporary directory.
+pub struct Host {
+    pub daemon: Option<DaemonHandle>,
+    pub admin: SimAdmin,
+    pub dir: tempfile::TempDir,
+}
+
+impl Host {
+    pub fn start() -> Host {
+        let dir = tempfile::Builder::new().prefix("backd").tempdir().unwrap();
+        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+        let admin = SimAdmin::connect(dir.path()).unwrap();
+        Host {
+            daemon: Some(daemon),
+            admin,
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn create(&self, name: &str) -> DomId {
+        self.admin.create(name, None).unwrap()
+    }
+
+    pub fn attach(&self, domid: DomId) -> SimPlatform {
+        SimPlatform::attach(self.path(), domid).unwrap()
+    }
+
+    pub fn state(&self, domid: DomId) -> DomainState {
+        self.admin.state(domid).unwrap()
+    }
+
+    /// Foreign pages dom0 (the backend) has mapped.
+    pub fn dom0_mappings(&self) -> usize {
+        self.state(DOM0).mappings_held
+    }
+
+    /// Grants of `domid` that another domain maps.
+    pub fn mapped_by_others(&self, domid: DomId) -> usize {
+        self.state(domid).grants_mapped_by_others
+    }
+
+    /// A backend in dom0 of this host, on its own thread, without a NIC.
+    pub fn start_backend(&self, quotas: Quotas) -> BackendThread {
+        let dom0 = self.attach(DOM0);
+        let cfg = BackendConfig {
+            host_name: "testhost".into(),
+            quotas,
+            ..BackendConfig::default()
+        };
+        Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap()
+    }
+
+    /// Create a guest domain and its xmx device 0 as the toolstack does.
+    pub fn guest(&self, name: &str, mac_last: u8, cluster: u32) -> FakeGuest {
+        let domid = self.create(name);
+        let xs0 = self.attach(DOM0).xenstore().unwrap();
+        let spec = DeviceSpec {
+            domu: domid,
+            devid: 0,
+            mac: guest_mac(mac_last),
+            cluster,
+            hostname: format!("{name}:0"),
+        };
+        toolstack::attach(xs0.as_ref(), DOM0, &spec).unwrap();
+        FakeGuest::new(self, domid, 0)
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.shutdown();
+        }
+    }
+}
+
+/// The board MAC tests give guest `last`.
+pub fn guest_mac(last: u8) -> Mac {
+    Mac([0x02, 0x00, 0x00, 0x00, 0x00, last])
+}
+
+/// Poll `cond` until it holds (for counters the test cannot wait on by event).
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Wait, on a xenstore watch, until `path` does not exist.
+pub fn wait_removed(xs: &dyn Xenstore, path: &str) {
+    let token = format!("removed:{path}");
+    xs.watch(path, &token).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while xs.read(XBT_NULL, path).is_ok() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "{path} was never removed");
+        let _ = xs.next_watch_event(Some(left)).unwrap();
+    }
+    xs.unwatch(path, &token).unwrap();
+}
+
+/// Ring memory over pages this guest granted.
+fn granted_mem(pages: &Arc<GrantedPages>, offset: usize, len: usize) -> SharedMem {
+    assert!(offset + len <= pages.len());
+    let owner: Arc<dyn Send + Sync> = pages.clone();
+    // SAFETY: the range lies inside the granted, writable mapping that `owner` keeps
+    // alive; the test touches it only through SharedMem.
+    unsafe { SharedMem::from_raw_with_owner(pages.as_ptr().add(offset), len, owner) }.unwrap()
+}
+
+/// The guest's side of the control ring.
+pub struct Ctrl {
+    pub ring: CtrlFront,
+    pub port: Port,
+    pub pages: Arc<GrantedPages>,
+}
+
+/// The application's side of an open endpoint.
+pub struct FakeEndpoint {
+    pub index: u8,
+    pub port: Port,
+    pub session: u32,
+    pub send: SendFront,
+    pub events: EventBack,
+    pub sendq: SharedMem,
+    pub recvq: SharedMem,
+    pub pages: Arc<GrantedPages>,
+    pub info: GrantedPages,
+}
+
+/// A registered region's pages, kept granted by the guest.
+pub struct FakeRegion {
+    pub pages: Arc<GrantedPages>,
+    pub info: GrantedPages,
+    pub mem: SharedMem,
+}
+
+/// A minimal frontend playing one guest's device.
+pub struct FakeGuest {
+    pub domid: DomId,
+    pub devid: u32,
+    pub platform: SimPlatform,
+    pub xs: Box<dyn Xenstore>,
+    pub gnttab: Arc<dyn GrantTable>,
+    pub evtchn: Box<dyn EventChannels>,
+    pub ctrl: Option<Ctrl>,
+    next_tag: u32,
+    next_watch: u32,
+}
+
+impl FakeGuest {
+    pub fn new(host: &Host, domid: DomId, devid: u32) -> FakeGuest {
+        let platform = host.attach(domid);
+        let xs = platform.xenstore().unwrap();
+        let gnttab = platform.grant_table().unwrap();
+        let evtchn = platform.event_channels().unwrap();
+        FakeGuest {
+            domid,
+            devid,
+            platform,
+            xs,
+            gnttab,
+            evtchn,
+            ctrl: None,
+            next_tag: 1,
+            next_watch: 0,
+        }
+    }
+
+    pub fn frontend_dir(&self) -> String {
+        xenbus::frontend_dir(self.domid, self.devid)
+    }
+
+    pub fn backend_dir(&self) -> String {
+        xenbus::backend_dir(DOM0, self.domid, self.devid)
+    }
+
+    pub fn write_front(&self, key: &str, value: &str) {
+        self.xs
+            .write(
+                XBT_NULL,
+                &xenbus::key_path(&self.frontend_dir(), key),
+                value.as_bytes(),
+            )
+            .unwrap();
+    }
+
+    pub fn set_state(&self, state: XenbusState) {
+        self.write_front(keys::STATE, &state.to_string());
+    }
+
+    pub fn read_backend(&self, key: &str) -> Option<String> {
+        self.xs
+            .read(XBT_NULL, &xenbus::key_path(&self.backend_dir(), key))
+            .ok()
+            .map(|v| String::from_utf8(v).unwrap())
+    }
+
+    pub fn backend_state(&self) -> Option<XenbusState> {
+        self.read_backend(keys::STATE).and_then(|s| s.parse().ok())
+    }
+
+    /// Wait, on a xenstore watch, until the backend's state is `want`.
+    pub fn wait_backend_state(&mut self, want: XenbusState) {
+        let path = xenbus::key_path(&self.backend_dir(), keys::STATE);
+        self.next_watch += 1;
+        let token = format!("test-{}", self.next_watch);
+        self.xs.watch(&path, &token).unwrap();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if self.backend_state() == Some(want) {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "backend of dom{} never reached {want:?} (at {:?})",
+                self.domid,
+                self.backend_state()
+            );
+            let _ = self.xs.next_watch_event(Some(left)).unwrap();
+        }
+        self.xs.unwatch(&path, &token).unwrap();
+        // Events of the removed watch may still be queued; they are harmless but drained.
+        while let Ok(Some(_)) = self.xs.next_watch_event(Some(Duration::ZERO)) {}
+    }
+
+    /// Publish a control ring and event channel, say Initialised, wait for Connected.
+    pub fn connect(&mut self) {
+        self.wait_backend_state(XenbusState::InitWait);
+        let pages = Arc::new(self.gnttab.grant_pages(DOM0, 1, true).unwrap());
+        let ring = CtrlFront::new(granted_mem(&pages, 0, PAGE_SIZE)).unwrap();
+        let port = self.evtchn.alloc_unbound(DOM0).unwrap();
+        self.write_front(keys::RING_REF, &pages.refs()[0].to_string());
+        self.write_front(keys::EVENT_CHANNEL, &port.to_string());
+        self.write_front(keys::PROTOCOL_VERSION, &PROTOCOL_VERSION.to_string());
+        self.ctrl = Some(Ctrl { ring, port, pages });
+        self.set_state(XenbusState::Initialised);
+        self.wait_backend_state(XenbusState::Connected);
+        self.set_state(XenbusState::Connected);
+    }
+
+    /// Close the device from the guest's side and wait for the backend to be Closed.
+    pub fn close(&mut self) {
+        self.set_state(XenbusState::Closing);
+        self.wait_backend_state(XenbusState::Closed);
+        self.set_state(XenbusState::Closed);
+        self.ctrl = None;
+    }
+
+    fn tag(&mut self) -> u32 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    /// Wait on the event channel (any port) and re-enable what fired.
+    pub fn wait_evtchn(&self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "dom{}: nothing came", self.domid);
+        let mut ports = Vec::new();
+        self.evtchn.wait(&mut ports, Some(left)).unwrap();
+        for p in ports {
+            self.evtchn.unmask(p).unwrap();
+        }
+    }
+
+    /// Push a control request and wait for its response.
+    pub fn call(&mut self, op: CtrlOp) -> CtrlResponse {
+        let tag = self.tag();
+        let ctrl = self.ctrl.as_mut().expect("connected");
+        ctrl.ring.push_request(&CtrlRequest { tag, op }).unwrap();
+        if ctrl.ring.push_requests_and_check_notify() {
+            self.evtchn.notify(ctrl.port).unwrap();
+        }
+        self.wait_response(tag)
+    }
+
+    /// Wait for the response tagged `tag` on the control ring.
+    pub fn wait_response(&mut self, tag: u32) -> CtrlResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let ctrl = self.ctrl.as_mut().expect("connected");
+            if let Some(rsp) = ctrl.ring.next_response().unwrap() {
+                assert_eq!(rsp.tag, tag, "responses come in order");
+                return rsp;
+            }
+            if !ctrl.ring.final_check_for_responses().unwrap() {
+                self.wait_evtchn(deadline);
+            }
+        }
+    }
+
+    /// Write raw bytes as the next control request (a hostile guest) and publish it.
+    pub fn push_raw_ctrl(&mut self, slot: &[u8]) {
+        let ctrl = self.ctrl.as_mut().expect("connected");
+        let mem = ctrl.ring.mem().clone();
+        let idx = ctrl.ring.req_prod_pvt();
+        let size = ctrl.ring.size();
+        let off = 64 + (idx & (size - 1)) as usize * xmx_wire::msg::CTRL_SLOT_SIZE;
+        assert!(mem.write_bytes(off, slot));
+        mem.store_u32(0, idx + 1, std::sync::atomic::Ordering::Release);
+        self.evtchn.notify(ctrl.port).unwrap();
+    }
+
+    /// Grant an endpoint's pages and info page and ask the backend to open it.
+    pub fn open_endpoint(
+        &mut self,
+        index: u8,
+        pages: EndpointPages,
+    ) -> (CtrlResponse, Option<FakeEndpoint>) {
+        let total = pages.total();
+        let granted = Arc::new(self.gnttab.grant_pages(DOM0, total, true).unwrap());
+        let info = self.gnttab.grant_pages(DOM0, 1, false).unwrap();
+        let mut page = vec![0u8; PAGE_SIZE];
+        pack_info_page(granted.refs(), &mut page).unwrap();
+        let info_mem = granted_mem_plain(&info);
+        assert!(info_mem.write_bytes(0, &page));
+        let at = |r: std::ops::Range<usize>| (r.start * PAGE_SIZE, r.len() * PAGE_SIZE);
+        let (so, sl) = at(pages.send_ring_refs());
+        let (eo, el) = at(pages.event_ring_refs());
+        let (qo, ql) = at(pages.send_queue_refs());
+        let (ro, rl) = at(pages.recv_queue_refs());
+        let send = SendFront::new(granted_mem(&granted, so, sl)).unwrap();
+        let event_mem = granted_mem(&granted, eo, el);
+        init_shared(&event_mem, 0).unwrap();
+        let events = EventBack::new(event_mem).unwrap();
+        let port = self.evtchn.alloc_unbound(DOM0).unwrap();
+        let rsp = self.call(CtrlOp::EndpointOpen(EndpointOpen {
+            endpoint: index,
+            event_channel: port,
+            info_ref: info.refs()[0],
+            pages,
+        }));
+        if rsp.status != xmx_wire::msg::CtrlStatus::Ok {
+            self.evtchn.close(port).unwrap();
+            return (rsp, None);
+        }
+        let session = match rsp.reply {
+            xmx_wire::msg::CtrlReply::EndpointOpen { session_id, .. } => session_id,
+            other => panic!("answer to an open: {other:?}"),
+        };
+        let ep = FakeEndpoint {
+            index,
+            port,
+            session,
+            send,
+            events,
+            sendq: granted_mem(&granted, qo, ql),
+            recvq: granted_mem(&granted, ro, rl),
+            pages: granted,
+            info,
+        };
+        (rsp, Some(ep))
+    }
+
+    /// Grant a region of `len` bytes starting `offset` bytes into its first page, fill it
+    /// with `fill`, and ask the backend to register it.
+    pub fn register_region(
+        &mut self,
+        endpoint: u8,
+        region_id: u8,
+        offset: u16,
+        len: u32,
+    ) -> (CtrlResponse, FakeRegion) {
+        let nr = (usize::from(offset) + len as usize).div_ceil(PAGE_SIZE);
+        let pages = Arc::new(self.gnttab.grant_pages(DOM0, nr, true).unwrap());
+        let packed = pack_info_pages(pages.refs());
+        let info = self.gnttab.grant_pages(DOM0, packed.len(), false).unwrap();
+        let info_mem = granted_mem_plain(&info);
+        for (i, p) in packed.iter().enumerate() {
+            assert!(info_mem.write_bytes(i * PAGE_SIZE, p));
+        }
+        let rsp = self.call(CtrlOp::RegionRegister(RegionRegister {
+            endpoint,
+            region_id,
+            first_page_offset: offset,
+            length: len,
+            info_refs: info.refs().to_vec(),
+        }));
+        let mem = granted_mem(&pages, 0, pages.len());
+        (rsp, FakeRegion { pages, info, mem })
+    }
+
+    /// Put a request on an endpoint's send ring and notify if the backend asked.
+    pub fn send(&self, ep: &mut FakeEndpoint, req: SendRequest) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            ep.send.reclaim().unwrap();
+            if !ep.send.is_full() {
+                break;
+            }
+            if !ep.send.final_check_for_responses().unwrap() {
+                self.wait_evtchn(deadline);
+            }
+        }
+        ep.send.push_request(&req).unwrap();
+        if ep.send.push_requests_and_check_notify() {
+            self.evtchn.notify(ep.port).unwrap();
+        }
+    }
+
+    /// The next event of an endpoint, waiting on the event channel; its slot stays taken
+    /// until [`FakeGuest::retire_events`].
+    pub fn next_event(&self, ep: &mut FakeEndpoint) -> Event {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(ev) = ep.events.next_request().unwrap() {
+                return ev;
+            }
+            if !ep.events.final_check_for_requests().unwrap() {
+                self.wait_evtchn(deadline);
+            }
+        }
+    }
+
+    /// Hand consumed event slots back to the backend.
+    pub fn retire_events(&self, ep: &mut FakeEndpoint) {
+        ep.events.retire_consumed();
+        if ep.events.push_responses_and_check_notify() {
+            self.evtchn.notify(ep.port).unwrap();
+        }
+    }
+}
+
+/// Ring memory over the whole of a granted mapping, without an owner (the caller keeps the
+/// grant alive while the memory is used).
+fn granted_mem_plain(pages: &GrantedPages) -> SharedMem {
+    // SAFETY: the mapping is writable, `pages.len()` long, and outlives every use the
+    // helpers above make of the returned handle (within the same call).
+    unsafe { SharedMem::from_raw(pages.as_ptr(), pages.len()) }.unwrap()
+}
+
+/// A one-page-ring endpoint with `queue` pages in each queue.
+pub fn small_endpoint(queue: u16) -> EndpointPages {
+    EndpointPages {
+        send_ring: 1,
+        event_ring: 1,
+        send_queue: queue,
+        recv_queue: queue,
+    }
+}
