@@ -15,6 +15,7 @@
 
 pub mod conformance;
 pub mod error;
+pub mod handoff;
 pub mod linux;
 pub mod platform;
 pub mod sim;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::{Error, Result};
+pub use handoff::{ExportedPages, ExportedPort, ImportedPages, ImportedPort};
 pub use platform::{Platform, PlatformKind};
 
 /// A Xen domain id.
@@ -69,6 +71,11 @@ pub trait GrantedOwner: Send + Sync {
     /// Release unconditionally (drop path): end what can be ended and keep the rest
     /// alive until the remote unmaps it.
     fn release(&mut self, refs: &[GrantRef]);
+    /// Descriptors and layout through which another process of this domain can map the
+    /// same pages (see [`handoff`]).
+    fn export(&self) -> Result<handoff::PagesSource> {
+        Err(Error::Unsupported("exporting granted pages".into()))
+    }
 }
 
 impl GrantedPages {
@@ -89,6 +96,22 @@ impl GrantedPages {
     }
     pub fn writable(&self) -> bool {
         self.writable
+    }
+    /// Access to these pages for another process of this domain (see [`handoff`]). The
+    /// grants stay owned by `self`; do not end them while a receiver still maps them.
+    pub fn export(&self) -> Result<ExportedPages> {
+        let owner = self
+            .owner
+            .as_ref()
+            .ok_or_else(|| Error::Closed("the grants were ended".into()))?;
+        let source = owner.export()?;
+        Ok(ExportedPages {
+            fd: source.fd,
+            layout: source.layout,
+            refs: self.refs.clone(),
+            remote: self.remote,
+            writable: self.writable,
+        })
     }
     /// End access to all pages. Refused with [`Error::Busy`] while the remote maps any
     /// of them; the pages are then handed back unchanged.
@@ -232,6 +255,13 @@ pub trait EventChannels: Send + Sync {
     /// Block until a port is pending or `timeout` elapses (None: forever), then report as
     /// [`EventChannels::pending`] does.
     fn wait(&self, out: &mut Vec<Port>, timeout: Option<Duration>) -> Result<()>;
+    /// Access to `port` for another process of this domain (see [`handoff`]). From then
+    /// on the receiver takes the port's events: this handle no longer reports it as
+    /// pending. The port stays owned (and is closed) by this handle.
+    fn export_port(&self, port: Port) -> Result<ExportedPort> {
+        let _ = port;
+        Err(Error::Unsupported("exporting event-channel ports".into()))
+    }
 }
 
 /// A xenstore transaction id; [`XBT_NULL`] is no transaction.

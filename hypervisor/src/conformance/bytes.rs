@@ -135,7 +135,8 @@ mod tests {
         assert!(check_pages(&mem, 3, 8, 0..2048).is_err());
         // The other half was not touched.
         assert!(mem.read(2048, 2048).unwrap().iter().all(|&b| b == 0));
-        mem.write(PAGE_SIZE + 5, &[pattern_byte(seed(7, 3, 1), 5) ^ 1]).unwrap();
+        mem.write(PAGE_SIZE + 5, &[pattern_byte(seed(7, 3, 1), 5) ^ 1])
+            .unwrap();
         let err = check_pages(&mem, 3, 7, 0..2048).unwrap_err();
         assert!(err.starts_with("page 1 byte 5"), "{err}");
     }

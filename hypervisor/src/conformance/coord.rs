@@ -134,7 +134,12 @@ impl Coord {
         })?;
         let count = match found {
             Ok(c) => c,
-            Err(e) => return Ok(Err(format!("peer could not set up: {}", String::from_utf8_lossy(&e)))),
+            Err(e) => {
+                return Ok(Err(format!(
+                    "peer could not set up: {}",
+                    String::from_utf8_lossy(&e)
+                )))
+            }
         };
         let count = parse_count(&count).map_err(SyncError)?;
         let mut refs = Vec::with_capacity(count);
@@ -147,7 +152,10 @@ impl Coord {
             parse_refs(&v, &mut refs).map_err(|e| SyncError(format!("{path}: {e}")))?;
         }
         if refs.len() != count {
-            return Err(SyncError(format!("{dir}: {} refs published, {count} announced", refs.len())));
+            return Err(SyncError(format!(
+                "{dir}: {} refs published, {count} announced",
+                refs.len()
+            )));
         }
         Ok(Ok(refs))
     }
@@ -191,7 +199,12 @@ fn parse_refs(v: &[u8], out: &mut Vec<GrantRef>) -> Result<(), String> {
 
 /// Start `area` afresh: remove what a previous run left, recreate it, and let `readers`
 /// read it (the owner keeps write access; everyone else gets none).
-pub(crate) fn reset_area(xs: &dyn Xenstore, me: DomId, area: &str, readers: &[DomId]) -> SyncResult<()> {
+pub(crate) fn reset_area(
+    xs: &dyn Xenstore,
+    me: DomId,
+    area: &str,
+    readers: &[DomId],
+) -> SyncResult<()> {
     match xs.rm(XBT_NULL, area) {
         Ok(()) | Err(Error::NotFound(_)) => {}
         Err(e) => return Err(SyncError(format!("rm {area}: {e}"))),

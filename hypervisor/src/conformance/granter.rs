@@ -47,7 +47,13 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
     let readers: Vec<DomId> = std::iter::once(mapper).chain(third).collect();
     reset_area(coord.xs(), me, &g_area, &readers)?;
 
-    xs_checks::run(ctx.platform, &format!("{g_area}/local"), mapper, timeout, &mut ctx.report);
+    xs_checks::run(
+        ctx.platform,
+        &format!("{g_area}/local"),
+        mapper,
+        timeout,
+        &mut ctx.report,
+    );
 
     let id = run_id();
     let g = format!("{g_area}/{id}");
@@ -77,7 +83,15 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
 
     // Pages the mapper maps read-only, must not map, holds while we end access, and
     // grant-copies to and from; and one the outsider must not map.
-    let readonly = offer(&coord, &gt, &format!("{g}/readonly"), mapper, 1, false, Some(TAG_READONLY))?;
+    let readonly = offer(
+        &coord,
+        &gt,
+        &format!("{g}/readonly"),
+        mapper,
+        1,
+        false,
+        Some(TAG_READONLY),
+    )?;
     let foreign = offer(&coord, &gt, &format!("{g}/foreign"), other, 1, false, None)?;
     let busy = offer(&coord, &gt, &format!("{g}/busy"), mapper, 1, true, None)?;
     let copy = offer_copy(&coord, &gt, &format!("{g}/copy"), mapper)?;
@@ -102,7 +116,10 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
     if aux_errors.is_empty() {
         ctx.report.pass("grant.aux", "");
     } else {
-        ctx.report.fail("grant.aux", format!("could not grant: {}", aux_errors.join(", ")));
+        ctx.report.fail(
+            "grant.aux",
+            format!("could not grant: {}", aux_errors.join(", ")),
+        );
     }
 
     end_access_while_mapped(ctx, &coord, &g, &m, busy)?;
@@ -116,7 +133,11 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
         coord.wait_text(&format!("{o}/done"))?;
     }
     let mut release_errors = Vec::new();
-    for pages in [readonly, foreign, outsider].into_iter().flatten().chain(copy_pages) {
+    for pages in [readonly, foreign, outsider]
+        .into_iter()
+        .flatten()
+        .chain(copy_pages)
+    {
         if let Err((_, e)) = pages.end_access() {
             release_errors.push(e.to_string());
         }
@@ -124,7 +145,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
     if release_errors.is_empty() {
         ctx.report.pass("grant.aux-end-access", "");
     } else {
-        ctx.report.fail("grant.aux-end-access", release_errors.join("; "));
+        ctx.report
+            .fail("grant.aux-end-access", release_errors.join("; "));
     }
     coord.put(&format!("{g}/done"), "ok")?;
     if let Err(e) = coord.xs().rm(XBT_NULL, &g_area) {
@@ -160,7 +182,10 @@ fn publish_perm_nodes(ctx: &mut Ctx, coord: &Coord, g: &str, mapper: DomId) {
         xs.set_perms(XBT_NULL, &private, &[owner_only])?;
         Ok(())
     })();
-    ctx.report.record("xs.perm-publish", result.map(|_| String::new()).map_err(|e| e.to_string()));
+    ctx.report.record(
+        "xs.perm-publish",
+        result.map(|_| String::new()).map_err(|e| e.to_string()),
+    );
 }
 
 /// Grant `count` pages to `remote` and publish their refs under `dir` (or the error).
@@ -215,7 +240,11 @@ fn batch(
         // SAFETY: the pages stay mapped while `pages` lives, which outlasts `mem`.
         let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
         if pages.refs().len() != n || pages.len() != n * PAGE_SIZE {
-            return Err(format!("{} refs, {} bytes for {n} pages", pages.refs().len(), pages.len()));
+            return Err(format!(
+                "{} refs, {} bytes for {n} pages",
+                pages.refs().len(),
+                pages.len()
+            ));
         }
         fill_pages(&mem, n, TAG_GRANTER, 0..HALF)?;
         Ok(pages)
@@ -224,8 +253,10 @@ fn batch(
         Ok(p) => p,
         Err(e) => {
             ctx.report.fail(&format!("grant.{n}.grant"), e.clone());
-            ctx.report.skip(&format!("grant.{n}.mapper-to-granter"), "not granted");
-            ctx.report.skip(&format!("grant.{n}.end-access"), "not granted");
+            ctx.report
+                .skip(&format!("grant.{n}.mapper-to-granter"), "not granted");
+            ctx.report
+                .skip(&format!("grant.{n}.end-access"), "not granted");
             return coord.put_error(&dir, &e);
         }
     };
@@ -240,11 +271,17 @@ fn batch(
             check_pages(&mem, n, TAG_MAPPER, HALF..PAGE_SIZE).map(|_| String::new()),
         );
     } else {
-        ctx.report.skip(&format!("grant.{n}.mapper-to-granter"), format!("mapper: {answer}"));
+        ctx.report.skip(
+            &format!("grant.{n}.mapper-to-granter"),
+            format!("mapper: {answer}"),
+        );
     }
     ctx.report.record(
         &format!("grant.{n}.end-access"),
-        pages.end_access().map(|_| String::new()).map_err(|(_, e)| e.to_string()),
+        pages
+            .end_access()
+            .map(|_| String::new())
+            .map_err(|(_, e)| e.to_string()),
     );
     Ok(())
 }
@@ -275,7 +312,9 @@ fn end_access_while_mapped(
         );
     } else if let Some(p) = pages.take() {
         match p.end_access() {
-            Ok(()) => ctx.report.fail(BUSY, "access ended while the mapper maps the page"),
+            Ok(()) => ctx
+                .report
+                .fail(BUSY, "access ended while the mapper maps the page"),
             Err((p, Error::Busy(m))) => {
                 ctx.report.pass(BUSY, format!("refused: {m}"));
                 pages = Some(p);
@@ -293,7 +332,9 @@ fn end_access_while_mapped(
     match pages {
         Some(p) => ctx.report.record(
             AFTER,
-            p.end_access().map(|_| String::new()).map_err(|(_, e)| e.to_string()),
+            p.end_access()
+                .map(|_| String::new())
+                .map_err(|(_, e)| e.to_string()),
         ),
         None => ctx.report.skip(AFTER, "access already ended"),
     }
@@ -315,7 +356,9 @@ fn offer_copy(
 ) -> SyncResult<Result<CopyPages, String>> {
     let granted = gt.clone().and_then(|gt| {
         let rw = gt.grant_pages(mapper, 2, true).map_err(|e| e.to_string())?;
-        let ro = gt.grant_pages(mapper, 1, false).map_err(|e| e.to_string())?;
+        let ro = gt
+            .grant_pages(mapper, 1, false)
+            .map_err(|e| e.to_string())?;
         // SAFETY: the pages stay mapped while `rw` lives, which outlasts `mem`.
         let mem = unsafe { Shared::new(rw.as_ptr(), rw.len()) };
         mem.write(0, &pattern(seed(TAG_COPY_SOURCE, 1, 0), PAGE_SIZE))?;
@@ -362,7 +405,11 @@ fn check_copy(
             if dest.get(at..at + len) != Some(&want[..]) {
                 return Err("the copied bytes are not in the destination page".into());
             }
-            if dest.iter().enumerate().any(|(i, &b)| (i < at || i >= at + len) && b != 0) {
+            if dest
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| (i < at || i >= at + len) && b != 0)
+            {
                 return Err("the copy wrote outside its range".into());
             }
             if ro.read(0, PAGE_SIZE)?.iter().any(|&b| b != 0) {
@@ -388,13 +435,20 @@ fn event_channels(
     let timeout = ctx.setup.timeout;
     let opened = ctx.platform.event_channels().map_err(|e| e.to_string());
     let ports = opened.as_ref().map_err(Clone::clone).and_then(|ev| {
-        let p = ev.alloc_unbound(mapper).map_err(|e| format!("for {mapper}: {e}"))?;
-        let q = ev.alloc_unbound(other).map_err(|e| format!("for {other}: {e}"))?;
+        let p = ev
+            .alloc_unbound(mapper)
+            .map_err(|e| format!("for {mapper}: {e}"))?;
+        let q = ev
+            .alloc_unbound(other)
+            .map_err(|e| format!("for {other}: {e}"))?;
         Ok((p, q))
     });
     ctx.report.record(
         "evtchn.alloc-unbound",
-        ports.as_ref().map(|(p, q)| format!("ports {p}, {q}")).map_err(Clone::clone),
+        ports
+            .as_ref()
+            .map(|(p, q)| format!("ports {p}, {q}"))
+            .map_err(Clone::clone),
     );
     let (ev, (p, q)) = match (opened, ports) {
         (Ok(ev), Ok(pq)) => (ev, pq),
@@ -418,10 +472,14 @@ fn event_channels(
     let first = coord.wait_text(&format!("{m}/evtchn/notified1"))?;
     let got_first = if first == "ok" {
         let r = wait_port(ev, p, timeout);
-        ctx.report.record("evtchn.notify-from-mapper", r.clone().map(|_| String::new()));
+        ctx.report.record(
+            "evtchn.notify-from-mapper",
+            r.clone().map(|_| String::new()),
+        );
         r.is_ok()
     } else {
-        ctx.report.skip("evtchn.notify-from-mapper", format!("mapper: {first}"));
+        ctx.report
+            .skip("evtchn.notify-from-mapper", format!("mapper: {first}"));
         false
     };
     // The port stays masked: the mapper's second event must wait for our unmask.
@@ -440,12 +498,16 @@ fn event_channels(
         })();
         ctx.report.record("evtchn.masked-until-unmask", r);
     } else {
-        ctx.report.skip("evtchn.masked-until-unmask", format!("mapper: {second}"));
+        ctx.report
+            .skip("evtchn.masked-until-unmask", format!("mapper: {second}"));
     }
     let _ = ev.unmask(p);
 
     let sent = ev.notify(p).map_err(|e| e.to_string());
-    ctx.report.record("evtchn.notify-to-mapper", sent.clone().map(|_| String::new()));
+    ctx.report.record(
+        "evtchn.notify-to-mapper",
+        sent.clone().map(|_| String::new()),
+    );
     coord.put(&format!("{g}/evtchn/notified"), verdict(&sent))?;
 
     coord.wait_text(&format!("{m}/evtchn/closed"))?;

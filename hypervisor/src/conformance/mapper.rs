@@ -6,8 +6,8 @@ use std::sync::Arc;
 use super::bytes::{check_pages, fill_pages, pattern, seed, Shared};
 use super::coord::{reset_area, Coord, SyncResult};
 use super::granter::{
-    COPY_DEST_LEN, COPY_DEST_OFFSET, HALF, TAG_COPY_DEST, TAG_COPY_SOURCE, TAG_GRANTER,
-    TAG_MAPPER, TAG_READONLY,
+    COPY_DEST_LEN, COPY_DEST_OFFSET, HALF, TAG_COPY_DEST, TAG_COPY_SOURCE, TAG_GRANTER, TAG_MAPPER,
+    TAG_READONLY,
 };
 use super::{
     expect_refused, parse_domid, parse_run_id, verdict, wait_port, xs_checks, Ctx, SyncError,
@@ -35,10 +35,16 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
         .map_err(|e| SyncError(format!("xenstore connection: {e}")))?;
     let g_area = ctx.area(probe.as_ref(), granter)?;
     let m_area = ctx.area(probe.as_ref(), me)?;
-    let mut coord = Coord::new(ctx.platform, &[g_area.clone()], timeout)?;
+    let mut coord = Coord::new(ctx.platform, std::slice::from_ref(&g_area), timeout)?;
     reset_area(coord.xs(), me, &m_area, &[granter])?;
 
-    xs_checks::run(ctx.platform, &format!("{m_area}/local"), granter, timeout, &mut ctx.report);
+    xs_checks::run(
+        ctx.platform,
+        &format!("{m_area}/local"),
+        granter,
+        timeout,
+        &mut ctx.report,
+    );
 
     let id = parse_run_id(&coord.wait_text(&format!("{g_area}/run"))?)?;
     let g = format!("{g_area}/{id}");
@@ -73,7 +79,9 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
     let done_path = format!("{g}/done");
     coord.wait("the granter to finish", |xs| {
         let finished = xs.read(XBT_NULL, &done_path).is_ok()
-            || xs.read(XBT_NULL, &run_path).map_or(true, |r| r != id.as_bytes());
+            || xs
+                .read(XBT_NULL, &run_path)
+                .map_or(true, |r| r != id.as_bytes());
         finished.then_some(())
     })?;
     if let Err(e) = coord.xs().rm(XBT_NULL, &m_area) {
@@ -114,7 +122,8 @@ fn read_granter_nodes(ctx: &mut Ctx, coord: &Coord, g: &str) {
     );
     if ctx.me == DOM0 {
         ctx.report.skip("xs.perm-read-denied", "dom0 is privileged");
-        ctx.report.skip("xs.perm-write-denied", "dom0 is privileged");
+        ctx.report
+            .skip("xs.perm-write-denied", "dom0 is privileged");
         return;
     }
     ctx.report.record(
@@ -182,7 +191,10 @@ fn batch(
     ctx.report.pass(&map_name, "one batch");
     // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
     let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
-    ctx.report.record(&seen_name, check_pages(&mem, n, TAG_GRANTER, 0..HALF).map(|_| String::new()));
+    ctx.report.record(
+        &seen_name,
+        check_pages(&mem, n, TAG_GRANTER, 0..HALF).map(|_| String::new()),
+    );
     let wrote = fill_pages(&mem, n, TAG_MAPPER, HALF..PAGE_SIZE);
     drop(pages);
     coord.put(&answer, verdict(&wrote))
@@ -205,24 +217,42 @@ fn readonly(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, granter: DomId) -
         ctx.report.fail(MAPS, e);
         return Ok(());
     };
-    ctx.report.record(REFUSES, expect_refused("writable map of a read-only grant", table.map(granter, &refs, true)));
-    let result = table.map(granter, &refs, false).map_err(|e| e.to_string()).and_then(|pages| {
-        // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
-        let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
-        check_pages(&mem, refs.len(), TAG_READONLY, 0..PAGE_SIZE).map(|_| String::new())
-    });
+    ctx.report.record(
+        REFUSES,
+        expect_refused(
+            "writable map of a read-only grant",
+            table.map(granter, &refs, true),
+        ),
+    );
+    let result = table
+        .map(granter, &refs, false)
+        .map_err(|e| e.to_string())
+        .and_then(|pages| {
+            // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
+            let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+            check_pages(&mem, refs.len(), TAG_READONLY, 0..PAGE_SIZE).map(|_| String::new())
+        });
     ctx.report.record(MAPS, result);
     Ok(())
 }
 
-fn not_granted(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, granter: DomId) -> SyncResult<()> {
+fn not_granted(
+    ctx: &mut Ctx,
+    coord: &Coord,
+    gt: &Table,
+    g: &str,
+    granter: DomId,
+) -> SyncResult<()> {
     const NAME: &str = "grant.not-granted-refused";
     match (coord.wait_refs(&format!("{g}/foreign"))?, gt) {
         (Err(e), _) => ctx.report.skip(NAME, e),
         (_, Err(e)) => ctx.report.fail(NAME, e.clone()),
         (Ok(refs), Ok(table)) => ctx.report.record(
             NAME,
-            expect_refused("map of a page granted to another domain", table.map(granter, &refs, false)),
+            expect_refused(
+                "map of a page granted to another domain",
+                table.map(granter, &refs, false),
+            ),
         ),
     }
     Ok(())
@@ -270,7 +300,10 @@ fn hold_while_granter_ends(
     let mapped = gt
         .clone()
         .and_then(|t| t.map(granter, &refs, true).map_err(|e| e.to_string()));
-    ctx.report.record(NAME, mapped.as_ref().map(|_| String::new()).map_err(Clone::clone));
+    ctx.report.record(
+        NAME,
+        mapped.as_ref().map(|_| String::new()).map_err(Clone::clone),
+    );
     coord.put(&format!("{m}/busy/mapped"), verdict(&mapped))?;
     if let Ok(pages) = mapped {
         coord.wait_text(&format!("{g}/busy/tried"))?;
@@ -282,7 +315,14 @@ fn hold_while_granter_ends(
 
 /// One grant-copy call of four segments: foreign to local, local to foreign, a bad
 /// ref (must fail alone) and a write into a read-only grant (must be refused).
-fn copy(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, m: &str, granter: DomId) -> SyncResult<()> {
+fn copy(
+    ctx: &mut Ctx,
+    coord: &Coord,
+    gt: &Table,
+    g: &str,
+    m: &str,
+    granter: DomId,
+) -> SyncResult<()> {
     const FROM: &str = "grant.copy-from-foreign";
     const TO: &str = "grant.copy-to-foreign";
     const BAD: &str = "grant.copy-bad-ref-fails-alone";
@@ -345,7 +385,11 @@ fn copy(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, m: &str, granter: Dom
             if r.len() == segments.len() {
                 Ok(r)
             } else {
-                Err(format!("{} results for {} segments", r.len(), segments.len()))
+                Err(format!(
+                    "{} results for {} segments",
+                    r.len(),
+                    segments.len()
+                ))
             }
         });
     let results = match results {
@@ -408,7 +452,8 @@ fn event_channels(
     })?;
     if let Err(e) = published {
         for name in [OTHER, BIND, TO, FROM, CLOSE] {
-            ctx.report.skip(name, format!("granter: {}", String::from_utf8_lossy(&e)));
+            ctx.report
+                .skip(name, format!("granter: {}", String::from_utf8_lossy(&e)));
         }
         return Ok(());
     }
@@ -423,16 +468,26 @@ fn event_channels(
         Ok(ev) => {
             ctx.report.record(
                 OTHER,
-                expect_refused("bind to a port allocated for another domain", ev.bind_interdomain(granter, other_port)),
+                expect_refused(
+                    "bind to a port allocated for another domain",
+                    ev.bind_interdomain(granter, other_port),
+                ),
             );
-            ev.bind_interdomain(granter, port).map_err(|e| e.to_string())
+            ev.bind_interdomain(granter, port)
+                .map_err(|e| e.to_string())
         }
         Err(e) => {
             ctx.report.fail(OTHER, e.clone());
             Err(e.clone())
         }
     };
-    ctx.report.record(BIND, bound.as_ref().map(|p| format!("local port {p}")).map_err(Clone::clone));
+    ctx.report.record(
+        BIND,
+        bound
+            .as_ref()
+            .map(|p| format!("local port {p}"))
+            .map_err(Clone::clone),
+    );
     let (ev, local) = match (ev, bound) {
         (Ok(ev), Ok(local)) => (ev, local),
         (_, Err(e)) | (Err(e), _) => {
@@ -453,7 +508,8 @@ fn event_channels(
     coord.put(&format!("{m}/evtchn/notified1"), verdict(&first))?;
     coord.wait_text(&format!("{g}/evtchn/masked"))?;
     let second = ev.notify(local).map_err(|e| e.to_string());
-    ctx.report.record(TO, first.and(second.clone()).map(|_| String::new()));
+    ctx.report
+        .record(TO, first.and(second.clone()).map(|_| String::new()));
     coord.put(&format!("{m}/evtchn/notified2"), verdict(&second))?;
 
     let sent = coord.wait_text(&format!("{g}/evtchn/notified"))?;

@@ -12,7 +12,7 @@
 //! Each role writes only under its own area: `/local/domain/<domid>/<base>` for a
 //! relative `base` (default [`DEFAULT_BASE`]), `<base>/<domid>` for an absolute one. It
 //! starts by removing what a previous run left there, lets the other roles read the
-//! area, runs the [local xenstore checks](xs_checks) under `<area>/local`, and for
+//! area, runs the local xenstore checks under `<area>/local`, and for
 //! the granter writes `<area>/run = <run id>`. Everything of one run lives under
 //! `<area>/<run id>/`, so the granter never mistakes a stale key of an earlier mapper
 //! for an answer. A run that crashed can leave a stale `run` in the granter's area that
@@ -254,7 +254,11 @@ pub(crate) fn expect_refused<T>(what: &str, result: crate::Result<T>) -> Result<
 
 /// Wait up to `timeout` for `port` to be reported pending on `ev` (other ports that
 /// turn up meanwhile are ignored). Leaves `port` masked.
-pub(crate) fn wait_port(ev: &dyn EventChannels, port: Port, timeout: Duration) -> Result<(), String> {
+pub(crate) fn wait_port(
+    ev: &dyn EventChannels,
+    port: Port,
+    timeout: Duration,
+) -> Result<(), String> {
     let deadline = std::time::Instant::now() + timeout;
     let mut seen = Vec::new();
     loop {
@@ -263,7 +267,8 @@ pub(crate) fn wait_port(ev: &dyn EventChannels, port: Port, timeout: Duration) -
             return Err(format!("port {port} not pending within {timeout:?}"));
         }
         seen.clear();
-        ev.wait(&mut seen, Some(left)).map_err(|e| format!("wait: {e}"))?;
+        ev.wait(&mut seen, Some(left))
+            .map_err(|e| format!("wait: {e}"))?;
         if seen.contains(&port) {
             return Ok(());
         }

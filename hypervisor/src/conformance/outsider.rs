@@ -17,10 +17,16 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
     let g_area = ctx.area(probe.as_ref(), granter)?;
     let o_area = ctx.area(probe.as_ref(), me)?;
     drop(probe);
-    let coord = Coord::new(ctx.platform, &[g_area.clone()], timeout)?;
+    let coord = Coord::new(ctx.platform, std::slice::from_ref(&g_area), timeout)?;
     reset_area(coord.xs(), me, &o_area, &[granter])?;
 
-    xs_checks::run(ctx.platform, &format!("{o_area}/local"), granter, timeout, &mut ctx.report);
+    xs_checks::run(
+        ctx.platform,
+        &format!("{o_area}/local"),
+        granter,
+        timeout,
+        &mut ctx.report,
+    );
 
     let id = parse_run_id(&coord.wait_text(&format!("{g_area}/run"))?)?;
     let g = format!("{g_area}/{id}");
@@ -58,7 +64,10 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
                 ctx.report.fail(COPY, e.to_string());
             }
             Ok(gt) => {
-                ctx.report.record(MAP, expect_refused("map of the mapper's grant", gt.map(granter, &refs, false)));
+                ctx.report.record(
+                    MAP,
+                    expect_refused("map of the mapper's grant", gt.map(granter, &refs, false)),
+                );
                 let mut buf = vec![0u8; 64];
                 let seg = CopySegment {
                     source: CopyPtr::Foreign {
@@ -73,7 +82,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
                     Some(one) => one,
                     None => Err(Error::Protocol("no result for the segment".into())),
                 });
-                ctx.report.record(COPY, expect_refused("copy from the mapper's grant", copied));
+                ctx.report
+                    .record(COPY, expect_refused("copy from the mapper's grant", copied));
             }
         },
     }
@@ -93,7 +103,10 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
         match ctx.platform.event_channels() {
             Ok(ev) => ctx.report.record(
                 BIND,
-                expect_refused("bind to the mapper's port", ev.bind_interdomain(granter, port)),
+                expect_refused(
+                    "bind to the mapper's port",
+                    ev.bind_interdomain(granter, port),
+                ),
             ),
             Err(e) => ctx.report.fail(BIND, e.to_string()),
         }
@@ -107,7 +120,9 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
     let done_path = format!("{g}/done");
     coord.wait("the granter to finish", |xs| {
         let finished = xs.read(XBT_NULL, &done_path).is_ok()
-            || xs.read(XBT_NULL, &run_path).map_or(true, |r| r != id.as_bytes());
+            || xs
+                .read(XBT_NULL, &run_path)
+                .map_or(true, |r| r != id.as_bytes());
         finished.then_some(())
     })?;
     if let Err(e) = coord.xs().rm(XBT_NULL, &o_area) {

@@ -146,7 +146,10 @@ mod tests {
         assert!(r.passed());
         r.record("c", Err("boom".into()));
         assert!(!r.passed());
-        assert_eq!(r.failures().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert_eq!(
+            r.failures().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["c"]
+        );
         assert_eq!(r.names(), ["a", "b", "c"]);
         assert_eq!(r.get("b").unwrap().outcome, Outcome::Skip);
         assert!(r.get("d").is_none());
@@ -166,7 +169,10 @@ mod tests {
         assert_eq!(v["checks"][1]["detail"], "refused \"x\"");
         let text = r.to_string();
         assert!(text.contains("PASS  grant.1.map"), "{text}");
-        assert!(text.contains("FAIL  evtchn.bind  (refused \"x\")"), "{text}");
+        assert!(
+            text.contains("FAIL  evtchn.bind  (refused \"x\")"),
+            "{text}"
+        );
         assert!(text.ends_with("1 passed, 1 failed, 0 skipped"), "{text}");
     }
 }

@@ -7,7 +7,13 @@ use crate::{DomId, Error, Platform, Xenstore, XsAccess, XsPerm, XBT_NULL};
 
 /// Run every local xenstore check under `dir` (which the caller owns), on a fresh
 /// connection so that no other watch interferes.
-pub(crate) fn run(platform: &dyn Platform, dir: &str, peer: DomId, timeout: Duration, report: &mut Report) {
+pub(crate) fn run(
+    platform: &dyn Platform,
+    dir: &str,
+    peer: DomId,
+    timeout: Duration,
+    report: &mut Report,
+) {
     let xs = match platform.xenstore() {
         Ok(xs) => xs,
         Err(e) => {
@@ -59,9 +65,12 @@ fn write_read(xs: &dyn Xenstore, dir: &str) -> Result<String, String> {
 
 fn directory(xs: &dyn Xenstore, dir: &str) -> Result<String, String> {
     let list = format!("{dir}/list");
-    xs.write(XBT_NULL, &format!("{list}/b"), b"2").map_err(e("write"))?;
-    xs.write(XBT_NULL, &format!("{list}/a"), b"1").map_err(e("write"))?;
-    xs.mkdir(XBT_NULL, &format!("{list}/c")).map_err(e("mkdir"))?;
+    xs.write(XBT_NULL, &format!("{list}/b"), b"2")
+        .map_err(e("write"))?;
+    xs.write(XBT_NULL, &format!("{list}/a"), b"1")
+        .map_err(e("write"))?;
+    xs.mkdir(XBT_NULL, &format!("{list}/c"))
+        .map_err(e("mkdir"))?;
     let mut names = xs.directory(XBT_NULL, &list).map_err(e("directory"))?;
     names.sort();
     if names != ["a", "b", "c"] {
@@ -103,7 +112,8 @@ fn perms(xs: &dyn Xenstore, dir: &str, me: DomId, peer: DomId) -> Result<String,
             access: XsAccess::Both,
         },
     ];
-    xs.set_perms(XBT_NULL, &path, &want).map_err(e("set_perms"))?;
+    xs.set_perms(XBT_NULL, &path, &want)
+        .map_err(e("set_perms"))?;
     let got = xs.get_perms(XBT_NULL, &path).map_err(e("get_perms"))?;
     if got != want {
         return Err(format!("get_perms gave {got:?}, set {want:?}"));
@@ -114,7 +124,8 @@ fn perms(xs: &dyn Xenstore, dir: &str, me: DomId, peer: DomId) -> Result<String,
 fn transaction_commit(xs: &dyn Xenstore, dir: &str) -> Result<String, String> {
     let path = format!("{dir}/tx-commit");
     let tx = xs.transaction_start().map_err(e("transaction_start"))?;
-    xs.write(tx, &path, b"in-tx").map_err(e("write in transaction"))?;
+    xs.write(tx, &path, b"in-tx")
+        .map_err(e("write in transaction"))?;
     // Isolation: outside the transaction the write is not there yet.
     let outside = xs.read(XBT_NULL, &path);
     if !matches!(outside, Err(Error::NotFound(_))) {
@@ -132,7 +143,8 @@ fn transaction_commit(xs: &dyn Xenstore, dir: &str) -> Result<String, String> {
 fn transaction_abort(xs: &dyn Xenstore, dir: &str) -> Result<String, String> {
     let path = format!("{dir}/tx-abort");
     let tx = xs.transaction_start().map_err(e("transaction_start"))?;
-    xs.write(tx, &path, b"dropped").map_err(e("write in transaction"))?;
+    xs.write(tx, &path, b"dropped")
+        .map_err(e("write in transaction"))?;
     xs.transaction_end(tx, false).map_err(e("abort"))?;
     match xs.read(XBT_NULL, &path) {
         Err(Error::NotFound(_)) => Ok(String::new()),
@@ -149,8 +161,10 @@ fn transaction_conflict(xs: &dyn Xenstore, dir: &str) -> Result<String, String> 
         let _ = xs.transaction_end(tx, false);
         return Err(format!("transaction read {seen:?}"));
     }
-    xs.write(XBT_NULL, &path, b"outside").map_err(e("write outside"))?;
-    xs.write(tx, &path, b"inside").map_err(e("write in transaction"))?;
+    xs.write(XBT_NULL, &path, b"outside")
+        .map_err(e("write outside"))?;
+    xs.write(tx, &path, b"inside")
+        .map_err(e("write in transaction"))?;
     match xs.transaction_end(tx, true) {
         Err(Error::Again) => {}
         other => return Err(format!("conflicting commit gave {other:?}, want Again")),
@@ -180,14 +194,22 @@ fn watch_token(xs: &dyn Xenstore, dir: &str, timeout: Duration) -> Result<String
 
 /// Wait for the event (`path`, `token`), ignoring other events for the same token
 /// (a write may also fire for the watched path itself on some xenstoreds).
-fn expect_event(xs: &dyn Xenstore, path: &str, token: &str, timeout: Duration) -> Result<(), String> {
+fn expect_event(
+    xs: &dyn Xenstore,
+    path: &str,
+    token: &str,
+    timeout: Duration,
+) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(format!("no watch event for {path} within {timeout:?}"));
         }
-        match xs.next_watch_event(Some(left)).map_err(e("next_watch_event"))? {
+        match xs
+            .next_watch_event(Some(left))
+            .map_err(e("next_watch_event"))?
+        {
             Some(ev) if ev.path == path && ev.token == token => return Ok(()),
             Some(ev) if ev.token != token => {
                 return Err(format!("event {ev:?} carries the wrong token"));

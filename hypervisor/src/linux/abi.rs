@@ -207,10 +207,8 @@ pub const IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR: libc::Ioctl =
     ioc_none(b'G', 2, size_of::<GntdevGetOffsetForVaddr>());
 pub const IOCTL_GNTDEV_SET_MAX_GRANTS: libc::Ioctl =
     ioc_none(b'G', 3, size_of::<GntdevSetMaxGrants>());
-pub const IOCTL_GNTDEV_SET_UNMAP_NOTIFY: libc::Ioctl =
-    ioc_none(b'G', 7, size_of::<UnmapNotify>());
-pub const IOCTL_GNTDEV_GRANT_COPY: libc::Ioctl =
-    ioc_none(b'G', 8, size_of::<GntdevGrantCopy>());
+pub const IOCTL_GNTDEV_SET_UNMAP_NOTIFY: libc::Ioctl = ioc_none(b'G', 7, size_of::<UnmapNotify>());
+pub const IOCTL_GNTDEV_GRANT_COPY: libc::Ioctl = ioc_none(b'G', 8, size_of::<GntdevGrantCopy>());
 
 // ---------------------------------------------------------------------------------
 // grant status codes (Xen public/grant_table.h)
@@ -328,19 +326,64 @@ pub fn abi_facts() -> Vec<AbiFact> {
     vec![
         size_fact!("struct ioctl_gntalloc_alloc_gref", GntallocAllocGref),
         align_fact!("struct ioctl_gntalloc_alloc_gref", GntallocAllocGref),
-        offset_fact!("struct ioctl_gntalloc_alloc_gref", "domid", GntallocAllocGref, domid),
-        offset_fact!("struct ioctl_gntalloc_alloc_gref", "flags", GntallocAllocGref, flags),
-        offset_fact!("struct ioctl_gntalloc_alloc_gref", "count", GntallocAllocGref, count),
-        offset_fact!("struct ioctl_gntalloc_alloc_gref", "index", GntallocAllocGref, index),
-        offset_fact!("struct ioctl_gntalloc_alloc_gref", "gref_ids", GntallocAllocGref, gref_ids),
+        offset_fact!(
+            "struct ioctl_gntalloc_alloc_gref",
+            "domid",
+            GntallocAllocGref,
+            domid
+        ),
+        offset_fact!(
+            "struct ioctl_gntalloc_alloc_gref",
+            "flags",
+            GntallocAllocGref,
+            flags
+        ),
+        offset_fact!(
+            "struct ioctl_gntalloc_alloc_gref",
+            "count",
+            GntallocAllocGref,
+            count
+        ),
+        offset_fact!(
+            "struct ioctl_gntalloc_alloc_gref",
+            "index",
+            GntallocAllocGref,
+            index
+        ),
+        offset_fact!(
+            "struct ioctl_gntalloc_alloc_gref",
+            "gref_ids",
+            GntallocAllocGref,
+            gref_ids
+        ),
         size_fact!("struct ioctl_gntalloc_dealloc_gref", GntallocDeallocGref),
         align_fact!("struct ioctl_gntalloc_dealloc_gref", GntallocDeallocGref),
-        offset_fact!("struct ioctl_gntalloc_dealloc_gref", "index", GntallocDeallocGref, index),
-        offset_fact!("struct ioctl_gntalloc_dealloc_gref", "count", GntallocDeallocGref, count),
+        offset_fact!(
+            "struct ioctl_gntalloc_dealloc_gref",
+            "index",
+            GntallocDeallocGref,
+            index
+        ),
+        offset_fact!(
+            "struct ioctl_gntalloc_dealloc_gref",
+            "count",
+            GntallocDeallocGref,
+            count
+        ),
         size_fact!("struct ioctl_gntalloc_unmap_notify", UnmapNotify),
         align_fact!("struct ioctl_gntalloc_unmap_notify", UnmapNotify),
-        offset_fact!("struct ioctl_gntalloc_unmap_notify", "index", UnmapNotify, index),
-        offset_fact!("struct ioctl_gntalloc_unmap_notify", "action", UnmapNotify, action),
+        offset_fact!(
+            "struct ioctl_gntalloc_unmap_notify",
+            "index",
+            UnmapNotify,
+            index
+        ),
+        offset_fact!(
+            "struct ioctl_gntalloc_unmap_notify",
+            "action",
+            UnmapNotify,
+            action
+        ),
         offset_fact!(
             "struct ioctl_gntalloc_unmap_notify",
             "event_channel_port",
@@ -348,8 +391,18 @@ pub fn abi_facts() -> Vec<AbiFact> {
             event_channel_port
         ),
         size_fact!("struct ioctl_gntdev_unmap_notify", UnmapNotify),
-        offset_fact!("struct ioctl_gntdev_unmap_notify", "index", UnmapNotify, index),
-        offset_fact!("struct ioctl_gntdev_unmap_notify", "action", UnmapNotify, action),
+        offset_fact!(
+            "struct ioctl_gntdev_unmap_notify",
+            "index",
+            UnmapNotify,
+            index
+        ),
+        offset_fact!(
+            "struct ioctl_gntdev_unmap_notify",
+            "action",
+            UnmapNotify,
+            action
+        ),
         offset_fact!(
             "struct ioctl_gntdev_unmap_notify",
             "event_channel_port",
@@ -358,20 +411,61 @@ pub fn abi_facts() -> Vec<AbiFact> {
         ),
         size_fact!("struct ioctl_gntdev_grant_ref", GntdevGrantRef),
         align_fact!("struct ioctl_gntdev_grant_ref", GntdevGrantRef),
-        offset_fact!("struct ioctl_gntdev_grant_ref", "domid", GntdevGrantRef, domid),
+        offset_fact!(
+            "struct ioctl_gntdev_grant_ref",
+            "domid",
+            GntdevGrantRef,
+            domid
+        ),
         offset_fact!("struct ioctl_gntdev_grant_ref", "ref", GntdevGrantRef, gref),
         size_fact!("struct ioctl_gntdev_map_grant_ref", GntdevMapGrantRef),
         align_fact!("struct ioctl_gntdev_map_grant_ref", GntdevMapGrantRef),
-        offset_fact!("struct ioctl_gntdev_map_grant_ref", "count", GntdevMapGrantRef, count),
-        offset_fact!("struct ioctl_gntdev_map_grant_ref", "pad", GntdevMapGrantRef, pad),
-        offset_fact!("struct ioctl_gntdev_map_grant_ref", "index", GntdevMapGrantRef, index),
-        offset_fact!("struct ioctl_gntdev_map_grant_ref", "refs", GntdevMapGrantRef, refs),
+        offset_fact!(
+            "struct ioctl_gntdev_map_grant_ref",
+            "count",
+            GntdevMapGrantRef,
+            count
+        ),
+        offset_fact!(
+            "struct ioctl_gntdev_map_grant_ref",
+            "pad",
+            GntdevMapGrantRef,
+            pad
+        ),
+        offset_fact!(
+            "struct ioctl_gntdev_map_grant_ref",
+            "index",
+            GntdevMapGrantRef,
+            index
+        ),
+        offset_fact!(
+            "struct ioctl_gntdev_map_grant_ref",
+            "refs",
+            GntdevMapGrantRef,
+            refs
+        ),
         size_fact!("struct ioctl_gntdev_unmap_grant_ref", GntdevUnmapGrantRef),
         align_fact!("struct ioctl_gntdev_unmap_grant_ref", GntdevUnmapGrantRef),
-        offset_fact!("struct ioctl_gntdev_unmap_grant_ref", "index", GntdevUnmapGrantRef, index),
-        offset_fact!("struct ioctl_gntdev_unmap_grant_ref", "count", GntdevUnmapGrantRef, count),
-        size_fact!("struct ioctl_gntdev_get_offset_for_vaddr", GntdevGetOffsetForVaddr),
-        align_fact!("struct ioctl_gntdev_get_offset_for_vaddr", GntdevGetOffsetForVaddr),
+        offset_fact!(
+            "struct ioctl_gntdev_unmap_grant_ref",
+            "index",
+            GntdevUnmapGrantRef,
+            index
+        ),
+        offset_fact!(
+            "struct ioctl_gntdev_unmap_grant_ref",
+            "count",
+            GntdevUnmapGrantRef,
+            count
+        ),
+        size_fact!(
+            "struct ioctl_gntdev_get_offset_for_vaddr",
+            GntdevGetOffsetForVaddr
+        ),
+        align_fact!(
+            "struct ioctl_gntdev_get_offset_for_vaddr",
+            GntdevGetOffsetForVaddr
+        ),
         offset_fact!(
             "struct ioctl_gntdev_get_offset_for_vaddr",
             "vaddr",
@@ -391,14 +485,44 @@ pub fn abi_facts() -> Vec<AbiFact> {
             count
         ),
         size_fact!("struct ioctl_gntdev_set_max_grants", GntdevSetMaxGrants),
-        offset_fact!("struct ioctl_gntdev_set_max_grants", "count", GntdevSetMaxGrants, count),
+        offset_fact!(
+            "struct ioctl_gntdev_set_max_grants",
+            "count",
+            GntdevSetMaxGrants,
+            count
+        ),
         size_fact!("struct gntdev_grant_copy_segment", GntdevGrantCopySegment),
         align_fact!("struct gntdev_grant_copy_segment", GntdevGrantCopySegment),
-        offset_fact!("struct gntdev_grant_copy_segment", "source", GntdevGrantCopySegment, source),
-        offset_fact!("struct gntdev_grant_copy_segment", "dest", GntdevGrantCopySegment, dest),
-        offset_fact!("struct gntdev_grant_copy_segment", "len", GntdevGrantCopySegment, len),
-        offset_fact!("struct gntdev_grant_copy_segment", "flags", GntdevGrantCopySegment, flags),
-        offset_fact!("struct gntdev_grant_copy_segment", "status", GntdevGrantCopySegment, status),
+        offset_fact!(
+            "struct gntdev_grant_copy_segment",
+            "source",
+            GntdevGrantCopySegment,
+            source
+        ),
+        offset_fact!(
+            "struct gntdev_grant_copy_segment",
+            "dest",
+            GntdevGrantCopySegment,
+            dest
+        ),
+        offset_fact!(
+            "struct gntdev_grant_copy_segment",
+            "len",
+            GntdevGrantCopySegment,
+            len
+        ),
+        offset_fact!(
+            "struct gntdev_grant_copy_segment",
+            "flags",
+            GntdevGrantCopySegment,
+            flags
+        ),
+        offset_fact!(
+            "struct gntdev_grant_copy_segment",
+            "status",
+            GntdevGrantCopySegment,
+            status
+        ),
         AbiFact {
             name: "offsetof(struct gntdev_grant_copy_segment,source.foreign.ref)",
             value: (std::mem::offset_of!(GntdevGrantCopySegment, source)
@@ -416,9 +540,22 @@ pub fn abi_facts() -> Vec<AbiFact> {
         },
         size_fact!("struct ioctl_gntdev_grant_copy", GntdevGrantCopy),
         align_fact!("struct ioctl_gntdev_grant_copy", GntdevGrantCopy),
-        offset_fact!("struct ioctl_gntdev_grant_copy", "count", GntdevGrantCopy, count),
-        offset_fact!("struct ioctl_gntdev_grant_copy", "segments", GntdevGrantCopy, segments),
-        size_fact!("struct ioctl_evtchn_bind_interdomain", EvtchnBindInterdomain),
+        offset_fact!(
+            "struct ioctl_gntdev_grant_copy",
+            "count",
+            GntdevGrantCopy,
+            count
+        ),
+        offset_fact!(
+            "struct ioctl_gntdev_grant_copy",
+            "segments",
+            GntdevGrantCopy,
+            segments
+        ),
+        size_fact!(
+            "struct ioctl_evtchn_bind_interdomain",
+            EvtchnBindInterdomain
+        ),
         offset_fact!(
             "struct ioctl_evtchn_bind_interdomain",
             "remote_domain",
@@ -431,21 +568,39 @@ pub fn abi_facts() -> Vec<AbiFact> {
             EvtchnBindInterdomain,
             remote_port
         ),
-        size_fact!("struct ioctl_evtchn_bind_unbound_port", EvtchnBindUnboundPort),
+        size_fact!(
+            "struct ioctl_evtchn_bind_unbound_port",
+            EvtchnBindUnboundPort
+        ),
         size_fact!("struct ioctl_evtchn_unbind", EvtchnUnbind),
         size_fact!("struct ioctl_evtchn_notify", EvtchnNotify),
         size_fact!("struct ioctl_evtchn_restrict_domid", EvtchnRestrictDomid),
         const_fact!("IOCTL_GNTALLOC_ALLOC_GREF", IOCTL_GNTALLOC_ALLOC_GREF),
         const_fact!("IOCTL_GNTALLOC_DEALLOC_GREF", IOCTL_GNTALLOC_DEALLOC_GREF),
-        const_fact!("IOCTL_GNTALLOC_SET_UNMAP_NOTIFY", IOCTL_GNTALLOC_SET_UNMAP_NOTIFY),
+        const_fact!(
+            "IOCTL_GNTALLOC_SET_UNMAP_NOTIFY",
+            IOCTL_GNTALLOC_SET_UNMAP_NOTIFY
+        ),
         const_fact!("IOCTL_GNTDEV_MAP_GRANT_REF", IOCTL_GNTDEV_MAP_GRANT_REF),
         const_fact!("IOCTL_GNTDEV_UNMAP_GRANT_REF", IOCTL_GNTDEV_UNMAP_GRANT_REF),
-        const_fact!("IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR", IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR),
+        const_fact!(
+            "IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR",
+            IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR
+        ),
         const_fact!("IOCTL_GNTDEV_SET_MAX_GRANTS", IOCTL_GNTDEV_SET_MAX_GRANTS),
-        const_fact!("IOCTL_GNTDEV_SET_UNMAP_NOTIFY", IOCTL_GNTDEV_SET_UNMAP_NOTIFY),
+        const_fact!(
+            "IOCTL_GNTDEV_SET_UNMAP_NOTIFY",
+            IOCTL_GNTDEV_SET_UNMAP_NOTIFY
+        ),
         const_fact!("IOCTL_GNTDEV_GRANT_COPY", IOCTL_GNTDEV_GRANT_COPY),
-        const_fact!("IOCTL_EVTCHN_BIND_INTERDOMAIN", IOCTL_EVTCHN_BIND_INTERDOMAIN),
-        const_fact!("IOCTL_EVTCHN_BIND_UNBOUND_PORT", IOCTL_EVTCHN_BIND_UNBOUND_PORT),
+        const_fact!(
+            "IOCTL_EVTCHN_BIND_INTERDOMAIN",
+            IOCTL_EVTCHN_BIND_INTERDOMAIN
+        ),
+        const_fact!(
+            "IOCTL_EVTCHN_BIND_UNBOUND_PORT",
+            IOCTL_EVTCHN_BIND_UNBOUND_PORT
+        ),
         const_fact!("IOCTL_EVTCHN_UNBIND", IOCTL_EVTCHN_UNBIND),
         const_fact!("IOCTL_EVTCHN_NOTIFY", IOCTL_EVTCHN_NOTIFY),
         const_fact!("IOCTL_EVTCHN_RESET", IOCTL_EVTCHN_RESET),

@@ -5,7 +5,7 @@
 //! writing the same u32 back unmasks it (an event that arrived meanwhile is then
 //! delivered again).
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 
 use super::abi::{
-    EvtchnBindInterdomain, EvtchnBindUnboundPort, EvtchnNotify, EvtchnRestrictDomid,
-    EvtchnUnbind, IOCTL_EVTCHN_BIND_INTERDOMAIN, IOCTL_EVTCHN_BIND_UNBOUND_PORT,
-    IOCTL_EVTCHN_NOTIFY, IOCTL_EVTCHN_RESET, IOCTL_EVTCHN_RESTRICT_DOMID, IOCTL_EVTCHN_UNBIND,
+    EvtchnBindInterdomain, EvtchnBindUnboundPort, EvtchnNotify, EvtchnRestrictDomid, EvtchnUnbind,
+    IOCTL_EVTCHN_BIND_INTERDOMAIN, IOCTL_EVTCHN_BIND_UNBOUND_PORT, IOCTL_EVTCHN_NOTIFY,
+    IOCTL_EVTCHN_RESET, IOCTL_EVTCHN_RESTRICT_DOMID, IOCTL_EVTCHN_UNBIND,
 };
 use super::sys::{self, errno_error};
 use crate::{DomId, Error, EventChannels, Notify, Port, Result};
@@ -60,7 +60,9 @@ impl LinuxEventChannels {
         Ok(())
     }
 
-    fn read_pending(&self, out: &mut Vec<Port>) -> Result<()> {
+    /// Append what the device reports pending; true if it reported end-of-file (which
+    /// the driver never does, but a stand-in descriptor may).
+    fn read_pending(&self, out: &mut Vec<Port>) -> Result<bool> {
         let mut buf = [0u8; READ_BATCH * 4];
         loop {
             // SAFETY: `buf` is a live, writable local array of the length passed.
@@ -68,7 +70,7 @@ impl LinuxEventChannels {
             if n < 0 {
                 let err = std::io::Error::last_os_error();
                 match err.raw_os_error() {
-                    Some(libc::EAGAIN) => return Ok(()),
+                    Some(libc::EAGAIN) => return Ok(false),
                     Some(libc::EINTR) => continue,
                     Some(libc::EFBIG) => {
                         return Err(Error::Quota(
@@ -79,8 +81,11 @@ impl LinuxEventChannels {
                 }
             }
             let n = n as usize;
+            if n == 0 {
+                return Ok(true);
+            }
             let got = buf.get(..n).unwrap_or_default();
-            if n % 4 != 0 {
+            if !got.chunks_exact(4).remainder().is_empty() {
                 return Err(Error::Protocol(format!("evtchn: read of {n} bytes")));
             }
             out.extend(
@@ -88,7 +93,7 @@ impl LinuxEventChannels {
                     .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])),
             );
             if n < buf.len() {
-                return Ok(());
+                return Ok(false);
             }
         }
     }
@@ -132,7 +137,10 @@ impl EventChannels for LinuxEventChannels {
         // SAFETY: `arg` is the exact struct the ioctl number encodes, live for the call.
         let port = unsafe { sys::ioctl_ptr(&self.fd, IOCTL_EVTCHN_BIND_INTERDOMAIN, &mut arg) }
             .map_err(|e| {
-                errno_error(e, &format!("evtchn: bind to port {remote_port} of domain {remote}"))
+                errno_error(
+                    e,
+                    &format!("evtchn: bind to port {remote_port} of domain {remote}"),
+                )
             })?;
         debug!(remote, remote_port, port, "evtchn: bound");
         Ok(port as Port)
@@ -160,7 +168,9 @@ impl EventChannels for LinuxEventChannels {
                 return Ok(());
             }
             if n >= 0 {
-                return Err(Error::Protocol(format!("evtchn: short unmask write ({n} bytes)")));
+                return Err(Error::Protocol(format!(
+                    "evtchn: short unmask write ({n} bytes)"
+                )));
             }
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EINTR) {
@@ -182,8 +192,21 @@ impl EventChannels for LinuxEventChannels {
         self.fd.as_raw_fd()
     }
 
+    /// The receiver gets this handle's descriptor, hence every port bound through it:
+    /// export ports of a handle that holds nothing else. Both processes then read the
+    /// same pending queue, so this one must stop waiting on the handle.
+    fn export_port(&self, port: Port) -> Result<crate::ExportedPort> {
+        check_port(port)?;
+        Ok(crate::ExportedPort {
+            port,
+            source: crate::handoff::PortSource::Linux {
+                evtchn: crate::handoff::dup(self.fd.as_fd())?,
+            },
+        })
+    }
+
     fn pending(&self, out: &mut Vec<Port>) -> Result<()> {
-        self.read_pending(out)
+        self.read_pending(out).map(|_| ())
     }
 
     fn wait(&self, out: &mut Vec<Port>, timeout: Option<Duration>) -> Result<()> {
@@ -218,9 +241,12 @@ impl EventChannels for LinuxEventChannels {
                 return Err(errno_error(err, "evtchn: poll"));
             }
             if rc > 0 {
-                self.read_pending(out)?;
+                let eof = self.read_pending(out)?;
                 if out.len() > before {
                     return Ok(());
+                }
+                if eof {
+                    return Err(Error::Closed("evtchn: end of file".into()));
                 }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -249,7 +275,14 @@ mod tests {
     use std::fs::File;
 
     fn dev_null() -> LinuxEventChannels {
-        LinuxEventChannels::from_fd(File::options().read(true).write(true).open("/dev/null").unwrap().into())
+        LinuxEventChannels::from_fd(
+            File::options()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .unwrap()
+                .into(),
+        )
     }
 
     #[test]
@@ -266,9 +299,15 @@ mod tests {
     fn a_device_without_the_ioctls_reports_unsupported() {
         let e = dev_null();
         assert!(matches!(e.alloc_unbound(1), Err(Error::Unsupported(_))));
-        assert!(matches!(e.bind_interdomain(1, 5), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            e.bind_interdomain(1, 5),
+            Err(Error::Unsupported(_))
+        ));
         assert!(matches!(e.notify(5), Err(Error::Unsupported(_))));
-        assert!(matches!(e.notifier(5).unwrap().notify(), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            e.notifier(5).unwrap().notify(),
+            Err(Error::Unsupported(_))
+        ));
         assert!(matches!(e.close(5), Err(Error::Unsupported(_))));
         assert!(matches!(e.reset(), Err(Error::Unsupported(_))));
         assert!(matches!(e.restrict_domain(1), Err(Error::Unsupported(_))));
@@ -307,7 +346,19 @@ mod tests {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
         nix::unistd::write(&w, &[1, 2, 3]).unwrap();
         let ev = LinuxEventChannels::from_fd(r);
-        assert!(matches!(ev.pending(&mut Vec::new()), Err(Error::Protocol(_))));
+        assert!(matches!(
+            ev.pending(&mut Vec::new()),
+            Err(Error::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn end_of_file_ends_a_wait_instead_of_spinning() {
+        let ev = LinuxEventChannels::from_fd(File::open("/dev/null").unwrap().into());
+        let mut out = Vec::new();
+        ev.pending(&mut out).unwrap();
+        assert!(matches!(ev.wait(&mut out, None), Err(Error::Closed(_))));
+        assert!(out.is_empty());
     }
 
     #[test]

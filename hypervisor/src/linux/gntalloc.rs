@@ -5,9 +5,9 @@
 //! foreign access when the last local mapping goes away. The driver cannot report that
 //! the remote still maps a page: Linux ends access lazily and keeps such pages alive
 //! until the remote unmaps them, so [`crate::GrantedPages::end_access`] always succeeds
-//! on this platform (see `LINUX_CAPS` in the conformance suite).
+//! on this platform (see [`crate::conformance::Caps`]).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,6 +19,7 @@ use super::abi::{
     UNMAP_NOTIFY_CLEAR_BYTE, UNMAP_NOTIFY_SEND_EVENT,
 };
 use super::sys::{self, errno_error, IoctlBuf};
+use crate::handoff::{PagesLayout, PagesSource};
 use crate::{DomId, Error, GrantRef, GrantedOwner, GrantedPages, Port, Result, PAGE_SIZE};
 
 /// Domain ids from here up are Xen's reserved pseudo-domains (DOMID_SELF, DOMID_IO...),
@@ -73,8 +74,14 @@ impl Gntalloc {
         });
         // SAFETY: `buf` is 8-aligned and holds the header plus `count` u32 slots from
         // `gref_ids` on, which is all the driver reads and writes.
-        unsafe { sys::ioctl_ptr(&self.fd, IOCTL_GNTALLOC_ALLOC_GREF, buf.as_mut_ptr::<GntallocAllocGref>()) }
-            .map_err(|e| alloc_error(e, count, domid))?;
+        unsafe {
+            sys::ioctl_ptr(
+                &self.fd,
+                IOCTL_GNTALLOC_ALLOC_GREF,
+                buf.as_mut_ptr::<GntallocAllocGref>(),
+            )
+        }
+        .map_err(|e| alloc_error(e, count, domid))?;
         let index = buf.read_header::<GntallocAllocGref>().index;
         let refs = sys::read_u32s(buf.bytes(), tail, count)
             .ok_or_else(|| Error::Protocol("gntalloc reply shorter than the batch".into()))?;
@@ -188,6 +195,18 @@ impl GrantedOwner for GntallocOwner {
             warn!(error = %e, index = self.index, "gntalloc: release");
         }
     }
+
+    fn export(&self) -> Result<PagesSource> {
+        if self.addr == 0 {
+            return Err(Error::Closed("the grants were ended".into()));
+        }
+        // The receiver maps the batch through the same open file at the same offset; the
+        // driver keeps the pages while any process maps them.
+        Ok(PagesSource {
+            fd: crate::handoff::dup(self.dev.fd.as_fd())?,
+            layout: PagesLayout::Gntalloc { offset: self.index },
+        })
+    }
 }
 
 fn check_batch(count: usize) -> Result<()> {
@@ -195,14 +214,18 @@ fn check_batch(count: usize) -> Result<()> {
         return Err(Error::Invalid("a batch of zero pages".into()));
     }
     if u32::try_from(count).is_err() || count.checked_mul(PAGE_SIZE).is_none() {
-        return Err(Error::Invalid(format!("a batch of {count} pages is too large")));
+        return Err(Error::Invalid(format!(
+            "a batch of {count} pages is too large"
+        )));
     }
     Ok(())
 }
 
 pub(crate) fn check_notify_actions(actions: u32) -> Result<()> {
     if actions & !(UNMAP_NOTIFY_CLEAR_BYTE | UNMAP_NOTIFY_SEND_EVENT) != 0 {
-        return Err(Error::Invalid(format!("unknown unmap-notify actions {actions:#x}")));
+        return Err(Error::Invalid(format!(
+            "unknown unmap-notify actions {actions:#x}"
+        )));
     }
     Ok(())
 }
@@ -216,7 +239,10 @@ fn alloc_error(e: std::io::Error, count: usize, domid: DomId) -> Error {
              /sys/module/xen_gntalloc/parameters/limit)"
         ));
     }
-    errno_error(e, &format!("gntalloc: alloc {count} pages for domain {domid}"))
+    errno_error(
+        e,
+        &format!("gntalloc: alloc {count} pages for domain {domid}"),
+    )
 }
 
 #[cfg(test)]
@@ -239,14 +265,20 @@ mod tests {
     #[test]
     fn reserved_grantee_is_invalid() {
         let g = dev_null();
-        assert!(matches!(g.alloc(DOMID_FIRST_RESERVED, 1, true), Err(Error::Invalid(_))));
+        assert!(matches!(
+            g.alloc(DOMID_FIRST_RESERVED, 1, true),
+            Err(Error::Invalid(_))
+        ));
         assert!(matches!(g.alloc(0xFFFF, 1, true), Err(Error::Invalid(_))));
     }
 
     #[test]
     fn unknown_notify_actions_are_invalid() {
         let g = dev_null();
-        assert!(matches!(g.set_unmap_notify(0, 0x4, 1), Err(Error::Invalid(_))));
+        assert!(matches!(
+            g.set_unmap_notify(0, 0x4, 1),
+            Err(Error::Invalid(_))
+        ));
     }
 
     #[test]

@@ -14,17 +14,15 @@ use tracing::{debug, warn};
 use super::abi::{
     GntdevCopyPtr, GntdevGetOffsetForVaddr, GntdevGrantCopy, GntdevGrantCopySegment,
     GntdevGrantRef, GntdevMapGrantRef, GntdevSetMaxGrants, GntdevUnmapGrantRef, UnmapNotify,
-    GNTCOPY_DEST_GREF, GNTCOPY_SOURCE_GREF, GNTST_BAD_COPY_ARG, GNTST_BAD_DOMAIN,
-    GNTST_BAD_GNTREF, GNTST_BAD_PAGE, GNTST_EAGAIN, GNTST_NO_SPACE, GNTST_OKAY,
-    GNTST_PERMISSION_DENIED, IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR, IOCTL_GNTDEV_GRANT_COPY,
-    IOCTL_GNTDEV_MAP_GRANT_REF, IOCTL_GNTDEV_SET_MAX_GRANTS, IOCTL_GNTDEV_SET_UNMAP_NOTIFY,
-    IOCTL_GNTDEV_UNMAP_GRANT_REF,
+    GNTCOPY_DEST_GREF, GNTCOPY_SOURCE_GREF, GNTST_BAD_COPY_ARG, GNTST_BAD_DOMAIN, GNTST_BAD_GNTREF,
+    GNTST_BAD_PAGE, GNTST_EAGAIN, GNTST_NO_SPACE, GNTST_OKAY, GNTST_PERMISSION_DENIED,
+    IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR, IOCTL_GNTDEV_GRANT_COPY, IOCTL_GNTDEV_MAP_GRANT_REF,
+    IOCTL_GNTDEV_SET_MAX_GRANTS, IOCTL_GNTDEV_SET_UNMAP_NOTIFY, IOCTL_GNTDEV_UNMAP_GRANT_REF,
 };
 use super::gntalloc::check_notify_actions;
 use super::sys::{self, errno_error, IoctlBuf};
 use crate::{
-    CopyPtr, CopySegment, DomId, Error, GrantRef, MappedOwner, MappedPages, Port, Result,
-    PAGE_SIZE,
+    CopyPtr, CopySegment, DomId, Error, GrantRef, MappedOwner, MappedPages, Port, Result, PAGE_SIZE,
 };
 
 /// An open /dev/xen/gntdev.
@@ -53,7 +51,7 @@ impl Gntdev {
         let entry = std::mem::size_of::<GntdevGrantRef>();
         let mut buf = IoctlBuf::new(std::cmp::max(
             std::mem::size_of::<GntdevMapGrantRef>(),
-            tail + entry * refs.len(),
+            tail + std::mem::size_of_val(refs),
         ));
         buf.write_header(GntdevMapGrantRef {
             count: refs.len() as u32,
@@ -65,8 +63,14 @@ impl Gntdev {
         }
         // SAFETY: `buf` is 8-aligned and holds the header followed by `count` refs, which
         // is exactly what the driver reads; it writes back only `index`.
-        unsafe { sys::ioctl_ptr(&self.fd, IOCTL_GNTDEV_MAP_GRANT_REF, buf.as_mut_ptr::<GntdevMapGrantRef>()) }
-            .map_err(|e| errno_error(e, &format!("gntdev: reserve {} grants", refs.len())))?;
+        unsafe {
+            sys::ioctl_ptr(
+                &self.fd,
+                IOCTL_GNTDEV_MAP_GRANT_REF,
+                buf.as_mut_ptr::<GntdevMapGrantRef>(),
+            )
+        }
+        .map_err(|e| errno_error(e, &format!("gntdev: reserve {} grants", refs.len())))?;
         Ok(buf.read_header::<GntdevMapGrantRef>().index)
     }
 
@@ -170,18 +174,23 @@ pub(crate) fn map(
             // The driver folds every refused grant into EINVAL (or EFAULT/EPERM);
             // the hypervisor's per-page status is not passed up.
             return Err(match e.raw_os_error() {
-                Some(libc::EINVAL) | Some(libc::EFAULT) | Some(libc::EPERM) | Some(libc::EACCES) => {
-                    Error::Denied(format!(
-                        "gntdev: domain {remote} refused mapping {} grant(s){}: {e}",
-                        refs.len(),
-                        if writable { " writable" } else { "" }
-                    ))
-                }
+                Some(libc::EINVAL) | Some(libc::EFAULT) | Some(libc::EPERM)
+                | Some(libc::EACCES) => Error::Denied(format!(
+                    "gntdev: domain {remote} refused mapping {} grant(s){}: {e}",
+                    refs.len(),
+                    if writable { " writable" } else { "" }
+                )),
                 _ => errno_error(e, "gntdev: mmap"),
             });
         }
     };
-    debug!(remote, count = refs.len(), index, writable, "gntdev: mapped");
+    debug!(
+        remote,
+        count = refs.len(),
+        index,
+        writable,
+        "gntdev: mapped"
+    );
     Ok(MappedPages {
         ptr,
         len,
@@ -292,7 +301,9 @@ pub fn status_result(status: i16) -> Result<()> {
     match status {
         GNTST_OKAY => Ok(()),
         GNTST_BAD_DOMAIN => Err(Error::NotFound("grant status: unrecognised domain".into())),
-        GNTST_BAD_GNTREF => Err(Error::NotFound("grant status: invalid grant reference".into())),
+        GNTST_BAD_GNTREF => Err(Error::NotFound(
+            "grant status: invalid grant reference".into(),
+        )),
         GNTST_PERMISSION_DENIED => Err(Error::Denied("grant status: permission denied".into())),
         GNTST_BAD_PAGE => Err(Error::Invalid("grant status: bad page".into())),
         GNTST_BAD_COPY_ARG => Err(Error::Invalid("grant status: copy crosses a page".into())),
@@ -307,7 +318,9 @@ fn check_batch(count: usize) -> Result<()> {
         return Err(Error::Invalid("a batch of zero grants".into()));
     }
     if u32::try_from(count).is_err() || count.checked_mul(PAGE_SIZE).is_none() {
-        return Err(Error::Invalid(format!("a batch of {count} grants is too large")));
+        return Err(Error::Invalid(format!(
+            "a batch of {count} grants is too large"
+        )));
     }
     Ok(())
 }
@@ -336,9 +349,15 @@ mod tests {
         let r = [GntdevGrantRef { domid: 1, gref: 8 }];
         assert!(matches!(d.map_grant_refs(&r), Err(Error::Unsupported(_))));
         assert!(matches!(d.set_max_grants(16), Err(Error::Unsupported(_))));
-        assert!(matches!(d.offset_for_vaddr(std::ptr::null()), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            d.offset_for_vaddr(std::ptr::null()),
+            Err(Error::Unsupported(_))
+        ));
         let d = Arc::new(d);
-        assert!(matches!(map(&d, 1, &[8], false), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            map(&d, 1, &[8], false),
+            Err(Error::Unsupported(_))
+        ));
     }
 
     #[test]
@@ -396,7 +415,10 @@ mod tests {
             dest: foreign(4032),
             len: 64,
         };
-        assert_eq!(to_kernel_segment(&to_foreign).unwrap().flags, GNTCOPY_DEST_GREF);
+        assert_eq!(
+            to_kernel_segment(&to_foreign).unwrap().flags,
+            GNTCOPY_DEST_GREF
+        );
     }
 
     #[test]
@@ -421,9 +443,18 @@ mod tests {
     #[test]
     fn grant_status_codes_map_to_errors() {
         assert!(status_result(GNTST_OKAY).is_ok());
-        assert!(matches!(status_result(GNTST_BAD_GNTREF), Err(Error::NotFound(_))));
-        assert!(matches!(status_result(GNTST_BAD_DOMAIN), Err(Error::NotFound(_))));
-        assert!(matches!(status_result(GNTST_PERMISSION_DENIED), Err(Error::Denied(_))));
+        assert!(matches!(
+            status_result(GNTST_BAD_GNTREF),
+            Err(Error::NotFound(_))
+        ));
+        assert!(matches!(
+            status_result(GNTST_BAD_DOMAIN),
+            Err(Error::NotFound(_))
+        ));
+        assert!(matches!(
+            status_result(GNTST_PERMISSION_DENIED),
+            Err(Error::Denied(_))
+        ));
         assert!(matches!(status_result(GNTST_EAGAIN), Err(Error::Again)));
         assert!(matches!(status_result(-99), Err(Error::Invalid(_))));
     }

@@ -10,7 +10,7 @@
 //! One difference from the hypervisor's own semantics leaks through: gntalloc ends
 //! foreign access lazily, so ending access to pages the remote still maps succeeds here
 //! (the pages stay alive until the remote unmaps them) instead of failing with
-//! [`Error::Busy`](crate::Error::Busy). [`LinuxPlatform::END_ACCESS_REPORTS_BUSY`] says so,
+//! [`Error::Busy`]. [`LinuxPlatform::END_ACCESS_REPORTS_BUSY`] says so,
 //! and the conformance suite skips that check on this platform.
 
 pub mod abi;
@@ -148,7 +148,9 @@ impl Platform for LinuxPlatform {
     }
 
     fn event_channels(&self) -> Result<Box<dyn EventChannels>> {
-        Ok(Box::new(LinuxEventChannels::open(&self.config.node("evtchn"))?))
+        Ok(Box::new(LinuxEventChannels::open(
+            &self.config.node("evtchn"),
+        )?))
     }
 
     fn xenstore(&self) -> Result<Box<dyn Xenstore>> {
@@ -201,7 +203,9 @@ impl LinuxGrantTable {
 
     /// The mapping device, for its Linux-only operations (unmap notify, offsets).
     pub fn gntdev(&self) -> Result<&Arc<Gntdev>> {
-        self.gntdev.as_ref().map_err(|e| Error::Unsupported(e.clone()))
+        self.gntdev
+            .as_ref()
+            .map_err(|e| Error::Unsupported(e.clone()))
     }
 }
 
@@ -237,7 +241,10 @@ mod tests {
         assert!(matches!(parse_domid(b"-1"), Err(Error::Protocol(_))));
         assert!(matches!(parse_domid(b"dom1"), Err(Error::Protocol(_))));
         assert!(matches!(parse_domid(b""), Err(Error::Protocol(_))));
-        assert!(matches!(parse_domid(&[0xff, 0xfe]), Err(Error::Protocol(_))));
+        assert!(matches!(
+            parse_domid(&[0xff, 0xfe]),
+            Err(Error::Protocol(_))
+        ));
     }
 
     #[test]
@@ -277,7 +284,9 @@ mod tests {
             Ok(_) => panic!("granted without gntalloc"),
         }
         // The present half is the fake node, which refuses the ioctl itself.
-        assert!(matches!(gt.map(1, &[3], false), Err(Error::Unsupported(m)) if !m.contains("not available")));
+        assert!(
+            matches!(gt.map(1, &[3], false), Err(Error::Unsupported(m)) if !m.contains("not available"))
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

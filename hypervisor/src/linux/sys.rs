@@ -67,7 +67,12 @@ pub(crate) unsafe fn ioctl_ptr<T>(
 }
 
 /// Map `len` bytes of `fd` at `offset`, shared.
-pub(crate) fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64, writable: bool) -> io::Result<*mut u8> {
+pub(crate) fn mmap_shared(
+    fd: &OwnedFd,
+    len: usize,
+    offset: u64,
+    writable: bool,
+) -> io::Result<*mut u8> {
     let prot = if writable {
         libc::PROT_READ | libc::PROT_WRITE
     } else {
@@ -77,7 +82,16 @@ pub(crate) fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64, writable: bool)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mmap offset out of range"))?;
     // SAFETY: a fresh mapping chosen by the kernel (addr NULL) cannot alias any Rust
     // object; the result is checked against MAP_FAILED before use.
-    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), off) };
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            off,
+        )
+    };
     if ptr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
@@ -170,9 +184,7 @@ pub(crate) fn errno_error(err: io::Error, what: &str) -> Error {
         Some(libc::EINVAL) | Some(libc::EFAULT) | Some(libc::EBADF) => Error::Invalid(msg),
         Some(libc::ENOSPC) | Some(libc::E2BIG) | Some(libc::EDQUOT) | Some(libc::ENOMEM)
         | Some(libc::EFBIG) => Error::Quota(msg),
-        Some(libc::ENOTTY) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => {
-            Error::Unsupported(msg)
-        }
+        Some(libc::ENOTTY) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => Error::Unsupported(msg),
         _ => Error::Io(io::Error::new(err.kind(), msg)),
     }
 }

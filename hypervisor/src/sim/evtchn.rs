@@ -29,7 +29,8 @@ use super::proto::{
     split_status_word, Request, Response, GENERATION_MASK, PORT_BOUND, PORT_PEER_CLOSED,
     PORT_UNBOUND,
 };
-use crate::{DomId, Error, EventChannels, Notify, Port, Result};
+use crate::handoff::{dup, PortSource};
+use crate::{DomId, Error, EventChannels, ExportedPort, Notify, Port, Result};
 
 /// What a port is connected to, as the daemon reports it (EVTCHNOP_status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +45,8 @@ pub enum PortStatus {
 struct StatusPage {
     region: Region,
     slots: usize,
+    /// Kept for handing the page to another process with a port (see [`crate::handoff`]).
+    fd: OwnedFd,
 }
 
 impl StatusPage {
@@ -67,6 +70,41 @@ pub struct SimNotifier {
     status: Arc<StatusPage>,
     slot: usize,
     generation: u32,
+}
+
+impl SimNotifier {
+    /// A notifier for a port another process exported (see [`crate::handoff`]): its `tx`
+    /// eventfd and the status page of the handle that owns it.
+    pub(crate) fn imported(
+        port: Port,
+        tx: OwnedFd,
+        status: OwnedFd,
+        slot: u32,
+        generation: u32,
+    ) -> Result<SimNotifier> {
+        let slot = slot as usize;
+        if slot >= super::proto::STATUS_SLOTS {
+            return Err(Error::Protocol(format!("status slot {slot} out of range")));
+        }
+        let region = Region::map_file(status.as_fd(), crate::PAGE_SIZE, false)?;
+        Ok(SimNotifier {
+            port,
+            tx,
+            status: Arc::new(StatusPage {
+                region,
+                slots: super::proto::STATUS_SLOTS,
+                fd: status,
+            }),
+            slot,
+            generation: generation & GENERATION_MASK,
+        })
+    }
+
+    /// True once the port is closed at either end (its status word says so).
+    pub fn is_closed(&self) -> bool {
+        let (generation, state) = split_status_word(self.status.load(self.slot));
+        generation != self.generation || !matches!(state, PORT_BOUND | PORT_UNBOUND)
+    }
 }
 
 impl Notify for SimNotifier {
@@ -112,6 +150,8 @@ fn drain(fd: &OwnedFd) {
 struct LocalPort {
     rx: OwnedFd,
     notifier: Arc<SimNotifier>,
+    /// Handed to another process: its events are no longer ours to take.
+    exported: bool,
 }
 
 /// An event-channel handle of a simulated domain; dropping it closes its ports.
@@ -143,7 +183,11 @@ impl SimEventChannels {
         Ok(SimEventChannels {
             conn,
             epoll,
-            status: Arc::new(StatusPage { region, slots }),
+            status: Arc::new(StatusPage {
+                region,
+                slots,
+                fd: page,
+            }),
             ports: Mutex::new(HashMap::new()),
         })
     }
@@ -208,7 +252,14 @@ impl SimEventChannels {
                 slot,
                 generation: generation & GENERATION_MASK,
             });
-            self.lock()?.insert(port, LocalPort { rx, notifier });
+            self.lock()?.insert(
+                port,
+                LocalPort {
+                    rx,
+                    notifier,
+                    exported: false,
+                },
+            );
             Ok(port)
         })();
         if result.is_err() {
@@ -267,6 +318,9 @@ impl EventChannels for SimEventChannels {
         let p = ports
             .get(&port)
             .ok_or_else(|| Error::NotFound(format!("port {port}")))?;
+        if p.exported {
+            return Err(Error::Invalid(format!("port {port} was handed to another process")));
+        }
         self.epoll
             .modify(p.rx.as_fd(), &mut Self::armed(port))
             .map_err(|e| Error::Io(e.into()))
@@ -291,6 +345,29 @@ impl EventChannels for SimEventChannels {
 
     fn pending(&self, out: &mut Vec<Port>) -> Result<()> {
         self.wait(out, Some(Duration::ZERO))
+    }
+
+    fn export_port(&self, port: Port) -> Result<ExportedPort> {
+        let mut ports = self.lock()?;
+        let p = ports
+            .get_mut(&port)
+            .ok_or_else(|| Error::NotFound(format!("port {port}")))?;
+        let source = PortSource::Sim {
+            rx: dup(p.rx.as_fd())?,
+            tx: dup(p.notifier.tx.as_fd())?,
+            status: dup(self.status.fd.as_fd())?,
+            slot: p.notifier.slot as u32,
+            generation: p.notifier.generation,
+        };
+        if !p.exported {
+            // The receiver drains rx from now on; our epoll set must not race it for events.
+            match self.epoll.delete(p.rx.as_fd()) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(Error::Io(e.into())),
+            }
+            p.exported = true;
+        }
+        Ok(ExportedPort { port, source })
     }
 
     fn wait(&self, out: &mut Vec<Port>, timeout: Option<Duration>) -> Result<()> {

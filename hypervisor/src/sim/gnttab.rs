@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::conn::HvConn;
+use crate::handoff::{PagesLayout, PagesSource};
 use super::mmap::Region;
 use super::proto::{error_from_code, CopySide, CopySpec, Request, Response, MAX_COPY_SEGMENTS};
 use crate::{
@@ -25,7 +26,7 @@ pub struct SimGrantTable {
     conn: Arc<HvConn>,
     table_size: usize,
     instance: u64,
-    own_mem: OwnedFd,
+    own_mem: Arc<OwnedFd>,
     remote_mem: Mutex<HashMap<(u64, bool), Arc<OwnedFd>>>,
 }
 
@@ -55,7 +56,7 @@ impl SimGrantTable {
             conn: Arc::new(conn),
             table_size: table_size as usize,
             instance,
-            own_mem,
+            own_mem: Arc::new(own_mem),
             remote_mem: Mutex::new(HashMap::new()),
         })
     }
@@ -130,6 +131,8 @@ impl GrantTable for SimGrantTable {
             owner: Some(Box::new(SimGrantedOwner {
                 conn: self.conn.clone(),
                 region: Some(region),
+                mem: self.own_mem.clone(),
+                frames,
             })),
         })
     }
@@ -289,6 +292,9 @@ impl GrantTable for SimGrantTable {
 struct SimGrantedOwner {
     conn: Arc<HvConn>,
     region: Option<Region>,
+    /// The domain's memory file and the frames of the pages, for exports.
+    mem: Arc<OwnedFd>,
+    frames: Vec<u32>,
 }
 
 impl GrantedOwner for SimGrantedOwner {
@@ -312,6 +318,18 @@ impl GrantedOwner for SimGrantedOwner {
         }) {
             tracing::debug!(error = %e, "releasing grants");
         }
+    }
+
+    fn export(&self) -> Result<PagesSource> {
+        if self.region.is_none() {
+            return Err(Error::Closed("the grants were ended".into()));
+        }
+        Ok(PagesSource {
+            fd: crate::handoff::dup(self.mem.as_fd())?,
+            layout: PagesLayout::SimFrames {
+                frames: self.frames.clone(),
+            },
+        })
     }
 }
 

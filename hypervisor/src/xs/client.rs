@@ -24,7 +24,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{self, MsgFlags};
 
 use super::wire::{self, Frame, MsgType, PAYLOAD_MAX};
-use crate::{DomId, Error, Port, Result, TxId, WatchEvent, XsPerm, Xenstore};
+use crate::{DomId, Error, Port, Result, TxId, WatchEvent, Xenstore, XsPerm};
 
 /// Where xenstored listens on a Xen host.
 pub const DEFAULT_SOCKET: &str = "/run/xenstored/socket";
@@ -191,8 +191,9 @@ impl XsClient {
     fn from_fd(fd: OwnedFd, is_socket: bool, endpoint: String) -> Result<XsClient> {
         let file = File::from(fd);
         let read_side = file.try_clone()?;
-        let event_fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-            .map_err(io::Error::from)?;
+        let event_fd =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(io::Error::from)?;
         let stop = Arc::new(
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
                 .map_err(io::Error::from)?,
@@ -230,7 +231,13 @@ impl XsClient {
 
     /// Send one request and wait for its reply. Returns the reply payload, or the
     /// error xenstored answered with. `msg_type` is raw so any type can be sent.
-    pub fn request(&self, msg_type: u32, tx: TxId, payload: Vec<u8>, what: &str) -> Result<Vec<u8>> {
+    pub fn request(
+        &self,
+        msg_type: u32,
+        tx: TxId,
+        payload: Vec<u8>,
+        what: &str,
+    ) -> Result<Vec<u8>> {
         if payload.len() > PAYLOAD_MAX {
             return Err(Error::Quota(format!(
                 "{what}: request payload of {} bytes exceeds {PAYLOAD_MAX}",
@@ -310,9 +317,9 @@ impl XsClient {
                 let payload = wire::join_strings(&[path, &offset.to_string()]);
                 let reply = self.request(MsgType::DirectoryPart.as_u32(), tx, payload, path)?;
                 let fields = wire::split_strings(&reply)?;
-                let (gen, rest) = fields
-                    .split_first()
-                    .ok_or_else(|| Error::Protocol(format!("{path}: empty DIRECTORY_PART reply")))?;
+                let (gen, rest) = fields.split_first().ok_or_else(|| {
+                    Error::Protocol(format!("{path}: empty DIRECTORY_PART reply"))
+                })?;
                 match &generation {
                     Some(g) if g != gen => continue 'restart,
                     Some(_) => {}
@@ -393,7 +400,12 @@ impl Drop for XsClient {
 
 impl Xenstore for XsClient {
     fn read(&self, tx: TxId, path: &str) -> Result<Vec<u8>> {
-        self.request(MsgType::Read.as_u32(), tx, wire::join_strings(&[path]), path)
+        self.request(
+            MsgType::Read.as_u32(),
+            tx,
+            wire::join_strings(&[path]),
+            path,
+        )
     }
 
     fn write(&self, tx: TxId, path: &str, value: &[u8]) -> Result<()> {
@@ -409,7 +421,12 @@ impl Xenstore for XsClient {
     }
 
     fn directory(&self, tx: TxId, path: &str) -> Result<Vec<String>> {
-        match self.request(MsgType::Directory.as_u32(), tx, wire::join_strings(&[path]), path) {
+        match self.request(
+            MsgType::Directory.as_u32(),
+            tx,
+            wire::join_strings(&[path]),
+            path,
+        ) {
             Ok(reply) => Ok(wire::split_strings(&reply)?
                 .into_iter()
                 .map(str::to_string)
@@ -421,7 +438,12 @@ impl Xenstore for XsClient {
     }
 
     fn get_perms(&self, tx: TxId, path: &str) -> Result<Vec<XsPerm>> {
-        let reply = self.request(MsgType::GetPerms.as_u32(), tx, wire::join_strings(&[path]), path)?;
+        let reply = self.request(
+            MsgType::GetPerms.as_u32(),
+            tx,
+            wire::join_strings(&[path]),
+            path,
+        )?;
         let fields = wire::split_strings(&reply)?;
         Ok(wire::parse_perms(&fields)?)
     }
@@ -455,7 +477,12 @@ impl Xenstore for XsClient {
     }
 
     fn unwatch(&self, path: &str, token: &str) -> Result<()> {
-        self.expect_ok(MsgType::Unwatch, 0, wire::join_strings(&[path, token]), path)
+        self.expect_ok(
+            MsgType::Unwatch,
+            0,
+            wire::join_strings(&[path, token]),
+            path,
+        )
     }
 
     fn watch_fd(&self) -> RawFd {
@@ -474,7 +501,10 @@ impl Xenstore for XsClient {
                 return Ok(Some(event));
             }
             if ev.closed {
-                return Err(Error::Closed(format!("{}: connection closed", self.endpoint)));
+                return Err(Error::Closed(format!(
+                    "{}: connection closed",
+                    self.endpoint
+                )));
             }
             match deadline {
                 None => {
@@ -576,8 +606,13 @@ mod tests {
     }
 
     fn reply(req: &Frame, payload: &[u8]) -> Frame {
-        Frame::with_raw_type(req.header.msg_type, req.header.req_id, req.header.tx_id, payload.to_vec())
-            .unwrap()
+        Frame::with_raw_type(
+            req.header.msg_type,
+            req.header.req_id,
+            req.header.tx_id,
+            payload.to_vec(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -677,7 +712,10 @@ mod tests {
                 "/big" => b"E2BIG\0",
                 _ => b"EIO\0",
             };
-            vec![Frame::with_raw_type(16, req.header.req_id, req.header.tx_id, name.to_vec()).unwrap()]
+            vec![
+                Frame::with_raw_type(16, req.header.req_id, req.header.tx_id, name.to_vec())
+                    .unwrap(),
+            ]
         });
         assert!(matches!(client.read(0, "/noent"), Err(Error::NotFound(p)) if p == "/noent"));
         assert!(matches!(client.read(0, "/acces"), Err(Error::Denied(_))));
@@ -690,7 +728,8 @@ mod tests {
     fn watch_events_are_queued_apart_from_replies() {
         let (client, _h) = scripted_server(|req| {
             // An event arrives before the reply it races with.
-            let ev = Frame::new(MsgType::WatchEvent, 0, 0, wire::join_strings(&["/k", "t1"])).unwrap();
+            let ev =
+                Frame::new(MsgType::WatchEvent, 0, 0, wire::join_strings(&["/k", "t1"])).unwrap();
             vec![ev, reply(req, b"v")]
         });
         let fd = client.watch_fd();
@@ -698,7 +737,10 @@ mod tests {
         assert_eq!(client.read(0, "/k").unwrap(), b"v");
         assert!(fd_readable(fd));
         assert_eq!(client.read(0, "/k").unwrap(), b"v");
-        let e1 = client.next_watch_event(Some(Duration::ZERO)).unwrap().unwrap();
+        let e1 = client
+            .next_watch_event(Some(Duration::ZERO))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             e1,
             WatchEvent {
@@ -717,28 +759,33 @@ mod tests {
 
     #[test]
     fn replies_are_matched_by_req_id_across_threads() {
-        // The server answers in reverse order of every pair of requests it gets.
+        // Each round, every thread has exactly one request in flight; the server reads
+        // them all and answers in reverse order.
+        const THREADS: usize = 6;
+        const ROUNDS: usize = 20;
         let (a, mut b) = UnixStream::pair().unwrap();
         let client = Arc::new(XsClient::from_unix_stream(a).unwrap());
         let server = std::thread::spawn(move || {
-            let mut held: Option<Frame> = None;
-            while let Ok(Some(req)) = wire::read_frame(&mut b) {
-                let path = wire::one_string(&req.payload).unwrap().to_string();
-                let r = reply(&req, path.as_bytes());
-                match held.take() {
-                    None => held = Some(r),
-                    Some(first) => {
-                        b.write_all(&r.encode()).unwrap();
-                        b.write_all(&first.encode()).unwrap();
-                    }
+            for _ in 0..ROUNDS {
+                let mut batch = Vec::new();
+                for _ in 0..THREADS {
+                    let req = wire::read_frame(&mut b).unwrap().unwrap();
+                    let path = wire::one_string(&req.payload).unwrap().to_string();
+                    batch.push(reply(&req, path.as_bytes()));
+                }
+                for r in batch.iter().rev() {
+                    b.write_all(&r.encode()).unwrap();
                 }
             }
         });
-        let threads: Vec<_> = (0..8)
+        let barrier = Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
             .map(|i| {
                 let c = Arc::clone(&client);
+                let barrier = Arc::clone(&barrier);
                 std::thread::spawn(move || {
-                    for j in 0..25 {
+                    for j in 0..ROUNDS {
+                        barrier.wait();
                         let path = format!("/t{i}/{j}");
                         assert_eq!(c.read(0, &path).unwrap(), path.as_bytes());
                     }
@@ -748,7 +795,6 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        drop(client);
         server.join().unwrap();
     }
 
@@ -764,7 +810,10 @@ mod tests {
         assert!(matches!(client.read(0, "/a"), Err(Error::Closed(_))));
         server.join().unwrap();
         assert!(matches!(client.read(0, "/a"), Err(Error::Closed(_))));
-        assert!(matches!(client.next_watch_event(None), Err(Error::Closed(_))));
+        assert!(matches!(
+            client.next_watch_event(None),
+            Err(Error::Closed(_))
+        ));
         assert!(fd_readable(client.watch_fd()));
     }
 

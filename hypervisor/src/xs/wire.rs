@@ -793,12 +793,18 @@ mod tests {
         let mut cur = std::io::Cursor::new(bytes[..10].to_vec());
         assert!(matches!(
             read_frame(&mut cur),
-            Err(ReadError::Truncated { needed: 16, have: 10 })
+            Err(ReadError::Truncated {
+                needed: 16,
+                have: 10
+            })
         ));
         let mut cur = std::io::Cursor::new(bytes[..18].to_vec());
         assert!(matches!(
             read_frame(&mut cur),
-            Err(ReadError::Truncated { needed: 21, have: 18 })
+            Err(ReadError::Truncated {
+                needed: 21,
+                have: 18
+            })
         ));
         let mut big = frame_bytes(2, 1, 0, b"");
         big[12..16].copy_from_slice(&100_000u32.to_ne_bytes());
@@ -883,7 +889,9 @@ mod tests {
             assert_eq!(p, XsPerm { domid, access });
             assert_eq!(format_perm(&p), s);
         }
-        for bad in ["", "x1", "r", "r-1", "r65536", "r1a", "R1", "r 1", "rr1", "r123456"] {
+        for bad in [
+            "", "x1", "r", "r-1", "r65536", "r1a", "R1", "r 1", "rr1", "r123456",
+        ] {
             assert!(parse_perm(bad).is_err(), "{bad:?} should fail");
         }
         assert_eq!(

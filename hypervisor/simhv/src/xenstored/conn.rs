@@ -38,6 +38,8 @@ struct Queue {
     items: VecDeque<Outgoing>,
     /// Queued event frames, to drop duplicates as xenstored does.
     pending_events: HashMap<Vec<u8>, usize>,
+    /// How many events `items` holds.
+    queued_events: usize,
     /// Set once the connection is torn down: nothing more is queued or sent.
     closed: bool,
     /// Set when the client finished sending: flush what is queued, then close.
@@ -64,6 +66,7 @@ impl ConnIo {
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
                 pending_events: HashMap::new(),
+                queued_events: 0,
                 closed: false,
                 draining: false,
             }),
@@ -93,8 +96,7 @@ impl ConnIo {
         if !special && q.pending_events.contains_key(&frame) {
             return;
         }
-        let queued: usize = q.pending_events.values().sum();
-        if !perms::privileged(self.domid) && queued >= MAX_QUEUED_EVENTS {
+        if !perms::privileged(self.domid) && q.queued_events >= MAX_QUEUED_EVENTS {
             tracing::warn!(
                 conn = self.id,
                 domid = self.domid,
@@ -103,6 +105,7 @@ impl ConnIo {
             return;
         }
         *q.pending_events.entry(frame.clone()).or_insert(0) += 1;
+        q.queued_events += 1;
         q.items.push_back(Outgoing::Event(frame));
         self.ready.notify_one();
     }
@@ -124,6 +127,7 @@ impl ConnIo {
                 .count();
             q.items.clear();
             q.pending_events.clear();
+            q.queued_events = 0;
             self.ready.notify_all();
             n
         };
@@ -168,6 +172,7 @@ impl ConnIo {
                     }
                     if let Some(item) = q.items.pop_front() {
                         if let Outgoing::Event(f) = &item {
+                            q.queued_events = q.queued_events.saturating_sub(1);
                             if let Some(n) = q.pending_events.get_mut(f) {
                                 *n -= 1;
                                 if *n == 0 {

@@ -77,26 +77,29 @@ pub(crate) fn process(
         ok = outcome.is_ok(),
         "request"
     );
-    let reply = match outcome {
-        Ok(done) if done.reply.len() > PAYLOAD_MAX => Frame::error_reply(&header, XsErrno::E2big),
-        Ok(done) => {
-            st.fire(&done.events);
-            let reply = Frame {
-                header: Header {
-                    len: done.reply.len() as u32,
-                    ..header
-                },
-                payload: done.reply,
-            };
-            io.push_reply(reply.encode(), outstanding);
-            if let Some((event, special)) = done.first_event {
-                io.push_event(event, special);
-            }
+    let done = match outcome {
+        Ok(done) => done,
+        Err(e) => {
+            io.push_reply(Frame::error_reply(&header, e).encode(), outstanding);
             return;
         }
-        Err(e) => Frame::error_reply(&header, e),
+    };
+    st.fire(&done.events);
+    let reply = if done.reply.len() > PAYLOAD_MAX {
+        Frame::error_reply(&header, XsErrno::E2big)
+    } else {
+        Frame {
+            header: Header {
+                len: done.reply.len() as u32,
+                ..header
+            },
+            payload: done.reply,
+        }
     };
     io.push_reply(reply.encode(), outstanding);
+    if let Some((event, special)) = done.first_event {
+        io.push_event(event, special);
+    }
 }
 
 fn limits(quotas: &Quotas) -> Limits {

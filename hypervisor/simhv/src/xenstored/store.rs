@@ -126,11 +126,6 @@ impl Store {
     pub fn paths(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys()
     }
-
-    /// How many nodes exist.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
 }
 
 impl Tree for Store {
@@ -196,11 +191,6 @@ impl Transaction {
             }
         }
         Ok(self.events)
-    }
-
-    /// Nodes this transaction has touched.
-    pub fn touched(&self) -> usize {
-        self.seen.len()
     }
 }
 
