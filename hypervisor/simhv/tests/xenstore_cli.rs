@@ -1,8 +1,9 @@
 //! Xen's own command-line tools (Debian's xenstore-utils, linked to libxenstore)
 //! against the simulated xenstored, pointed at a domain socket with XENSTORED_PATH.
 //!
-//! Skipped when the tools are not installed, unless XMX_REQUIRE_XENSTORE_UTILS is set
-//! (CI sets it), in which case their absence fails the tests.
+//! Skipped when the tools are not installed, unless XMX_REQUIRE_XENSTORE_UTILS or CI is set
+//! (.ci/run installs them and CI runs with CI=true), in which case their absence fails the
+//! tests.
 
 mod xenstore_common;
 
@@ -36,9 +37,9 @@ fn tools() -> Option<PathBuf> {
     if all.iter().all(|t| dir.join(t).exists()) {
         return Some(dir);
     }
-    if std::env::var_os("XMX_REQUIRE_XENSTORE_UTILS").is_some() {
+    if std::env::var_os("XMX_REQUIRE_XENSTORE_UTILS").is_some() || std::env::var_os("CI").is_some() {
         panic!(
-            "xenstore-utils not found in {} and XMX_REQUIRE_XENSTORE_UTILS is set",
+            "xenstore-utils not found in {} (required under CI or XMX_REQUIRE_XENSTORE_UTILS)",
             dir.display()
         );
     }

@@ -548,7 +548,7 @@ fn reset_watches_drops_watches_and_transactions() {
 
 #[test]
 fn introduce_and_release_fire_special_watches() {
-    let mut h = Harness::start();
+    let h = Harness::start();
     let dom0 = h.client(0);
     let g1 = h.client(1);
     dom0.watch("@introduceDomain", "intro").unwrap();
@@ -563,7 +563,7 @@ fn introduce_and_release_fire_special_watches() {
     assert_eq!(next_event(&g1), ev("fence", "fence"));
 
     // Through the API, as the simhv toolstack does.
-    h.add_domain(5);
+    let acceptor5 = h.add_domain(5);
     assert!(!dom0.is_domain_introduced(5).unwrap());
     h.xs.introduce_domain(5);
     assert_eq!(next_event(&dom0), ev("@introduceDomain", "intro"));
@@ -607,6 +607,13 @@ fn introduce_and_release_fire_special_watches() {
     // Its connection is closed.
     assert!(matches!(g5.read(XBT_NULL, "data"), Err(Error::Closed(_))));
     assert_eq!(h.xs.usage(5), Default::default());
+    // Its socket is no longer served.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(acceptor5.join().is_ok());
+    });
+    assert_eq!(done_rx.recv_timeout(Duration::from_secs(20)), Ok(true));
+    assert!(XsClient::connect_unix(h.sock(5)).is_err());
 
     dom0.release(6).unwrap();
     let e = next_event(&dom0);

@@ -326,7 +326,7 @@ impl XsClient {
                     None => generation = Some(gen.to_string()),
                 }
                 let (done, chunk) = match rest.split_last() {
-                    Some((last, head)) if last.is_empty() => (true, head),
+                    Some((&"", head)) => (true, head),
                     _ => (false, rest),
                 };
                 if !done && chunk.is_empty() {

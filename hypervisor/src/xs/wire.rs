@@ -314,18 +314,22 @@ impl<T: AsRef<[u8]>> Message<T> {
         Ok(Message { buffer, header })
     }
 
+    /// The parsed header.
     pub fn header(&self) -> Header {
         self.header
     }
 
+    /// The raw message type.
     pub fn msg_type(&self) -> u32 {
         self.header.msg_type
     }
 
+    /// The request id a reply echoes.
     pub fn req_id(&self) -> u32 {
         self.header.req_id
     }
 
+    /// The transaction id (0: none).
     pub fn tx_id(&self) -> u32 {
         self.header.tx_id
     }
@@ -342,6 +346,7 @@ impl<T: AsRef<[u8]>> Message<T> {
         HEADER_LEN + self.header.len as usize
     }
 
+    /// The underlying buffer.
     pub fn into_inner(self) -> T {
         self.buffer
     }
@@ -351,6 +356,7 @@ impl<T: AsRef<[u8]>> Message<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub header: Header,
+    /// Exactly `header.len` bytes.
     pub payload: Vec<u8>,
 }
 
@@ -420,6 +426,7 @@ impl Frame {
         out
     }
 
+    /// The message type, if known.
     pub fn kind(&self) -> Option<MsgType> {
         self.header.kind()
     }

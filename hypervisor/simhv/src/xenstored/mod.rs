@@ -85,6 +85,7 @@ impl Default for Quotas {
 pub struct Usage {
     /// Nodes it owns.
     pub nodes: usize,
+    /// Watches registered.
     pub watches: usize,
     /// Open transactions.
     pub transactions: usize,
@@ -121,6 +122,7 @@ impl Xenstored {
         })
     }
 
+    /// The limits this daemon enforces.
     pub fn quotas(&self) -> Quotas {
         self.quotas
     }
@@ -151,10 +153,10 @@ impl Xenstored {
         let me = Arc::clone(self);
         std::thread::Builder::new()
             .name(format!("xenstored-accept-{domid}"))
-            .spawn(move || me.accept_loop(domid, listener, &stop))
+            .spawn(move || me.accept_loop(domid, listener, stop))
     }
 
-    fn accept_loop(self: Arc<Self>, domid: DomId, listener: UnixListener, stop: &EventFd) {
+    fn accept_loop(self: Arc<Self>, domid: DomId, listener: UnixListener, stop: Arc<EventFd>) {
         loop {
             let mut fds = [
                 PollFd::new(listener.as_fd(), PollFlags::POLLIN),
@@ -173,7 +175,7 @@ impl Xenstored {
             }
             match listener.accept() {
                 Ok((stream, _)) => {
-                    if let Err(e) = self.connect(domid, stream) {
+                    if let Err(e) = self.attach(domid, stream, Some(&stop)) {
                         tracing::warn!(domid, error = %e, "could not serve a xenstore connection");
                     }
                 }
@@ -195,6 +197,17 @@ impl Xenstored {
     /// Serve an already connected stream as domain `domid` (e.g. one end of a
     /// socketpair handed to a process).
     pub fn connect(self: &Arc<Self>, domid: DomId, stream: UnixStream) -> std::io::Result<()> {
+        self.attach(domid, stream, None)
+    }
+
+    /// Register and start serving a connection; one accepted by a listener that was
+    /// stopped meanwhile (its domain released) is refused.
+    fn attach(
+        self: &Arc<Self>,
+        domid: DomId,
+        stream: UnixStream,
+        listener: Option<&Arc<EventFd>>,
+    ) -> std::io::Result<()> {
         stream.set_nonblocking(false)?;
         let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let io = Arc::new(ConnIo::new(id, domid, stream.try_clone()?));
@@ -202,6 +215,11 @@ impl Xenstored {
             let mut st = lock(&self.state);
             if st.shut_down {
                 return Err(std::io::Error::other("xenstored is shut down"));
+            }
+            if let Some(stop) = listener {
+                if !st.listeners.iter().any(|l| Arc::ptr_eq(&l.stop, stop)) {
+                    return Err(std::io::Error::other("listener stopped"));
+                }
             }
             st.conns.insert(id, ConnEntry::new(Arc::clone(&io)));
         }

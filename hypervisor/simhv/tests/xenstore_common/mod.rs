@@ -45,13 +45,10 @@ impl Harness {
         }
     }
 
-    /// Listen for one more domain (not introduced).
-    pub fn add_domain(&mut self, domid: DomId) -> PathBuf {
-        let path = self.sock(domid);
-        let listener = UnixListener::bind(&path).unwrap();
-        self.accept_threads
-            .push(self.xs.serve(domid, listener).unwrap());
-        path
+    /// Listen for one more domain (not introduced); returns its accept thread.
+    pub fn add_domain(&self, domid: DomId) -> JoinHandle<()> {
+        let listener = UnixListener::bind(self.sock(domid)).unwrap();
+        self.xs.serve(domid, listener).unwrap()
     }
 
     pub fn sock(&self, domid: DomId) -> PathBuf {
