@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::sim::admin::{DomainInfo, DomainState, RunState, XenstoreUsage};
 use xmx_hv::sim::layout;
-use xmx_hv::{DomId, Error, Result, DOM0};
+use xmx_hv::{DomId, Error, Result, XsAccess, XsPerm, DOM0};
 
 use crate::config::Config;
 use crate::hv::{serve, Hv};
@@ -201,9 +201,29 @@ impl Host {
             self.xenstored.introduce_domain(domid);
         }
         let home = format!("/local/domain/{domid}");
-        self.toolstack_write(&format!("{home}/name"), name.as_bytes())?;
-        self.toolstack_write(&format!("{home}/domid"), domid.to_string().as_bytes())?;
+        if domid == DOM0 {
+            self.toolstack_write(&format!("{home}/name"), name.as_bytes())?;
+            self.toolstack_write(&format!("{home}/domid"), b"0")?;
+        } else {
+            self.toolstack_write_identity(&format!("{home}/name"), name.as_bytes(), domid)?;
+            let id = domid.to_string();
+            self.toolstack_write_identity(&format!("{home}/domid"), id.as_bytes(), domid)?;
+        }
         Ok(())
+    }
+
+    /// Write a node as the toolstack (dom0) does for a domain's identity: owned by dom0 and
+    /// only readable by the domain, as libxl leaves `name` and `domid`, so the guest cannot
+    /// rename itself.
+    fn toolstack_write_identity(&self, path: &str, value: &[u8], domid: DomId) -> Result<()> {
+        self.toolstack_write(path, value)?;
+        let acl = [
+            XsPerm { domid: DOM0, access: XsAccess::None },
+            XsPerm { domid, access: XsAccess::Read },
+        ];
+        self.xenstored
+            .set_perms(DOM0, path, &acl)
+            .map_err(|e| Error::Xs(format!("toolstack permissions of {path}: {e:?}")))
     }
 
     /// Write a node as the toolstack (dom0) does.

@@ -67,6 +67,13 @@ fn create_lists_and_lays_out_a_domain() {
     let xs = host.attach(g).xenstore().unwrap();
     assert_eq!(xs.read(XBT_NULL, "name").unwrap(), b"guest1");
     assert_eq!(xs.read(XBT_NULL, "/local/domain/1/domid").unwrap(), b"1");
+    // ... but, as libxl leaves them, owned by dom0: the guest cannot rename itself.
+    assert!(matches!(xs.write(XBT_NULL, "name", b"dom0"), Err(Error::Denied(_))));
+    assert!(matches!(xs.write(XBT_NULL, "domid", b"0"), Err(Error::Denied(_))));
+    assert!(matches!(xs.rm(XBT_NULL, "name"), Err(Error::Denied(_))));
+    assert_eq!(xs.read(XBT_NULL, "name").unwrap(), b"guest1");
+    // Its home stays its own.
+    xs.write(XBT_NULL, "data/x", b"1").unwrap();
 
     assert!(matches!(
         host.admin.create("guest1", None),
