@@ -22,6 +22,14 @@ enum Cmd {
     },
     /// The guided tour: a simulated cluster, MX traffic, isolation, figures.
     Demo,
+    /// Latency and bandwidth by message size: xmx beside shared memory, raw AF_PACKET and
+    /// TCP on the same link, with ratios, JSON and plots (needs root for namespaces).
+    Bench(xmx_tools::bench::BenchArgs),
+    /// One measuring process of `xmx bench` (started by it).
+    #[command(hide = true)]
+    BenchAgent(xmx_tools::bench::agent::AgentArgs),
+    #[command(flatten)]
+    Admin(xmx_tools::cli::AdminCmd),
 }
 
 #[derive(clap::Args)]
@@ -99,6 +107,9 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Sim { cmd } => sim(cmd),
+        Cmd::Bench(args) => xmx_tools::bench::main(args),
+        Cmd::BenchAgent(args) => xmx_tools::bench::agent::run(&args).map(|()| 0),
+        Cmd::Admin(cmd) => xmx_tools::cli::run(cmd),
         Cmd::Demo => {
             eprintln!(
                 "xmx demo will start a 2-host simulated cluster with 2 guests per host in two \

@@ -1,5 +1,6 @@
 //! A simulated cluster: N hosts (network namespaces on one bridge), each with its own
-//! xmx-simhv and M guest domains.
+//! xmx-simhv, xmx-backd and xmxd on its NIC, and M guest domains with their xmx device
+//! attached (and their xmx-frontd, when the workspace has built it).
 //!
 //! The state file `ROOT/cluster.json` records what was built so `status`, `run` and `down`
 //! work from any later invocation; `down` also sweeps namespaces by prefix so it cleans up
@@ -18,6 +19,7 @@ use xmx_hv::sim::admin::SimAdmin;
 use xmx_hv::DomId;
 
 use super::{netns, wait};
+use crate::xmxd::{ControlClient, Request as XmxdRequest};
 
 /// Where clusters live: `RUN_DIR/<cluster name>`.
 pub const RUN_DIR: &str = "/run/xmx";
@@ -30,11 +32,17 @@ pub const HOST_IFACE: &str = "eth0";
 pub const FIRST_GUEST_DOMID: DomId = 1;
 const DAEMON_START_TIMEOUT: Duration = Duration::from_secs(20);
 const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the simulated hosts' xmxd announce their guests: often, so a cluster settles
+/// within a second.
+const XMXD_ANNOUNCE_MS: u64 = 200;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GuestState {
     pub name: String,
     pub domid: DomId,
+    /// The socket of the guest's xmx-frontd, when one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontd_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -160,8 +168,9 @@ impl HostState {
     }
 }
 
-/// Start `bin args` inside namespace `ns`, detached in its own process group, output to `log`.
-fn spawn_in_ns(ns: &str, bin: &Path, args: &[String], log: &Path) -> Result<i32> {
+/// Start `bin args` inside namespace `ns` with `env` added, detached in its own process
+/// group, output to `log`.
+fn spawn_in_ns(ns: &str, bin: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Result<i32> {
     if !bin.exists() {
         bail!("{} not found (build the workspace first: cargo build --release)", bin.display());
     }
@@ -170,6 +179,7 @@ fn spawn_in_ns(ns: &str, bin: &Path, args: &[String], log: &Path) -> Result<i32>
         .args(["netns", "exec", ns])
         .arg(bin)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
@@ -236,6 +246,7 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
             &ns,
             &opts.bin_dir.join("xmx-simhv"),
             &["--foreground".into(), "--dir".into(), simhv_dir.display().to_string()],
+            &[],
             &log,
         )?;
         host.daemons.push(DaemonState { name: "xmx-simhv".into(), pid, log: log.clone() });
@@ -243,17 +254,136 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
         state.save()?;
         wait::file_appears(&xmx_hv::sim::layout::ready_file(&simhv_dir), DAEMON_START_TIMEOUT)
             .with_context(|| format!("xmx-simhv of {name} did not start; see {}", log.display()))?;
+        let xmxd_socket = start_dom0_daemons(opts, state, i, progress)?;
         let admin = SimAdmin::connect(&simhv_dir)?;
+        let mut xmxd = ControlClient::connect(&xmxd_socket)
+            .with_context(|| format!("connecting to xmxd of {name}"))?;
         for j in 0..opts.guests {
             let gname = guest_name(j);
             let domid = admin.create(&format!("{name}-{gname}"), Some(FIRST_GUEST_DOMID + j as DomId))?;
             progress(&format!("{name}: guest {gname} is domain {domid}"));
-            state.hosts[i].guests.push(GuestState { name: gname, domid });
+            xmxd.call(&XmxdRequest::Attach { domid, cluster: None })
+                .with_context(|| format!("attaching the xmx device of {name}-{gname}"))?;
+            state.hosts[i].guests.push(GuestState { name: gname.clone(), domid, frontd_socket: None });
+            state.save()?;
+            start_frontd(opts, state, i, j, progress)?;
         }
         state.save()?;
     }
     info!(hosts = opts.hosts, guests = opts.guests, "simulated cluster up");
     Ok(())
+}
+
+/// The environment of a process of domain `domid` of `host`.
+fn domain_env(host: &HostState, domid: DomId) -> Vec<(String, String)> {
+    vec![
+        ("XMX_PLATFORM".into(), "sim".into()),
+        ("XMX_SIM_DIR".into(), host.simhv_dir.display().to_string()),
+        ("XMX_DOMID".into(), domid.to_string()),
+    ]
+}
+
+/// Start `bin` as a daemon of host `i`, record it, and wait for `ready` (its socket) to
+/// appear.
+fn start_daemon(
+    state: &mut ClusterState,
+    i: usize,
+    daemon: &str,
+    bin: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    ready: &Path,
+) -> Result<()> {
+    let host = &state.hosts[i];
+    let log = state.root.join(&host.name).join("logs").join(format!("{daemon}.log"));
+    let pid = spawn_in_ns(&host.netns, bin, args, env, &log)?;
+    state.hosts[i].daemons.push(DaemonState { name: daemon.into(), pid, log: log.clone() });
+    state.save()?;
+    wait::file_appears(ready, DAEMON_START_TIMEOUT)
+        .with_context(|| format!("{daemon} of {} did not start; see {}", state.hosts[i].name, log.display()))
+}
+
+/// The backend and xmxd of host `i`, on its NIC; returns xmxd's control socket.
+fn start_dom0_daemons(
+    opts: &UpOptions,
+    state: &mut ClusterState,
+    i: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf> {
+    let host = state.hosts[i].clone();
+    let env = domain_env(&host, xmx_hv::DOM0);
+    let backd_socket = host.simhv_dir.join("backd.sock");
+    progress(&format!("{}: xmx-backd on {}", host.name, host.iface));
+    start_daemon(
+        state,
+        i,
+        "xmx-backd",
+        &opts.bin_dir.join("xmx-backd"),
+        &[
+            "--iface".into(),
+            host.iface.clone(),
+            "--hostname".into(),
+            host.name.clone(),
+            "--control".into(),
+            backd_socket.display().to_string(),
+        ],
+        &env,
+        &backd_socket,
+    )?;
+    let xmxd_socket = host.simhv_dir.join("xmxd.sock");
+    progress(&format!("{}: xmxd", host.name));
+    start_daemon(
+        state,
+        i,
+        "xmxd",
+        &opts.bin_dir.join("xmxd"),
+        &[
+            "--iface".into(),
+            host.iface.clone(),
+            "--hostname".into(),
+            host.name.clone(),
+            "--state-dir".into(),
+            state.root.join(&host.name).join("xmxd").display().to_string(),
+            "--control".into(),
+            xmxd_socket.display().to_string(),
+            "--backend-socket".into(),
+            backd_socket.display().to_string(),
+            "--announce-ms".into(),
+            XMXD_ANNOUNCE_MS.to_string(),
+        ],
+        &env,
+        &xmxd_socket,
+    )?;
+    Ok(xmxd_socket)
+}
+
+/// The guest daemon of guest `j` of host `i`, if the workspace has built one.
+fn start_frontd(
+    opts: &UpOptions,
+    state: &mut ClusterState,
+    i: usize,
+    j: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let bin = opts.bin_dir.join("xmx-frontd");
+    if !bin.exists() {
+        return Ok(());
+    }
+    let host = state.hosts[i].clone();
+    let guest = &host.guests[j];
+    let socket = state.root.join(&host.name).join(format!("frontd-{}.sock", guest.name));
+    progress(&format!("{}: xmx-frontd of {}", host.name, guest.name));
+    start_daemon(
+        state,
+        i,
+        &format!("xmx-frontd-{}", guest.name),
+        &bin,
+        &["--socket".into(), socket.display().to_string()],
+        &domain_env(&host, guest.domid),
+        &socket,
+    )?;
+    state.hosts[i].guests[j].frontd_socket = Some(socket);
+    state.save()
 }
 
 /// Tear everything down: daemons (SIGTERM, then SIGKILL), namespaces, the state directory.
@@ -305,14 +435,16 @@ fn kill_namespace_processes(ns: &str) {
 
 /// The environment a program needs to run as an application of guest `guest` on `host`.
 pub fn guest_env(host: &HostState, guest: &GuestState, bin_dir: &Path) -> Vec<(String, String)> {
-    vec![
-        ("XMX_PLATFORM".into(), "sim".into()),
-        ("XMX_SIM_DIR".into(), host.simhv_dir.display().to_string()),
-        ("XMX_DOMID".into(), guest.domid.to_string()),
+    let mut env = domain_env(host, guest.domid);
+    env.extend([
         ("XMX_HOST".into(), host.name.clone()),
         ("XMX_GUEST".into(), guest.name.clone()),
         ("LD_LIBRARY_PATH".into(), bin_dir.display().to_string()),
-    ]
+    ]);
+    if let Some(socket) = &guest.frontd_socket {
+        env.push(("XMX_FRONTD_SOCKET".into(), socket.display().to_string()));
+    }
+    env
 }
 
 /// Run `cmd` as an application of `guest` on `host`; returns its exit code.

@@ -1,0 +1,266 @@
+/*
+ * The measuring program of the bench's MX setups (xmx native, later the guest
+ * setups): the same ping-pong and stream as the bench's other agents, through the
+ * MX API of libmyriexpress, printing the same one-line JSON report.
+ *
+ *   mx_bench -i                          open an endpoint and close it (probe)
+ *   mx_bench -l EID  -t TEST -s SIZE -w WARMUP -n ITERS    server side
+ *   mx_bench -d HOST -e EID -t TEST ...                     client side
+ *   mx_bench -t TEST ...                 both sides in this process (two endpoints)
+ *
+ * TEST is pingpong or stream. The server prints "ready" once its endpoint is
+ * open. Streams keep up to STREAM_WINDOW sends in flight; every wait spins and
+ * blocks inside the library as its settings say.
+ */
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "myriexpress.h"
+
+#define BENCH_KEY 0x5eedb0b0u
+#define CLIENT_EID 1
+#define SERVER_EID 2
+#define STREAM_WINDOW 16
+
+struct opts {
+  const char *host;
+  uint32_t eid;
+  int listen;
+  int info;
+  int stream;
+  uint32_t size;
+  uint64_t warmup, iters;
+};
+
+#define CHECK(call)                                                             \
+  do {                                                                          \
+    mx_return_t r_ = (call);                                                    \
+    if (r_ != MX_SUCCESS) {                                                     \
+      fprintf(stderr, "%s: %s\n", #call, mx_strerror(r_));                      \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t cpu_ns(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000u +
+         ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
+}
+
+static void wait_done(mx_endpoint_t ep, mx_request_t *req, mx_status_t *s) {
+  uint32_t result = 0;
+  CHECK(mx_wait(ep, req, MX_INFINITE, s, &result));
+  if (!result || s->code != MX_STATUS_SUCCESS) {
+    fprintf(stderr, "request failed: %s\n", mx_strstatus(s->code));
+    exit(1);
+  }
+}
+
+static void send_msg(mx_endpoint_t ep, mx_endpoint_addr_t to, void *buf, uint32_t len) {
+  mx_segment_t seg = {buf, len};
+  mx_request_t r;
+  mx_status_t s;
+  CHECK(mx_isend(ep, &seg, 1, to, 0, NULL, &r));
+  wait_done(ep, &r, &s);
+}
+
+static uint32_t recv_msg(mx_endpoint_t ep, void *buf, uint32_t len, mx_status_t *s) {
+  mx_segment_t seg = {buf, len};
+  mx_request_t r;
+  CHECK(mx_irecv(ep, &seg, 1, 0, 0, NULL, &r));
+  wait_done(ep, &r, s);
+  if (s->msg_length != len) {
+    fprintf(stderr, "received %u bytes, expected %u\n", s->msg_length, len);
+    exit(1);
+  }
+  return s->xfer_length;
+}
+
+static void report(const uint64_t *rt, uint64_t nrt, uint64_t messages, uint64_t bytes,
+                   uint64_t elapsed, uint64_t cpu) {
+  printf("{\"round_trips_ns\":[");
+  for (uint64_t i = 0; i < nrt; i++) printf(i ? ",%llu" : "%llu", (unsigned long long)rt[i]);
+  printf("],\"messages\":%llu,\"bytes\":%llu,\"elapsed_ns\":%llu,\"cpu_ns\":%llu}\n",
+         (unsigned long long)messages, (unsigned long long)bytes, (unsigned long long)elapsed,
+         (unsigned long long)cpu);
+  fflush(stdout);
+}
+
+static void *alloc(uint32_t len) {
+  unsigned char *b = malloc(len ? len : 1);
+  if (!b) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
+  for (uint32_t i = 0; i < len; i++) b[i] = (unsigned char)(i % 251);
+  return b;
+}
+
+static void client(mx_endpoint_t ep, const struct opts *o) {
+  uint64_t nic;
+  mx_endpoint_addr_t peer;
+  mx_status_t s;
+  if (o->host)
+    CHECK(mx_hostname_to_nic_id((char *)o->host, &nic));
+  else
+    CHECK(mx_board_number_to_nic_id(0, &nic));
+  CHECK(mx_connect(ep, nic, o->eid, BENCH_KEY, 10000, &peer));
+  unsigned char *out = alloc(o->size), *in = alloc(o->size);
+  uint64_t cpu0 = cpu_ns();
+  if (!o->stream) {
+    uint64_t *rt = calloc(o->iters ? o->iters : 1, sizeof(*rt));
+    if (!rt) exit(1);
+    for (uint64_t i = 0; i < o->warmup + o->iters; i++) {
+      if (i == o->warmup) cpu0 = cpu_ns();
+      uint64_t t0 = now_ns();
+      send_msg(ep, peer, out, o->size);
+      recv_msg(ep, in, o->size, &s);
+      if (i >= o->warmup) rt[i - o->warmup] = now_ns() - t0;
+    }
+    report(rt, o->iters, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
+    free(rt);
+  } else {
+    mx_request_t reqs[STREAM_WINDOW];
+    mx_segment_t seg = {out, o->size};
+    for (uint64_t i = 0; i < o->warmup; i++) send_msg(ep, peer, out, o->size);
+    recv_msg(ep, in, 0, &s);
+    cpu0 = cpu_ns();
+    for (uint64_t i = 0; i < o->iters; i++) {
+      if (i >= STREAM_WINDOW) wait_done(ep, &reqs[i % STREAM_WINDOW], &s);
+      CHECK(mx_isend(ep, &seg, 1, peer, 0, NULL, &reqs[i % STREAM_WINDOW]));
+    }
+    uint64_t first = o->iters > STREAM_WINDOW ? o->iters - STREAM_WINDOW : 0;
+    for (uint64_t i = first; i < o->iters; i++) wait_done(ep, &reqs[i % STREAM_WINDOW], &s);
+    recv_msg(ep, in, 0, &s);
+    report(NULL, 0, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
+  }
+  free(out);
+  free(in);
+}
+
+static void server(mx_endpoint_t ep, const struct opts *o) {
+  unsigned char *out = alloc(o->size), *in = alloc(o->size);
+  mx_status_t s;
+  mx_endpoint_addr_t peer;
+  int connected = 0;
+  uint64_t cpu0 = cpu_ns();
+  uint64_t total = o->warmup + o->iters;
+  if (!o->stream) {
+    for (uint64_t i = 0; i < total; i++) {
+      if (i == o->warmup) cpu0 = cpu_ns();
+      recv_msg(ep, in, o->size, &s);
+      if (!connected) {
+        uint64_t nic;
+        uint32_t eid;
+        CHECK(mx_decompose_endpoint_addr(s.source, &nic, &eid));
+        CHECK(mx_connect(ep, nic, eid, BENCH_KEY, 10000, &peer));
+        connected = 1;
+      }
+      send_msg(ep, peer, out, o->size);
+    }
+    report(NULL, 0, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
+  } else {
+    uint64_t nic;
+    uint32_t eid;
+    for (uint64_t i = 0; i < o->warmup; i++) recv_msg(ep, in, o->size, &s);
+    CHECK(mx_decompose_endpoint_addr(s.source, &nic, &eid));
+    CHECK(mx_connect(ep, nic, eid, BENCH_KEY, 10000, &peer));
+    cpu0 = cpu_ns();
+    uint64_t t0 = now_ns();
+    send_msg(ep, peer, out, 0);
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < o->iters; i++) bytes += recv_msg(ep, in, o->size, &s);
+    uint64_t elapsed = now_ns() - t0;
+    send_msg(ep, peer, out, 0);
+    report(NULL, 0, o->iters, bytes, elapsed, cpu_ns() - cpu0);
+  }
+  free(out);
+  free(in);
+}
+
+struct thread_arg {
+  mx_endpoint_t ep;
+  const struct opts *o;
+};
+
+static void *server_thread(void *p) {
+  struct thread_arg *a = p;
+  server(a->ep, a->o);
+  return NULL;
+}
+
+static mx_endpoint_t open_ep(uint32_t eid) {
+  mx_endpoint_t ep;
+  CHECK(mx_open_endpoint(MX_ANY_NIC, eid, BENCH_KEY, NULL, 0, &ep));
+  return ep;
+}
+
+static void usage(const char *prog) {
+  fprintf(stderr,
+          "usage: %s -i | [-l EID | -d HOST -e EID] -t pingpong|stream -s SIZE -w WARMUP -n ITERS\n",
+          prog);
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  struct opts o = {NULL, SERVER_EID, -1, 0, 0, 0, 0, 1};
+  int c;
+  while ((c = getopt(argc, argv, "il:d:e:t:s:w:n:")) != -1) {
+    switch (c) {
+    case 'i': o.info = 1; break;
+    case 'l': o.listen = atoi(optarg); break;
+    case 'd': o.host = optarg; break;
+    case 'e': o.eid = (uint32_t)atoi(optarg); break;
+    case 't':
+      if (strcmp(optarg, "stream") == 0) o.stream = 1;
+      else if (strcmp(optarg, "pingpong") != 0) usage(argv[0]);
+      break;
+    case 's': o.size = (uint32_t)strtoul(optarg, NULL, 10); break;
+    case 'w': o.warmup = strtoull(optarg, NULL, 10); break;
+    case 'n': o.iters = strtoull(optarg, NULL, 10); break;
+    default: usage(argv[0]);
+    }
+  }
+  if (o.stream && o.warmup == 0) o.warmup = 1; /* the server learns its peer from it */
+  CHECK(mx_init());
+  if (o.info) {
+    mx_endpoint_t ep = open_ep(MX_ANY_ENDPOINT);
+    CHECK(mx_close_endpoint(ep));
+    printf("ok\n");
+  } else if (o.listen >= 0) {
+    mx_endpoint_t ep = open_ep((uint32_t)o.listen);
+    printf("ready\n");
+    fflush(stdout);
+    server(ep, &o);
+    CHECK(mx_close_endpoint(ep));
+  } else if (o.host) {
+    mx_endpoint_t ep = open_ep(MX_ANY_ENDPOINT);
+    client(ep, &o);
+    CHECK(mx_close_endpoint(ep));
+  } else {
+    mx_endpoint_t sep = open_ep(SERVER_EID), cep = open_ep(CLIENT_EID);
+    pthread_t t;
+    struct thread_arg a = {sep, &o};
+    if (pthread_create(&t, NULL, server_thread, &a) != 0) exit(1);
+    client(cep, &o);
+    pthread_join(t, NULL);
+    CHECK(mx_close_endpoint(cep));
+    CHECK(mx_close_endpoint(sep));
+  }
+  CHECK(mx_finalize());
+  return 0;
+}

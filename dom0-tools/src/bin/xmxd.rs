@@ -1,0 +1,119 @@
+//! `xmxd`: the dom0 peer-table and lifecycle service of xmx.
+//!
+//! Attaches the xmx device to the guests configured for it as they start, detaches it as
+//! they go, exchanges guest lists with the other hosts' xmxd over MXoE RAW frames on
+//! `--iface`, and pushes the resulting peer table to the local `xmx-backd`. The platform
+//! comes from the environment (`XMX_PLATFORM`, and for the simulator `XMX_SIM_DIR`,
+//! `XMX_DOMID`). SIGTERM or SIGINT stops it; guests keep their devices.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use nix::sys::signal::{SigSet, Signal};
+use tracing_subscriber::EnvFilter;
+use xmx_tools::xmxd::state::DEFAULT_STATE_DIR;
+use xmx_tools::xmxd::{self, discovery::DiscoveryConfig, Config, PacketFabric, Xmxd};
+
+/// The xmx peer-table and lifecycle service of one host.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xmxd",
+    version,
+    about = "The xmx peer-table and lifecycle service of one host"
+)]
+struct Args {
+    /// The interface the backend serves (discovery frames go there); `none`: this host only.
+    #[arg(long)]
+    iface: String,
+    /// This host's name, as other hosts show it [default: the kernel's hostname].
+    #[arg(long)]
+    hostname: Option<String>,
+    /// The domain xmxd and the backend run in.
+    #[arg(long, default_value_t = 0)]
+    domid: u16,
+    /// Where the state (clusters, guests, indices) is kept.
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// The control socket for `xmx` [default: $XMX_SIM_DIR/xmxd.sock on the simulator,
+    /// /run/xmx/xmxd.sock on Xen].
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// The backend's control socket; `none` to run without a backend [default: where
+    /// xmx-backd puts it].
+    #[arg(long)]
+    backend_socket: Option<String>,
+    /// Milliseconds between two announcements of this host's guests; others forget us
+    /// after four silent intervals.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    announce_ms: u64,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "xmx".into())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    // Before any thread exists: a dedicated thread takes the signals with sigwait.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals
+        .thread_block()
+        .map_err(|e| format!("blocking signals: {e}"))?;
+    if std::env::var_os("XMX_DOMID").is_none() {
+        // Single-threaded still: nothing reads the environment concurrently.
+        std::env::set_var("XMX_DOMID", args.domid.to_string());
+    }
+    let platform = xmx_hv::platform::from_env().map_err(|e| format!("platform: {e}"))?;
+    let fabric = if args.iface == "none" {
+        tracing::warn!("no interface: this host's guests only");
+        None
+    } else {
+        Some(PacketFabric::open(&args.iface).map_err(|e| format!("{}: {e}", args.iface))?)
+    };
+    let mut cfg = Config::new(&args.hostname.unwrap_or_else(host_name), &args.state_dir);
+    cfg.toolstack = args.domid;
+    cfg.discovery = DiscoveryConfig::every(Duration::from_millis(args.announce_ms));
+    cfg.settle = cfg.discovery.interval;
+    cfg.control_socket = Some(args.control.unwrap_or_else(xmxd::default_control_socket));
+    cfg.backend_socket = match args.backend_socket.as_deref() {
+        Some("none") => None,
+        Some(path) => Some(PathBuf::from(path)),
+        None => Some(xmxd::default_backend_socket()),
+    };
+    let service = Xmxd::start(platform.as_ref(), fabric, cfg).map_err(|e| e.to_string())?;
+    let stopper = service.stopper();
+    std::thread::Builder::new()
+        .name("xmxd-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!(signal = ?sig, "stopping");
+            }
+            stopper.stop();
+        })
+        .map_err(|e| format!("signal thread: {e}"))?;
+    service.join().map_err(|e| e.to_string())
+}

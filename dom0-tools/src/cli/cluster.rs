@@ -1,0 +1,112 @@
+//! `xmx cluster ...`.
+
+use anyhow::Result;
+use clap::Subcommand;
+
+use super::{print_table, Target};
+use crate::xmxd::control::{ClusterReport, Request};
+
+/// The subcommands of `xmx cluster`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCmd {
+    /// Create cluster NAME (1 to 32 letters, digits, '_', '.', '-').
+    Create {
+        #[command(flatten)]
+        target: Target,
+        name: String,
+    },
+    /// Delete cluster NAME; with members only with --force, which moves them to `default`.
+    Delete {
+        #[command(flatten)]
+        target: Target,
+        name: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Put GUEST (a guest name, or the domid of a running domain) in cluster NAME; a
+    /// running guest's device is re-attached with its new cluster.
+    Add {
+        #[command(flatten)]
+        target: Target,
+        name: String,
+        guest: String,
+    },
+    /// Take GUEST out of cluster NAME, back to `default`.
+    Remove {
+        #[command(flatten)]
+        target: Target,
+        name: String,
+        guest: String,
+    },
+    /// The clusters, their ids and members.
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(super) fn run(cmd: ClusterCmd) -> Result<i32> {
+    match cmd {
+        ClusterCmd::Create { target, name } => {
+            let v = target
+                .connect()?
+                .call(&Request::ClusterCreate { name: name.clone() })?;
+            println!("cluster {name} created (id {})", v["id"]);
+        }
+        ClusterCmd::Delete {
+            target,
+            name,
+            force,
+        } => {
+            let v = target.connect()?.call(&Request::ClusterDelete {
+                name: name.clone(),
+                force,
+            })?;
+            println!("cluster {name} deleted");
+            for g in v["moved"].as_array().into_iter().flatten() {
+                println!(
+                    "  {} moved to the default cluster",
+                    g.as_str().unwrap_or("?")
+                );
+            }
+        }
+        ClusterCmd::Add {
+            target,
+            name,
+            guest,
+        } => {
+            target.connect()?.call(&Request::ClusterAdd {
+                name: name.clone(),
+                guest: guest.clone(),
+            })?;
+            println!("{guest} is in cluster {name}");
+        }
+        ClusterCmd::Remove {
+            target,
+            name,
+            guest,
+        } => {
+            target.connect()?.call(&Request::ClusterRemove {
+                name: name.clone(),
+                guest: guest.clone(),
+            })?;
+            println!("{guest} left cluster {name} for the default cluster");
+        }
+        ClusterCmd::List { target, json } => {
+            let list: Vec<ClusterReport> = target.connect()?.call_as(&Request::Clusters)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|c| vec![c.name.clone(), c.id.to_string(), c.members.join(" ")])
+                    .collect();
+                print_table(&["CLUSTER", "ID", "MEMBERS"], &rows);
+            }
+        }
+    }
+    Ok(0)
+}

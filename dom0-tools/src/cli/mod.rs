@@ -1,0 +1,66 @@
+//! The administration subcommands of `xmx`: `peers`, `attach`, `detach`, `cluster`,
+//! `counters`. They talk to the local xmxd (and, for `counters`, to `xmx-backd`) over their
+//! control sockets; `--json` prints what the daemons answered, for scripts.
+
+mod cluster;
+mod counters;
+mod guest;
+mod peers;
+mod target;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+pub use target::{BackendTarget, Target};
+
+/// The administration subcommands, flattened into `xmx`'s own.
+#[derive(Debug, Subcommand)]
+pub enum AdminCmd {
+    /// The fabric's peer table, as omx_info shows it: index, MAC, MX hostname, cluster and
+    /// where each peer runs.
+    Peers(peers::PeersArgs),
+    /// Give running domain DOMID the xmx device (and remember the wish for its name).
+    Attach(guest::AttachArgs),
+    /// Take the xmx device away from running domain DOMID.
+    Detach(guest::DetachArgs),
+    /// Virtual clusters: guests of different clusters cannot exchange any traffic.
+    Cluster {
+        #[command(subcommand)]
+        cmd: cluster::ClusterCmd,
+    },
+    /// Traffic counters per guest and endpoint, from the backend: frames, bytes, drops,
+    /// retransmits, quota refusals.
+    Counters(counters::CountersArgs),
+}
+
+/// Run one administration subcommand; returns the process exit code.
+pub fn run(cmd: AdminCmd) -> Result<i32> {
+    match cmd {
+        AdminCmd::Peers(a) => peers::run(&a),
+        AdminCmd::Attach(a) => guest::attach(&a),
+        AdminCmd::Detach(a) => guest::detach(&a),
+        AdminCmd::Cluster { cmd } => cluster::run(cmd),
+        AdminCmd::Counters(a) => counters::run(&a),
+    }
+}
+
+/// Left-aligned columns, each as wide as its widest cell.
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let text: Vec<String> = cells
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+}

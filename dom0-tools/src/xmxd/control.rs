@@ -1,0 +1,381 @@
+//! xmxd's control socket: what `xmx` asks of it.
+//!
+//! A unix stream socket (`--control PATH`, mode 0600), one JSON object per line each way,
+//! answered in order; unknown fields are refused (requests that take none ignore them).
+//! Replies have `xmx-backd`'s shape: `{"ok":true,"result":R}` or
+//! `{"ok":false,"error":{"kind":K,"message":M}}`.
+//!
+//! ```text
+//! {"op":"status"}                                  -> StatusReport
+//! {"op":"peers"}                                   -> PeersReport (the whole table)
+//! {"op":"peers","guest":"vm1"}                     -> what guest vm1 may see (its cluster)
+//! {"op":"peers","after":7,"timeout_ms":2000}       -> waits until the table's generation
+//!                                                     passes 7 (or the timeout)
+//! {"op":"guests"}                                  -> [GuestStatus]
+//! {"op":"clusters"}                                -> [ClusterReport]
+//! {"op":"cluster-create","name":"blue"}            -> {"id":N}
+//! {"op":"cluster-delete","name":"blue","force":false} -> {"moved":[guest...]}
+//! {"op":"cluster-add","name":"blue","guest":"vm1"} -> null   (guest: a name or a domid)
+//! {"op":"cluster-remove","name":"blue","guest":"vm1"} -> null (back to the default cluster)
+//! {"op":"attach","domid":5,"cluster":"blue"}       -> GuestStatus (cluster optional)
+//! {"op":"detach","domid":5}                        -> null
+//! ```
+
+use std::io::BufReader;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use xmx_backend::admin::{Reply, ReplyError};
+use xmx_hv::sim::admin::{read_line_bounded, send_all};
+use xmx_hv::DomId;
+
+use super::state::mac_text;
+use super::table::{Conflict, Peer};
+use xmx_wire::mxoe::Mac;
+
+/// Longest request or reply line.
+pub const MAX_LINE: usize = 1 << 20;
+/// Connections served at once; more are refused.
+const MAX_CONNECTIONS: usize = 16;
+/// Longest wait a `peers` request may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// A request on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// This host, its fabric and its backend.
+    Status,
+    /// The peer table, or one guest's view of it.
+    Peers {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        guest: Option<String>,
+        /// Answer once the table's generation is above this.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// Guests this host knows.
+    Guests,
+    /// Clusters and their members.
+    Clusters,
+    /// Create a cluster.
+    ClusterCreate { name: String },
+    /// Delete a cluster (its members go back to the default one if `force`).
+    ClusterDelete {
+        name: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Put a guest (name or domid) in a cluster.
+    ClusterAdd { name: String, guest: String },
+    /// Take a guest out of a cluster, back to the default one.
+    ClusterRemove { name: String, guest: String },
+    /// Give a running domain the xmx device.
+    Attach {
+        domid: DomId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cluster: Option<String>,
+    },
+    /// Take the xmx device away from a running domain.
+    Detach { domid: DomId },
+}
+
+/// Reply of `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub host: String,
+    #[serde(with = "mac_text")]
+    pub host_mac: Mac,
+    /// The discovery interface, if any.
+    pub iface: Option<String>,
+    /// Other hosts heard from.
+    pub remote_hosts: Vec<String>,
+    /// Generation of the peer table (bumped on every change).
+    pub table_generation: u64,
+    pub peers: usize,
+    /// Whether the last peer table reached the backend.
+    pub backend_synced: bool,
+    pub backend_socket: Option<PathBuf>,
+    pub state_file: PathBuf,
+}
+
+/// Reply of `peers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeersReport {
+    pub host: String,
+    #[serde(with = "mac_text")]
+    pub host_mac: Mac,
+    pub generation: u64,
+    /// Only this cluster's peers are listed, when a guest's view was asked.
+    pub cluster: Option<String>,
+    pub peers: Vec<Peer>,
+    pub conflicts: Vec<Conflict>,
+}
+
+/// One guest this host knows (entry of `guests`, reply of `attach`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestStatus {
+    pub name: String,
+    /// Its domain, if it runs here.
+    pub domid: Option<DomId>,
+    pub cluster: String,
+    pub cluster_id: u32,
+    #[serde(with = "mac_text")]
+    pub mac: Mac,
+    pub index: Option<u16>,
+    /// The xmx device is attached.
+    pub attached: bool,
+    /// Attached whenever a domain of this name runs here.
+    pub auto_attach: bool,
+}
+
+/// One entry of `clusters`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterReport {
+    pub name: String,
+    pub id: u32,
+    /// Guests recorded in it.
+    pub members: Vec<String>,
+}
+
+/// Answers requests; given to [`ControlServer::start`].
+pub type Dispatch = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
+
+/// The listening control socket. Dropping it stops accepting and removes the socket file;
+/// connections being served finish their current request.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listen at `path` (a stale socket there is replaced).
+    pub fn start(path: &Path, dispatch: Dispatch) -> std::io::Result<ControlServer> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("xmxd-control".into())
+                .spawn(move || accept_loop(listener, stop, dispatch))?
+        };
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the acceptor with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: UnixListener, stop: Arc<AtomicBool>, dispatch: Dispatch) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(conn) = conn else { continue };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            let reply = Reply::err(ReplyError::new("busy", "too many connections"));
+            let _ = write_reply(&conn, &reply);
+            continue;
+        }
+        let dispatch = dispatch.clone();
+        let active = active.clone();
+        let spawned = std::thread::Builder::new()
+            .name("xmxd-conn".into())
+            .spawn(move || {
+                serve(conn, &dispatch);
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            tracing::warn!("no thread for a control connection");
+        }
+    }
+}
+
+fn write_reply(conn: &UnixStream, reply: &Reply) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(reply).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    send_all(conn, &line)
+}
+
+fn serve(conn: UnixStream, dispatch: &Dispatch) {
+    let Ok(write_half) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(conn);
+    loop {
+        let line = match read_line_bounded(&mut reader, MAX_LINE) {
+            Ok(Some(line)) => line,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = write_reply(
+                    &write_half,
+                    &Reply::err(ReplyError::new("invalid", e.to_string())),
+                );
+                return;
+            }
+        };
+        let reply = match serde_json::from_slice::<Request>(&line) {
+            Ok(request) => dispatch(request),
+            Err(e) => Reply::err(ReplyError::new("invalid", format!("request: {e}"))),
+        };
+        if write_reply(&write_half, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// A client of xmxd's control socket.
+pub struct ControlClient {
+    conn: BufReader<UnixStream>,
+}
+
+impl ControlClient {
+    /// Connect to the socket at `path`.
+    pub fn connect(path: &Path) -> std::io::Result<ControlClient> {
+        let sock = UnixStream::connect(path)?;
+        sock.set_read_timeout(Some(MAX_WAIT + Duration::from_secs(30)))?;
+        Ok(ControlClient {
+            conn: BufReader::new(sock),
+        })
+    }
+
+    /// Send one request and wait for its reply.
+    pub fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
+        let io = |e: std::io::Error| ReplyError::new("io", e.to_string());
+        let mut line =
+            serde_json::to_vec(request).map_err(|e| ReplyError::new("invalid", e.to_string()))?;
+        line.push(b'\n');
+        send_all(self.conn.get_ref(), &line).map_err(io)?;
+        let reply = read_line_bounded(&mut self.conn, MAX_LINE)
+            .map_err(io)?
+            .ok_or_else(|| ReplyError::new("closed", "xmxd closed the connection"))?;
+        let reply: Reply = serde_json::from_slice(&reply)
+            .map_err(|e| ReplyError::new("protocol", format!("reply: {e}")))?;
+        reply.into_result()
+    }
+
+    /// [`ControlClient::call`] with the result decoded as `T`.
+    pub fn call_as<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        request: &Request,
+    ) -> Result<T, ReplyError> {
+        let v = self.call(request)?;
+        serde_json::from_value(v).map_err(|e| ReplyError::new("protocol", format!("result: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_json_form() {
+        let cases: Vec<(&str, Request)> = vec![
+            (r#"{"op":"status"}"#, Request::Status),
+            (
+                r#"{"op":"peers","guest":"vm1"}"#,
+                Request::Peers {
+                    guest: Some("vm1".into()),
+                    after: None,
+                    timeout_ms: None,
+                },
+            ),
+            (
+                r#"{"op":"cluster-add","name":"blue","guest":"5"}"#,
+                Request::ClusterAdd {
+                    name: "blue".into(),
+                    guest: "5".into(),
+                },
+            ),
+            (
+                r#"{"op":"cluster-delete","name":"blue"}"#,
+                Request::ClusterDelete {
+                    name: "blue".into(),
+                    force: false,
+                },
+            ),
+            (
+                r#"{"op":"attach","domid":5}"#,
+                Request::Attach {
+                    domid: 5,
+                    cluster: None,
+                },
+            ),
+        ];
+        for (text, want) in cases {
+            let got: Request = serde_json::from_str(text).unwrap();
+            assert_eq!(got, want, "{text}");
+        }
+        assert_eq!(
+            serde_json::to_string(&Request::Detach { domid: 3 }).unwrap(),
+            r#"{"op":"detach","domid":3}"#
+        );
+        for bad in [
+            r#"{"op":"reboot"}"#,
+            r#"{"op":"attach"}"#,
+            r#"{"op":"attach","domid":70000}"#,
+            r#"{"op":"detach","domid":1,"x":1}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_server_answers_in_order_and_refuses_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        let dispatch: Dispatch = Arc::new(|req| match req {
+            Request::Status => Reply::ok(serde_json::json!("fine")),
+            _ => Reply::err(ReplyError::new("not_found", "nope")),
+        });
+        let server = ControlServer::start(&path, dispatch).unwrap();
+        let mut c = ControlClient::connect(&path).unwrap();
+        assert_eq!(c.call(&Request::Status).unwrap(), serde_json::json!("fine"));
+        let e = c.call(&Request::Detach { domid: 1 }).unwrap_err();
+        assert_eq!(e.kind, "not_found");
+        send_all(c.conn.get_ref(), b"{\"op\":\n").unwrap();
+        let line = read_line_bounded(&mut c.conn, MAX_LINE).unwrap().unwrap();
+        let reply: Reply = serde_json::from_slice(&line).unwrap();
+        assert_eq!(reply.into_result().unwrap_err().kind, "invalid");
+        drop(server);
+        assert!(!path.exists());
+    }
+}

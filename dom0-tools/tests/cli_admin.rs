@@ -1,0 +1,218 @@
+//! The `xmx` administration subcommands against a running host (in-process simulated
+//! hypervisor, backend and xmxd, reached through their control sockets).
+
+mod xmxd_util;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use xmx_backend::admin::CountersReport;
+use xmx_tools::xmxd::control::{ClusterReport, GuestStatus, PeersReport};
+use xmx_tools::xmxd::names;
+use xmxd_util::SimHost;
+
+fn xmx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xmx"))
+        .args(args)
+        .env_remove("XMX_SIM_DIR")
+        .env_remove("XMX_SIM_HOST")
+        .output()
+        .expect("running xmx")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = xmx(args);
+    assert!(
+        out.status.success(),
+        "xmx {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = xmx(args);
+    assert!(!out.status.success(), "xmx {} succeeded", args.join(" "));
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn json<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
+    let text = ok(args);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("xmx {}: {e}\n{text}", args.join(" ")))
+}
+
+struct Sockets {
+    xmxd: String,
+    backd: String,
+}
+
+impl Sockets {
+    fn of(host: &SimHost) -> Sockets {
+        let s = |p: PathBuf| p.display().to_string();
+        Sockets {
+            xmxd: s(host.xmxd_socket()),
+            backd: s(host.backend_socket()),
+        }
+    }
+
+    /// `args` followed by `--xmxd-socket PATH`.
+    fn to_xmxd<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut v = args.to_vec();
+        v.extend(["--xmxd-socket", &self.xmxd]);
+        v
+    }
+}
+
+#[test]
+fn every_admin_subcommand_has_help() {
+    for args in [
+        vec!["peers", "--help"],
+        vec!["attach", "--help"],
+        vec!["detach", "--help"],
+        vec!["cluster", "--help"],
+        vec!["cluster", "create", "--help"],
+        vec!["cluster", "delete", "--help"],
+        vec!["cluster", "add", "--help"],
+        vec!["cluster", "remove", "--help"],
+        vec!["cluster", "list", "--help"],
+        vec!["counters", "--help"],
+    ] {
+        let out = ok(&args);
+        assert!(out.contains("Usage"), "{args:?}: {out}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_xmxd"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    for opt in [
+        "--iface",
+        "--state-dir",
+        "--control",
+        "--backend-socket",
+        "--announce-ms",
+    ] {
+        assert!(text.contains(opt), "xmxd --help lacks {opt}:\n{text}");
+    }
+}
+
+#[test]
+fn the_subcommands_drive_a_running_host() {
+    let mut host = SimHost::start("h0");
+    host.start_xmxd(None, Duration::from_millis(100));
+    let s = Sockets::of(&host);
+    let vm1 = host.create("vm1");
+    let vm2 = host.create("vm2");
+
+    // attach, with a cluster that does not exist yet (it is created), and without.
+    let d1 = vm1.to_string();
+    let g: GuestStatus = json(&s.to_xmxd(&["attach", &d1, "--cluster", "blue", "--json"]));
+    assert!(g.attached);
+    assert_eq!((g.name.as_str(), g.cluster.as_str()), ("vm1", "blue"));
+    assert_eq!(g.mac, names::guest_mac("vm1"));
+    assert_eq!(g.domid, Some(vm1));
+    let d2 = vm2.to_string();
+    let text = ok(&s.to_xmxd(&["attach", &d2]));
+    assert!(
+        text.contains("attached") && text.contains(&names::guest_mac("vm2").to_string()),
+        "{text}"
+    );
+
+    // peers: JSON equals what xmxd holds; the text lists every MAC; a guest's view is its
+    // cluster only.
+    let report: PeersReport =
+        json(&s.to_xmxd(&["peers", "--json", "--wait", "2", "--timeout", "10"]));
+    assert_eq!(report, host.xmxd().peers());
+    assert_eq!(report.peers.len(), 2);
+    let text = ok(&s.to_xmxd(&["peers"]));
+    assert!(text.contains("INDEX") && text.contains("2 peers"), "{text}");
+    for p in &report.peers {
+        assert!(
+            text.contains(&p.mac.to_string()) && text.contains(&p.hostname),
+            "{text}"
+        );
+    }
+    let view: PeersReport = json(&s.to_xmxd(&["peers", "--json", "--guest", "vm1"]));
+    assert_eq!(view.cluster.as_deref(), Some("blue"));
+    assert_eq!(
+        view.peers
+            .iter()
+            .map(|p| p.guest.as_str())
+            .collect::<Vec<_>>(),
+        ["vm1"]
+    );
+    let view: PeersReport = json(&s.to_xmxd(&["peers", "--json", "--guest", &d2]));
+    assert_eq!(
+        view.peers
+            .iter()
+            .map(|p| p.guest.as_str())
+            .collect::<Vec<_>>(),
+        ["vm2"]
+    );
+    // --changed-after with the current generation waits and reports the table unchanged.
+    let gen = report.generation.to_string();
+    let same: PeersReport =
+        json(&s.to_xmxd(&["peers", "--json", "--changed-after", &gen, "--timeout", "0"]));
+    assert_eq!(same.generation, report.generation);
+    let err = fails(&s.to_xmxd(&["peers", "--wait", "5", "--timeout", "0"]));
+    assert!(err.contains("not 5"), "{err}");
+
+    // cluster create / add / list / delete / remove.
+    ok(&s.to_xmxd(&["cluster", "create", "red"]));
+    let err = fails(&s.to_xmxd(&["cluster", "create", "red"]));
+    assert!(err.contains("exists"), "{err}");
+    let err = fails(&s.to_xmxd(&["cluster", "create", "no/slash"]));
+    assert!(err.contains("invalid"), "{err}");
+    ok(&s.to_xmxd(&["cluster", "add", "red", "vm2"]));
+    let list: Vec<ClusterReport> = json(&s.to_xmxd(&["cluster", "list", "--json"]));
+    let red = list.iter().find(|c| c.name == "red").unwrap();
+    assert_eq!(
+        (red.id, red.members.clone()),
+        (names::cluster_id("red"), vec!["vm2".to_string()])
+    );
+    let blue = list.iter().find(|c| c.name == "blue").unwrap();
+    assert_eq!(blue.members, ["vm1"]);
+    let text = ok(&s.to_xmxd(&["cluster", "list"]));
+    assert!(text.contains("red") && text.contains("vm2"), "{text}");
+    host.wait("vm2 moved in the table", |c| {
+        c.table()
+            .peers
+            .iter()
+            .any(|p| p.guest == "vm2" && p.cluster == "red")
+    });
+    let err = fails(&s.to_xmxd(&["cluster", "delete", "red"]));
+    assert!(err.contains("busy") && err.contains("vm2"), "{err}");
+    let text = ok(&s.to_xmxd(&["cluster", "delete", "red", "--force"]));
+    assert!(text.contains("vm2 moved"), "{text}");
+    ok(&s.to_xmxd(&["cluster", "remove", "blue", "vm1"]));
+    let err = fails(&s.to_xmxd(&["cluster", "remove", "blue", "vm1"]));
+    assert!(err.contains("not found"), "{err}");
+    host.wait("everyone in default", |c| {
+        c.table().peers.iter().all(|p| p.cluster == "default")
+    });
+
+    // counters come from the backend.
+    let counters: CountersReport = json(&["counters", "--json", "--backd-socket", &s.backd]);
+    let mut domids: Vec<u16> = counters.guests.iter().map(|g| g.domid).collect();
+    domids.sort();
+    assert_eq!(domids, [vm1, vm2]);
+    let text = ok(&["counters", "--backd-socket", &s.backd]);
+    assert!(
+        text.contains("TX_FRAMES") && text.contains("QUOTA_REFUSALS"),
+        "{text}"
+    );
+
+    // detach.
+    ok(&s.to_xmxd(&["detach", &d2]));
+    assert!(host.xmxd().inspect(|c| !c.is_attached(vm2)));
+    let err = fails(&s.to_xmxd(&["detach", "4000"]));
+    assert!(err.contains("not found"), "{err}");
+
+    // No daemon: a clear error.
+    let err = fails(&["peers", "--xmxd-socket", "/nonexistent/xmxd.sock"]);
+    assert!(err.contains("is it running"), "{err}");
+    let err = fails(&["counters", "--backd-socket", "/nonexistent/backd.sock"]);
+    assert!(err.contains("is it running"), "{err}");
+}
