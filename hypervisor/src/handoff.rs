@@ -146,7 +146,9 @@ impl ExportedPages {
             PAGES_SIM => {
                 let frames = r.u32s(MAX_EXPORT_PAGES)?;
                 if frames.len() != refs.len() {
-                    return Err(Error::Protocol("export frames do not match its refs".into()));
+                    return Err(Error::Protocol(
+                        "export frames do not match its refs".into(),
+                    ));
                 }
                 PagesLayout::SimFrames { frames }
             }
@@ -157,7 +159,11 @@ impl ExportedPages {
                 }
                 PagesLayout::Gntalloc { offset }
             }
-            other => return Err(Error::Protocol(format!("unknown pages export kind {other}"))),
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unknown pages export kind {other}"
+                )))
+            }
         };
         *buf = r.0;
         let fd = fds
@@ -540,7 +546,10 @@ impl ImportedPort {
 /// attached to its first byte. Never raises SIGPIPE.
 pub fn send_message(sock: &UnixStream, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.len() > MAX_MESSAGE_FDS {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors",
+        ));
     }
     let len = u32::try_from(body.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "message too large"))?;
@@ -684,7 +693,9 @@ impl<'a> Reader<'a> {
     fn u32s(&mut self, max: usize) -> Result<Vec<u32>> {
         let n = self.u32()? as usize;
         if n > max {
-            return Err(Error::Protocol(format!("list of {n} entries (at most {max})")));
+            return Err(Error::Protocol(format!(
+                "list of {n} entries (at most {max})"
+            )));
         }
         let body = self.bytes(n * 4)?;
         Ok(body
@@ -790,7 +801,10 @@ mod tests {
             let mut fds: VecDeque<OwnedFd> = VecDeque::new();
             fds.push_back(exp.fd.try_clone().unwrap());
             let mut part = &body[..cut];
-            assert!(ExportedPages::parse(&mut part, &mut fds).is_err(), "cut {cut}");
+            assert!(
+                ExportedPages::parse(&mut part, &mut fds).is_err(),
+                "cut {cut}"
+            );
         }
         // Missing descriptor.
         let mut whole = &body[..];

@@ -319,7 +319,9 @@ impl EventChannels for SimEventChannels {
             .get(&port)
             .ok_or_else(|| Error::NotFound(format!("port {port}")))?;
         if p.exported {
-            return Err(Error::Invalid(format!("port {port} was handed to another process")));
+            return Err(Error::Invalid(format!(
+                "port {port} was handed to another process"
+            )));
         }
         self.epoll
             .modify(p.rx.as_fd(), &mut Self::armed(port))

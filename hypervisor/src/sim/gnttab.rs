@@ -12,9 +12,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::conn::HvConn;
-use crate::handoff::{PagesLayout, PagesSource};
 use super::mmap::Region;
 use super::proto::{error_from_code, CopySide, CopySpec, Request, Response, MAX_COPY_SEGMENTS};
+use crate::handoff::{PagesLayout, PagesSource};
 use crate::{
     CopyPtr, CopySegment, DomId, Error, GrantRef, GrantTable, GrantedOwner, GrantedPages,
     MappedOwner, MappedPages, Result, PAGE_SIZE,

@@ -1,0 +1,44 @@
+//! The error type of the guest side.
+
+use xmx_wire::msg::{CtrlKind, CtrlStatus};
+use xmx_wire::ring::RingError;
+
+/// Why a frontend operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A hypervisor primitive failed (grant, event channel, xenstore).
+    #[error("platform: {0}")]
+    Platform(#[from] xmx_hv::Error),
+    /// Bytes that do not form a valid message.
+    #[error("message format: {0}")]
+    Wire(#[from] xmx_wire::Error),
+    /// A shared ring refused an operation or holds impossible indices.
+    #[error("ring: {0}")]
+    Ring(#[from] RingError),
+    /// The backend answered a control request with an error status.
+    #[error("the backend refused {op:?}: {status:?}")]
+    Refused { op: CtrlKind, status: CtrlStatus },
+    /// Something did not happen in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The device is not connected to its backend (yet, or any more).
+    #[error("not connected: {0}")]
+    NotConnected(String),
+    /// A caller's argument is out of range.
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// A peer (backend, daemon or application) broke its protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The other side went away.
+    #[error("closed: {0}")]
+    Closed(String),
+    /// Every endpoint index or region id is taken.
+    #[error("no free {0}")]
+    Exhausted(&'static str),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Result of the guest side.
+pub type Result<T> = std::result::Result<T, Error>;

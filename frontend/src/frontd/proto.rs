@@ -1,0 +1,611 @@
+//! The request protocol between applications and `xmx-frontd`.
+//!
+//! A unix stream socket; each message is framed by [`xmx_hv::handoff::send_message`] (a
+//! little-endian `u32` length, then the body, descriptors attached as `SCM_RIGHTS`).
+//! Body: `kind u8 | op u8 | seq u32 | payload`, integers little-endian.
+//!
+//! | kind | op | payload | descriptors |
+//! |------|----|---------|-------------|
+//! | request | INFO | – | – |
+//! | request | OPEN_ENDPOINT | `endpoint u8` (255: any), `has_geometry u8`, `send_ring u8, event_ring u8, send_queue u16, recv_queue u16` | – |
+//! | request | CLOSE_ENDPOINT | `endpoint u8` | – |
+//! | request | REGISTER_REGION | `endpoint u8, length u32` | – |
+//! | request | DEREGISTER_REGION | `endpoint u8, region_id u8` | – |
+//! | request | REMAPPED | `endpoint u8, generation u32` | – |
+//! | reply | OK | – | – |
+//! | reply | ERROR | `code u8, ctrl_kind u8, ctrl_status u32, message str` | – |
+//! | reply | INFO | [`BoardInfo`] | – |
+//! | reply | ENDPOINT | [`EndpointHandoff`] | pages, port |
+//! | reply | REGION | [`RegionHandoff`] | pages |
+//! | notice | REOPENED | [`EndpointHandoff`] | pages, port |
+//! | notice | LOST | `endpoint u8, reason str` | – |
+//! | notice | DISCONNECTED / CONNECTED / SHUTDOWN | – | – |
+//!
+//! A reply carries its request's `seq`; notices (seq 0) come unsolicited, between replies.
+//! Strings are `u16` length + UTF-8. Requests are answered in order.
+
+use std::collections::VecDeque;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use xmx_wire::msg::{CtrlKind, CtrlStatus, EndpointPages};
+use xmx_wire::mxoe::Mac;
+
+use crate::error::{Error, Result};
+use crate::handoff::{put_string, EndpointHandoff, Fields, RegionHandoff};
+
+/// Largest message body either side accepts.
+pub const MAX_MESSAGE: usize = 1 << 20;
+/// Longest string carried.
+pub const MAX_STRING: usize = 1024;
+/// Where the daemon listens unless told otherwise (`--socket`, `XMX_FRONTD_SOCKET`).
+pub const DEFAULT_SOCKET: &str = "/run/xmx/frontd.sock";
+/// The environment variable naming the daemon's socket.
+pub const SOCKET_ENV: &str = "XMX_FRONTD_SOCKET";
+
+const KIND_REQUEST: u8 = 1;
+const KIND_REPLY: u8 = 2;
+const KIND_NOTICE: u8 = 3;
+
+const OP_INFO: u8 = 1;
+const OP_OPEN_ENDPOINT: u8 = 2;
+const OP_CLOSE_ENDPOINT: u8 = 3;
+const OP_REGISTER_REGION: u8 = 4;
+const OP_DEREGISTER_REGION: u8 = 5;
+const OP_REMAPPED: u8 = 6;
+
+const REPLY_OK: u8 = 1;
+const REPLY_ERROR: u8 = 2;
+const REPLY_INFO: u8 = 3;
+const REPLY_ENDPOINT: u8 = 4;
+const REPLY_REGION: u8 = 5;
+
+const NOTICE_REOPENED: u8 = 1;
+const NOTICE_LOST: u8 = 2;
+const NOTICE_DISCONNECTED: u8 = 3;
+const NOTICE_CONNECTED: u8 = 4;
+const NOTICE_SHUTDOWN: u8 = 5;
+
+const ANY_ENDPOINT: u8 = u8::MAX;
+
+/// The socket path from `XMX_FRONTD_SOCKET`, else [`DEFAULT_SOCKET`].
+pub fn default_socket_path() -> std::path::PathBuf {
+    std::env::var_os(SOCKET_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| DEFAULT_SOCKET.into())
+}
+
+/// What an application asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// The board: MAC, hostname, limits.
+    Info,
+    /// Open an endpoint (index, or any free one) with a geometry (or the daemon's).
+    OpenEndpoint {
+        endpoint: Option<u8>,
+        geometry: Option<EndpointPages>,
+    },
+    /// Close an endpoint; the application has unmapped its pages.
+    CloseEndpoint { endpoint: u8 },
+    /// Register a region of `length` bytes.
+    RegisterRegion { endpoint: u8, length: u32 },
+    /// Deregister a region; the application has unmapped its window.
+    DeregisterRegion { endpoint: u8, region_id: u8 },
+    /// The application remapped `endpoint` at `generation`; older pages may go.
+    Remapped { endpoint: u8, generation: u32 },
+}
+
+/// The board as the daemon sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoardInfo {
+    /// Whether the device is connected to its backend now.
+    pub connected: bool,
+    /// The guest's domain id.
+    pub domid: u16,
+    /// Board MAC (the MX NIC id).
+    pub mac: Mac,
+    /// Virtual cluster.
+    pub cluster: u32,
+    /// MX hostname.
+    pub hostname: String,
+    /// Endpoints the guest may open.
+    pub max_endpoints: u32,
+    /// Regions per endpoint.
+    pub max_regions: u32,
+    /// Whether co-located guests are served without the wire.
+    pub local_delivery: bool,
+}
+
+/// Why a request failed, as sent back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ErrorCode {
+    /// The backend refused (with a control status).
+    Refused = 1,
+    NotConnected = 2,
+    Invalid = 3,
+    Exhausted = 4,
+    Timeout = 5,
+    /// Anything else (platform, protocol).
+    Failed = 6,
+}
+
+/// An error reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    /// For [`ErrorCode::Refused`]: what the backend refused and why.
+    pub refused: Option<(CtrlKind, CtrlStatus)>,
+    pub message: String,
+}
+
+impl ErrorReply {
+    /// The reply describing `e`.
+    pub fn from_error(e: &Error) -> ErrorReply {
+        let (code, refused) = match e {
+            Error::Refused { op, status } => (ErrorCode::Refused, Some((*op, *status))),
+            Error::NotConnected(_) => (ErrorCode::NotConnected, None),
+            Error::Invalid(_) => (ErrorCode::Invalid, None),
+            Error::Exhausted(_) => (ErrorCode::Exhausted, None),
+            Error::Timeout(_) => (ErrorCode::Timeout, None),
+            _ => (ErrorCode::Failed, None),
+        };
+        ErrorReply {
+            code,
+            refused,
+            message: e.to_string(),
+        }
+    }
+
+    /// The error this reply stands for, on the application's side.
+    pub fn into_error(self) -> Error {
+        match (self.code, self.refused) {
+            (ErrorCode::Refused, Some((op, status))) => Error::Refused { op, status },
+            (ErrorCode::NotConnected, _) => Error::NotConnected(self.message),
+            (ErrorCode::Invalid, _) => Error::Invalid(self.message),
+            (ErrorCode::Exhausted, _) => Error::Exhausted("daemon resource"),
+            (ErrorCode::Timeout, _) => Error::Timeout(self.message),
+            _ => Error::Protocol(format!("xmx-frontd: {}", self.message)),
+        }
+    }
+}
+
+/// What the daemon answers.
+#[derive(Debug)]
+pub enum Reply {
+    Ok,
+    Error(ErrorReply),
+    Info(BoardInfo),
+    Endpoint(EndpointHandoff),
+    Region(RegionHandoff),
+}
+
+/// What the daemon says unasked.
+#[derive(Debug)]
+pub enum Notice {
+    /// An endpoint was opened again after a reconnection: remap it, then say
+    /// [`Request::Remapped`].
+    EndpointReopened(EndpointHandoff),
+    /// An endpoint could not be opened again; it is gone.
+    EndpointLost { endpoint: u8, reason: String },
+    /// The device lost its backend.
+    Disconnected,
+    /// The device is connected again.
+    Connected,
+    /// The daemon is stopping: unmap everything and close the connection.
+    Shutdown,
+}
+
+/// One message either way.
+#[derive(Debug)]
+pub enum Message {
+    Request { seq: u32, request: Request },
+    Reply { seq: u32, reply: Reply },
+    Notice(Notice),
+}
+
+impl Message {
+    /// Encode; the descriptors borrow from `self`.
+    pub fn emit(&self) -> (Vec<u8>, Vec<BorrowedFd<'_>>) {
+        let mut out = Vec::with_capacity(64);
+        let mut fds = Vec::new();
+        match self {
+            Message::Request { seq, request } => {
+                let op = match request {
+                    Request::Info => OP_INFO,
+                    Request::OpenEndpoint { .. } => OP_OPEN_ENDPOINT,
+                    Request::CloseEndpoint { .. } => OP_CLOSE_ENDPOINT,
+                    Request::RegisterRegion { .. } => OP_REGISTER_REGION,
+                    Request::DeregisterRegion { .. } => OP_DEREGISTER_REGION,
+                    Request::Remapped { .. } => OP_REMAPPED,
+                };
+                header(&mut out, KIND_REQUEST, op, *seq);
+                match request {
+                    Request::Info => {}
+                    Request::OpenEndpoint { endpoint, geometry } => {
+                        out.push(endpoint.unwrap_or(ANY_ENDPOINT));
+                        let g = geometry.unwrap_or(EndpointPages {
+                            send_ring: 0,
+                            event_ring: 0,
+                            send_queue: 0,
+                            recv_queue: 0,
+                        });
+                        out.push(u8::from(geometry.is_some()));
+                        out.push(g.send_ring);
+                        out.push(g.event_ring);
+                        out.extend_from_slice(&g.send_queue.to_le_bytes());
+                        out.extend_from_slice(&g.recv_queue.to_le_bytes());
+                    }
+                    Request::CloseEndpoint { endpoint } => out.push(*endpoint),
+                    Request::RegisterRegion { endpoint, length } => {
+                        out.push(*endpoint);
+                        out.extend_from_slice(&length.to_le_bytes());
+                    }
+                    Request::DeregisterRegion {
+                        endpoint,
+                        region_id,
+                    } => out.extend_from_slice(&[*endpoint, *region_id]),
+                    Request::Remapped {
+                        endpoint,
+                        generation,
+                    } => {
+                        out.push(*endpoint);
+                        out.extend_from_slice(&generation.to_le_bytes());
+                    }
+                }
+            }
+            Message::Reply { seq, reply } => match reply {
+                Reply::Ok => header(&mut out, KIND_REPLY, REPLY_OK, *seq),
+                Reply::Error(e) => {
+                    header(&mut out, KIND_REPLY, REPLY_ERROR, *seq);
+                    out.push(e.code as u8);
+                    let (kind, status) = e
+                        .refused
+                        .map(|(k, s)| (u8::from(k), u32::from(s)))
+                        .unwrap_or((0, 0));
+                    out.push(kind);
+                    out.extend_from_slice(&status.to_le_bytes());
+                    put_string(&mut out, &e.message);
+                }
+                Reply::Info(i) => {
+                    header(&mut out, KIND_REPLY, REPLY_INFO, *seq);
+                    out.push(u8::from(i.connected));
+                    out.extend_from_slice(&i.domid.to_le_bytes());
+                    out.extend_from_slice(&i.mac.0);
+                    out.extend_from_slice(&i.cluster.to_le_bytes());
+                    put_string(&mut out, &i.hostname);
+                    out.extend_from_slice(&i.max_endpoints.to_le_bytes());
+                    out.extend_from_slice(&i.max_regions.to_le_bytes());
+                    out.push(u8::from(i.local_delivery));
+                }
+                Reply::Endpoint(h) => {
+                    header(&mut out, KIND_REPLY, REPLY_ENDPOINT, *seq);
+                    h.emit(&mut out, &mut fds);
+                }
+                Reply::Region(h) => {
+                    header(&mut out, KIND_REPLY, REPLY_REGION, *seq);
+                    h.emit(&mut out, &mut fds);
+                }
+            },
+            Message::Notice(n) => match n {
+                Notice::EndpointReopened(h) => {
+                    header(&mut out, KIND_NOTICE, NOTICE_REOPENED, 0);
+                    h.emit(&mut out, &mut fds);
+                }
+                Notice::EndpointLost { endpoint, reason } => {
+                    header(&mut out, KIND_NOTICE, NOTICE_LOST, 0);
+                    out.push(*endpoint);
+                    put_string(&mut out, reason);
+                }
+                Notice::Disconnected => header(&mut out, KIND_NOTICE, NOTICE_DISCONNECTED, 0),
+                Notice::Connected => header(&mut out, KIND_NOTICE, NOTICE_CONNECTED, 0),
+                Notice::Shutdown => header(&mut out, KIND_NOTICE, NOTICE_SHUTDOWN, 0),
+            },
+        }
+        (out, fds)
+    }
+
+    /// Decode a body and the descriptors that came with it. Untrusted: every field is
+    /// checked, trailing bytes and unused descriptors are refused.
+    pub fn parse(body: &[u8], fds: Vec<OwnedFd>) -> Result<Message> {
+        let mut fds: VecDeque<OwnedFd> = fds.into();
+        let mut f = Fields(body);
+        let kind = f.u8()?;
+        let op = f.u8()?;
+        let seq = f.u32()?;
+        let msg = match kind {
+            KIND_REQUEST => {
+                let request = match op {
+                    OP_INFO => Request::Info,
+                    OP_OPEN_ENDPOINT => {
+                        let endpoint = f.u8()?;
+                        let has = flag(f.u8()?)?;
+                        let g = EndpointPages {
+                            send_ring: f.u8()?,
+                            event_ring: f.u8()?,
+                            send_queue: f.u16()?,
+                            recv_queue: f.u16()?,
+                        };
+                        Request::OpenEndpoint {
+                            endpoint: (endpoint != ANY_ENDPOINT).then_some(endpoint),
+                            geometry: has.then_some(g),
+                        }
+                    }
+                    OP_CLOSE_ENDPOINT => Request::CloseEndpoint { endpoint: f.u8()? },
+                    OP_REGISTER_REGION => Request::RegisterRegion {
+                        endpoint: f.u8()?,
+                        length: f.u32()?,
+                    },
+                    OP_DEREGISTER_REGION => Request::DeregisterRegion {
+                        endpoint: f.u8()?,
+                        region_id: f.u8()?,
+                    },
+                    OP_REMAPPED => Request::Remapped {
+                        endpoint: f.u8()?,
+                        generation: f.u32()?,
+                    },
+                    other => return Err(Error::Protocol(format!("unknown request {other}"))),
+                };
+                Message::Request { seq, request }
+            }
+            KIND_REPLY => {
+                let reply = match op {
+                    REPLY_OK => Reply::Ok,
+                    REPLY_ERROR => {
+                        let code = match f.u8()? {
+                            1 => ErrorCode::Refused,
+                            2 => ErrorCode::NotConnected,
+                            3 => ErrorCode::Invalid,
+                            4 => ErrorCode::Exhausted,
+                            5 => ErrorCode::Timeout,
+                            _ => ErrorCode::Failed,
+                        };
+                        let kind = f.u8()?;
+                        let status = f.u32()?;
+                        let refused = if code == ErrorCode::Refused {
+                            Some((CtrlKind::try_from(kind)?, CtrlStatus::try_from(status)?))
+                        } else {
+                            None
+                        };
+                        Reply::Error(ErrorReply {
+                            code,
+                            refused,
+                            message: f.string(MAX_STRING)?,
+                        })
+                    }
+                    REPLY_INFO => {
+                        let connected = flag(f.u8()?)?;
+                        let domid = f.u16()?;
+                        let mut mac = [0u8; 6];
+                        mac.copy_from_slice(f.bytes(6)?);
+                        Reply::Info(BoardInfo {
+                            connected,
+                            domid,
+                            mac: Mac(mac),
+                            cluster: f.u32()?,
+                            hostname: f.string(MAX_STRING)?,
+                            max_endpoints: f.u32()?,
+                            max_regions: f.u32()?,
+                            local_delivery: flag(f.u8()?)?,
+                        })
+                    }
+                    REPLY_ENDPOINT => Reply::Endpoint(EndpointHandoff::parse(&mut f.0, &mut fds)?),
+                    REPLY_REGION => Reply::Region(RegionHandoff::parse(&mut f.0, &mut fds)?),
+                    other => return Err(Error::Protocol(format!("unknown reply {other}"))),
+                };
+                Message::Reply { seq, reply }
+            }
+            KIND_NOTICE => Message::Notice(match op {
+                NOTICE_REOPENED => {
+                    Notice::EndpointReopened(EndpointHandoff::parse(&mut f.0, &mut fds)?)
+                }
+                NOTICE_LOST => Notice::EndpointLost {
+                    endpoint: f.u8()?,
+                    reason: f.string(MAX_STRING)?,
+                },
+                NOTICE_DISCONNECTED => Notice::Disconnected,
+                NOTICE_CONNECTED => Notice::Connected,
+                NOTICE_SHUTDOWN => Notice::Shutdown,
+                other => return Err(Error::Protocol(format!("unknown notice {other}"))),
+            }),
+            other => return Err(Error::Protocol(format!("unknown message kind {other}"))),
+        };
+        if !f.0.is_empty() {
+            return Err(Error::Protocol(format!("{} trailing bytes", f.0.len())));
+        }
+        if !fds.is_empty() {
+            return Err(Error::Protocol(format!(
+                "{} unexpected descriptors",
+                fds.len()
+            )));
+        }
+        Ok(msg)
+    }
+}
+
+fn header(out: &mut Vec<u8>, kind: u8, op: u8, seq: u32) {
+    out.push(kind);
+    out.push(op);
+    out.extend_from_slice(&seq.to_le_bytes());
+}
+
+fn flag(v: u8) -> Result<bool> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Error::Protocol(format!("flag byte {v}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(m: &Message) -> Message {
+        let (body, fds) = m.emit();
+        assert!(fds.is_empty());
+        Message::parse(&body, Vec::new()).unwrap()
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let reqs = [
+            Request::Info,
+            Request::OpenEndpoint {
+                endpoint: None,
+                geometry: None,
+            },
+            Request::OpenEndpoint {
+                endpoint: Some(3),
+                geometry: Some(EndpointPages {
+                    send_ring: 1,
+                    event_ring: 2,
+                    send_queue: 300,
+                    recv_queue: 400,
+                }),
+            },
+            Request::CloseEndpoint { endpoint: 7 },
+            Request::RegisterRegion {
+                endpoint: 1,
+                length: 1 << 24,
+            },
+            Request::DeregisterRegion {
+                endpoint: 1,
+                region_id: 200,
+            },
+            Request::Remapped {
+                endpoint: 2,
+                generation: 5,
+            },
+        ];
+        for (i, r) in reqs.into_iter().enumerate() {
+            let m = Message::Request {
+                seq: i as u32 + 1,
+                request: r.clone(),
+            };
+            match round_trip(&m) {
+                Message::Request { seq, request } => {
+                    assert_eq!(seq, i as u32 + 1);
+                    assert_eq!(request, r);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn replies_and_notices_round_trip() {
+        let info = BoardInfo {
+            connected: true,
+            domid: 3,
+            mac: Mac([2, 0, 0, 0, 0, 9]),
+            cluster: 4,
+            hostname: "g:0".into(),
+            max_endpoints: 32,
+            max_regions: 256,
+            local_delivery: true,
+        };
+        match round_trip(&Message::Reply {
+            seq: 9,
+            reply: Reply::Info(info.clone()),
+        }) {
+            Message::Reply {
+                seq: 9,
+                reply: Reply::Info(got),
+            } => assert_eq!(got, info),
+            other => panic!("{other:?}"),
+        }
+        let e = ErrorReply::from_error(&Error::Refused {
+            op: CtrlKind::RegionRegister,
+            status: CtrlStatus::Quota,
+        });
+        match round_trip(&Message::Reply {
+            seq: 1,
+            reply: Reply::Error(e.clone()),
+        }) {
+            Message::Reply {
+                reply: Reply::Error(got),
+                ..
+            } => {
+                assert_eq!(got, e);
+                assert!(matches!(
+                    got.into_error(),
+                    Error::Refused {
+                        op: CtrlKind::RegionRegister,
+                        status: CtrlStatus::Quota
+                    }
+                ));
+            }
+            other => panic!("{other:?}"),
+        }
+        match round_trip(&Message::Notice(Notice::EndpointLost {
+            endpoint: 4,
+            reason: "gone".into(),
+        })) {
+            Message::Notice(Notice::EndpointLost {
+                endpoint: 4,
+                reason,
+            }) => {
+                assert_eq!(reason, "gone")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            round_trip(&Message::Notice(Notice::Shutdown)),
+            Message::Notice(Notice::Shutdown)
+        ));
+    }
+
+    #[test]
+    fn garbage_is_refused_without_panicking() {
+        let (body, _) = Message::Request {
+            seq: 1,
+            request: Request::RegisterRegion {
+                endpoint: 1,
+                length: 10,
+            },
+        }
+        .emit();
+        for cut in 0..body.len() {
+            assert!(
+                Message::parse(&body[..cut], Vec::new()).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut long = body.clone();
+        long.push(0);
+        assert!(Message::parse(&long, Vec::new()).is_err());
+        for kind in [0u8, 4, 255] {
+            let mut b = body.clone();
+            b[0] = kind;
+            assert!(Message::parse(&b, Vec::new()).is_err());
+        }
+        let mut b = body.clone();
+        b[1] = 99;
+        assert!(Message::parse(&b, Vec::new()).is_err());
+        // An endpoint reply without descriptors.
+        let mut b = vec![KIND_REPLY, REPLY_ENDPOINT, 1, 0, 0, 0];
+        b.extend_from_slice(&[0; 40]);
+        assert!(Message::parse(&b, Vec::new()).is_err());
+        // A request carrying a descriptor.
+        let f = std::fs::File::open("/dev/null").unwrap();
+        assert!(Message::parse(&body, vec![f.into()]).is_err());
+        // Bad flags.
+        let (mut b, _) = Message::Request {
+            seq: 1,
+            request: Request::OpenEndpoint {
+                endpoint: None,
+                geometry: None,
+            },
+        }
+        .emit();
+        b[7] = 2;
+        assert!(Message::parse(&b, Vec::new()).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = Message::parse(&body, Vec::new());
+        }
+    }
+}

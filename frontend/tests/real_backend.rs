@@ -1,0 +1,381 @@
+//! The frontend against the real dom0 backend (`xmx_backend`), on the simulated platform:
+//! the handshake and its restarts, the data path through handed-over endpoints and
+//! region windows, and suspend/resume.
+
+mod common;
+
+use common::*;
+use xmx_backend::admin::{PeerSpec, Request};
+use xmx_backend::service::{Backend, BackendConfig, BackendThread};
+use xmx_frontend::{EndpointChannel, FrontendConfig, FrontendEvent, Mode, RegionWindow, Wake};
+use xmx_hv::{Platform, DOM0, XBT_NULL};
+use xmx_wire::msg::{
+    DoneStatus, EndpointPages, Event, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
+    QueueSlots, Rndv, Route, SendOp, SendRequest,
+};
+use xmx_wire::xenbus::{self, keys, XenbusState};
+
+fn start_backend(host: &Host) -> BackendThread {
+    let dom0 = host.attach(DOM0);
+    let cfg = BackendConfig {
+        host_name: "testhost".into(),
+        ..BackendConfig::default()
+    };
+    Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap()
+}
+
+/// Peer table: guest `last` is peer `index`, all in cluster 1.
+fn set_peers(backend: &BackendThread, entries: &[(u16, u8)]) {
+    let peers = entries
+        .iter()
+        .map(|&(index, last)| PeerSpec {
+            index,
+            mac: guest_mac(last).to_string(),
+            hostname: format!("g{last}:0"),
+            cluster: 1,
+        })
+        .collect();
+    backend
+        .control()
+        .call(Request::SetPeers { peers })
+        .into_result()
+        .unwrap();
+}
+
+fn geometry() -> EndpointPages {
+    EndpointPages {
+        send_ring: 1,
+        event_ring: 2,
+        send_queue: 8,
+        recv_queue: 8,
+    }
+}
+
+fn next_event(ch: &mut EndpointChannel) -> Event {
+    match ch.wait_event(Some(WAIT), None).unwrap() {
+        Wake::Event(ev) => ev,
+        other => panic!("expected an event, got {other:?}"),
+    }
+}
+
+fn expect_done(ch: &mut EndpointChannel, tag: u32, length: u32) {
+    let ev = next_event(ch);
+    assert_eq!(ev.tag, tag);
+    assert_eq!(
+        ev.body,
+        EventBody::SendDone {
+            status: DoneStatus::Success,
+            length
+        }
+    );
+    ch.release_events().unwrap();
+}
+
+fn info(seqnum: u16, match_info: u64) -> MsgInfo {
+    MsgInfo {
+        seqnum,
+        piggyack: 0,
+        match_info,
+    }
+}
+
+fn tiny(tag: u32, to: Route, seqnum: u16, bytes: &[u8]) -> SendRequest {
+    SendRequest {
+        tag,
+        route: to,
+        op: SendOp::Tiny(InlineMsg {
+            info: info(seqnum, 0x77),
+            data: InlineData::new(bytes).unwrap(),
+        }),
+    }
+}
+
+#[test]
+fn handshake_publishes_reads_the_offer_and_survives_a_backend_restart() {
+    let host = Host::start();
+    let backend = start_backend(&host);
+    let domu = host.guest("g1", 1);
+    let mut fe = host.frontend(domu, FrontendConfig::default());
+    let info = fe.wait_connected(WAIT).unwrap().clone();
+    assert_eq!(info.mac, guest_mac(1));
+    assert_eq!(info.hostname, "g1:0");
+    assert_eq!(info.cluster, 1);
+    assert_eq!((info.max_endpoints, info.max_regions), (32, 256));
+    assert_eq!(info.backend_id, DOM0);
+
+    let xs = host.attach(DOM0).xenstore().unwrap();
+    let front = |key: &str| {
+        String::from_utf8(
+            xs.read(
+                XBT_NULL,
+                &xenbus::key_path(&xenbus::frontend_dir(domu, 0), key),
+            )
+            .unwrap(),
+        )
+        .unwrap()
+    };
+    assert_eq!(front(keys::STATE), "4");
+    assert_eq!(front(keys::PROTOCOL_VERSION), "1");
+    assert_eq!(front(keys::FEATURE_RCACHE), "1");
+    let ring_ref: u32 = front(keys::RING_REF).parse().unwrap();
+    let port: u32 = front(keys::EVENT_CHANNEL).parse().unwrap();
+    assert!(ring_ref >= 8, "refs below 8 are reserved");
+    assert!(port > 0);
+    assert_eq!(
+        host.state(DOM0).mappings_held,
+        1,
+        "the backend maps the control ring"
+    );
+    assert_eq!(host.state(domu).grants_mapped_by_others, 1);
+
+    // The backend goes away (leaving its device Closing): the frontend follows it down
+    // and waits for a backend to say Closed or InitWait before starting over.
+    fe.take_events();
+    backend.stop().unwrap();
+    pump_until(&mut fe, "the frontend closes", |f| {
+        f.state() == XenbusState::Closed
+    });
+    assert_eq!(fe.backend_state(), Some(XenbusState::Closing));
+    assert_eq!(fe.take_events(), vec![FrontendEvent::Disconnected]);
+    let s = host.state(domu);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
+    assert_eq!(host.state(DOM0).mappings_held, 0);
+
+    // It comes back: the frontend connects again on its own.
+    let backend = start_backend(&host);
+    fe.wait_connected(WAIT).unwrap();
+    assert_eq!(host.state(DOM0).mappings_held, 1);
+    let new_ref: u32 = front(keys::RING_REF).parse().unwrap();
+    assert!(new_ref >= 8);
+
+    // The frontend closes: Closing, the backend lets go, Closed, nothing left.
+    fe.shutdown().unwrap();
+    assert_eq!(fe.state(), XenbusState::Closed);
+    assert_eq!(front(keys::STATE), "6");
+    let s = host.state(domu);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
+    assert_eq!(host.state(DOM0).mappings_held, 0);
+    drop(fe);
+    drop(backend);
+}
+
+#[test]
+fn messages_of_every_class_cross_between_guests_through_handed_over_memory() {
+    let host = Host::start();
+    let backend = start_backend(&host);
+    set_peers(&backend, &[(0, 1), (1, 2)]);
+    let a = host.guest("a", 1);
+    let b = host.guest("b", 2);
+    let mut fa = host.frontend(a, FrontendConfig::default());
+    let mut fb = host.frontend(b, FrontendConfig::default());
+    fa.wait_connected(WAIT).unwrap();
+    fb.wait_connected(WAIT).unwrap();
+    let mut ca = channel(fa.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let mut cb = channel(fb.open_endpoint(Some(0), Some(geometry())).unwrap());
+    assert_ne!(ca.session_id(), 0);
+    let to_b = Route {
+        peer_index: 1,
+        endpoint: 0,
+        session_id: cb.session_id(),
+    };
+
+    // TINY, inline in the rings.
+    ca.send(&tiny(10, to_b, 1, b"tiny from a")).unwrap();
+    let ev = next_event(&mut cb);
+    match ev.body {
+        EventBody::RecvTiny { from, msg } => {
+            assert_eq!((from.peer_index, from.endpoint), (0, 0));
+            assert_eq!(msg.data.as_slice(), b"tiny from a");
+        }
+        other => panic!("expected a TINY, got {other:?}"),
+    }
+    cb.release_events().unwrap();
+    expect_done(&mut ca, 10, 11);
+
+    // MEDIUM: 10000 bytes through the send queue and the receive queue.
+    let message: Vec<u8> = (0..10000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let slots = [5u16, 2, 7];
+    for (i, &slot) in slots.iter().enumerate() {
+        let chunk = &message[i * 4096..((i + 1) * 4096).min(message.len())];
+        ca.write_send_queue(slot, 0, chunk).unwrap();
+    }
+    ca.send(&SendRequest {
+        tag: 11,
+        route: to_b,
+        op: SendOp::Medium(MediumSend {
+            info: info(2, 42),
+            length: message.len() as u32,
+            sendq_slots: QueueSlots::new(&slots).unwrap(),
+        }),
+    })
+    .unwrap();
+    let mut received = vec![0u8; message.len()];
+    for _ in 0..slots.len() {
+        let ev = next_event(&mut cb);
+        let EventBody::RecvMedium { frag, .. } = ev.body else {
+            panic!("expected a MEDIUM fragment, got {:?}", ev.body);
+        };
+        let start = usize::from(frag.frag_seqnum) * 4096;
+        let len = usize::from(frag.frag_length);
+        cb.read_recv_queue(frag.recvq_slot, 0, &mut received[start..start + len])
+            .unwrap();
+    }
+    cb.release_events().unwrap();
+    assert!(received == message, "the MEDIUM message arrived intact");
+    expect_done(&mut ca, 11, message.len() as u32);
+
+    // LARGE: copied into a's window, pulled by b's backend into b's window.
+    let len = 300 * 1024u32;
+    let wa = RegionWindow::from_handoff(fa.register_region(0, len).unwrap()).unwrap();
+    let wb = RegionWindow::from_handoff(fb.register_region(0, len).unwrap()).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    wa.write(0, &data).unwrap();
+    ca.send(&SendRequest {
+        tag: 12,
+        route: to_b,
+        op: SendOp::Rndv(Rndv {
+            info: info(3, 9),
+            length: len,
+            region_id: wa.region_id(),
+            region_seqnum: 0,
+            region_offset: 0,
+        }),
+    })
+    .unwrap();
+    let ev = next_event(&mut cb);
+    let EventBody::RecvRndv { from, rndv } = ev.body else {
+        panic!("expected a RNDV, got {:?}", ev.body);
+    };
+    cb.release_events().unwrap();
+    cb.send(&SendRequest {
+        tag: 13,
+        route: Route {
+            peer_index: from.peer_index,
+            endpoint: from.endpoint,
+            session_id: ca.session_id(),
+        },
+        op: SendOp::Pull(Pull {
+            length: len,
+            local_region: wb.region_id(),
+            local_offset: 0,
+            remote_region: rndv.region_id,
+            remote_region_seqnum: rndv.region_seqnum,
+            remote_offset: rndv.region_offset,
+        }),
+    })
+    .unwrap();
+    let ev = next_event(&mut cb);
+    assert_eq!(ev.tag, 13);
+    assert_eq!(
+        ev.body,
+        EventBody::PullDone {
+            status: DoneStatus::Success,
+            length: len
+        }
+    );
+    cb.release_events().unwrap();
+    let mut got = vec![0u8; len as usize];
+    wb.read(0, &mut got).unwrap();
+    assert!(got == data, "the LARGE message arrived intact");
+
+    // Everything goes back.
+    drop((wa, wb));
+    fa.deregister_region(0, 0).unwrap();
+    fb.deregister_region(0, 0).unwrap();
+    drop((ca, cb));
+    fa.close_endpoint(0).unwrap();
+    fb.close_endpoint(0).unwrap();
+    assert_eq!(host.state(DOM0).mappings_held, 2, "the two control rings");
+    drop((fa, fb));
+    assert_eq!(host.state(DOM0).mappings_held, 0);
+    for g in [a, b] {
+        let s = host.state(g);
+        assert_eq!((s.grants_active, s.ports_open), (0, 0));
+    }
+}
+
+#[test]
+fn suspend_closes_the_device_and_resume_reopens_the_endpoints() {
+    let host = Host::start();
+    let backend = start_backend(&host);
+    set_peers(&backend, &[(0, 1)]);
+    let g = host.guest("g1", 1);
+    let mut fe = host.frontend(g, FrontendConfig::default());
+    fe.wait_connected(WAIT).unwrap();
+    let mut c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
+    let old_sessions = (c0.session_id(), c1.session_id());
+    fe.take_events();
+
+    host.admin.suspend(g).unwrap();
+    pump_until(&mut fe, "the device is down", |f| {
+        f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
+    });
+    let events = fe.take_events();
+    assert!(events.contains(&FrontendEvent::Suspended), "{events:?}");
+    assert!(events.contains(&FrontendEvent::Disconnected), "{events:?}");
+    assert_eq!(fe.backend_state(), Some(XenbusState::Closed));
+    assert_eq!(
+        host.state(DOM0).mappings_held,
+        0,
+        "the backend let everything go"
+    );
+    assert_eq!(host.state(DOM0).ports_open, 0);
+    // The suspend request was acknowledged as Linux guests do.
+    let xs = host.attach(DOM0).xenstore().unwrap();
+    let ack = xs
+        .read(XBT_NULL, &format!("/local/domain/{g}/control/shutdown"))
+        .unwrap();
+    assert!(ack.is_empty());
+    // The applications see their endpoints go.
+    assert!(matches!(
+        c0.wait_event(Some(WAIT), None).unwrap(),
+        Wake::Disconnected
+    ));
+    assert!(
+        !fe.probe_running(),
+        "a suspended domain cannot allocate ports"
+    );
+
+    host.admin.resume(g).unwrap();
+    assert!(fe.probe_running());
+    fe.resume().unwrap();
+    fe.wait_connected(WAIT).unwrap();
+    let events = fe.take_events();
+    assert!(events.contains(&FrontendEvent::Resumed), "{events:?}");
+    assert!(events.contains(&FrontendEvent::EndpointReopened { endpoint: 0 }));
+    assert!(events.contains(&FrontendEvent::EndpointReopened { endpoint: 1 }));
+    for h in fe.take_reopened() {
+        assert_eq!(h.generation, 1);
+        let (ch, old) = match h.endpoint {
+            0 => (&mut c0, old_sessions.0),
+            _ => (&mut c1, old_sessions.1),
+        };
+        assert_ne!(h.session_id, old, "a new session for the new endpoint");
+        let endpoint = h.endpoint;
+        ch.remap(h).unwrap();
+        fe.release_retired(endpoint, 1);
+    }
+    assert_eq!(fe.retired_count(), 0);
+    let pages = geometry().total();
+    assert_eq!(host.state(g).grants_active, 1 + 2 * pages);
+
+    // The re-opened endpoints carry messages: endpoint 0 to endpoint 1 of the same guest.
+    let to_1 = Route {
+        peer_index: 0,
+        endpoint: 1,
+        session_id: c1.session_id(),
+    };
+    c0.send(&tiny(5, to_1, 1, b"after resume")).unwrap();
+    match next_event(&mut c1).body {
+        EventBody::RecvTiny { msg, .. } => assert_eq!(msg.data.as_slice(), b"after resume"),
+        other => panic!("expected a TINY, got {other:?}"),
+    }
+    c1.release_events().unwrap();
+    expect_done(&mut c0, 5, 12);
+    drop((c0, c1));
+    drop(fe);
+    let s = host.state(g);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
+    drop(backend);
+}

@@ -1,0 +1,513 @@
+//! The service of `xmx-frontd`: one [`Frontend`] shared by every application connected to
+//! the daemon's unix socket.
+//!
+//! - The main thread waits (epoll) on the listening socket, the frontend's xenstore watch
+//!   queue and a stop descriptor. It accepts applications, drives the xenbus handshake,
+//!   and pushes notices (endpoint re-opened, disconnected, ...) to the applications
+//!   concerned. While the device is suspended it probes now and then whether the domain
+//!   runs again (nothing signals a resume on the simulator).
+//! - Each application is served by a thread of its own, requests in order (see
+//!   [`xmx_frontend::frontd::proto`]). Endpoints and regions belong to the connection that
+//!   opened them: when it closes (the application exits or crashes: the kernel closes
+//!   the socket), they are closed in the backend and their grants ended. Only then: the
+//!   application's mappings are gone with the process.
+//! - Stopping: applications are told ([`Notice::Shutdown`]) and given `drain` to
+//!   disconnect, then the device goes Closing, waits for the backend to let go, ends every
+//!   grant and goes Closed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use xmx_frontend::frontd::proto::{ErrorReply, MAX_MESSAGE};
+use xmx_frontend::frontd::{BoardInfo, Message, Notice, Reply, Request};
+use xmx_frontend::{Error, Frontend, FrontendEvent, Mode};
+use xmx_hv::handoff::{recv_message, send_message};
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen.
+    pub socket: PathBuf,
+    /// Applications served at once.
+    pub max_clients: usize,
+    /// How long applications get to disconnect when the daemon stops.
+    pub drain: Duration,
+    /// First and longest interval between resume probes while suspended.
+    pub probe_min: Duration,
+    pub probe_max: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            socket: xmx_frontend::frontd::proto::default_socket_path(),
+            max_clients: 128,
+            drain: Duration::from_secs(2),
+            probe_min: Duration::from_millis(5),
+            probe_max: Duration::from_millis(500),
+        }
+    }
+}
+
+const TOKEN_LISTEN: u64 = 1;
+const TOKEN_WATCH: u64 = 2;
+const TOKEN_STOP: u64 = 3;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What one connection opened.
+#[derive(Default)]
+struct Owned {
+    endpoints: BTreeSet<u8>,
+    regions: BTreeSet<(u8, u8)>,
+}
+
+/// One connected application.
+struct Client {
+    id: u64,
+    writer: Mutex<UnixStream>,
+    owned: Mutex<Owned>,
+}
+
+impl Client {
+    fn send(&self, msg: &Message) -> io::Result<()> {
+        let (body, fds) = msg.emit();
+        send_message(&lock(&self.writer), &body, &fds)
+    }
+}
+
+/// State shared by the main thread and the client threads.
+struct Shared {
+    frontend: Mutex<Frontend>,
+    clients: Mutex<BTreeMap<u64, Arc<Client>>>,
+    /// Signalled when a client leaves (for the drain at stop).
+    left: Condvar,
+}
+
+impl Shared {
+    /// The client owning `endpoint`, if any.
+    fn owner(&self, endpoint: u8) -> Option<Arc<Client>> {
+        lock(&self.clients)
+            .values()
+            .find(|c| lock(&c.owned).endpoints.contains(&endpoint))
+            .cloned()
+    }
+
+    fn broadcast(&self, notice: Notice) {
+        let msg = Message::Notice(notice);
+        for c in lock(&self.clients).values() {
+            if let Err(e) = c.send(&msg) {
+                tracing::debug!(client = c.id, error = %e, "notice not delivered");
+            }
+        }
+    }
+
+    /// Hand frontend events to the applications concerned.
+    fn dispatch(&self, fe: &mut Frontend) {
+        for ev in fe.take_events() {
+            match ev {
+                FrontendEvent::Disconnected | FrontendEvent::Suspended => {
+                    self.broadcast(Notice::Disconnected)
+                }
+                FrontendEvent::Connected => self.broadcast(Notice::Connected),
+                FrontendEvent::EndpointLost { endpoint, reason } => {
+                    if let Some(c) = self.owner(endpoint) {
+                        let mut owned = lock(&c.owned);
+                        owned.endpoints.remove(&endpoint);
+                        owned.regions.retain(|(e, _)| *e != endpoint);
+                        drop(owned);
+                        let _ = c.send(&Message::Notice(Notice::EndpointLost { endpoint, reason }));
+                    }
+                    // The application will unmap what it has when it reads the notice or
+                    // exits; the retired pages stay until then.
+                }
+                FrontendEvent::Resumed | FrontendEvent::EndpointReopened { .. } => {}
+            }
+        }
+        for h in fe.take_reopened() {
+            let endpoint = h.endpoint;
+            match self.owner(endpoint) {
+                Some(c) => {
+                    // Regions died with the old share.
+                    lock(&c.owned).regions.retain(|(e, _)| *e != endpoint);
+                    if let Err(e) = c.send(&Message::Notice(Notice::EndpointReopened(h))) {
+                        tracing::warn!(client = c.id, endpoint, error = %e, "re-opened endpoint not delivered");
+                    }
+                }
+                None => {
+                    // Its application left while the device was down.
+                    drop(h);
+                    let _ = fe.close_endpoint(endpoint);
+                    fe.release_all_retired(endpoint);
+                }
+            }
+        }
+    }
+}
+
+/// A running `xmx-frontd` service; see the module documentation.
+pub struct Server {
+    cfg: ServerConfig,
+    shared: Arc<Shared>,
+    listener: UnixListener,
+    threads: Vec<JoinHandle<()>>,
+    next_client: u64,
+}
+
+/// Bind `path`, replacing a stale socket (one nobody answers on).
+fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    match UnixListener::bind(path) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another xmx-frontd serves {}", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+            UnixListener::bind(path)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl Server {
+    /// Serve `frontend` on `cfg.socket`.
+    pub fn new(frontend: Frontend, cfg: ServerConfig) -> io::Result<Server> {
+        let listener = bind(&cfg.socket)?;
+        listener.set_nonblocking(true)?;
+        tracing::info!(socket = %cfg.socket.display(), "listening for applications");
+        Ok(Server {
+            cfg,
+            shared: Arc::new(Shared {
+                frontend: Mutex::new(frontend),
+                clients: Mutex::new(BTreeMap::new()),
+                left: Condvar::new(),
+            }),
+            listener,
+            threads: Vec::new(),
+            next_client: 1,
+        })
+    }
+
+    /// Where the service listens.
+    pub fn socket(&self) -> &Path {
+        &self.cfg.socket
+    }
+
+    /// Serve until `stop` polls readable, then stop as the module documentation says.
+    pub fn run(mut self, stop: BorrowedFd<'_>) -> Result<(), Error> {
+        let result = self.serve(stop);
+        self.stop();
+        result
+    }
+
+    fn serve(&mut self, stop: BorrowedFd<'_>) -> Result<(), Error> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io_err)?;
+        let watch_fd = lock(&self.shared.frontend).watch_fd();
+        // SAFETY: the watch descriptor belongs to the frontend's xenstore connection,
+        // which lives (inside `shared`) for the whole of this function.
+        let watch = unsafe { BorrowedFd::borrow_raw(watch_fd) };
+        let ev = |t| EpollEvent::new(EpollFlags::EPOLLIN, t);
+        epoll
+            .add(self.listener.as_fd(), ev(TOKEN_LISTEN))
+            .map_err(io_err)?;
+        epoll.add(watch, ev(TOKEN_WATCH)).map_err(io_err)?;
+        epoll.add(stop, ev(TOKEN_STOP)).map_err(io_err)?;
+        {
+            let mut fe = lock(&self.shared.frontend);
+            if let Err(e) = fe.advance() {
+                tracing::warn!(error = %e, "xenbus");
+            }
+            self.shared.dispatch(&mut fe);
+        }
+        let mut probe = self.cfg.probe_min;
+        let mut events = [EpollEvent::empty(); 8];
+        loop {
+            let suspended = lock(&self.shared.frontend).mode() == Mode::Suspended;
+            let timeout = if suspended {
+                EpollTimeout::try_from(probe).unwrap_or(EpollTimeout::MAX)
+            } else {
+                probe = self.cfg.probe_min;
+                EpollTimeout::NONE
+            };
+            let n = match epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(io_err(e)),
+            };
+            for e in &events[..n] {
+                match e.data() {
+                    TOKEN_STOP => return Ok(()),
+                    TOKEN_LISTEN => self.accept(),
+                    TOKEN_WATCH => {
+                        let mut fe = lock(&self.shared.frontend);
+                        match fe.pump(Some(Duration::ZERO)) {
+                            Ok(_) => {}
+                            Err(e @ Error::Platform(xmx_hv::Error::Closed(_))) => {
+                                tracing::error!(error = %e, "xenstore is gone");
+                                return Err(e);
+                            }
+                            Err(e) => tracing::warn!(error = %e, "xenbus"),
+                        }
+                        self.shared.dispatch(&mut fe);
+                        if fe.mode() == Mode::Stopped {
+                            tracing::info!("the device is gone; stopping");
+                            return Ok(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if n == 0 && suspended {
+                let mut fe = lock(&self.shared.frontend);
+                if fe.probe_running() {
+                    tracing::info!("the domain runs again");
+                    if let Err(e) = fe.resume() {
+                        tracing::warn!(error = %e, "resuming");
+                    }
+                    self.shared.dispatch(&mut fe);
+                } else {
+                    probe = (probe * 2).min(self.cfg.probe_max);
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let sock = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept");
+                    return;
+                }
+            };
+            self.threads.retain(|t| !t.is_finished());
+            if lock(&self.shared.clients).len() >= self.cfg.max_clients {
+                tracing::warn!("too many applications; refusing one");
+                continue;
+            }
+            if let Err(e) = self.start_client(sock) {
+                tracing::warn!(error = %e, "serving an application");
+            }
+        }
+    }
+
+    fn start_client(&mut self, sock: UnixStream) -> io::Result<()> {
+        sock.set_nonblocking(false)?;
+        let id = self.next_client;
+        self.next_client += 1;
+        let client = Arc::new(Client {
+            id,
+            writer: Mutex::new(sock.try_clone()?),
+            owned: Mutex::new(Owned::default()),
+        });
+        lock(&self.shared.clients).insert(id, client.clone());
+        let shared = self.shared.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("frontd-client-{id}"))
+            .spawn(move || serve_client(&shared, &client, sock));
+        match t {
+            Ok(t) => {
+                self.threads.push(t);
+                tracing::debug!(client = id, "application connected");
+                Ok(())
+            }
+            Err(e) => {
+                lock(&self.shared.clients).remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        tracing::info!("stopping");
+        self.shared.broadcast(Notice::Shutdown);
+        let deadline = Instant::now() + self.cfg.drain;
+        let mut clients = lock(&self.shared.clients);
+        while !clients.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    applications = clients.len(),
+                    "applications still connected; closing them"
+                );
+                break;
+            }
+            clients = self
+                .shared
+                .left
+                .wait_timeout(clients, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        for c in clients.values() {
+            let _ = lock(&c.writer).shutdown(std::net::Shutdown::Both);
+        }
+        drop(clients);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let mut fe = lock(&self.shared.frontend);
+        if let Err(e) = fe.shutdown() {
+            tracing::warn!(error = %e, "closing the device");
+        }
+        let _ = std::fs::remove_file(&self.cfg.socket);
+    }
+}
+
+fn io_err(e: Errno) -> Error {
+    Error::Io(e.into())
+}
+
+/// Serve one application until it disconnects, then release what it opened.
+fn serve_client(shared: &Shared, client: &Client, sock: UnixStream) {
+    loop {
+        let (body, fds) = match recv_message(&sock, MAX_MESSAGE) {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(client = client.id, error = %e, "application connection");
+                break;
+            }
+        };
+        let (seq, request) = match Message::parse(&body, fds) {
+            Ok(Message::Request { seq, request }) => (seq, request),
+            Ok(_) | Err(_) => {
+                tracing::warn!(
+                    client = client.id,
+                    "malformed request; dropping the application"
+                );
+                break;
+            }
+        };
+        let reply = handle(shared, client, request).unwrap_or_else(|e| {
+            tracing::debug!(client = client.id, error = %e, "request failed");
+            Reply::Error(ErrorReply::from_error(&e))
+        });
+        if let Err(e) = client.send(&Message::Reply { seq, reply }) {
+            tracing::debug!(client = client.id, error = %e, "reply not delivered");
+            break;
+        }
+    }
+    release_client(shared, client);
+}
+
+fn handle(shared: &Shared, client: &Client, request: Request) -> Result<Reply, Error> {
+    let mut fe = lock(&shared.frontend);
+    let owns = |endpoint: u8| lock(&client.owned).endpoints.contains(&endpoint);
+    let not_yours = |endpoint: u8| Error::Invalid(format!("endpoint {endpoint} is not yours"));
+    match request {
+        Request::Info => {
+            let info = fe
+                .backend_info()
+                .cloned()
+                .ok_or_else(|| Error::NotConnected("the device is not connected".into()))?;
+            Ok(Reply::Info(BoardInfo {
+                connected: fe.is_connected(),
+                domid: fe.domid(),
+                mac: info.mac,
+                cluster: info.cluster,
+                hostname: info.hostname,
+                max_endpoints: info.max_endpoints,
+                max_regions: info.max_regions,
+                local_delivery: info.local_delivery,
+            }))
+        }
+        Request::OpenEndpoint { endpoint, geometry } => {
+            let h = fe.open_endpoint(endpoint, geometry)?;
+            lock(&client.owned).endpoints.insert(h.endpoint);
+            Ok(Reply::Endpoint(h))
+        }
+        Request::CloseEndpoint { endpoint } => {
+            if !owns(endpoint) {
+                return Err(not_yours(endpoint));
+            }
+            {
+                let mut owned = lock(&client.owned);
+                owned.endpoints.remove(&endpoint);
+                owned.regions.retain(|(e, _)| *e != endpoint);
+            }
+            fe.release_all_retired(endpoint);
+            fe.close_endpoint(endpoint)?;
+            Ok(Reply::Ok)
+        }
+        Request::RegisterRegion { endpoint, length } => {
+            if !owns(endpoint) {
+                return Err(not_yours(endpoint));
+            }
+            let h = fe.register_region(endpoint, length)?;
+            lock(&client.owned).regions.insert((endpoint, h.region_id));
+            Ok(Reply::Region(h))
+        }
+        Request::DeregisterRegion {
+            endpoint,
+            region_id,
+        } => {
+            if !lock(&client.owned).regions.remove(&(endpoint, region_id)) {
+                return Err(Error::Invalid(format!(
+                    "region {region_id} of endpoint {endpoint} is not yours"
+                )));
+            }
+            fe.deregister_region(endpoint, region_id)?;
+            Ok(Reply::Ok)
+        }
+        Request::Remapped {
+            endpoint,
+            generation,
+        } => {
+            if !owns(endpoint) {
+                return Err(not_yours(endpoint));
+            }
+            fe.release_retired(endpoint, generation);
+            Ok(Reply::Ok)
+        }
+    }
+}
+
+/// The application is gone: close what it opened, in the backend first.
+fn release_client(shared: &Shared, client: &Client) {
+    let owned = std::mem::take(&mut *lock(&client.owned));
+    {
+        let mut fe = lock(&shared.frontend);
+        for (endpoint, region_id) in &owned.regions {
+            if let Err(e) = fe.deregister_region(*endpoint, *region_id) {
+                tracing::debug!(endpoint, region_id, error = %e, "deregistering a region");
+            }
+        }
+        for endpoint in &owned.endpoints {
+            if let Err(e) = fe.close_endpoint(*endpoint) {
+                tracing::debug!(endpoint, error = %e, "closing an endpoint");
+            }
+            fe.release_all_retired(*endpoint);
+        }
+    }
+    if !owned.endpoints.is_empty() {
+        tracing::info!(
+            client = client.id,
+            endpoints = owned.endpoints.len(),
+            "application gone; its endpoints are closed"
+        );
+    }
+    lock(&shared.clients).remove(&client.id);
+    shared.left.notify_all();
+}

@@ -1,0 +1,279 @@
+//! A simulated host with the real backend, guests with their xmx device, and `xmx-frontd`
+//! running as a separate process inside a guest.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
+use xmx_backend::service::{Backend, BackendConfig, BackendThread};
+use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
+use xmx_hv::sim::admin::DomainState;
+use xmx_hv::sim::{SimAdmin, SimPlatform};
+use xmx_hv::{DomId, Platform, Xenstore, DOM0, XBT_NULL};
+use xmx_simhv::{Config, Daemon, DaemonHandle};
+use xmx_wire::mxoe::Mac;
+use xmx_wire::xenbus::{self, keys, XenbusState};
+
+/// How long any wait of these tests may take.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct Host {
+    pub backend: Option<BackendThread>,
+    pub daemon: Option<DaemonHandle>,
+    pub admin: SimAdmin,
+    pub dir: tempfile::TempDir,
+}
+
+impl Host {
+    /// A simulated host with the backend running in dom0.
+    pub fn start() -> Host {
+        let dir = tempfile::Builder::new().prefix("xmxg").tempdir().unwrap();
+        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+        let admin = SimAdmin::connect(dir.path()).unwrap();
+        let dom0 = SimPlatform::attach(dir.path(), DOM0).unwrap();
+        let cfg = BackendConfig {
+            host_name: "testhost".into(),
+            ..BackendConfig::default()
+        };
+        let backend = Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap();
+        Host {
+            backend: Some(backend),
+            daemon: Some(daemon),
+            admin,
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn state(&self, domid: DomId) -> DomainState {
+        self.admin.state(domid).unwrap()
+    }
+
+    pub fn xs0(&self) -> Box<dyn Xenstore> {
+        SimPlatform::attach(self.path(), DOM0)
+            .unwrap()
+            .xenstore()
+            .unwrap()
+    }
+
+    /// Create a guest with its xmx device 0 and put it in the peer table as peer 0.
+    pub fn guest(&self, name: &str, mac_last: u8) -> DomId {
+        let domid = self.admin.create(name, None).unwrap();
+        let spec = DeviceSpec {
+            domu: domid,
+            devid: 0,
+            mac: guest_mac(mac_last),
+            cluster: 1,
+            hostname: format!("{name}:0"),
+        };
+        toolstack::attach(self.xs0().as_ref(), DOM0, &spec).unwrap();
+        let peers = vec![PeerSpec {
+            index: 0,
+            mac: guest_mac(mac_last).to_string(),
+            hostname: format!("{name}:0"),
+            cluster: 1,
+        }];
+        self.backend()
+            .control()
+            .call(Request::SetPeers { peers })
+            .into_result()
+            .unwrap();
+        domid
+    }
+
+    pub fn backend(&self) -> &BackendThread {
+        self.backend.as_ref().unwrap()
+    }
+
+    /// The backend's view of `domid`'s device.
+    pub fn guest_report(&self, domid: DomId) -> GuestReport {
+        let v = self
+            .backend()
+            .control()
+            .call(Request::Guests)
+            .into_result()
+            .unwrap();
+        let all: Vec<GuestReport> = serde_json::from_value(v).unwrap();
+        all.into_iter().find(|g| g.domid == domid).unwrap()
+    }
+
+    /// Control requests the backend served for `domid`.
+    pub fn ctrl_requests(&self, domid: DomId) -> u64 {
+        let v = self
+            .backend()
+            .control()
+            .call(Request::Counters)
+            .into_result()
+            .unwrap();
+        let r: CountersReport = serde_json::from_value(v).unwrap();
+        r.guests
+            .iter()
+            .find(|g| g.domid == domid)
+            .map(|g| g.ctrl_requests)
+            .unwrap()
+    }
+
+    /// Start `xmx-frontd` in guest `domid`; returns once the device is connected.
+    pub fn frontd(&self, domid: DomId, extra: &[&str]) -> Frontd {
+        let socket = self.path().join(format!("frontd{domid}.sock"));
+        let child = Command::new(env!("CARGO_BIN_EXE_xmx-frontd"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env("XMX_PLATFORM", "sim")
+            .env("XMX_SIM_DIR", self.path())
+            .env("XMX_DOMID", domid.to_string())
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let f = Frontd {
+            child: Some(child),
+            socket,
+            domid,
+        };
+        wait_front_state(self.xs0().as_ref(), domid, XenbusState::Connected);
+        f
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(b) = self.backend.take() {
+            let _ = b.stop();
+        }
+        if let Some(d) = self.daemon.take() {
+            d.shutdown();
+        }
+    }
+}
+
+/// A running `xmx-frontd`; killed on drop if still running.
+pub struct Frontd {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub domid: DomId,
+}
+
+impl Frontd {
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
+    }
+
+    /// Send SIGTERM and wait for the exit status (bounded).
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        kill(self.pid(), Signal::SIGTERM).unwrap();
+        wait_child(self.child.take().unwrap())
+    }
+}
+
+impl Drop for Frontd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Wait for a child to exit; kill it if it takes longer than [`WAIT`].
+pub fn wait_child(mut child: Child) -> std::process::ExitStatus {
+    let pid = Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(WAIT) {
+        Ok(status) => {
+            waiter.join().unwrap();
+            status.unwrap()
+        }
+        Err(_) => {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waiter.join();
+            panic!("child {pid} did not exit in time");
+        }
+    }
+}
+
+pub fn guest_mac(last: u8) -> Mac {
+    Mac([0x02, 0x00, 0x00, 0x00, 0x00, last])
+}
+
+/// Poll `cond` until it holds (for counters nothing signals).
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// The frontend state of `domid`'s device 0.
+pub fn front_state(xs: &dyn Xenstore, domid: DomId) -> Option<XenbusState> {
+    let path = xenbus::key_path(&xenbus::frontend_dir(domid, 0), keys::STATE);
+    xs.read(XBT_NULL, &path)
+        .ok()
+        .and_then(|v| String::from_utf8(v).ok())
+        .and_then(|s| s.parse().ok())
+}
+
+/// Wait (watch) for the frontend of `domid` to write `want`.
+pub fn wait_front_state(xs: &dyn Xenstore, domid: DomId, want: XenbusState) {
+    let path = xenbus::key_path(&xenbus::frontend_dir(domid, 0), keys::STATE);
+    xs.watch(&path, "wait-front").unwrap();
+    let deadline = Instant::now() + WAIT;
+    while front_state(xs, domid) != Some(want) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "frontend never reached {want:?} (at {:?})",
+            front_state(xs, domid)
+        );
+        let _ = xs.next_watch_event(Some(left)).unwrap();
+    }
+    xs.unwatch(&path, "wait-front").unwrap();
+}
+
+/// Run this test binary's `test` as a child process with `env` set; its stdout is
+/// readable line by line.
+pub fn spawn_child_test(
+    test: &str,
+    env: &[(&str, String)],
+) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+/// Read lines until one ends with `want` (the test harness may print before it on the
+/// same line).
+pub fn read_until_line(out: &mut BufReader<std::process::ChildStdout>, want: &str) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = out.read_line(&mut line).unwrap();
+        assert!(n > 0, "the child ended before saying {want:?}");
+        if line.trim_end().ends_with(want) {
+            return;
+        }
+    }
+}
