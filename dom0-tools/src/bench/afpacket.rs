@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use xmx_backend::nic::baseline::PollPolicy;
 use xmx_backend::nic::{NicConfig, PacketSocket, ETHERTYPE};
@@ -40,6 +40,8 @@ const KIND_DATA: u8 = 1;
 const KIND_CREDIT: u8 = 2;
 /// Frames queued before the transmit ring is pushed to the kernel.
 const TX_BATCH: usize = 32;
+/// A receiver that hears nothing for this long repeats its credit.
+const RECREDIT_AFTER: Duration = Duration::from_millis(20);
 /// A peer silent for this long is gone.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -228,8 +230,36 @@ impl AfPacketChannel {
         self.unflushed += 1;
         if self.unflushed >= TX_BATCH {
             self.flush()?;
+            // Take credits as they come, so the window rarely closes and the receive
+            // ring never fills up behind a busy sender.
+            let (rx, peer_consumed) = (&mut self.rx, &mut self.peer_consumed);
+            self.sock.recv(|f| match parse_header(f) {
+                Some(Header::Credit { consumed }) => *peer_consumed = consumed,
+                Some(Header::Data { .. }) => rx.stash(f),
+                None => {}
+            });
         }
         Ok(())
+    }
+
+    /// Repeat the last credit with the current count: a credit frame that was lost must
+    /// not leave the sender waiting for ever while this end waits for data.
+    fn recredit(&mut self) -> io::Result<()> {
+        let Some(peer) = self.peer else { return Ok(()) };
+        if self.rx.consumed == self.rx.credited && self.rx.consumed == 0 {
+            return Ok(());
+        }
+        write_header(
+            &mut self.frame,
+            peer,
+            self.me,
+            Header::Credit {
+                consumed: self.rx.consumed,
+            },
+        );
+        self.rx.credited = self.rx.consumed;
+        self.push(HEADER)?;
+        self.flush()
     }
 
     /// Wait for frames: credits update the window, data frames are stashed for `recv`.
@@ -325,13 +355,14 @@ impl Channel for AfPacketChannel {
                 return Ok(len);
             }
         }
+        let deadline = Instant::now() + self.policy.timeout;
         loop {
             let mut done: Option<usize> = None;
             let mut error: Option<io::Error> = None;
             let (rx, peer_consumed, peer) = (&mut self.rx, &mut self.peer_consumed, &mut self.peer);
             let n = self
                 .sock
-                .poll_spin_then_block(self.policy.spin, Some(self.policy.timeout), |f| {
+                .poll_spin_then_block(self.policy.spin, Some(RECREDIT_AFTER), |f| {
                     if error.is_some() {
                         return;
                     }
@@ -354,6 +385,10 @@ impl Channel for AfPacketChannel {
                 .map_err(io::Error::other)?;
             if let Some(e) = error {
                 return Err(e);
+            }
+            if n == 0 && Instant::now() < deadline {
+                self.recredit()?;
+                continue;
             }
             if n == 0 {
                 return Err(io::Error::new(
