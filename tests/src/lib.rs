@@ -1,1 +1,15 @@
-//! Cross-crate integration tests: the scenarios live under tests/tests/.
+//! Cross-crate integration tests: the scenarios live under tests/tests/; the
+//! helpers they share are here.
+//!
+//! The split-driver scenarios (`split_*.rs`) run on simulated clusters
+//! ([`cluster`]) of real daemons in network namespaces, with C programs
+//! ([`cprog`]) as the guests' applications ([`app`]), a tap on the hosts'
+//! links ([`capture`]) and, where the kernel has no `netem`, an impairing
+//! relay ([`relay`]).
+
+pub mod app;
+pub mod bins;
+pub mod capture;
+pub mod cluster;
+pub mod cprog;
+pub mod relay;

@@ -1,0 +1,386 @@
+//! A simulated cluster for one test: `xmx sim up` on creation, `xmx sim down`
+//! when dropped (also when the test fails).
+//!
+//! Host `hI` is network namespace `xmx-NAME-hI` with its own simhv, backend,
+//! xmxd and one xmx-frontd per guest; guest `gJ` of host `hI` is domain
+//! `J + 1` there and its MX hostname is `hI-gJ:0`. The hosts' veths meet on
+//! a bridge in namespace `xmx-NAME-fabric`, where host `hI`'s end is `phI`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use xmx_backend::admin::{AdminClient, Request as BackdRequest};
+use xmx_hv::sim::admin::{DomainState, SimAdmin};
+use xmx_hv::xs::XsClient;
+use xmx_hv::{DomId, Xenstore, XBT_NULL};
+
+use crate::app::{App, Finished};
+use crate::bins::{cluster_programs, lib_dir};
+
+/// How long an application may run before `timeout` ends it.
+pub const APP_TIMEOUT_S: u32 = 120;
+
+/// The tests of one executable bring clusters up one at a time: the machine
+/// has two cores and the scenarios measure nothing when they starve.
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether simulated clusters can run here; the reason if not.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (network namespaces, veth, AF_PACKET)".into());
+    }
+    match Command::new("ip").args(["netns", "list"]).output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "`ip netns` fails: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("no `ip` command: {e}")),
+    }
+}
+
+/// A guest of a host.
+#[derive(Clone, Debug)]
+pub struct Guest {
+    /// `gJ`.
+    pub name: String,
+    /// Its domain id on its host.
+    pub domid: DomId,
+}
+
+/// A host of the cluster.
+#[derive(Clone, Debug)]
+pub struct Host {
+    /// `hI`.
+    pub name: String,
+    /// Its network namespace.
+    pub netns: String,
+    /// Its NIC's MAC.
+    pub mac: String,
+    /// Its simhv directory (admin and xenstore sockets, backd's socket).
+    pub simhv_dir: PathBuf,
+    /// The fabric side of its veth.
+    pub port: String,
+    /// Its guests.
+    pub guests: Vec<Guest>,
+}
+
+/// A running cluster; see the module documentation.
+pub struct SimCluster {
+    name: String,
+    xmx: PathBuf,
+    hosts: Vec<Host>,
+}
+
+fn output_text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+impl SimCluster {
+    /// Brings up cluster `<tag><pid>` with 2 hosts of 2 guests each, the
+    /// daemons started with `env` added to their environment, and waits
+    /// until every guest sees every other in its peer view.
+    pub fn up(tag: &str, env: &[(&str, &str)]) -> SimCluster {
+        let xmx = cluster_programs();
+        let name = format!("{tag}{}", std::process::id() % 100_000);
+        assert!(name.len() <= 16, "cluster name {name} too long");
+        let mut cmd = Command::new(&xmx);
+        cmd.args(["sim", "down", "--name", &name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _ = cmd.status();
+        let mut cmd = Command::new(&xmx);
+        cmd.args([
+            "sim", "up", "--name", &name, "--hosts", "2", "--guests", "2", "--json",
+        ])
+        .env_remove("RUST_LOG");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut o = cmd.output().expect("running xmx sim up");
+        if !o.status.success() {
+            // `up` removes what it built when it fails: try once more, so a
+            // start-up race of the cluster tooling does not fail the test.
+            eprintln!("xmx sim up failed, trying again: {}", output_text(&o));
+            o = cmd.output().expect("running xmx sim up");
+        }
+        // From here on the cluster (or what was built of it) is removed on drop.
+        let mut cluster = SimCluster {
+            name,
+            xmx,
+            hosts: Vec::new(),
+        };
+        assert!(o.status.success(), "xmx sim up: {}", output_text(&o));
+        let state: Value = serde_json::from_slice(&o.stdout).expect("xmx sim up --json");
+        for (i, h) in state["hosts"].as_array().expect("hosts").iter().enumerate() {
+            let text = |k: &str| h[k].as_str().unwrap_or_default().to_owned();
+            let guests = h["guests"]
+                .as_array()
+                .expect("guests")
+                .iter()
+                .map(|g| Guest {
+                    name: g["name"].as_str().unwrap_or_default().to_owned(),
+                    domid: g["domid"].as_u64().unwrap_or_default() as DomId,
+                })
+                .collect();
+            cluster.hosts.push(Host {
+                name: text("name"),
+                netns: text("netns"),
+                mac: text("mac"),
+                simhv_dir: PathBuf::from(text("simhv_dir")),
+                port: format!("ph{i}"),
+                guests,
+            });
+        }
+        assert_eq!(cluster.hosts.len(), 2, "{state}");
+        cluster.wait_settled(Duration::from_secs(30));
+        cluster
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fabric namespace (the bridge and the hosts' ports).
+    pub fn fabric_netns(&self) -> String {
+        format!("xmx-{}-fabric", self.name)
+    }
+
+    /// Host `i`.
+    pub fn host(&self, i: usize) -> &Host {
+        &self.hosts[i]
+    }
+
+    /// The MX hostname of guest `j` of host `i` (`hI-gJ`, board 0).
+    pub fn hostname(&self, i: usize, j: usize) -> String {
+        format!("{}-{}", self.hosts[i].name, self.hosts[i].guests[j].name)
+    }
+
+    /// Waits until every host's xmxd lists all 4 guests and every guest's
+    /// peer view in xenstore holds them (on a watch).
+    fn wait_settled(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let total = self.hosts.iter().map(|h| h.guests.len()).sum::<usize>();
+        for h in &self.hosts {
+            let o = Command::new(&self.xmx)
+                .args(["peers", "--sim-name", &self.name, "--sim-host", &h.name])
+                .args([
+                    "--wait",
+                    &total.to_string(),
+                    "--timeout",
+                    &timeout.as_secs().to_string(),
+                ])
+                .env_remove("XMX_XMXD_SOCKET")
+                .output()
+                .expect("running xmx peers");
+            assert!(o.status.success(), "xmx peers --wait: {}", output_text(&o));
+            let xs = XsClient::connect_unix(xmx_hv::sim::layout::xenstore_sock(&h.simhv_dir, 0))
+                .expect("dom0's xenstore connection");
+            for g in &h.guests {
+                let dir = format!("/local/domain/0/xmx/peers/{}", g.domid);
+                xs.watch(&dir, "settled").expect("watching a peer view");
+                loop {
+                    let n = xs.directory(XBT_NULL, &dir).map_or(0, |d| d.len());
+                    if n >= total {
+                        break;
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    assert!(
+                        !left.is_zero(),
+                        "{}/{}: peer view of {n} entries",
+                        h.name,
+                        g.name
+                    );
+                    let _ = xs.next_watch_event(Some(left)).expect("xenstore watch");
+                }
+                let _ = xs.unwatch(&dir, "settled");
+            }
+        }
+    }
+
+    /// A command running `prog args` as an application of guest `guest` of
+    /// host `host` (`xmx sim run`), with `env` added, the freshly built
+    /// library, and a `timeout` of [`APP_TIMEOUT_S`].
+    pub fn app(
+        &self,
+        host: usize,
+        guest: usize,
+        prog: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Command {
+        let h = &self.hosts[host];
+        let g = &h.guests[guest];
+        let mut cmd = Command::new(&self.xmx);
+        cmd.args(["sim", "run", "--name", &self.name, &h.name, &g.name, "--"])
+            .args(["timeout", "-k", "5", &APP_TIMEOUT_S.to_string(), "env"])
+            .arg(format!("LD_LIBRARY_PATH={}", lib_dir().display()));
+        for (k, v) in env {
+            cmd.arg(format!("{k}={v}"));
+        }
+        cmd.arg(prog).args(args);
+        for k in [
+            "RUST_LOG",
+            "MX_RCACHE",
+            "MX_ERRORS_ARE_FATAL",
+            "MX_VERBOSE",
+            "XMX_TRANSPORT",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd
+    }
+
+    /// Board MAC of every guest, by MX hostname (`hI-gJ:0`), as host `i`'s
+    /// xmxd lists them.
+    pub fn guest_macs(&self, i: usize) -> std::collections::BTreeMap<String, String> {
+        let o = Command::new(&self.xmx)
+            .args([
+                "peers",
+                "--sim-name",
+                &self.name,
+                "--sim-host",
+                &self.hosts[i].name,
+                "--json",
+            ])
+            .env_remove("XMX_XMXD_SOCKET")
+            .output()
+            .expect("running xmx peers");
+        assert!(o.status.success(), "xmx peers: {}", output_text(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).expect("xmx peers --json");
+        v["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some((
+                    p["hostname"].as_str()?.to_owned(),
+                    p["mac"].as_str()?.to_owned(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Runs `prog` as a pair: the passive side (`-l 2`) in guest `passive`
+    /// (host, guest), then, once its endpoint is open, the active side
+    /// (`-d <passive's hostname> -e 2`) in guest `active`; both with `env`.
+    /// Returns how (passive, active) ended.
+    pub fn run_pair(
+        &self,
+        prog: &Path,
+        passive: (usize, usize),
+        active: (usize, usize),
+        env: &[(&str, &str)],
+    ) -> (Finished, Finished) {
+        let name = prog
+            .file_name()
+            .map_or("program".into(), |n| n.to_string_lossy().into_owned());
+        let p = App::spawn(
+            &format!("{name} -l 2 in {}", self.hostname(passive.0, passive.1)),
+            self.app(passive.0, passive.1, prog, &["-l", "2"], env),
+        );
+        self.wait_endpoint(passive.0, passive.1, 2, Duration::from_secs(30));
+        let peer = self.hostname(passive.0, passive.1);
+        let a = App::spawn(
+            &format!("{name} -d {peer} in {}", self.hostname(active.0, active.1)),
+            self.app(active.0, active.1, prog, &["-d", &peer, "-e", "2"], env),
+        );
+        let a = a.finish();
+        let p = p.finish();
+        (p, a)
+    }
+
+    /// A connection to host `i`'s backend control socket.
+    pub fn backd(&self, i: usize) -> AdminClient {
+        AdminClient::connect(&self.hosts[i].simhv_dir.join("backd.sock"))
+            .expect("xmx-backd's control socket")
+    }
+
+    /// Waits until guest `guest` of host `host` has endpoint `eid` open in
+    /// its backend. There is no event for it, so the backend is asked until
+    /// it says so.
+    pub fn wait_endpoint(&self, host: usize, guest: usize, eid: u64, timeout: Duration) {
+        let domid = u64::from(self.hosts[host].guests[guest].domid);
+        let deadline = Instant::now() + timeout;
+        let mut backd = self.backd(host);
+        loop {
+            let guests = backd.call(&BackdRequest::Guests).expect("backd guests");
+            let open = guests.as_array().into_iter().flatten().any(|g| {
+                g["domid"].as_u64() == Some(domid)
+                    && g["endpoints"]
+                        .as_array()
+                        .is_some_and(|e| e.iter().any(|x| x.as_u64() == Some(eid)))
+            });
+            if open {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "endpoint {eid} of {}/{} never opened: {guests}",
+                self.hosts[host].name,
+                self.hosts[host].guests[guest].name
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The simulated hypervisor of host `i`.
+    pub fn sim_admin(&self, i: usize) -> SimAdmin {
+        SimAdmin::connect(&self.hosts[i].simhv_dir).expect("simhv's admin socket")
+    }
+
+    /// What host `i`'s simhv says of domain `domid`.
+    pub fn domain_state(&self, i: usize, domid: DomId) -> DomainState {
+        self.sim_admin(i).state(domid).expect("domain state")
+    }
+
+    /// Waits until `check` holds on host `i`'s view of domain `domid`; the
+    /// last state seen. The simulator has no event for its counters, so they
+    /// are read until they say so.
+    pub fn wait_domain(
+        &self,
+        i: usize,
+        domid: DomId,
+        timeout: Duration,
+        check: impl Fn(&DomainState) -> bool,
+    ) -> Result<DomainState, DomainState> {
+        let admin = self.sim_admin(i);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = admin.state(domid).expect("domain state");
+            if check(&s) {
+                return Ok(s);
+            }
+            if Instant::now() >= deadline {
+                return Err(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        let o = Command::new(&self.xmx)
+            .args(["sim", "down", "--name", &self.name])
+            .output();
+        match o {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!("xmx sim down --name {}: {}", self.name, output_text(&o)),
+            Err(e) => eprintln!("xmx sim down --name {}: {e}", self.name),
+        }
+    }
+}

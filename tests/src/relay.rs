@@ -1,0 +1,271 @@
+//! An impaired link for a simulated host, where the kernel has no `netem`.
+//!
+//! `tc qdisc ... netem loss 5% duplicate 1% reorder 5% delay 1ms` on a host's
+//! veth impairs what the host sends. Without the netem qdisc the same is done
+//! in the fabric namespace: the host's port leaves the bridge, and a thread of
+//! the test relays MXoE frames between it and a new veth whose other end joins
+//! the bridge, losing, duplicating, delaying and reordering those coming from
+//! the host (netem's way: a reordered frame skips the delay the others wait).
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xmx_backend::nic::{NicConfig, PacketSocket};
+
+/// What the link does to the frames a host sends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Impairment {
+    /// Probability of losing a frame.
+    pub loss: f64,
+    /// Probability of sending a frame twice.
+    pub duplicate: f64,
+    /// Probability of sending a frame at once, ahead of delayed ones.
+    pub reorder: f64,
+    /// Delay of every other frame.
+    pub delay: Duration,
+}
+
+impl Impairment {
+    /// `loss 5% duplicate 1% reorder 5% delay 1ms`.
+    pub const NETEM: Impairment = Impairment {
+        loss: 0.05,
+        duplicate: 0.01,
+        reorder: 0.05,
+        delay: Duration::from_millis(1),
+    };
+
+    /// The same as `tc netem` arguments.
+    pub fn netem_args(&self) -> Vec<String> {
+        let pct = |p: f64| format!("{}%", p * 100.0);
+        vec![
+            "loss".into(),
+            pct(self.loss),
+            "duplicate".into(),
+            pct(self.duplicate),
+            "reorder".into(),
+            pct(self.reorder),
+            "delay".into(),
+            format!("{}us", self.delay.as_micros()),
+        ]
+    }
+}
+
+/// What a relay did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Frames from the host.
+    pub from_host: u64,
+    /// Frames to the host.
+    pub to_host: u64,
+    /// Lost.
+    pub lost: u64,
+    /// Sent twice.
+    pub duplicated: u64,
+    /// Sent ahead of the delayed ones.
+    pub reordered: u64,
+}
+
+/// A deterministic generator (SplitMix64): a run's impairments do not
+/// depend on a library's randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// One host's port relayed through an impairment; restored when dropped.
+pub struct ImpairedPort {
+    netns: String,
+    port: String,
+    relay_if: String,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<RelayStats>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ImpairedPort {
+    /// Relays port `port` (host `index`'s end in fabric namespace `netns`,
+    /// on bridge `br0`) through `imp`, seeded by `index`.
+    pub fn start(netns: &str, port: &str, index: usize, mtu: u32, imp: Impairment) -> ImpairedPort {
+        let relay_if = format!("xr{index}a");
+        let bridge_if = format!("xr{index}b");
+        let mtu = mtu.to_string();
+        let mut p = ImpairedPort {
+            netns: netns.to_owned(),
+            port: port.to_owned(),
+            relay_if: relay_if.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            stats: Arc::default(),
+            thread: None,
+        };
+        for args in [
+            vec!["-n", netns, "link", "set", port, "nomaster"],
+            vec![
+                "-n", netns, "link", "add", &relay_if, "mtu", &mtu, "type", "veth", "peer", "name",
+                &bridge_if, "mtu", &mtu,
+            ],
+            vec!["-n", netns, "link", "set", &bridge_if, "master", "br0"],
+            vec!["-n", netns, "link", "set", &bridge_if, "up"],
+            vec!["-n", netns, "link", "set", &relay_if, "up"],
+        ] {
+            ip(&args).expect("setting up the relay");
+        }
+        let cfg = NicConfig {
+            promiscuous: true,
+            ..NicConfig::default()
+        };
+        let host_end = PacketSocket::open_in_netns(netns, port, cfg.clone())
+            .expect("relay socket on the host's port");
+        let bridge_end = PacketSocket::open_in_netns(netns, &relay_if, cfg)
+            .expect("relay socket towards the bridge");
+        let (stop, stats) = (p.stop.clone(), p.stats.clone());
+        let seed = 0x786d_7820_6e65_7465 ^ index as u64;
+        p.thread = Some(
+            std::thread::Builder::new()
+                .name(format!("relay-{port}"))
+                .spawn(move || relay(host_end, bridge_end, imp, seed, &stop, &stats))
+                .expect("relay thread"),
+        );
+        p
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> RelayStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for ImpairedPort {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = ip(&["-n", &self.netns, "link", "del", &self.relay_if]);
+        let _ = ip(&[
+            "-n",
+            &self.netns,
+            "link",
+            "set",
+            &self.port,
+            "master",
+            "br0",
+        ]);
+    }
+}
+
+fn wait_readable(fds: [i32; 2], timeout: Duration) {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ms = timeout.as_micros().div_ceil(1000).min(100) as libc::c_int;
+    // SAFETY: `p` holds two initialised entries, as the count says, for the
+    // whole call.
+    unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+}
+
+fn relay(
+    mut host: PacketSocket,
+    mut bridge: PacketSocket,
+    imp: Impairment,
+    seed: u64,
+    stop: &AtomicBool,
+    stats: &Mutex<RelayStats>,
+) {
+    let mut rng = Rng(seed);
+    let mut delayed: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    let fds = [host.fd().as_raw_fd(), bridge.fd().as_raw_fd()];
+    while !stop.load(Ordering::SeqCst) {
+        let mut s = RelayStats::default();
+        let now = Instant::now();
+        let mut from_host = Vec::new();
+        host.recv(|f| from_host.push(f.to_vec()));
+        let mut out = Vec::new();
+        for f in from_host {
+            s.from_host += 1;
+            if rng.chance(imp.loss) {
+                s.lost += 1;
+                continue;
+            }
+            let copies = if rng.chance(imp.duplicate) {
+                s.duplicated += 1;
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                if rng.chance(imp.reorder) {
+                    s.reordered += 1;
+                    out.push(f.clone());
+                } else {
+                    delayed.push_back((now + imp.delay, f.clone()));
+                }
+            }
+        }
+        while delayed.front().is_some_and(|d| d.0 <= now) {
+            if let Some((_, f)) = delayed.pop_front() {
+                out.push(f);
+            }
+        }
+        for f in &out {
+            let _ = bridge.send(f);
+        }
+        let _ = bridge.flush();
+        let mut to_host = 0;
+        bridge.recv(|f| {
+            to_host += 1;
+            let _ = host.send(f);
+        });
+        if to_host > 0 {
+            let _ = host.flush();
+        }
+        s.to_host = to_host;
+        {
+            let mut total = stats.lock().unwrap_or_else(|e| e.into_inner());
+            total.from_host += s.from_host;
+            total.to_host += s.to_host;
+            total.lost += s.lost;
+            total.duplicated += s.duplicated;
+            total.reordered += s.reordered;
+        }
+        let wait = delayed.front().map_or(Duration::from_millis(100), |d| {
+            d.0.saturating_duration_since(Instant::now())
+        });
+        if !wait.is_zero() {
+            wait_readable(fds, wait);
+        }
+    }
+}

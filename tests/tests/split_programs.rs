@@ -1,0 +1,161 @@
+//! The C test programs of tests/c as applications in guests of a simulated
+//! cluster: the passive side (`-l 2`) in one guest, the active side
+//! (`-d <guest> -e 2`) in another, on another host and on the same host;
+//! then again with both hosts' links impaired like
+//! `tc netem loss 5% duplicate 1% reorder 5% delay 1ms`.
+//!
+//! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
+//! otherwise.
+
+use std::path::{Path, PathBuf};
+
+use xmx_tests::app::App;
+use xmx_tests::cluster::{exclusive, unavailable, SimCluster};
+use xmx_tests::cprog;
+use xmx_tests::relay::{ImpairedPort, Impairment};
+
+/// The programs run as pairs, each with a line its active side prints when
+/// every check held.
+const PAIRS: [(&str, &str); 7] = [
+    ("stream", "sent 1500 messages"),
+    ("waitany", "sends completed through mx_wait_any"),
+    ("outstanding", "1000 sends outstanding at once"),
+    (
+        "badkey",
+        "refusals: bad key, closed endpoint, unknown NIC, bad id",
+    ),
+    ("truncate", "truncations and a synchronous send checked"),
+    ("cancel", "cancel, forget, context, peek checked"),
+    ("probe", "PASS"),
+];
+
+/// (passive, active) guests: across hosts, then co-located.
+const PLACEMENTS: [(&str, (usize, usize), (usize, usize)); 2] = [
+    ("across hosts", (1, 0), (0, 0)),
+    ("co-located", (0, 1), (0, 0)),
+];
+
+fn skipped(test: &str) -> bool {
+    match unavailable() {
+        Some(why) => {
+            println!("{test}: skipped: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn build_all(dir: &Path) -> Vec<(PathBuf, &'static str)> {
+    PAIRS
+        .iter()
+        .map(|(name, line)| (cprog::build(name, dir), *line))
+        .collect()
+}
+
+/// Every pair in every placement, then `wakeup` (one process, two
+/// endpoints of one guest).
+fn run_all(c: &SimCluster, programs: &[(PathBuf, &str)], env: &[(&str, &str)]) {
+    for (place, passive, active) in PLACEMENTS {
+        for (bin, line) in programs {
+            let started = std::time::Instant::now();
+            let (p, a) = c.run_pair(bin, passive, active, env);
+            p.passed();
+            let out = a.passed();
+            assert!(
+                out.contains(line),
+                "{place}: {} did not say {line:?}:\n{out}",
+                bin.display()
+            );
+            println!(
+                "{place}: {} passed ({:.1} s)",
+                bin.file_name().unwrap_or_default().to_string_lossy(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+fn wakeup(c: &SimCluster, dir: &Path, env: &[(&str, &str)]) {
+    let bin = cprog::build("wakeup", dir);
+    let out = App::spawn("wakeup", c.app(1, 1, &bin, &[], env)).finish();
+    assert_eq!(
+        out.passed().matches("returned on mx_wakeup").count(),
+        4,
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn c_programs_between_guests() {
+    if skipped("c_programs_between_guests") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("sprog", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let programs = build_all(dir.path());
+    run_all(&c, &programs, &[]);
+    wakeup(&c, dir.path(), &[]);
+}
+
+#[test]
+fn c_programs_on_impaired_links() {
+    if skipped("c_programs_on_impaired_links") {
+        return;
+    }
+    let _one = exclusive();
+    // Loss costs a retransmission delay: short ones keep the run short, in
+    // the libraries (resends) and in the backends (pull blocks).
+    let c = SimCluster::up("slossy", &[("XMX_PULL_TIMEOUT_MS", "20")]);
+    // An application that exits once its sends completed must have them
+    // delivered: with MX_ZOMBIE_SEND=0 a send completes at its ack, not
+    // when buffered (MX, like Open-MX, does not linger on close).
+    let env = [("XMX_RESEND_DELAY_US", "20000"), ("MX_ZOMBIE_SEND", "0")];
+    let dir = tempfile::tempdir().unwrap();
+    let programs = build_all(dir.path());
+    let imp = Impairment::NETEM;
+    let fabric = c.fabric_netns();
+    // The kernel's netem, if it has one, on both hosts' links: on the
+    // fabric side of each veth, since the backends' frames bypass the
+    // qdiscs of their own side. Else the same done by a relay on each port.
+    let netem = |h: usize, add: bool| {
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &fabric,
+            "tc",
+            "qdisc",
+            if add { "add" } else { "del" },
+        ])
+        .args(["dev", &c.host(h).port, "root", "netem"]);
+        if add {
+            cmd.args(imp.netem_args());
+        }
+        cmd.output().is_ok_and(|o| o.status.success())
+    };
+    let mut relays = Vec::new();
+    if netem(0, true) && netem(1, true) {
+        println!("links impaired by tc netem {}", imp.netem_args().join(" "));
+    } else {
+        netem(0, false);
+        println!(
+            "no netem in this kernel: links impaired by a relay ({})",
+            imp.netem_args().join(" ")
+        );
+        for h in 0..2 {
+            relays.push(ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, imp));
+        }
+    }
+    run_all(&c, &programs, &env);
+    wakeup(&c, dir.path(), &env);
+    for (h, r) in relays.iter().enumerate() {
+        let s = r.stats();
+        println!("relay of h{h}: {s:?}");
+        assert!(
+            s.lost > 0 && s.duplicated > 0 && s.reordered > 0,
+            "h{h}'s link was impaired: {s:?}"
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! Real Xen under QEMU: boots Xen 4.17 with a Linux dom0 (and a PV domU) through
+//! `tests/xen/run.sh` and checks what the machines report on their serial consoles.
+//!
+//! - `conformance`: the platform conformance suite on the `linux` platform, the domU
+//!   granting and dom0 mapping; every check of both roles is listed by name.
+//! - `link`: two hosts whose dom0 NICs share an emulated link echo MXoE-ethertype frames
+//!   up to the jumbo size.
+//!
+//! They need qemu-system-x86, cpio and the Debian packages of tests/xen/packages.lock
+//! (fetched once into target/xen/cache), and about 35 s and 25 s here, so they run only
+//! with `XMX_XEN_TESTS=1`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// The scenarios boot whole machines: one at a time, whatever the test harness does.
+static QEMU: Mutex<()> = Mutex::new(());
+
+/// The longest a scenario may take, fetch and image build included.
+const SCENARIO_BOUND_S: u32 = 400;
+/// The bound run.sh puts on each QEMU.
+const QEMU_TIMEOUT_S: u32 = 150;
+
+fn enabled(test: &str) -> bool {
+    if std::env::var("XMX_XEN_TESTS").as_deref() == Ok("1") {
+        return true;
+    }
+    eprintln!(
+        "{test}: skipped: boots Xen under QEMU (about half a minute, needs qemu-system-x86, \
+         cpio and the pinned Debian packages); set XMX_XEN_TESTS=1 to run it"
+    );
+    false
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Run `tests/xen/run.sh SCENARIO` with its logs in `run_dir`; its exit status.
+fn run_scenario(scenario: &str, run_dir: &Path, extra: &[&str]) -> i32 {
+    let ws = workspace();
+    let status = Command::new("timeout")
+        .arg("--kill-after=15")
+        .arg(SCENARIO_BOUND_S.to_string())
+        .arg(ws.join("tests/xen/run.sh"))
+        .arg("--timeout")
+        .arg(QEMU_TIMEOUT_S.to_string())
+        .arg("--run-dir")
+        .arg(run_dir)
+        .args(extra)
+        .arg(scenario)
+        .current_dir(&ws)
+        .status()
+        .expect("run tests/xen/run.sh");
+    status.code().unwrap_or(-1)
+}
+
+fn read_log(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Outcome of one check, as a role printed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Pass,
+    Fail,
+    Skip,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Check {
+    name: String,
+    outcome: Outcome,
+    detail: String,
+}
+
+/// What one role printed between `xmx-report-begin ROLE` and `xmx-report-end ROLE
+/// status=N` on a console.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct RoleReport {
+    checks: Vec<Check>,
+    /// The runner's exit status; None if the end marker never came.
+    status: Option<i32>,
+}
+
+impl RoleReport {
+    fn get(&self, name: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.name == name)
+    }
+}
+
+/// A serial-log line without its decorations: run.sh's `[  12.34] ` stamp, then the
+/// `domU| ` prefix of lines copied from the domU's console.
+fn console_text(line: &str) -> &str {
+    let mut s = line;
+    if let Some(rest) = s.strip_prefix('[') {
+        if let Some(end) = rest.find("] ") {
+            if rest[..end].trim().parse::<f64>().is_ok() {
+                s = &rest[end + 2..];
+            }
+        }
+    }
+    s.strip_prefix("domU| ").unwrap_or(s)
+}
+
+/// A report line: `  PASS  name` or `  FAIL  name  (detail)`.
+fn parse_check(text: &str) -> Option<Check> {
+    let body = text.strip_prefix("  ")?;
+    let (tag, rest) = body.split_once("  ")?;
+    let outcome = match tag {
+        "PASS" => Outcome::Pass,
+        "FAIL" => Outcome::Fail,
+        "SKIP" => Outcome::Skip,
+        _ => return None,
+    };
+    let (name, detail) = match rest.split_once("  (") {
+        Some((name, d)) => (name, d.strip_suffix(')').unwrap_or(d)),
+        None => (rest, ""),
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return None;
+    }
+    Some(Check {
+        name: name.to_string(),
+        outcome,
+        detail: detail.to_string(),
+    })
+}
+
+/// Every role report in a serial log, by role.
+fn parse_reports(log: &str) -> BTreeMap<String, RoleReport> {
+    let mut reports = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in log.lines() {
+        let text = console_text(line);
+        if let Some(role) = text.strip_prefix("xmx-report-begin ") {
+            let role = role.trim().to_string();
+            reports.insert(role.clone(), RoleReport::default());
+            current = Some(role);
+        } else if let Some(rest) = text.strip_prefix("xmx-report-end ") {
+            let mut words = rest.split_whitespace();
+            let role = words.next().unwrap_or_default();
+            let status = words
+                .find_map(|w| w.strip_prefix("status="))
+                .and_then(|s| s.parse().ok());
+            if let Some(r) = reports.get_mut(role) {
+                r.status = status;
+            }
+            current = None;
+        } else if let Some(role) = &current {
+            if let Some(check) = parse_check(text) {
+                reports
+                    .get_mut(role)
+                    .expect("current role exists")
+                    .checks
+                    .push(check);
+            }
+        }
+    }
+    reports
+}
+
+fn print_reports(reports: &BTreeMap<String, RoleReport>) {
+    for (role, r) in reports {
+        eprintln!("{role} (status {:?}):", r.status);
+        for c in &r.checks {
+            let tag = match c.outcome {
+                Outcome::Pass => "PASS",
+                Outcome::Fail => "FAIL",
+                Outcome::Skip => "SKIP",
+            };
+            if c.detail.is_empty() {
+                eprintln!("  {tag}  {}", c.name);
+            } else {
+                eprintln!("  {tag}  {}  ({})", c.name, c.detail);
+            }
+        }
+    }
+}
+
+/// Checks that prove the primitives really worked across two VMs: they must pass, not
+/// merely not fail.
+const MAPPER_MUST_PASS: &[&str] = &[
+    "xs.transaction-conflict",
+    "grant.1.map",
+    "grant.2048.map",
+    "grant.2048.granter-to-mapper",
+    "grant.readonly-refuses-writable",
+    "grant.copy-from-foreign",
+    "grant.copy-to-foreign",
+    "evtchn.bind",
+    "evtchn.notify-to-granter",
+    "evtchn.notify-from-granter",
+];
+const GRANTER_MUST_PASS: &[&str] = &[
+    "xs.perm-publish",
+    "grant.2048.grant",
+    "grant.2048.mapper-to-granter",
+    "grant.2048.end-access",
+    "grant.copy-to-foreign-seen",
+    "evtchn.notify-from-mapper",
+    "evtchn.notify-to-mapper",
+];
+
+#[test]
+fn conformance_suite_passes_on_real_xen() {
+    if !enabled("conformance_suite_passes_on_real_xen") {
+        return;
+    }
+    let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let run_dir = workspace().join("target/xen/run/test-conformance");
+    let status = run_scenario("conformance", &run_dir, &[]);
+    let log = read_log(&run_dir.join("conformance.log"));
+    let reports = parse_reports(&log);
+    print_reports(&reports);
+
+    let mut problems = Vec::new();
+    for role in ["mapper", "granter"] {
+        let Some(r) = reports.get(role) else {
+            problems.push(format!("no {role} report in the serial log"));
+            continue;
+        };
+        if r.status != Some(0) {
+            problems.push(format!("{role} exited with {:?}", r.status));
+        }
+        for c in r.checks.iter().filter(|c| c.outcome == Outcome::Fail) {
+            problems.push(format!("{role}: {} failed: {}", c.name, c.detail));
+        }
+        let must = if role == "mapper" {
+            MAPPER_MUST_PASS
+        } else {
+            GRANTER_MUST_PASS
+        };
+        for name in must {
+            match r.get(name) {
+                Some(c) if c.outcome == Outcome::Pass => {}
+                Some(c) => {
+                    problems.push(format!("{role}: {name} is {:?}: {}", c.outcome, c.detail))
+                }
+                None => problems.push(format!("{role}: {name} did not run")),
+            }
+        }
+    }
+    if status != 0 {
+        problems.push(format!(
+            "run.sh exited with {status} (see {})",
+            run_dir.display()
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "conformance on real Xen:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn two_hosts_echo_jumbo_mxoe_frames() {
+    if !enabled("two_hosts_echo_jumbo_mxoe_frames") {
+        return;
+    }
+    let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let run_dir = workspace().join("target/xen/run/test-link");
+    let status = run_scenario("link", &run_dir, &[]);
+    let a = read_log(&run_dir.join("link-a.log"));
+    let b = read_log(&run_dir.join("link-b.log"));
+    let lines = |log: &str, prefix: &str| -> Vec<String> {
+        log.lines()
+            .map(console_text)
+            .filter(|t| t.starts_with(prefix))
+            .map(str::to_string)
+            .collect()
+    };
+    let pings = lines(&a, "rawlink ping:");
+    let echoes = lines(&b, "rawlink echo:");
+    for l in pings.iter().chain(&echoes) {
+        eprintln!("{l}");
+    }
+    assert!(
+        pings.iter().any(|l| l.contains("20 x 9014 bytes echoed")),
+        "no jumbo round trips: {pings:?}"
+    );
+    assert!(
+        pings.iter().any(|l| l.starts_with("rawlink ping: ok,")),
+        "host A: {pings:?}"
+    );
+    assert!(
+        echoes.iter().any(|l| l.contains("end frame received")),
+        "host B: {echoes:?}"
+    );
+    assert_eq!(status, 0, "run.sh link (see {})", run_dir.display());
+}
+
+mod parsing {
+    use super::*;
+
+    const LOG: &str = "\
+[  30.01] xmx-report-begin mapper
+[  30.01] mapper (domain 0, peer 1, platform linux)
+[  30.01]   PASS  grant.1.map  (one batch)
+[  30.01]   SKIP  xs.perm-read-denied  (dom0 is privileged)
+[  30.02] 2 passed, 0 failed, 1 skipped
+[  30.02] xmx-report-end mapper status=0
+[  33.02] domU| xmx-report-begin granter
+[  33.02] domU| [    7.1] some kernel line
+[  33.02] domU|   FAIL  grant.2048.grant  (quota exceeded: (os error 28))
+[  33.02] domU|   PASS  evtchn.close
+[  33.03] domU| xmx-report-end granter status=1
+[  33.04]   PASS  not.in.a.report
+";
+
+    #[test]
+    fn reports_are_read_per_role_with_their_status() {
+        let r = parse_reports(LOG);
+        assert_eq!(r.len(), 2);
+        let m = &r["mapper"];
+        assert_eq!(m.status, Some(0));
+        assert_eq!(
+            m.checks,
+            [
+                Check {
+                    name: "grant.1.map".into(),
+                    outcome: Outcome::Pass,
+                    detail: "one batch".into()
+                },
+                Check {
+                    name: "xs.perm-read-denied".into(),
+                    outcome: Outcome::Skip,
+                    detail: "dom0 is privileged".into()
+                },
+            ]
+        );
+        let g = &r["granter"];
+        assert_eq!(g.status, Some(1));
+        assert_eq!(g.checks.len(), 2);
+        assert_eq!(g.get("grant.2048.grant").unwrap().outcome, Outcome::Fail);
+        assert_eq!(
+            g.get("grant.2048.grant").unwrap().detail,
+            "quota exceeded: (os error 28)"
+        );
+        assert_eq!(g.get("evtchn.close").unwrap().detail, "");
+        assert!(g.get("not.in.a.report").is_none());
+    }
+
+    #[test]
+    fn a_report_without_its_end_has_no_status() {
+        let r = parse_reports("[ 1.00] xmx-report-begin mapper\n[ 1.10]   PASS  a.b\n");
+        assert_eq!(r["mapper"].status, None);
+        assert_eq!(r["mapper"].checks.len(), 1);
+    }
+
+    #[test]
+    fn decorations_are_stripped_and_other_lines_ignored() {
+        assert_eq!(
+            console_text("[  12.34] domU| xmx-report-begin granter"),
+            "xmx-report-begin granter"
+        );
+        assert_eq!(console_text("[bogus] x"), "[bogus] x");
+        assert_eq!(console_text("plain"), "plain");
+        assert!(parse_check("  PASS  two words").is_none());
+        assert!(parse_check("PASS  name").is_none());
+        assert!(parse_check("  OKAY  name").is_none());
+        assert!(parse_check("  PASS  ").is_none());
+    }
+}
