@@ -300,6 +300,26 @@ impl EndpointChannel {
         }
     }
 
+    /// Hand consumed event slots back and arm the event ring, so that the backend
+    /// notifies the port at its next event: the last step before sleeping on
+    /// [`EndpointChannel::port_fd`] in a caller's own poll loop. True if events arrived
+    /// meanwhile (consume them instead of sleeping).
+    pub fn arm_events(&mut self) -> Result<bool> {
+        self.release_events()?;
+        Ok(self.m.events.final_check_for_requests()?)
+    }
+
+    /// Consume the port's pending notification without blocking, after a caller's own
+    /// poll found [`EndpointChannel::port_fd`] readable; true if there was one.
+    pub fn take_notification(&self) -> Result<bool> {
+        Ok(self.m.port.take_pending()?)
+    }
+
+    /// True once the event channel is closed (see [`Wake::Disconnected`]).
+    pub fn is_disconnected(&self) -> bool {
+        self.m.port.is_closed()
+    }
+
     fn block(&self, left: Option<Duration>, also: Option<BorrowedFd<'_>>) -> Result<Blocked> {
         let timeout = match left {
             None => PollTimeout::NONE,

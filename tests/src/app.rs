@@ -145,6 +145,34 @@ impl App {
         self.finish_now()
     }
 
+    /// Waits until a process of the application has a thread named
+    /// `thread` (libmyriexpress's `mx-progress` runs once an endpoint is
+    /// open). Nothing announces another process's threads: /proc is read
+    /// until it shows one. False if the application ended or `timeout`
+    /// passed first.
+    pub fn wait_thread(&mut self, thread: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = descendants(self.pid()).into_iter().any(|p| {
+                std::fs::read_dir(format!("/proc/{p}/task"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.trim() == thread)
+                    })
+            });
+            if found {
+                return true;
+            }
+            if Instant::now() >= deadline || self.child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// SIGKILLs the program `name` this application runs (a descendant of
     /// `xmx sim run`); true if it was found.
     pub fn kill_program(&self, name: &str) -> bool {
@@ -223,20 +251,6 @@ fn parent(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_fields_are_read_through_colours() {
-        let log = "\u{1b}[2m2026\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m registration cache \u{1b}[3mhits\u{1b}[0m\u{1b}[2m=\u{1b}[0m41 \u{1b}[3mmisses\u{1b}[0m\u{1b}[2m=\u{1b}[0m2\n";
-        assert_eq!(log_field(log, "registration cache", "hits"), Some(41));
-        assert_eq!(log_field(log, "registration cache", "misses"), Some(2));
-        assert_eq!(log_field(log, "registration cache", "evictions"), None);
-        assert_eq!(log_field(log, "nothing like it", "hits"), None);
-    }
-}
-
 /// Every descendant of `root`, parents before children.
 pub fn descendants(root: i32) -> Vec<i32> {
     let all: Vec<(i32, i32)> = std::fs::read_dir("/proc")
@@ -255,4 +269,18 @@ pub fn descendants(root: i32) -> Vec<i32> {
     }
     found.remove(0);
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_fields_are_read_through_colours() {
+        let log = "\u{1b}[2m2026\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m registration cache \u{1b}[3mhits\u{1b}[0m\u{1b}[2m=\u{1b}[0m41 \u{1b}[3mmisses\u{1b}[0m\u{1b}[2m=\u{1b}[0m2\n";
+        assert_eq!(log_field(log, "registration cache", "hits"), Some(41));
+        assert_eq!(log_field(log, "registration cache", "misses"), Some(2));
+        assert_eq!(log_field(log, "registration cache", "evictions"), None);
+        assert_eq!(log_field(log, "nothing like it", "hits"), None);
+    }
 }

@@ -46,6 +46,31 @@ pub fn unavailable() -> Option<String> {
     }
 }
 
+/// A command running `prog args` in network namespace `netns` (not as a
+/// guest's application), with `env` added, the freshly built library, and a
+/// `timeout` of [`APP_TIMEOUT_S`].
+pub fn netns_cmd(netns: &str, prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns])
+        .args(["timeout", "-k", "5", &APP_TIMEOUT_S.to_string(), "env"])
+        .arg(format!("LD_LIBRARY_PATH={}", lib_dir().display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg(prog).args(args);
+    for k in [
+        "RUST_LOG",
+        "MX_RCACHE",
+        "MX_ERRORS_ARE_FATAL",
+        "MX_VERBOSE",
+        "XMX_TRANSPORT",
+        "XMX_FRONTD_SOCKET",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
 /// A guest of a host.
 #[derive(Clone, Debug)]
 pub struct Guest {
@@ -356,7 +381,7 @@ impl SimCluster {
         domid: DomId,
         timeout: Duration,
         check: impl Fn(&DomainState) -> bool,
-    ) -> Result<DomainState, DomainState> {
+    ) -> Result<DomainState, Box<DomainState>> {
         let admin = self.sim_admin(i);
         let deadline = Instant::now() + timeout;
         loop {
@@ -365,7 +390,7 @@ impl SimCluster {
                 return Ok(s);
             }
             if Instant::now() >= deadline {
-                return Err(s);
+                return Err(Box::new(s));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -374,11 +399,21 @@ impl SimCluster {
 
 impl Drop for SimCluster {
     fn drop(&mut self) {
+        let started = Instant::now();
         let o = Command::new(&self.xmx)
             .args(["sim", "down", "--name", &self.name])
             .output();
         match o {
-            Ok(o) if o.status.success() => {}
+            Ok(o) if o.status.success() => {
+                if started.elapsed() > Duration::from_secs(5) {
+                    eprintln!(
+                        "xmx sim down --name {} took {:.1} s:\n{}",
+                        self.name,
+                        started.elapsed().as_secs_f64(),
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                }
+            }
             Ok(o) => eprintln!("xmx sim down --name {}: {}", self.name, output_text(&o)),
             Err(e) => eprintln!("xmx sim down --name {}: {e}", self.name),
         }

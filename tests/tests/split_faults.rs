@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use xmx_hv::DOM0;
-use xmx_tests::app::{App, Finished};
+use xmx_tests::app::{strip_ansi, App, Finished};
 use xmx_tests::cluster::{exclusive, unavailable, SimCluster};
 use xmx_tests::cprog;
 
@@ -206,4 +206,82 @@ fn backend_forgets(c: &SimCluster, host: usize, domid: u16) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Waits until host `host`'s backend lists endpoint `eid` of domain `domid`
+/// as open (`open`) or not; the last report if it never does.
+fn endpoint_listed(
+    c: &SimCluster,
+    host: usize,
+    domid: u16,
+    eid: u64,
+    open: bool,
+) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + RELEASE;
+    let mut backd = c.backd(host);
+    loop {
+        let guests = backd
+            .call(&xmx_backend::admin::Request::Guests)
+            .expect("backd guests");
+        let listed = guests.as_array().into_iter().flatten().any(|g| {
+            g["domid"].as_u64() == Some(u64::from(domid))
+                && g["endpoints"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|x| x.as_u64() == Some(eid)))
+        });
+        if listed == open {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(guests.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_endpoint_comes_back_after_suspend_and_resume() {
+    if skipped("an_endpoint_comes_back_after_suspend_and_resume") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("sresume", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let bin = cprog::build("bulk", dir.path());
+    let env = [("BULK_COUNT", "3"), ("BULK_SIZE", "1048576")];
+    let mut rx = App::spawn(
+        "bulk receiver in h1-g0",
+        c.app(
+            1,
+            0,
+            &bin,
+            &["-l", "2"],
+            &[env[0], env[1], ("MX_VERBOSE", "1")],
+        ),
+    );
+    rx.wait_line(Duration::from_secs(30), |l| l == "ready");
+    // The receiver's guest is suspended: its device disconnects and the
+    // backend forgets the endpoint; on resume the daemon opens it again and
+    // the library remaps it.
+    let domid = c.host(1).guests[0].domid;
+    let admin = c.sim_admin(1);
+    admin.suspend(domid).expect("suspending h1-g0");
+    endpoint_listed(&c, 1, domid, 2, false).expect("the backend let the endpoint go");
+    admin.resume(domid).expect("resuming h1-g0");
+    endpoint_listed(&c, 1, domid, 2, true).expect("the endpoint is open again");
+    // A sender connecting now reaches the same endpoint, every byte intact.
+    let tx = App::spawn(
+        "bulk sender in h0-g0",
+        c.app(0, 0, &bin, &["-d", &c.hostname(1, 0), "-e", "2"], &env),
+    );
+    let (tx, rx) = (tx.finish(), rx.finish());
+    tx.passed();
+    let out = rx.passed();
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("received ")).count(),
+        3,
+        "{out}"
+    );
+    let log = strip_ansi(&rx.stderr);
+    assert!(log.contains("endpoint re-opened and remapped"), "{log}");
 }

@@ -29,8 +29,11 @@ const PAIRS: [(&str, &str); 7] = [
     ("probe", "PASS"),
 ];
 
+/// A guest: (host, guest) indices.
+type At = (usize, usize);
+
 /// (passive, active) guests: across hosts, then co-located.
-const PLACEMENTS: [(&str, (usize, usize), (usize, usize)); 2] = [
+const PLACEMENTS: [(&str, At, At); 2] = [
     ("across hosts", (1, 0), (0, 0)),
     ("co-located", (0, 1), (0, 0)),
 ];

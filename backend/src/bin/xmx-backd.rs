@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use tracing_subscriber::EnvFilter;
+use xmx_backend::engine::EngineConfig;
 use xmx_backend::nic::{NicConfig, PacketSocket};
 use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
 
@@ -48,6 +49,9 @@ struct Args {
     /// unicast filter to pass them).
     #[arg(long)]
     no_promiscuous: bool,
+    /// Milliseconds a pull waits for replies before requesting its blocks again.
+    #[arg(long, env = "XMX_PULL_TIMEOUT_MS", default_value_t = 500)]
+    pull_timeout_ms: u64,
 }
 
 fn default_control_socket() -> PathBuf {
@@ -127,6 +131,10 @@ fn run(args: Args) -> Result<(), String> {
             ..Quotas::default()
         },
         control_socket: Some(args.control.unwrap_or_else(default_control_socket)),
+        engine: EngineConfig {
+            pull_retransmit_timeout: Duration::from_millis(args.pull_timeout_ms.max(1)),
+            ..EngineConfig::default()
+        },
         ..BackendConfig::default()
     };
     let backend = Backend::new(platform.as_ref(), link, cfg).map_err(|e| e.to_string())?;

@@ -80,7 +80,8 @@ pub(crate) struct State {
     next_seq: u64,
     next_done: u64,
     zombies: usize,
-    /// LARGE sends waiting for a free window, in posting order.
+    /// LARGE sends waiting for a free window, and the sends posted after
+    /// them, in posting order.
     waiting_large: VecDeque<u64>,
     addr_contexts: HashMap<(u64, u8), usize>,
     pub(crate) unexp: unexp::Unexp,
@@ -527,10 +528,24 @@ impl Endpoint {
 
     fn start_waiting_large(&self, st: &mut State, now: xmx_mx::Instant) {
         while let Some(&seq) = st.waiting_large.front() {
-            let Some(r) = st.requests.get(&seq) else {
+            let Some(r) = st.requests.get_mut(&seq) else {
                 st.waiting_large.pop_front();
                 continue;
             };
+            if let Some(data) = r.data.take() {
+                st.waiting_large.pop_front();
+                let (dest, match_info) = (r.dest, r.match_info);
+                match dest.map(|d| st.core.send(now, d, match_info, &data)) {
+                    Some(Ok(id)) => self.eager_sent(st, seq, id),
+                    _ => {
+                        if let Some(r) = st.requests.get_mut(&seq) {
+                            r.code = Status::EndpointUnreachable;
+                        }
+                        self.complete(st, seq);
+                    }
+                }
+                continue;
+            }
             let Some(window) = st.regions.register(&r.segs) else {
                 return;
             };

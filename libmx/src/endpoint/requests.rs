@@ -44,6 +44,8 @@ pub(crate) struct Request {
     /// Not visible to `mx_test_any`/`mx_ipeek` (`mx_connect`'s own).
     pub(crate) internal: bool,
     pub(crate) segs: Segments,
+    /// An eager send's data while it waits behind a LARGE send.
+    pub(crate) data: Option<Vec<u8>>,
     pub(crate) window: Option<xmx_mx::RdmaWindow>,
     pub(crate) dest: Option<PeerAddr>,
     pub(crate) core: Option<RequestId>,
@@ -68,6 +70,7 @@ impl Request {
             forgotten: false,
             internal: false,
             segs: Segments::default(),
+            data: None,
             window: None,
             dest: None,
             core: None,
@@ -80,6 +83,29 @@ fn not_connected(e: xmx_mx::Error) -> Failure {
 }
 
 impl Endpoint {
+    /// An eager send `seq` was handed to the core as `id`: MX completes it
+    /// once its data is buffered (the ack arrives later), up to the zombie
+    /// limit; beyond it, at its ack.
+    pub(super) fn eager_sent(&self, st: &mut State, seq: u64, id: RequestId) {
+        if self.zombie_max > 0 && st.zombies < self.zombie_max {
+            st.zombies += 1;
+            st.links.insert(id, Link::Zombie);
+            let mut len = 0;
+            if let Some(r) = st.requests.get_mut(&seq) {
+                r.code = Status::Success;
+                r.xfer_length = r.msg_length;
+                len = r.msg_length;
+            }
+            counters::add(Counter::BytesSent, len as u64);
+            self.complete(st, seq);
+        } else {
+            st.links.insert(id, Link::Request(seq));
+            if let Some(r) = st.requests.get_mut(&seq) {
+                r.core = Some(id);
+            }
+        }
+    }
+
     /// `mx_isend` (`sync == false`) and `mx_issend` (`sync == true`).
     /// Returns the request token.
     pub fn isend(
@@ -107,28 +133,20 @@ impl Endpoint {
             r.dest = Some(peer);
             if eager {
                 let data = segs.gather();
+                if !st.waiting_large.is_empty() {
+                    // Behind a LARGE send still waiting for a window: sent
+                    // after it, so messages keep their posting order.
+                    r.data = Some(data);
+                    let seq = ep.new_request(st, r);
+                    st.waiting_large.push_back(seq);
+                    return Ok(ep.token(seq));
+                }
                 let id = st
                     .core
                     .send(now, peer, match_info, &data)
                     .map_err(not_connected)?;
                 let seq = ep.new_request(st, r);
-                if ep.zombie_max > 0 && st.zombies < ep.zombie_max {
-                    // MX completes a send once its data is buffered; the
-                    // ack arrives later.
-                    st.zombies += 1;
-                    st.links.insert(id, Link::Zombie);
-                    if let Some(r) = st.requests.get_mut(&seq) {
-                        r.code = Status::Success;
-                        r.xfer_length = len;
-                    }
-                    counters::add(Counter::BytesSent, len as u64);
-                    ep.complete(st, seq);
-                } else {
-                    st.links.insert(id, Link::Request(seq));
-                    if let Some(r) = st.requests.get_mut(&seq) {
-                        r.core = Some(id);
-                    }
-                }
+                ep.eager_sent(st, seq, id);
                 Ok(ep.token(seq))
             } else {
                 r.segs = segs;

@@ -7,13 +7,16 @@
 //! [`Doorbell`], which is what blocked calls wait on.
 //!
 //! - [`loopback`]: the endpoints of this process, delivered in memory.
-//! - `native` (to come): the backend's engine in this process on an
-//!   AF_PACKET interface.
-//! - `xen` (to come): a guest's shared rings to the dom0 backend; its port
-//!   rings the doorbell from the event channel, and its regions grant pages
-//!   (with the registration cache of [`rcache`]).
+//! - [`native`]: the backend's engine in this process on an AF_PACKET
+//!   interface ([`engine_msgs`] converts between the core's frames and the
+//!   engine's messages).
+//! - [`xen`]: a guest's shared rings to the dom0 backend; its driver thread
+//!   rings the doorbell from the event channel, and LARGE data goes through
+//!   granted windows kept by the frontend's registration cache.
 //!
-//! `XMX_TRANSPORT=loopback|native|xen` selects one (see [`select`]).
+//! `XMX_TRANSPORT=loopback|native|xen` selects one (see [`select`]); without
+//! it, `XMX_FRONTD_SOCKET` (a guest daemon to talk to) selects xen, else
+//! `XMX_IFACE` selects native unless a Xen frontend is present.
 
 use std::sync::Arc;
 
@@ -26,9 +29,12 @@ use crate::errors::{Failure, MxResult};
 use crate::segments::Segments;
 use crate::settings::{Settings, TransportKind};
 
+pub mod engine_msgs;
 pub mod loopback;
+pub mod native;
 pub mod peers;
 pub mod rcache;
+pub mod xen;
 
 /// What a board reports about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,15 +207,15 @@ pub fn refusal(frame: &Frame<Vec<u8>>, nack: NackType) -> Option<Frame<Vec<u8>>>
 /// The transport `XMX_TRANSPORT` names.
 pub fn select(settings: &Settings) -> MxResult<Arc<dyn Transport>> {
     match settings.transport {
+        TransportKind::Loopback if xen::is_default(|k| std::env::var(k).ok()) => {
+            xen::process_wide()
+        }
+        TransportKind::Loopback if native::is_default(|k| std::env::var(k).ok()) => {
+            native::process_wide()
+        }
         TransportKind::Loopback => Ok(loopback::Loopback::process_wide()),
-        TransportKind::Native => Err(Failure::new(
-            MxReturn::NoDriver,
-            "XMX_TRANSPORT=native: the native transport is not available in this build yet",
-        )),
-        TransportKind::Xen => Err(Failure::new(
-            MxReturn::NoDriver,
-            "XMX_TRANSPORT=xen: the Xen transport is not available in this build yet",
-        )),
+        TransportKind::Native => native::process_wide(),
+        TransportKind::Xen => xen::process_wide(),
     }
 }
 

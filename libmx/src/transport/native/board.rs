@@ -1,0 +1,817 @@
+//! The native board: one engine with one virtual NIC (this process), its
+//! link, and the state of each open endpoint, behind the transport's lock.
+//!
+//! Whoever holds the lock moves the engine forward: the driver thread when
+//! frames arrive or timers fall due, an application thread when its endpoint
+//! posts a frame or a pull. After every input the holder [pumps](Board::pump)
+//! the engine's outputs: frames onto the link, events into the endpoints'
+//! mailboxes, host replies into the peer table. Doorbells are rung by the
+//! caller once the lock is released ([`Board::take_rings`]), so a woken
+//! thread does not run straight into the lock.
+//!
+//! # Lingering
+//!
+//! An exchange ends with an ack, and the side that sends it may close its
+//! endpoint (and exit) at once; if that ack is lost, the peer resends its
+//! last frame to nobody and never completes. A closed endpoint may therefore
+//! linger (`XMX_LINGER_MS`), as a TCP connection lingers in TIME_WAIT: its
+//! buffers are unmapped and nothing reaches the application any more, but a
+//! frame the peer resends, which can only mean the peer missed our last ack,
+//! is answered with that ack again. Frames the endpoint never took in are
+//! not acknowledged, so their senders learn of the closed endpoint (NACK)
+//! once the linger ends.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+
+use xmx_backend::engine::{
+    Engine, EngineConfig, EndpointConfig, GuestConfig, GuestEvent, GuestId, PeerEntry, PeerTable,
+    RegionHandle,
+};
+use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_wire::msg::{EventBody, SendOp, SendRequest};
+use xmx_wire::mxoe::Mac;
+
+use super::memory::NativeMemory;
+use super::peers::{self, CLUSTER};
+use super::wire::Wire;
+use crate::doorbell::Doorbell;
+use crate::segments::Segments;
+use crate::transport::engine_msgs::{self, Inbound, Outbound, PeerSessions};
+use crate::transport::rcache::RegCache;
+use crate::transport::{OpenError, PullProgress};
+
+/// The engine's only guest: this process.
+pub const GUEST: GuestId = GuestId(0);
+/// Send-queue slots per endpoint: one MEDIUM message (8 fragments), which
+/// the engine copies out before `handle_send` returns.
+const SEND_QUEUE_SLOTS: u16 = 8;
+/// Receive-queue slots per endpoint: fragments stay in a slot only from
+/// their arrival to the end of the same pump, so this bounds a burst; empty
+/// slots cost no buffer.
+const RECV_QUEUE_SLOTS: u16 = 4096;
+/// Region ids per endpoint (the wire's 8-bit RDMA window id).
+const REGION_IDS: usize = 256;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What an endpoint's port and regions take without the board's lock.
+pub struct Mailbox {
+    frames: Mutex<VecDeque<Frame<Vec<u8>>>>,
+    pulls: Mutex<VecDeque<(RequestId, Result<(), Status>)>>,
+    doorbell: Arc<Doorbell>,
+}
+
+impl Mailbox {
+    /// The next frame for the endpoint's protocol core.
+    pub fn next_frame(&self) -> Option<Frame<Vec<u8>>> {
+        lock(&self.frames).pop_front()
+    }
+
+    /// The next pull that finished.
+    pub fn next_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
+        lock(&self.pulls).pop_front()
+    }
+
+    /// Wakes whoever waits on the endpoint.
+    pub fn ring(&self) {
+        self.doorbell.ring();
+    }
+}
+
+/// The peer table as lookups see it: a copy readers take without the board's
+/// lock, and a signal for threads waiting for a hostname to be learnt.
+#[derive(Default)]
+pub struct PeerView {
+    table: RwLock<PeerTable>,
+    learnt: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl PeerView {
+    /// Reads the table.
+    pub fn read<T>(&self, f: impl FnOnce(&PeerTable) -> T) -> T {
+        f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// How many hostnames have been learnt so far.
+    pub fn learnt(&self) -> u64 {
+        *lock(&self.learnt)
+    }
+
+    /// Waits until more than `seen` hostnames were learnt or `deadline`
+    /// passes.
+    pub fn wait_learnt(&self, seen: u64, deadline: Instant) {
+        let mut n = lock(&self.learnt);
+        while *n == seen {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            n = self
+                .changed
+                .wait_timeout(n, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn publish(&self, table: PeerTable, learnt: bool) {
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = table;
+        if learnt {
+            *lock(&self.learnt) += 1;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// A send's buffer, registered as a window peers pull from.
+struct Window {
+    seqnum: u8,
+    handle: RegionHandle,
+    /// Kept mapped after release (registration cache).
+    cached: bool,
+}
+
+/// A receive's buffer, registered while a pull writes into it.
+struct Sink {
+    id: RequestId,
+    region: u8,
+    handle: RegionHandle,
+}
+
+/// An open endpoint as the board keeps it.
+struct Slot {
+    mailbox: Arc<Mailbox>,
+    session: u32,
+    sessions: PeerSessions,
+    windows: HashMap<u8, Window>,
+    /// Pulls in progress, by the tag of their request.
+    sinks: HashMap<u32, Sink>,
+    generations: [u8; REGION_IDS],
+    cursor: u8,
+    next_tag: u32,
+    cache: Option<RegCache<RegionHandle>>,
+    /// The last explicit ack sent to each partner, replayed while lingering.
+    last_acks: HashMap<PeerAddr, SendRequest>,
+    /// Closed, answering resent frames until then.
+    lingering: Option<Instant>,
+}
+
+impl Slot {
+    fn tag(&mut self) -> u32 {
+        self.next_tag = self.next_tag.wrapping_add(1);
+        self.next_tag
+    }
+
+    /// A region id neither a window nor a pull uses, the least recently
+    /// handed out first so a stale PULL rarely finds its id reused.
+    fn free_region(&mut self) -> Option<u8> {
+        let start = self.cursor;
+        let id = (0..=255u8).map(|k| start.wrapping_add(k)).find(|id| {
+            !self.windows.contains_key(id) && !self.sinks.values().any(|s| s.region == *id)
+        })?;
+        self.cursor = id.wrapping_add(1);
+        Some(id)
+    }
+}
+
+/// Counters of what went wrong on the board, for the logs and the tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BoardCounters {
+    /// Frames the link refused.
+    pub tx_errors: u64,
+    /// Frames of the core no request exists for.
+    pub unsendable: u64,
+    /// Requests the engine found malformed (a library bug).
+    pub violations: u64,
+    /// Events that could not become frames.
+    pub unreadable: u64,
+}
+
+/// The engine, its link and the endpoints. See the module documentation.
+pub struct Board {
+    engine: Engine,
+    wire: Box<dyn Wire>,
+    memory: NativeMemory,
+    slots: HashMap<u8, Slot>,
+    view: Arc<PeerView>,
+    entries: Vec<PeerEntry>,
+    next_region: u64,
+    rings: Vec<Arc<Mailbox>>,
+    /// Acks to repeat for lingering endpoints.
+    replay: Vec<(u8, SendRequest)>,
+    counters: BoardCounters,
+    /// The timer the driver thread sleeps until (`None`: none), so a thread
+    /// arming an earlier one knows to wake it.
+    pub driver_wake: Option<Instant>,
+}
+
+impl Board {
+    /// A board on `wire` named `hostname` with peer table `entries`, which
+    /// it publishes in `view`.
+    pub fn new(
+        config: EngineConfig,
+        wire: Box<dyn Wire>,
+        hostname: &str,
+        entries: Vec<PeerEntry>,
+        view: Arc<PeerView>,
+    ) -> Result<Board, String> {
+        let memory = NativeMemory::default();
+        let mut engine = Engine::new(config);
+        engine
+            .add_guest(GuestConfig {
+                id: GUEST,
+                mac: wire.mac(),
+                cluster: CLUSTER,
+                hostname: hostname.to_owned(),
+                memory: Box::new(memory.clone()),
+            })
+            .map_err(|e| format!("board {}: {e}", wire.mac()))?;
+        let mut board = Board {
+            engine,
+            wire,
+            memory,
+            slots: HashMap::new(),
+            view,
+            entries: Vec::new(),
+            next_region: 1,
+            rings: Vec::new(),
+            replay: Vec::new(),
+            counters: BoardCounters::default(),
+            driver_wake: None,
+        };
+        board.set_peers(entries, false)?;
+        Ok(board)
+    }
+
+    /// The board address.
+    pub fn mac(&self) -> Mac {
+        self.wire.mac()
+    }
+
+    /// What went wrong so far.
+    pub fn counters(&self) -> &BoardCounters {
+        &self.counters
+    }
+
+    /// The link's descriptor.
+    pub fn wire_fd(&self) -> std::os::fd::RawFd {
+        self.wire.fd()
+    }
+
+    /// The peer entries.
+    pub fn entries(&self) -> &[PeerEntry] {
+        &self.entries
+    }
+
+    /// Replaces the peer table.
+    pub fn set_peers(&mut self, entries: Vec<PeerEntry>, learnt: bool) -> Result<(), String> {
+        self.engine
+            .set_peers(entries.iter().cloned())
+            .map_err(|e| format!("peer table: {e}"))?;
+        self.entries = entries;
+        self.view.publish(self.engine.peers().clone(), learnt);
+        Ok(())
+    }
+
+    /// Renames the board: its virtual NIC is attached again under the new
+    /// name, which only an idle board allows.
+    pub fn rename(&mut self, hostname: &str) -> Result<(), String> {
+        peers::check_hostname(hostname)?;
+        if !self.slots.is_empty() {
+            return Err("endpoints are open".into());
+        }
+        let mac = self.mac();
+        self.engine
+            .remove_guest(GUEST)
+            .map_err(|e| format!("renaming: {e}"))?;
+        self.engine
+            .add_guest(GuestConfig {
+                id: GUEST,
+                mac,
+                cluster: CLUSTER,
+                hostname: hostname.to_owned(),
+                memory: Box::new(self.memory.clone()),
+            })
+            .map_err(|e| format!("renaming: {e}"))?;
+        let entries = peers::with_peer(&self.entries, mac, Some(hostname))?;
+        self.set_peers(entries, true)
+    }
+
+    /// Asks the board at `mac` for its hostname.
+    pub fn query(&mut self, now: Instant, mac: Mac) {
+        if let Err(e) = self.engine.host_query(now, GUEST, mac) {
+            tracing::warn!(%e, %mac, "host query not sent");
+        }
+    }
+
+    /// Opens endpoint `endpoint` (or the lowest free one) with session
+    /// `session`; arrivals ring `doorbell`.
+    pub fn open(
+        &mut self,
+        endpoint: Option<u8>,
+        session: u32,
+        doorbell: Arc<Doorbell>,
+        rcache: bool,
+    ) -> Result<(u8, Arc<Mailbox>), OpenError> {
+        let busy = |slots: &HashMap<u8, Slot>, i: &u8| {
+            slots.get(i).is_some_and(|s| s.lingering.is_none())
+        };
+        let index = match endpoint {
+            Some(i) if busy(&self.slots, &i) => return Err(OpenError::Busy(i)),
+            Some(i) => i,
+            None => (0..=255u8)
+                .find(|i| !self.slots.contains_key(i))
+                .or_else(|| (0..=255u8).find(|i| !busy(&self.slots, i)))
+                .ok_or(OpenError::NoResources)?,
+        };
+        // A new endpoint on a lingering index ends the linger.
+        self.finish_close(index);
+        let config = EndpointConfig {
+            session_id: session,
+            send_queue_slots: SEND_QUEUE_SLOTS,
+            recv_queue_slots: RECV_QUEUE_SLOTS,
+        };
+        self.engine
+            .open_endpoint(GUEST, index, config)
+            .map_err(|e| {
+                tracing::warn!(%e, index, "engine refused the endpoint");
+                OpenError::NoResources
+            })?;
+        self.memory
+            .add_endpoint(index, SEND_QUEUE_SLOTS, RECV_QUEUE_SLOTS);
+        let mailbox = Arc::new(Mailbox {
+            frames: Mutex::new(VecDeque::new()),
+            pulls: Mutex::new(VecDeque::new()),
+            doorbell,
+        });
+        self.slots.insert(
+            index,
+            Slot {
+                mailbox: mailbox.clone(),
+                session,
+                sessions: PeerSessions::default(),
+                windows: HashMap::new(),
+                sinks: HashMap::new(),
+                generations: [0; REGION_IDS],
+                cursor: 0,
+                next_tag: 0,
+                cache: rcache.then(RegCache::default),
+                last_acks: HashMap::new(),
+                lingering: None,
+            },
+        );
+        tracing::debug!(index, session, "native endpoint open");
+        Ok((index, mailbox))
+    }
+
+    /// Closes endpoint `index`: its buffers are unmapped and the
+    /// application hears nothing more. With a `linger` and acks to repeat it
+    /// stays open for the engine until `now + linger` (see the module
+    /// documentation), else it closes at once: the engine forgets it and
+    /// NACKs later packets for it.
+    pub fn close(&mut self, now: Instant, index: u8, linger: std::time::Duration) {
+        let Some(slot) = self.slots.get_mut(&index) else {
+            return;
+        };
+        if slot.lingering.is_some() {
+            return;
+        }
+        let mut handles: Vec<RegionHandle> = Vec::new();
+        for (id, w) in slot.windows.drain() {
+            let _ = self.engine.deregister_region(GUEST, index, id);
+            handles.push(w.handle);
+        }
+        for (_, sink) in slot.sinks.drain() {
+            // Aborts the pull writing into it.
+            let _ = self.engine.deregister_region(GUEST, index, sink.region);
+            handles.push(sink.handle);
+        }
+        if let Some(mut cache) = slot.cache.take() {
+            handles.extend(cache.invalidate(0, usize::MAX));
+        }
+        let linger = (!linger.is_zero() && !slot.last_acks.is_empty()).then(|| now + linger);
+        slot.lingering = linger;
+        lock(&slot.mailbox.frames).clear();
+        lock(&slot.mailbox.pulls).clear();
+        for h in handles {
+            self.memory.remove_region(h);
+        }
+        match linger {
+            Some(until) => tracing::debug!(index, ?until, "native endpoint lingering"),
+            None => self.finish_close(index),
+        }
+    }
+
+    /// Forgets endpoint `index` for good.
+    fn finish_close(&mut self, index: u8) {
+        if self.slots.remove(&index).is_none() {
+            return;
+        }
+        if let Err(e) = self.engine.close_endpoint(GUEST, index) {
+            tracing::warn!(%e, index, "closing a native endpoint");
+        }
+        self.memory.remove_endpoint(index);
+        tracing::debug!(index, "native endpoint closed");
+    }
+
+    /// When the last lingering endpoint closes for good, if one lingers.
+    pub fn lingering_until(&self) -> Option<Instant> {
+        self.slots.values().filter_map(|s| s.lingering).max()
+    }
+
+    fn new_region_handle(&mut self) -> RegionHandle {
+        let h = RegionHandle(self.next_region);
+        self.next_region += 1;
+        h
+    }
+
+    /// Posts a frame of endpoint `index`'s core, converted.
+    pub fn post(&mut self, now: Instant, index: u8, out: Outbound) {
+        let Some(slot) = self.slots.get_mut(&index) else {
+            return;
+        };
+        let tag = slot.tag();
+        let request = match out {
+            Outbound::Request(mut r) => {
+                r.tag = tag;
+                r
+            }
+            Outbound::Medium(m) => {
+                let slots: Vec<u16> = (0..m.fragments.len() as u16).collect();
+                let request = match m.request(tag, &slots) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.counters.unsendable += 1;
+                        tracing::warn!(%e, "MEDIUM message not sent");
+                        return;
+                    }
+                };
+                for (slot, data) in slots.into_iter().zip(m.fragments) {
+                    self.memory.put_send_fragment(index, slot, data);
+                }
+                request
+            }
+        };
+        if let (SendOp::Liback(_), Some(slot)) = (&request.op, self.slots.get_mut(&index)) {
+            let partner = PeerAddr::new(request.route.peer_index, request.route.endpoint);
+            slot.last_acks.insert(partner, request);
+        }
+        if let Err(v) = self.engine.handle_send(now, GUEST, index, &request) {
+            // The request came from our own protocol core: a bug, not an attack.
+            self.counters.violations += 1;
+            tracing::warn!(%v, ?request, "engine refused a request of the library");
+        }
+    }
+
+    /// Counts a frame that has no request.
+    pub fn unsendable(&mut self, e: &engine_msgs::Unsendable) {
+        self.counters.unsendable += 1;
+        tracing::debug!(%e, "frame not sent");
+    }
+
+    /// Registers a LARGE send's buffer as a window of endpoint `index`.
+    pub fn register_window(&mut self, index: u8, data: &Segments) -> Option<RdmaWindow> {
+        if data.is_empty() {
+            tracing::warn!("empty LARGE window refused");
+            return None;
+        }
+        let fresh = self.new_region_handle();
+        let slot = self.slots.get_mut(&index)?;
+        let id = slot.free_region()?;
+        let (handle, cached, new) = match (&mut slot.cache, data.parts()) {
+            (Some(cache), &[(addr, len)]) => match cache.get(addr, len) {
+                Some(&h) => (h, true, false),
+                None => {
+                    cache.insert(addr, len, fresh);
+                    (fresh, true, true)
+                }
+            },
+            _ => (fresh, false, true),
+        };
+        if new {
+            self.memory.add_region(handle, data.clone());
+        }
+        if let Err(e) = self
+            .engine
+            .register_region(GUEST, index, id, handle, data.len() as u64)
+        {
+            tracing::warn!(%e, "LARGE window not registered");
+            if !cached {
+                self.memory.remove_region(handle);
+            }
+            return None;
+        }
+        let seqnum = slot.generations[usize::from(id)].wrapping_add(1);
+        slot.generations[usize::from(id)] = seqnum;
+        slot.windows.insert(
+            id,
+            Window {
+                seqnum,
+                handle,
+                cached,
+            },
+        );
+        Some(RdmaWindow {
+            id,
+            seqnum,
+            offset: 0,
+        })
+    }
+
+    /// A LARGE send is over: peers may not pull from its window any more.
+    pub fn release_window(&mut self, index: u8, window: RdmaWindow) {
+        let Some(slot) = self.slots.get_mut(&index) else {
+            return;
+        };
+        if !slot
+            .windows
+            .get(&window.id)
+            .is_some_and(|w| w.seqnum == window.seqnum)
+        {
+            return;
+        }
+        let Some(w) = slot.windows.remove(&window.id) else {
+            return;
+        };
+        if let Err(e) = self.engine.deregister_region(GUEST, index, window.id) {
+            tracing::warn!(%e, "releasing a LARGE window");
+        }
+        if !w.cached {
+            self.memory.remove_region(w.handle);
+        }
+    }
+
+    /// Forgets cached registrations overlapping `[addr, addr + len)`.
+    pub fn invalidate(&mut self, index: u8, addr: usize, len: usize) {
+        let Some(slot) = self.slots.get_mut(&index) else {
+            return;
+        };
+        let Some(cache) = &mut slot.cache else {
+            return;
+        };
+        for h in cache.invalidate(addr, len) {
+            let in_use = slot.windows.values_mut().filter(|w| w.handle == h);
+            let mut used = false;
+            for w in in_use {
+                // Unmapped when its send is released.
+                w.cached = false;
+                used = true;
+            }
+            if !used {
+                self.memory.remove_region(h);
+            }
+        }
+    }
+
+    /// Hits and misses of endpoint `index`'s registration cache.
+    pub fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
+        let c = self.slots.get(&index)?.cache.as_ref()?;
+        Some((c.hits, c.misses))
+    }
+
+    /// Starts pulling `length` bytes of `source`'s `window` into `dest` for
+    /// receive `id` of endpoint `index`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_pull(
+        &mut self,
+        now: Instant,
+        index: u8,
+        id: RequestId,
+        source: PeerAddr,
+        window: RdmaWindow,
+        dest: &Segments,
+        length: u32,
+    ) -> PullProgress {
+        if length == 0 {
+            return PullProgress::Done(Ok(()));
+        }
+        if length as usize > dest.len() {
+            return PullProgress::Done(Err(Status::BadRdmawin));
+        }
+        let handle = self.new_region_handle();
+        let Some(slot) = self.slots.get_mut(&index) else {
+            return PullProgress::Done(Err(Status::Aborted));
+        };
+        let Some(session) = slot.sessions.get(source) else {
+            tracing::warn!(?source, "no session known for the sender of a LARGE message");
+            return PullProgress::Done(Err(Status::EndpointUnreachable));
+        };
+        let Some(region) = slot.free_region() else {
+            tracing::warn!(index, "every region id is in use");
+            return PullProgress::Done(Err(Status::NoResources));
+        };
+        self.memory.add_region(handle, dest.clone());
+        if let Err(e) = self
+            .engine
+            .register_region(GUEST, index, region, handle, dest.len() as u64)
+        {
+            tracing::warn!(%e, "pull destination not registered");
+            self.memory.remove_region(handle);
+            return PullProgress::Done(Err(Status::NoResources));
+        }
+        let tag = slot.tag();
+        slot.sinks.insert(
+            tag,
+            Sink {
+                id,
+                region,
+                handle,
+            },
+        );
+        let request = engine_msgs::pull_request(tag, source, session, window, region, length);
+        if let Err(v) = self.engine.handle_send(now, GUEST, index, &request) {
+            self.counters.violations += 1;
+            tracing::warn!(%v, "engine refused a pull");
+            if let Some(slot) = self.slots.get_mut(&index) {
+                slot.sinks.remove(&tag);
+            }
+            let _ = self.engine.deregister_region(GUEST, index, region);
+            self.memory.remove_region(handle);
+            return PullProgress::Done(Err(Status::Aborted));
+        }
+        PullProgress::Started
+    }
+
+    /// Takes in every frame waiting on the link; returns how many.
+    pub fn receive(&mut self, now: Instant) -> usize {
+        let Board { wire, engine, .. } = self;
+        wire.recv(&mut |frame| engine.handle_frame(now, frame))
+    }
+
+    /// Runs the engine's timers if one is due.
+    pub fn timers(&mut self, now: Instant) {
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+        let over: Vec<u8> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.lingering.is_some_and(|t| t <= now))
+            .map(|(i, _)| *i)
+            .collect();
+        for index in over {
+            self.finish_close(index);
+        }
+    }
+
+    /// When the board next needs [`Board::timers`].
+    pub fn next_timer(&self) -> Option<Instant> {
+        let linger = self.slots.values().filter_map(|s| s.lingering).min();
+        match (self.engine.poll_timeout(), linger) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves the engine's outputs on: frames to the link, events to the
+    /// mailboxes, host replies to the peer table.
+    pub fn pump(&mut self) {
+        self.send_transmits();
+        while let Some(ev) = self.engine.poll_event() {
+            self.deliver(ev);
+        }
+        if !self.replay.is_empty() {
+            let now = Instant::now();
+            for (index, ack) in std::mem::take(&mut self.replay) {
+                if let Err(v) = self.engine.handle_send(now, GUEST, index, &ack) {
+                    tracing::debug!(%v, "repeated ack refused");
+                }
+            }
+            self.send_transmits();
+        }
+        let mut learnt = false;
+        while let Some(reply) = self.engine.poll_host_reply() {
+            let name = String::from_utf8_lossy(&reply.hostname).into_owned();
+            let known = self
+                .entries
+                .iter()
+                .any(|e| e.mac == reply.from && e.hostname == name);
+            if known || peers::check_hostname(&name).is_err() {
+                continue;
+            }
+            if !self.entries.iter().any(|e| e.mac == reply.from) {
+                continue;
+            }
+            match peers::with_peer(&self.entries, reply.from, Some(&name)) {
+                Ok(entries) => {
+                    self.entries = entries;
+                    learnt = true;
+                    tracing::debug!(mac = %reply.from, %name, "hostname learnt");
+                }
+                Err(e) => tracing::debug!(%e, "host reply ignored"),
+            }
+        }
+        if learnt {
+            let entries = self.entries.clone();
+            if let Err(e) = self.set_peers(entries, true) {
+                tracing::warn!(%e, "learnt hostnames not applied");
+            }
+        }
+    }
+
+    /// Puts the engine's frames on the link, then makes it send them.
+    fn send_transmits(&mut self) {
+        let mut sent = false;
+        while let Some(t) = self.engine.poll_transmit() {
+            if let Err(e) = self.wire.send(&t.bytes) {
+                self.counters.tx_errors += 1;
+                tracing::debug!(%e, "frame lost on the link");
+            }
+            self.engine.recycle(t);
+            sent = true;
+        }
+        if sent {
+            if let Err(e) = self.wire.flush() {
+                self.counters.tx_errors += 1;
+                tracing::debug!(%e, "frames lost on the link");
+            }
+        }
+    }
+
+    fn deliver(&mut self, ev: GuestEvent) {
+        let GuestEvent {
+            endpoint, event, ..
+        } = ev;
+        let Some(slot) = self.slots.get_mut(&endpoint) else {
+            return;
+        };
+        let memory = &self.memory;
+        let converted = engine_msgs::incoming(endpoint, slot.session, &event, |s, len| {
+            memory.take_recv_fragment(endpoint, s, len)
+        });
+        if let EventBody::RecvMedium { frag, .. } = &event.body {
+            if let Err(v) = self
+                .engine
+                .release_recvq_slot(GUEST, endpoint, frag.recvq_slot)
+            {
+                tracing::warn!(%v, "receive-queue slot not given back");
+            }
+        }
+        if slot.lingering.is_some() {
+            // Only a resent message or NOTIFY calls for our last ack again.
+            let resent = matches!(
+                &converted,
+                Ok(Inbound::Frame(Frame {
+                    body: Body::Message(_) | Body::Notify(_),
+                    ..
+                }))
+            );
+            if let (true, Ok(Inbound::Frame(f))) = (resent, &converted) {
+                if let Some(mut ack) = slot.last_acks.get(&f.source()).copied() {
+                    if let SendOp::Liback(a) = &mut ack.op {
+                        a.resent = true;
+                    }
+                    tracing::debug!(endpoint, peer = ?f.source(), "last ack repeated");
+                    self.replay.push((endpoint, ack));
+                }
+            }
+            return;
+        }
+        let mailbox = slot.mailbox.clone();
+        match converted {
+            Ok(Inbound::Frame(f)) => {
+                slot.sessions.observe(&f);
+                lock(&mailbox.frames).push_back(f);
+            }
+            Ok(Inbound::Completed { tag, result }) => {
+                let Some(sink) = slot.sinks.remove(&tag) else {
+                    if let Err(status) = result {
+                        // A frame refused before the wire: lost, as on a
+                        // wire; the core sends it again or times out.
+                        tracing::debug!(%status, tag, "send refused by the engine");
+                    }
+                    return;
+                };
+                if let Err(e) = self.engine.deregister_region(GUEST, endpoint, sink.region) {
+                    tracing::debug!(%e, "pull destination already gone");
+                }
+                self.memory.remove_region(sink.handle);
+                lock(&mailbox.pulls).push_back((sink.id, result.map(|_| ())));
+            }
+            Err(e) => {
+                self.counters.unreadable += 1;
+                tracing::warn!(%e, "event dropped");
+                return;
+            }
+        }
+        if !self.rings.iter().any(|m| Arc::ptr_eq(m, &mailbox)) {
+            self.rings.push(mailbox);
+        }
+    }
+
+    /// The mailboxes that got something since the last call: ring them once
+    /// the lock is released.
+    pub fn take_rings(&mut self) -> Vec<Arc<Mailbox>> {
+        std::mem::take(&mut self.rings)
+    }
+
+    /// Regions the memory maps (windows, pull destinations, cached).
+    pub fn mapped_regions(&self) -> usize {
+        self.memory.regions()
+    }
+}

@@ -1,0 +1,576 @@
+//! The native transport: the backend's MX engine and the AF_PACKET NIC in
+//! this process, without Xen.
+//!
+//! The process is one MX board on the interface `XMX_IFACE`: one engine
+//! ([`xmx_backend::engine`]) serving one virtual NIC whose board address is
+//! the interface's MAC, on a [`PacketSocket`]. Endpoints reach the engine
+//! through in-process queues: a frame the protocol core emits becomes the
+//! engine's send request at once, in the calling thread; an event the engine
+//! produces becomes a frame in the endpoint's mailbox. LARGE data moves
+//! between the wire and the application's buffers directly: the engine's
+//! regions are the application's memory ([`memory`]).
+//!
+//! Frames arriving are taken in by whoever gets there first: the
+//! [`driver`] thread (asleep on the socket until then), or an application
+//! thread that polls its endpoint.
+//!
+//! One process per interface: the board owns the interface's MAC, and two
+//! boards with one MAC would both take every frame addressed to it.
+//!
+//! Environment (read at `mx_init`; see libmx/README.md):
+//! `XMX_IFACE`, `XMX_HOSTNAME`, `XMX_PEERS`, `XMX_NIC_SPIN_US`,
+//! `XMX_QDISC_BYPASS`, `XMX_ACK_DELAY_US`, `XMX_RESEND_DELAY_US`,
+//! `XMX_PULL_TIMEOUT_MS`, `XMX_DISCOVERY_MS`, `XMX_LINGER_MS`.
+
+mod board;
+mod driver;
+mod memory;
+mod peers;
+mod port;
+mod wire;
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xmx_backend::engine::EngineConfig;
+use xmx_backend::nic::{NicConfig, PacketSocket};
+use xmx_mx::Config;
+use xmx_wire::mxoe::Mac;
+
+use super::{BoardInfo, OpenError, Port, RawPort, Transport};
+use crate::abi::MxReturn;
+use crate::doorbell::Doorbell;
+use crate::errors::{Failure, MxResult};
+
+pub use board::BoardCounters;
+pub use peers::{board_name, PeerSpec};
+pub use wire::{SeqpacketWire, Wire};
+
+use board::{Board, PeerView};
+use driver::WakeFd;
+use port::NativePort;
+
+/// Endpoints of the native board (MXoE's 8-bit endpoint id).
+pub const MAX_ENDPOINTS: u32 = 256;
+/// Default delay of an explicit ack: none. A LARGE receive completes only
+/// when its NOTIFY is acknowledged, and a sender that exits right after its
+/// own completion must have let that ack out first: an ack sent while the
+/// frame that called for it is taken in leaves before the application hears
+/// of any completion (Open-MX also acks a NOTIFY at once in MX-compatible
+/// mode).
+pub const DEFAULT_ACK_DELAY: Duration = Duration::ZERO;
+
+/// What the native transport is configured with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NativeConfig {
+    /// `XMX_IFACE`: the interface.
+    pub iface: String,
+    /// `XMX_HOSTNAME` (else the system hostname), as `host:board`.
+    pub hostname: String,
+    /// `XMX_PEERS`: the peers listed in that file.
+    pub peers: Vec<PeerSpec>,
+    /// `XMX_NIC_SPIN_US` (default 0): how long the driver thread polls the
+    /// link after traffic before it sleeps.
+    pub nic_spin: Duration,
+    /// `XMX_QDISC_BYPASS` (default 1): frames skip the interface's queueing
+    /// discipline (0 lets `tc` shape or impair them).
+    pub qdisc_bypass: bool,
+    /// `XMX_ACK_DELAY_US`: the library's explicit-ack delay.
+    pub ack_delay: Duration,
+    /// `XMX_RESEND_DELAY_US`: the library's first retransmission delay
+    /// (default: MX's).
+    pub resend_delay: Option<Duration>,
+    /// `XMX_PULL_TIMEOUT_MS`: how long a pull waits for replies before it
+    /// asks again (default: the engine's).
+    pub pull_timeout: Option<Duration>,
+    /// `XMX_DISCOVERY_MS` (default 1000): how long a hostname lookup waits
+    /// for HOST_REPLY answers.
+    pub discovery_wait: Duration,
+    /// `XMX_LINGER_MS` (default 0): how long a closed endpoint still repeats
+    /// its last acks to peers that resend (see `board`); `mx_finalize` waits
+    /// for the lingering endpoints.
+    pub linger: Duration,
+}
+
+fn system_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length; gethostname
+    // writes at most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+impl NativeConfig {
+    /// Reads the configuration through `lookup` (e.g. the environment).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let iface = lookup("XMX_IFACE")
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .ok_or("XMX_IFACE names no interface")?;
+        let hostname = board_name(&lookup("XMX_HOSTNAME").unwrap_or_else(system_hostname));
+        peers::check_hostname(&hostname)?;
+        let peers = match lookup("XMX_PEERS").filter(|p| !p.trim().is_empty()) {
+            None => Vec::new(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path.trim())
+                    .map_err(|e| format!("XMX_PEERS={path}: {e}"))?;
+                peers::parse_specs(&text).map_err(|e| format!("XMX_PEERS={path}: {e}"))?
+            }
+        };
+        let number = |name: &str| -> Result<Option<u64>, String> {
+            lookup(name)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| format!("{name}={v}: not a number"))
+                })
+                .transpose()
+        };
+        Ok(NativeConfig {
+            iface,
+            hostname,
+            peers,
+            nic_spin: Duration::from_micros(number("XMX_NIC_SPIN_US")?.unwrap_or(0)),
+            qdisc_bypass: number("XMX_QDISC_BYPASS")?.unwrap_or(1) != 0,
+            ack_delay: number("XMX_ACK_DELAY_US")?
+                .map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
+            resend_delay: number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros),
+            pull_timeout: number("XMX_PULL_TIMEOUT_MS")?.map(Duration::from_millis),
+            discovery_wait: Duration::from_millis(number("XMX_DISCOVERY_MS")?.unwrap_or(1000)),
+            linger: Duration::from_millis(number("XMX_LINGER_MS")?.unwrap_or(0)),
+        })
+    }
+
+    fn engine_config(&self) -> EngineConfig {
+        let mut c = EngineConfig::default();
+        if let Some(t) = self.pull_timeout {
+            c.pull_retransmit_timeout = t.max(Duration::from_millis(1));
+        }
+        c
+    }
+}
+
+/// Whether the native transport is the default: no `XMX_TRANSPORT`, an
+/// `XMX_IFACE`, and no Xen frontend device in this domain.
+pub fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
+    lookup("XMX_TRANSPORT").is_none()
+        && lookup("XMX_IFACE").is_some_and(|s| !s.trim().is_empty())
+        && !std::path::Path::new("/dev/xen/evtchn").exists()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the transport, its ports and the driver thread share.
+pub(crate) struct Shared {
+    board: Mutex<Board>,
+    view: Arc<PeerView>,
+    hostname: RwLock<String>,
+    wake: WakeFd,
+    wire_fd: RawFd,
+    stop: AtomicBool,
+    mac: Mac,
+    config: NativeConfig,
+}
+
+impl Shared {
+    /// Runs `f` on the board, pumps the engine, and rings the doorbells of
+    /// the endpoints that got something once the lock is released (rung
+    /// under the lock, a woken thread would run straight into it).
+    fn run<T>(&self, f: impl FnOnce(&mut Board, Instant) -> T) -> T {
+        let (r, rings) = {
+            let mut board = lock(&self.board);
+            self.step(&mut board, f)
+        };
+        for m in rings {
+            m.ring();
+        }
+        r
+    }
+
+    /// As [`Shared::run`] if nobody holds the board, else `None`.
+    fn try_run<T>(&self, f: impl FnOnce(&mut Board, Instant) -> T) -> Option<T> {
+        let (r, rings) = {
+            let mut board = match self.board.try_lock() {
+                Ok(b) => b,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            };
+            self.step(&mut board, f)
+        };
+        for m in rings {
+            m.ring();
+        }
+        Some(r)
+    }
+
+    fn step<T>(
+        &self,
+        board: &mut Board,
+        f: impl FnOnce(&mut Board, Instant) -> T,
+    ) -> (T, Vec<Arc<board::Mailbox>>) {
+        let r = f(board, Instant::now());
+        board.pump();
+        if let Some(t) = board.next_timer() {
+            if board.driver_wake.map_or(true, |w| t < w) {
+                board.driver_wake = Some(t);
+                self.wake.notify();
+            }
+        }
+        (r, board.take_rings())
+    }
+}
+
+/// The native board of this process. See the module documentation.
+pub struct Native {
+    shared: Arc<Shared>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Native {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Native")
+            .field("mac", &self.shared.mac)
+            .field("iface", &self.shared.config.iface)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_u32() -> u32 {
+    let mut v = [0u8; 4];
+    // SAFETY: `v` is writable for the 4 bytes getrandom is told.
+    let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), v.len(), 0) };
+    if n == 4 {
+        return u32::from_ne_bytes(v);
+    }
+    // Without getrandom, the clock still tells two opens apart.
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x5eed, |d| d.subsec_nanos() ^ d.as_secs() as u32)
+}
+
+impl Native {
+    /// Starts a board on `wire` (its MAC is the board address) and its
+    /// driver thread.
+    pub fn start(config: NativeConfig, wire: Box<dyn Wire>) -> Result<Arc<Native>, String> {
+        let mac = wire.mac();
+        let entries = peers::initial_table(mac, &config.hostname, &config.peers)?;
+        let view = Arc::new(PeerView::default());
+        let board = Board::new(
+            config.engine_config(),
+            wire,
+            &config.hostname,
+            entries,
+            view.clone(),
+        )?;
+        let wire_fd = board.wire_fd();
+        let shared = Arc::new(Shared {
+            board: Mutex::new(board),
+            view,
+            hostname: RwLock::new(config.hostname.clone()),
+            wake: WakeFd::new().map_err(|e| format!("eventfd: {e}"))?,
+            wire_fd,
+            stop: AtomicBool::new(false),
+            mac,
+            config,
+        });
+        let for_driver = shared.clone();
+        let driver = std::thread::Builder::new()
+            .name("mx-native".into())
+            .spawn(move || driver::run(for_driver))
+            .map_err(|e| format!("driver thread: {e}"))?;
+        let native = Arc::new(Native {
+            shared,
+            driver: Mutex::new(Some(driver)),
+        });
+        // Ask the peers whose names are unknown now, so the answers are in
+        // by the time the application looks a hostname up.
+        let unnamed = native.unnamed_peers(None);
+        if !unnamed.is_empty() {
+            native.query(&unnamed);
+        }
+        tracing::info!(
+            iface = %native.shared.config.iface,
+            mac = %mac,
+            hostname = %native.shared.config.hostname,
+            "native board up"
+        );
+        Ok(native)
+    }
+
+    /// Opens interface `XMX_IFACE` and starts the board on it.
+    pub fn open(config: NativeConfig) -> Result<Arc<Native>, String> {
+        let nic = NicConfig {
+            qdisc_bypass: config.qdisc_bypass,
+            ..NicConfig::default()
+        };
+        let socket = PacketSocket::open(&config.iface, nic)
+            .map_err(|e| format!("interface {}: {e}", config.iface))?;
+        Native::start(config, Box::new(socket))
+    }
+
+    /// The board address.
+    pub fn mac(&self) -> Mac {
+        self.shared.mac
+    }
+
+    /// What went wrong so far.
+    pub fn counters(&self) -> BoardCounters {
+        lock(&self.shared.board).counters().clone()
+    }
+
+    /// Regions currently mapped for the engine.
+    pub fn mapped_regions(&self) -> usize {
+        lock(&self.shared.board).mapped_regions()
+    }
+
+    /// Hits and misses of endpoint `index`'s registration cache.
+    pub fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
+        lock(&self.shared.board).cache_stats(index)
+    }
+
+    /// Peers without a known hostname (only `only` if given).
+    fn unnamed_peers(&self, only: Option<Mac>) -> Vec<Mac> {
+        let own = self.shared.mac;
+        self.shared.view.read(|t| {
+            t.iter()
+                .filter(|e| e.hostname.is_empty() && e.mac != own)
+                .filter(|e| only.map_or(true, |m| m == e.mac))
+                .map(|e| e.mac)
+                .collect()
+        })
+    }
+
+    fn query(&self, macs: &[Mac]) {
+        self.shared.run(|b, now| {
+            for &m in macs {
+                b.query(now, m);
+            }
+        });
+    }
+
+    /// Looks `find` up in the peer table; while it finds nothing and some
+    /// peers (`only`, if given) are unnamed, asks them by HOST_QUERY and
+    /// waits for answers, up to `XMX_DISCOVERY_MS`.
+    fn discover<T>(
+        &self,
+        only: Option<Mac>,
+        find: impl Fn(&xmx_backend::engine::PeerTable) -> Option<T>,
+    ) -> Option<T> {
+        const REASK: Duration = Duration::from_millis(100);
+        let deadline = Instant::now() + self.shared.config.discovery_wait;
+        loop {
+            let seen = self.shared.view.learnt();
+            if let Some(found) = self.shared.view.read(&find) {
+                return Some(found);
+            }
+            let unnamed = self.unnamed_peers(only);
+            let now = Instant::now();
+            if unnamed.is_empty() || now >= deadline {
+                return None;
+            }
+            self.query(&unnamed);
+            self.shared.view.wait_learnt(seen, deadline.min(now + REASK));
+        }
+    }
+
+    fn board_failure(e: String) -> Failure {
+        Failure::new(MxReturn::BadParamVal, e)
+    }
+}
+
+impl Drop for Native {
+    fn drop(&mut self) {
+        // Lingering endpoints answer through the driver thread until their
+        // time is up; the process must not leave before.
+        let until = lock(&self.shared.board).lingering_until();
+        if let Some(until) = until {
+            let left = until.saturating_duration_since(Instant::now());
+            tracing::debug!(?left, "waiting for lingering endpoints");
+            std::thread::sleep(left);
+        }
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.notify();
+        if let Some(t) = lock(&self.driver).take() {
+            if t.join().is_err() {
+                tracing::warn!("native driver thread panicked");
+            }
+        }
+    }
+}
+
+fn numa_node(iface: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/device/numa_node"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(u32::MAX)
+}
+
+impl Transport for Native {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    fn boards(&self) -> Vec<BoardInfo> {
+        vec![BoardInfo {
+            nic_id: self.shared.mac.to_board_addr(),
+            hostname: self
+                .shared
+                .hostname
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            max_endpoints: MAX_ENDPOINTS,
+            numa_node: numa_node(&self.shared.config.iface),
+        }]
+    }
+
+    fn tune(&self, config: Config) -> Config {
+        let c = &self.shared.config;
+        Config {
+            ack_delay: c.ack_delay,
+            resend_delay: c.resend_delay.unwrap_or(config.resend_delay),
+            ..config
+        }
+    }
+
+    fn open(
+        &self,
+        board: u32,
+        endpoint: Option<u8>,
+        doorbell: Arc<Doorbell>,
+        rcache: bool,
+    ) -> Result<Box<dyn Port>, OpenError> {
+        if board != 0 {
+            return Err(OpenError::BoardUnknown(board));
+        }
+        let session = random_u32();
+        let (index, mailbox) = self
+            .shared
+            .run(|b, _| b.open(endpoint, session, doorbell, rcache))?;
+        Ok(Box::new(NativePort::new(
+            self.shared.clone(),
+            index,
+            session,
+            mailbox,
+        )))
+    }
+
+    fn peer_index(&self, nic_id: u64) -> Option<u16> {
+        let mac = Mac::from_board_addr(nic_id).ok()?;
+        self.shared.view.read(|t| t.by_mac(mac).map(|e| e.index))
+    }
+
+    fn peer_nic_id(&self, peer_index: u16) -> Option<u64> {
+        self.shared
+            .view
+            .read(|t| t.get(peer_index).map(|e| e.mac.to_board_addr()))
+    }
+
+    fn peer_hostname(&self, nic_id: u64) -> Option<String> {
+        let mac = Mac::from_board_addr(nic_id).ok()?;
+        let known = self.shared.view.read(|t| t.by_mac(mac).is_some());
+        if !known {
+            return None;
+        }
+        self.discover(Some(mac), |t| {
+            t.by_mac(mac)
+                .filter(|e| !e.hostname.is_empty())
+                .map(|e| e.hostname.clone())
+        })
+    }
+
+    fn peer_by_hostname(&self, hostname: &str) -> Option<u64> {
+        if hostname.trim().is_empty() {
+            return None;
+        }
+        let board = board_name(hostname);
+        self.discover(None, |t| {
+            t.iter()
+                .find(|e| !e.hostname.is_empty() && (e.hostname == hostname || e.hostname == board))
+                .map(|e| e.mac.to_board_addr())
+        })
+    }
+
+    fn add_peer(&self, nic_id: u64, hostname: Option<&str>) -> MxResult<()> {
+        let mac = Mac::from_board_addr(nic_id)
+            .map_err(|e| Failure::new(MxReturn::BadParamVal, format!("NIC id: {e}")))?;
+        let own = self.shared.mac;
+        self.shared
+            .run(|b, _| {
+                let name = if mac == own { None } else { hostname };
+                let entries = peers::with_peer(b.entries(), mac, name)?;
+                b.set_peers(entries, name.is_some())
+            })
+            .map_err(Native::board_failure)
+    }
+
+    fn remove_peer(&self, nic_id: u64) -> bool {
+        let Ok(mac) = Mac::from_board_addr(nic_id) else {
+            return false;
+        };
+        if mac == self.shared.mac {
+            return false;
+        }
+        self.shared.run(|b, _| {
+            if !b.entries().iter().any(|e| e.mac == mac) {
+                return false;
+            }
+            let entries = peers::without_peer(b.entries(), mac);
+            b.set_peers(entries, false).is_ok()
+        })
+    }
+
+    fn set_hostname(&self, board: u32, hostname: &str) -> MxResult<()> {
+        if board != 0 {
+            return Err(Failure::new(
+                MxReturn::BoardUnknown,
+                format!("no board {board}"),
+            ));
+        }
+        let name = board_name(hostname);
+        self.shared
+            .run(|b, _| b.rename(&name))
+            .map_err(|e| Failure::new(MxReturn::Busy, format!("renaming the board: {e}")))?;
+        *self
+            .shared
+            .hostname
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = name;
+        Ok(())
+    }
+
+    fn open_raw(&self, _board: u32, _doorbell: Arc<Doorbell>) -> MxResult<Box<dyn RawPort>> {
+        Err(Failure::new(
+            MxReturn::NoDriver,
+            "raw endpoints are not available on the native transport",
+        ))
+    }
+}
+
+/// The process's native board, started on first use and shared by every
+/// `mx_init` while it lives.
+pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
+    static CURRENT: Mutex<Weak<Native>> = Mutex::new(Weak::new());
+    let mut current = lock(&CURRENT);
+    if let Some(n) = current.upgrade() {
+        return Ok(n);
+    }
+    let fail = |e: String| Failure::new(MxReturn::NoDriver, format!("XMX_TRANSPORT=native: {e}"));
+    let config = NativeConfig::from_lookup(|k| std::env::var(k).ok()).map_err(fail)?;
+    let native = Native::open(config).map_err(fail)?;
+    *current = Arc::downgrade(&native);
+    Ok(native)
+}
+
+#[cfg(test)]
+mod tests;

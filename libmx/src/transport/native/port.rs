@@ -1,0 +1,118 @@
+//! An endpoint's port and regions on the native board.
+
+use std::sync::Arc;
+
+use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
+
+use super::board::Mailbox;
+use super::Shared;
+use crate::segments::Segments;
+use crate::transport::engine_msgs::Outgoing;
+use crate::transport::{Port, PullProgress, Regions};
+
+/// An open endpoint of the native board.
+pub struct NativePort {
+    shared: Arc<Shared>,
+    index: u8,
+    session: u32,
+    mailbox: Arc<Mailbox>,
+    regions: Arc<NativeRegions>,
+    outgoing: Outgoing,
+}
+
+impl NativePort {
+    pub(super) fn new(shared: Arc<Shared>, index: u8, session: u32, mailbox: Arc<Mailbox>) -> Self {
+        let regions = Arc::new(NativeRegions {
+            shared: shared.clone(),
+            index,
+            mailbox: mailbox.clone(),
+        });
+        NativePort {
+            shared,
+            index,
+            session,
+            mailbox,
+            regions,
+            outgoing: Outgoing::default(),
+        }
+    }
+}
+
+impl Port for NativePort {
+    fn index(&self) -> u8 {
+        self.index
+    }
+
+    fn session(&self) -> u32 {
+        self.session
+    }
+
+    fn transmit(&mut self, frame: Frame<Vec<u8>>) {
+        match self.outgoing.convert(frame) {
+            Ok(None) => {}
+            Ok(Some(out)) => self.shared.run(|b, now| b.post(now, self.index, out)),
+            Err(e) => self.shared.run(|b, _| b.unsendable(&e)),
+        }
+    }
+
+    fn receive(&mut self) -> Option<Frame<Vec<u8>>> {
+        if let Some(f) = self.mailbox.next_frame() {
+            return Some(f);
+        }
+        // An application polling its endpoint moves the link too, unless
+        // another thread already does.
+        if self.shared.try_run(|b, now| b.receive(now)).unwrap_or(0) > 0 {
+            return self.mailbox.next_frame();
+        }
+        None
+    }
+
+    fn regions(&self) -> Arc<dyn Regions> {
+        self.regions.clone()
+    }
+}
+
+impl Drop for NativePort {
+    fn drop(&mut self) {
+        let linger = self.shared.config.linger;
+        self.shared.run(|b, now| b.close(now, self.index, linger));
+    }
+}
+
+/// An endpoint's LARGE buffers: registered as regions of the engine, whose
+/// memory is the application's own (see `memory`).
+pub struct NativeRegions {
+    shared: Arc<Shared>,
+    index: u8,
+    mailbox: Arc<Mailbox>,
+}
+
+impl Regions for NativeRegions {
+    fn register(&self, data: &Segments) -> Option<RdmaWindow> {
+        self.shared.run(|b, _| b.register_window(self.index, data))
+    }
+
+    fn release(&self, window: RdmaWindow) {
+        self.shared.run(|b, _| b.release_window(self.index, window));
+    }
+
+    fn invalidate(&self, addr: usize, len: usize) {
+        self.shared.run(|b, _| b.invalidate(self.index, addr, len));
+    }
+
+    fn pull(
+        &self,
+        id: RequestId,
+        source: PeerAddr,
+        window: RdmaWindow,
+        dest: &Segments,
+        length: u32,
+    ) -> PullProgress {
+        self.shared
+            .run(|b, now| b.start_pull(now, self.index, id, source, window, dest, length))
+    }
+
+    fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
+        self.mailbox.next_pull()
+    }
+}

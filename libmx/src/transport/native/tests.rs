@@ -1,0 +1,455 @@
+//! Two native boards joined by a datagram socket pair: the transport's
+//! behaviour without an interface or privileges.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xmx_mx::frame::{ConnectRequest, Message, MessageKind, MediumFrag};
+use xmx_mx::{Body, Frame, PeerAddr, RequestId, Seqnum, Status};
+use xmx_wire::mxoe::Mac;
+
+use super::*;
+use crate::segments::Segments;
+use crate::transport::PullProgress;
+
+const MAC_A: Mac = Mac([2, 0, 0, 0, 0xa, 1]);
+const MAC_B: Mac = Mac([2, 0, 0, 0, 0xb, 2]);
+/// Index of A and B in both tables.
+const IDX_A: u16 = 0;
+const IDX_B: u16 = 1;
+
+fn config(name: &str, peers: Vec<PeerSpec>) -> NativeConfig {
+    NativeConfig {
+        iface: "test".into(),
+        hostname: board_name(name),
+        peers,
+        nic_spin: Duration::ZERO,
+        qdisc_bypass: true,
+        ack_delay: DEFAULT_ACK_DELAY,
+        resend_delay: None,
+        pull_timeout: Some(Duration::from_millis(50)),
+        discovery_wait: Duration::from_secs(2),
+        linger: Duration::ZERO,
+    }
+}
+
+fn spec(index: u16, mac: Mac, hostname: Option<&str>) -> PeerSpec {
+    PeerSpec {
+        index: Some(index),
+        mac: mac.to_string(),
+        hostname: hostname.map(Into::into),
+    }
+}
+
+/// Boards A ("ha") and B ("hb"), each listing the other; A does not know
+/// B's hostname unless `a_knows_b`.
+fn boards(a_knows_b: bool) -> (Arc<Native>, Arc<Native>) {
+    let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let b_name = a_knows_b.then_some("hb");
+    let a = Native::start(
+        config("ha", vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, b_name)]),
+        Box::new(wa),
+    )
+    .expect("board A");
+    let b = Native::start(
+        config("hb", vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)]),
+        Box::new(wb),
+    )
+    .expect("board B");
+    (a, b)
+}
+
+fn bell() -> Arc<Doorbell> {
+    Arc::new(Doorbell::new(Duration::ZERO, 0, None))
+}
+
+/// Waits on `bell` until `f` finds something (5 s at most).
+fn wait_for<T>(bell: &Doorbell, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = bell.generation();
+        if let Some(x) = f() {
+            return x;
+        }
+        assert!(Instant::now() < deadline, "nothing arrived in time");
+        bell.wait(seen, Some(deadline));
+    }
+}
+
+fn connect(from: u8, to_peer: u16, to: u8, session: u32) -> Frame<Vec<u8>> {
+    Frame {
+        peer_index: to_peer,
+        dst_endpoint: to,
+        src_endpoint: from,
+        body: Body::ConnectRequest(ConnectRequest {
+            lib_seqnum: 0,
+            src_session: session,
+            app_key: 0x5eed,
+            target_recv_seqnum_start: Seqnum::from_raw(0),
+            connect_seqnum: 1,
+        }),
+    }
+}
+
+fn segments(buf: &mut [u8]) -> Segments {
+    // SAFETY: every buffer passed here outlives the transfers of its test.
+    unsafe { Segments::from_parts(vec![(buf.as_mut_ptr() as usize, buf.len())]) }
+}
+
+#[test]
+fn connects_and_medium_messages_cross_between_boards() {
+    let (a, b) = boards(true);
+    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
+    let bell_b = bell();
+    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+    assert_eq!(
+        b.open(0, Some(2), bell(), false).err(),
+        Some(OpenError::Busy(2))
+    );
+    assert_eq!(
+        b.open(1, None, bell(), false).err(),
+        Some(OpenError::BoardUnknown(1))
+    );
+
+    let sent = connect(1, IDX_B, 2, pa.session());
+    pa.transmit(sent.clone());
+    let got = wait_for(&bell_b, || pb.receive());
+    assert_eq!(got, Frame { peer_index: IDX_A, ..sent });
+
+    // A MEDIUM message goes as one request once its fragments are in.
+    let data: Vec<u8> = (0..9000u32).map(|i| (i % 251) as u8).collect();
+    let frags: Vec<Frame<Vec<u8>>> = data
+        .chunks(4096)
+        .enumerate()
+        .map(|(i, c)| Frame {
+            peer_index: IDX_B,
+            dst_endpoint: 2,
+            src_endpoint: 1,
+            body: Body::Message(Message {
+                session: pb.session(),
+                seqnum: Seqnum::from_raw(1),
+                piggyack: Seqnum::from_raw(0),
+                match_info: 77,
+                kind: MessageKind::Medium(MediumFrag {
+                    msg_length: data.len() as u32,
+                    frag_seqnum: i as u8,
+                    frag_pipeline: 12,
+                }),
+                payload: c.to_vec(),
+            }),
+        })
+        .collect();
+    for f in &frags {
+        pa.transmit(f.clone());
+    }
+    let mut got = Vec::new();
+    while got.len() < frags.len() {
+        got.push(wait_for(&bell_b, || pb.receive()));
+    }
+    let expected: Vec<_> = frags
+        .into_iter()
+        .map(|f| Frame {
+            peer_index: IDX_A,
+            ..f
+        })
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(a.counters(), BoardCounters::default());
+    assert_eq!(b.counters(), BoardCounters::default());
+}
+
+#[test]
+fn a_closed_endpoint_is_nacked_by_the_peer_board() {
+    let (a, b) = boards(true);
+    let bell_a = bell();
+    let mut pa = a.open(0, Some(1), bell_a.clone(), false).unwrap();
+    let pb = b.open(0, Some(2), bell(), false).unwrap();
+    drop(pb);
+    pa.transmit(connect(1, IDX_B, 2, pa.session()));
+    let got = wait_for(&bell_a, || pa.receive());
+    assert_eq!(
+        got,
+        Frame {
+            peer_index: IDX_B,
+            dst_endpoint: 1,
+            src_endpoint: 2,
+            body: Body::Nack(xmx_mx::frame::Nack {
+                nack_type: 2,
+                lib_seqnum: Seqnum::from_raw(0)
+            })
+        }
+    );
+}
+
+#[test]
+fn large_data_is_pulled_from_the_senders_buffer_until_released() {
+    let (a, b) = boards(true);
+    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
+    let bell_b = bell();
+    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+    // B learns A's session from A's connect request.
+    pa.transmit(connect(1, IDX_B, 2, pa.session()));
+    wait_for(&bell_b, || pb.receive());
+
+    let mut src: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 256) as u8).collect();
+    let window = pa.regions().register(&segments(&mut src)).expect("window");
+    let mut dst = vec![0u8; 300_000];
+    let from = PeerAddr::new(IDX_A, 1);
+    let regions = pb.regions();
+    let started = regions.pull(RequestId(9), from, window, &segments(&mut dst), 250_001);
+    assert_eq!(started, PullProgress::Started);
+    let done = wait_for(&bell_b, || regions.completed_pull());
+    assert_eq!(done, (RequestId(9), Ok(())));
+    assert_eq!(dst[..250_001], src[..250_001]);
+    assert!(dst[250_001..].iter().all(|&b| b == 0), "only the length asked");
+    assert_eq!(b.mapped_regions(), 0, "the destination is unmapped");
+
+    // Released: the sender's board refuses the window.
+    pa.regions().release(window);
+    assert_eq!(a.mapped_regions(), 0);
+    let started = regions.pull(RequestId(10), from, window, &segments(&mut dst), 10);
+    assert_eq!(started, PullProgress::Started);
+    let done = wait_for(&bell_b, || regions.completed_pull());
+    assert_eq!(done, (RequestId(10), Err(Status::BadRdmawin)));
+
+    // Nothing to pull completes at once.
+    assert_eq!(
+        regions.pull(RequestId(11), from, window, &segments(&mut dst), 0),
+        PullProgress::Done(Ok(()))
+    );
+    // A destination shorter than the length asked is refused.
+    assert_eq!(
+        regions.pull(RequestId(12), from, window, &segments(&mut dst[..5]), 6),
+        PullProgress::Done(Err(Status::BadRdmawin))
+    );
+}
+
+#[test]
+fn a_pull_from_an_endpoint_never_connected_fails() {
+    let (a, b) = boards(true);
+    let pa = a.open(0, Some(1), bell(), false).unwrap();
+    let pb = b.open(0, Some(2), bell(), false).unwrap();
+    let mut src = vec![1u8; 100_000];
+    let window = pa.regions().register(&segments(&mut src)).unwrap();
+    let mut dst = vec![0u8; 100_000];
+    assert_eq!(
+        pb.regions().pull(
+            RequestId(1),
+            PeerAddr::new(IDX_A, 1),
+            window,
+            &segments(&mut dst),
+            100_000
+        ),
+        PullProgress::Done(Err(Status::EndpointUnreachable))
+    );
+}
+
+#[test]
+fn the_registration_cache_keeps_a_buffer_mapped_until_invalidated() {
+    let (a, _b) = boards(true);
+    let pa = a.open(0, Some(3), bell(), true).unwrap();
+    let mut buf = vec![0u8; 100_000];
+    let r = pa.regions();
+    let w1 = r.register(&segments(&mut buf)).unwrap();
+    r.release(w1);
+    let w2 = r.register(&segments(&mut buf)).unwrap();
+    assert_ne!((w1.id, w1.seqnum), (w2.id, w2.seqnum), "a new window each send");
+    assert_eq!(a.cache_stats(3), Some((1, 1)));
+    r.release(w2);
+    assert_eq!(a.mapped_regions(), 1, "kept mapped");
+    r.invalidate(buf.as_ptr() as usize + 10, 1);
+    assert_eq!(a.mapped_regions(), 0);
+    // Invalidated while in use: unmapped at release.
+    let w3 = r.register(&segments(&mut buf)).unwrap();
+    r.invalidate(buf.as_ptr() as usize, buf.len());
+    assert_eq!(a.mapped_regions(), 1);
+    r.release(w3);
+    assert_eq!(a.mapped_regions(), 0);
+}
+
+#[test]
+fn hostnames_are_learnt_by_host_query() {
+    let (a, b) = boards(false);
+    // B knows A's name from its list; A asks B for its own.
+    assert_eq!(b.peer_by_hostname("ha"), Some(MAC_A.to_board_addr()));
+    assert_eq!(a.peer_by_hostname("hb:0"), Some(MAC_B.to_board_addr()));
+    assert_eq!(
+        a.peer_hostname(MAC_B.to_board_addr()).as_deref(),
+        Some("hb:0")
+    );
+    assert_eq!(a.peer_index(MAC_B.to_board_addr()), Some(IDX_B));
+    assert_eq!(a.peer_nic_id(IDX_A), Some(MAC_A.to_board_addr()));
+    // A name nobody has is not found once every peer is named.
+    assert_eq!(a.peer_by_hostname("nobody"), None);
+    assert_eq!(a.peer_hostname(0x0200_0000_0099), None);
+}
+
+#[test]
+fn peers_added_and_removed_by_mappers() {
+    let (a, _b) = boards(true);
+    let far = 0x0200_0000_0c03u64;
+    a.add_peer(far, Some("far")).unwrap();
+    assert_eq!(a.peer_index(far), Some(2));
+    assert_eq!(a.peer_by_hostname("far"), Some(far));
+    assert!(a.remove_peer(far));
+    assert!(!a.remove_peer(far));
+    assert!(!a.remove_peer(MAC_A.to_board_addr()), "the board stays");
+    assert!(a.add_peer(1 << 50, None).is_err());
+    // Renaming needs an idle board.
+    a.set_hostname(0, "renamed").unwrap();
+    assert_eq!(a.boards()[0].hostname, "renamed:0");
+    let _p = a.open(0, None, bell(), false).unwrap();
+    assert!(a.set_hostname(0, "again").is_err());
+}
+
+#[test]
+fn configuration_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("peers.json");
+    std::fs::write(&file, r#"[{"mac": "02:00:00:00:00:07", "hostname": "h7"}]"#).unwrap();
+    let path = file.to_string_lossy().into_owned();
+    let env = |pairs: &'static [(&'static str, &'static str)], peers: Option<&str>| {
+        let peers = peers.map(str::to_owned);
+        move |k: &str| {
+            if k == "XMX_PEERS" {
+                return peers.clone();
+            }
+            pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        }
+    };
+    let c = NativeConfig::from_lookup(env(
+        &[
+            ("XMX_IFACE", "eth1"),
+            ("XMX_HOSTNAME", "node3"),
+            ("XMX_NIC_SPIN_US", "15"),
+            ("XMX_QDISC_BYPASS", "0"),
+            ("XMX_RESEND_DELAY_US", "20000"),
+            ("XMX_PULL_TIMEOUT_MS", "30"),
+        ],
+        Some(&path),
+    ))
+    .unwrap();
+    assert_eq!(c.iface, "eth1");
+    assert_eq!(c.hostname, "node3:0");
+    assert_eq!(c.peers.len(), 1);
+    assert_eq!(c.nic_spin, Duration::from_micros(15));
+    assert!(!c.qdisc_bypass);
+    assert_eq!(c.ack_delay, DEFAULT_ACK_DELAY);
+    assert_eq!(c.resend_delay, Some(Duration::from_millis(20)));
+    assert_eq!(
+        c.engine_config().pull_retransmit_timeout,
+        Duration::from_millis(30)
+    );
+    assert!(NativeConfig::from_lookup(env(&[], None)).is_err(), "no interface");
+    assert!(NativeConfig::from_lookup(env(&[("XMX_IFACE", "e"), ("XMX_NIC_SPIN_US", "x")], None)).is_err());
+    assert!(NativeConfig::from_lookup(env(&[("XMX_IFACE", "e")], Some("/nonexistent"))).is_err());
+    assert!(is_default(env(&[("XMX_IFACE", "e")], None)) || std::path::Path::new("/dev/xen/evtchn").exists());
+    assert!(!is_default(env(&[("XMX_IFACE", "e"), ("XMX_TRANSPORT", "loopback")], None)));
+    assert!(!is_default(env(&[], None)));
+}
+
+#[test]
+fn tuning_follows_the_configuration() {
+    let (a, _b) = boards(true);
+    let c = a.tune(Config::default());
+    assert_eq!(c.ack_delay, DEFAULT_ACK_DELAY);
+    assert_eq!(c.resend_delay, Config::default().resend_delay);
+    assert!(a.open_raw(0, bell()).is_err());
+    assert_eq!(a.boards()[0].nic_id, MAC_A.to_board_addr());
+    assert_eq!(a.boards()[0].hostname, "ha:0");
+}
+
+#[test]
+fn a_closed_endpoint_lingers_repeating_its_last_ack() {
+    let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let mut ca = config("ha", vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))]);
+    ca.linger = Duration::from_millis(300);
+    let a = Native::start(ca, Box::new(wa)).expect("board A");
+    let b = Native::start(
+        config("hb", vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)]),
+        Box::new(wb),
+    )
+    .expect("board B");
+    let bell_a = bell();
+    let mut pa = a.open(0, Some(1), bell_a.clone(), false).unwrap();
+    let bell_b = bell();
+    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+
+    let message = Frame {
+        peer_index: IDX_A,
+        dst_endpoint: 1,
+        src_endpoint: 2,
+        body: Body::Message(Message {
+            session: pa.session(),
+            seqnum: Seqnum::from_raw(1),
+            piggyack: Seqnum::from_raw(0),
+            match_info: 5,
+            kind: MessageKind::Tiny,
+            payload: b"last".to_vec(),
+        }),
+    };
+    pb.transmit(message.clone());
+    wait_for(&bell_a, || pa.receive());
+    // A's core acknowledges it, then A closes.
+    let ack = Frame {
+        peer_index: IDX_B,
+        dst_endpoint: 2,
+        src_endpoint: 1,
+        body: Body::Liback(xmx_mx::frame::Liback {
+            session: pb.session(),
+            ack_session: pb.session(),
+            acknum: 9,
+            lib_seqnum: Seqnum::from_raw(2),
+            send_seq: Seqnum::from_raw(2),
+            resent: 0,
+        }),
+    };
+    pa.transmit(ack.clone());
+    drop(pa);
+    let first = wait_for(&bell_b, || pb.receive());
+    assert_eq!(first, Frame { peer_index: IDX_A, ..ack.clone() });
+
+    // B missed nothing but resends anyway: the ack comes again, marked resent.
+    pb.transmit(message.clone());
+    let again = wait_for(&bell_b, || pb.receive());
+    let Body::Liback(l) = again.body else {
+        panic!("expected the ack again, got {again:?}");
+    };
+    assert_eq!((l.acknum, l.lib_seqnum, l.resent), (9, Seqnum::from_raw(2), 1));
+    // Once the linger is over, the closed endpoint is NACKed.
+    let closed = loop {
+        pb.transmit(message.clone());
+        let f = next_within(&bell_b, &mut pb, Duration::from_millis(100));
+        match f.map(|f| f.body) {
+            Some(Body::Nack(n)) => break n,
+            Some(Body::Liback(_)) | None => continue,
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(closed.nack_type, 2, "endpoint closed");
+
+    // A reopened index answers with its own session: the old one is stale.
+    let bell_a2 = bell();
+    let _pa2 = a.open(0, Some(1), bell_a2, false).unwrap();
+    pb.transmit(message);
+    let stale = wait_for(&bell_b, || pb.receive());
+    assert!(
+        matches!(stale.body, Body::Nack(n) if n.nack_type == 3),
+        "bad session: {stale:?}"
+    );
+}
+
+/// The next frame `port` receives within `limit`, if any.
+fn next_within(bell: &Doorbell, port: &mut Box<dyn Port>, limit: Duration) -> Option<Frame<Vec<u8>>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let seen = bell.generation();
+        if let Some(f) = port.receive() {
+            return Some(f);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        bell.wait(seen, Some(deadline));
+    }
+}

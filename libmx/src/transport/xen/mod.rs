@@ -1,0 +1,595 @@
+//! The Xen transport: a guest application talks to the dom0 backend through
+//! the shared rings of its endpoints (OS bypass).
+//!
+//! The process connects once to the guest daemon `xmx-frontd`
+//! (`XMX_FRONTD_SOCKET`), which opens endpoints for it and hands their pages
+//! and event channel over. From then on nothing goes through the daemon on
+//! the data path:
+//!
+//! - a frame of the protocol core becomes a send request on the endpoint's
+//!   send ring ([`engine_msgs`](crate::transport::engine_msgs) converts both
+//!   ways): TINY and SMALL data inline, MEDIUM fragments through send-queue
+//!   slots ([`slots`]), LARGE data through a granted window peers pull from
+//!   ([`windows`]);
+//! - events the backend puts on the event ring become frames for the core
+//!   (MEDIUM fragments copied out of the receive queue), pull completions
+//!   (the pulled window copied into the receive buffer) or send completions
+//!   that free what their request held ([`link`]);
+//! - a blocked call sleeps on the endpoint's doorbell, which the driver
+//!   thread ([`driver`]) rings when the backend signals the event channel.
+//!
+//! Only registering a window goes through the daemon, and with `MX_RCACHE=1`
+//! only on a registration-cache miss. The peer table is the guest's view that
+//! the toolstack publishes in xenstore ([`peers`]).
+//!
+//! When the backend goes away and comes back (restart, suspend and resume),
+//! the daemon re-opens each endpoint over new pages and says so; the link
+//! remaps, forgets what the backend forgot, pulls again what it was pulling,
+//! and the core retransmits the frames that were lost meanwhile.
+//!
+//! Environment (read at `mx_init`): `XMX_FRONTD_SOCKET`,
+//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_ACK_DELAY_US`,
+//! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
+//! hostname lookup waits for the peer view to name it),
+//! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
+//! device to connect).
+
+mod driver;
+pub mod link;
+pub mod peers;
+mod port;
+pub mod slots;
+pub mod windows;
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use xmx_frontend::frontd::proto::{default_socket_path, SOCKET_ENV};
+use xmx_frontend::frontd::{BoardInfo as DaemonBoard, FrontdClient, Notice};
+use xmx_frontend::Error as FrontError;
+use xmx_hv::Xenstore;
+use xmx_mx::Config;
+use xmx_wire::msg::CtrlStatus;
+use xmx_wire::mxoe::Mac;
+
+use super::native::board_name;
+use super::{BoardInfo, OpenError, Port, RawPort, Transport};
+use crate::abi::MxReturn;
+use crate::doorbell::Doorbell;
+use crate::errors::{Failure, MxResult};
+
+pub use link::{LinkCounters, CACHE_CAPACITY};
+pub use port::{XenPort, XenRegions};
+
+use link::{Link, Mailbox};
+use peers::PeerView;
+use port::EndpointShared;
+use windows::Daemon;
+
+/// Default delay of an explicit ack: none, for the reason the native
+/// transport gives (a LARGE receive completes on its NOTIFY's ack).
+pub const DEFAULT_ACK_DELAY: Duration = Duration::ZERO;
+/// How long closing an endpoint waits for the backend to take the requests
+/// posted last.
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+/// The xenstore watch token of the peer view.
+const PEERS_TOKEN: &str = "xmx-libmx:peers";
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the Xen transport is configured with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XenConfig {
+    /// `XMX_FRONTD_SOCKET`: the guest daemon's socket.
+    pub socket: PathBuf,
+    /// `XMX_TOOLSTACK_DOMID`: the domain publishing the peer views.
+    pub toolstack: u16,
+    /// `XMX_ACK_DELAY_US`: the library's explicit-ack delay.
+    pub ack_delay: Duration,
+    /// `XMX_RESEND_DELAY_US`: the library's first retransmission delay.
+    pub resend_delay: Option<Duration>,
+    /// `XMX_DISCOVERY_MS`: how long a hostname lookup waits for the view.
+    pub discovery_wait: Duration,
+    /// `XMX_CONNECT_TIMEOUT_MS`: how long opening waits for the device.
+    pub connect_timeout: Duration,
+}
+
+impl XenConfig {
+    /// Reads the configuration through `lookup` (e.g. the environment).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let number = |name: &str| -> Result<Option<u64>, String> {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| format!("{name}={v}: not a number"))
+                })
+                .transpose()
+        };
+        let socket = lookup(SOCKET_ENV)
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .map_or_else(default_socket_path, PathBuf::from);
+        let toolstack = match number("XMX_TOOLSTACK_DOMID")? {
+            None => 0,
+            Some(d) => {
+                u16::try_from(d).map_err(|_| format!("XMX_TOOLSTACK_DOMID={d}: not a domain id"))?
+            }
+        };
+        Ok(XenConfig {
+            socket,
+            toolstack,
+            ack_delay: number("XMX_ACK_DELAY_US")?.map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
+            resend_delay: number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros),
+            discovery_wait: Duration::from_millis(number("XMX_DISCOVERY_MS")?.unwrap_or(1000)),
+            connect_timeout: Duration::from_millis(
+                number("XMX_CONNECT_TIMEOUT_MS")?.unwrap_or(10_000),
+            ),
+        })
+    }
+}
+
+/// Whether the Xen transport is the default: no `XMX_TRANSPORT`, and a guest
+/// daemon named by `XMX_FRONTD_SOCKET` (as `xmx sim run` and the guest's
+/// environment set it).
+pub fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
+    lookup("XMX_TRANSPORT").is_none() && lookup(SOCKET_ENV).is_some_and(|s| !s.trim().is_empty())
+}
+
+/// What the transport, its ports and the driver thread share.
+pub(crate) struct Shared {
+    client: Mutex<FrontdClient>,
+    client_fd: RawFd,
+    daemon_gone: AtomicBool,
+    board: DaemonBoard,
+    view: PeerView,
+    view_dir: String,
+    xs: Option<Box<dyn Xenstore>>,
+    endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
+    wake: EventFd,
+    stop: AtomicBool,
+    config: XenConfig,
+}
+
+impl Shared {
+    fn endpoints(&self) -> Vec<Arc<EndpointShared>> {
+        lock(&self.endpoints).values().cloned().collect()
+    }
+
+    fn wake_fd(&self) -> RawFd {
+        self.wake.as_fd().as_raw_fd()
+    }
+
+    /// Makes the driver thread look at its descriptors again.
+    fn kick(&self) {
+        if let Err(e) = self.wake.write(1) {
+            tracing::debug!(%e, "waking the driver");
+        }
+    }
+
+    fn drain_wake(&self) {
+        let _ = self.wake.read();
+    }
+
+    /// Reloads the peer view after its watch fired.
+    fn peer_view_changed(&self) {
+        let Some(xs) = &self.xs else { return };
+        let mut fired = false;
+        loop {
+            match xs.next_watch_event(Some(Duration::ZERO)) {
+                Ok(Some(_)) => fired = true,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(%e, "xenstore watch");
+                    break;
+                }
+            }
+        }
+        if fired {
+            if let Err(e) = self.view.reload(xs.as_ref(), &self.view_dir) {
+                tracing::warn!(%e, dir = %self.view_dir, "reading the peer view");
+            }
+        }
+    }
+
+    /// Acts on what the guest daemon said.
+    fn handle_notices(&self) {
+        let notices = match lock(&self.client).poll_notices() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(%e, "the guest daemon is gone");
+                self.daemon_gone.store(true, Ordering::SeqCst);
+                for ep in self.endpoints() {
+                    lock(&ep.link).set_down();
+                }
+                return;
+            }
+        };
+        for notice in notices {
+            match notice {
+                Notice::Disconnected | Notice::Shutdown => {
+                    tracing::info!(?notice, "device down");
+                    for ep in self.endpoints() {
+                        lock(&ep.link).set_down();
+                    }
+                }
+                Notice::Connected => tracing::info!("device connected again"),
+                Notice::EndpointLost { endpoint, reason } => {
+                    tracing::warn!(endpoint, %reason, "endpoint lost");
+                    if let Some(ep) = lock(&self.endpoints).get(&endpoint).cloned() {
+                        lock(&ep.link).lose();
+                        ep.mailbox.ring();
+                    }
+                }
+                Notice::EndpointReopened(h) => {
+                    let Some(ep) = lock(&self.endpoints).get(&h.endpoint).cloned() else {
+                        tracing::debug!(
+                            endpoint = h.endpoint,
+                            "re-opened endpoint no longer wanted"
+                        );
+                        continue;
+                    };
+                    // Lock order: link, then client.
+                    let mut link = lock(&ep.link);
+                    let mut client = lock(&self.client);
+                    link.remap(&mut client, h, &ep.mailbox);
+                    drop(client);
+                    drop(link);
+                    ep.mailbox.ring();
+                }
+            }
+        }
+    }
+
+    /// Closes an endpoint: forgotten by the driver, its channel unmapped and
+    /// closed by the daemon.
+    fn close_endpoint(&self, ep: &Arc<EndpointShared>) {
+        let channel = {
+            let mut link = lock(&ep.link);
+            link.flush_sends(&ep.mailbox, &mut Daemon(&self.client), CLOSE_FLUSH);
+            link.close()
+        };
+        lock(&self.endpoints).remove(&ep.index);
+        self.kick();
+        if let Some(ch) = channel {
+            if self.daemon_gone.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Err(e) = lock(&self.client).close_endpoint(ch) {
+                tracing::debug!(%e, index = ep.index, "closing an endpoint");
+            }
+        }
+        tracing::debug!(index = ep.index, "xen endpoint closed");
+    }
+}
+
+/// The guest's board. See the module documentation.
+pub struct Xen {
+    shared: Arc<Shared>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Xen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Xen")
+            .field("mac", &self.shared.board.mac)
+            .field("socket", &self.shared.config.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Asks the daemon for the board until the device is connected, or
+/// `timeout` passes.
+fn connected_board(client: &mut FrontdClient, timeout: Duration) -> Result<DaemonBoard, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match client.info() {
+            Ok(b) if b.connected => return Ok(b),
+            Ok(_) | Err(FrontError::NotConnected(_)) => {}
+            Err(e) => return Err(format!("asking xmx-frontd for the board: {e}")),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("the xmx device is not connected to its backend".into());
+        }
+        // Woken by the daemon's CONNECTED notice, or asks again later.
+        let _ = client
+            .wait_notice(left.min(Duration::from_millis(100)))
+            .map_err(|e| format!("waiting for the device: {e}"))?;
+    }
+}
+
+impl Xen {
+    /// Connects to the guest daemon, loads the peer view and starts the
+    /// driver thread.
+    pub fn open(config: XenConfig) -> Result<Arc<Xen>, String> {
+        let mut client = FrontdClient::connect(&config.socket).map_err(|e| e.to_string())?;
+        let board = connected_board(&mut client, config.connect_timeout)?;
+        let client_fd = client.fd().as_raw_fd();
+        let view = PeerView::default();
+        let view_dir = peers::view_dir(config.toolstack, board.domid);
+        let xs = match xmx_hv::platform::from_env().and_then(|p| p.xenstore()) {
+            Ok(xs) => {
+                // The watch fires once at once, and the driver loads the view
+                // then; load it here too so the first lookup finds it.
+                if let Err(e) = xs.watch(&view_dir, PEERS_TOKEN) {
+                    tracing::warn!(%e, dir = %view_dir, "watching the peer view");
+                }
+                if let Err(e) = view.reload(xs.as_ref(), &view_dir) {
+                    tracing::warn!(%e, dir = %view_dir, "reading the peer view");
+                }
+                Some(xs)
+            }
+            Err(e) => {
+                tracing::warn!(%e, "no xenstore: the peer table stays empty");
+                None
+            }
+        };
+        let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| format!("eventfd: {e}"))?;
+        let shared = Arc::new(Shared {
+            client: Mutex::new(client),
+            client_fd,
+            daemon_gone: AtomicBool::new(false),
+            board,
+            view,
+            view_dir,
+            xs,
+            endpoints: Mutex::new(HashMap::new()),
+            wake,
+            stop: AtomicBool::new(false),
+            config,
+        });
+        let for_driver = shared.clone();
+        let driver = std::thread::Builder::new()
+            .name("mx-xen".into())
+            .spawn(move || driver::run(for_driver))
+            .map_err(|e| format!("driver thread: {e}"))?;
+        tracing::info!(
+            mac = %shared.board.mac,
+            hostname = %shared.board.hostname,
+            domid = shared.board.domid,
+            "xen board up"
+        );
+        Ok(Arc::new(Xen {
+            shared,
+            driver: Mutex::new(Some(driver)),
+        }))
+    }
+
+    /// The board address.
+    pub fn mac(&self) -> Mac {
+        self.shared.board.mac
+    }
+
+    /// Counters of endpoint `index`'s link.
+    pub fn link_counters(&self, index: u8) -> Option<LinkCounters> {
+        let ep = lock(&self.shared.endpoints).get(&index).cloned()?;
+        let c = lock(&ep.link).counters();
+        Some(c)
+    }
+
+    /// The registration cache's counters of endpoint `index`.
+    pub fn cache_stats(&self, index: u8) -> Option<xmx_frontend::RcacheStats> {
+        let ep = lock(&self.shared.endpoints).get(&index).cloned()?;
+        let s = lock(&ep.link).cache_stats();
+        Some(s)
+    }
+}
+
+impl Drop for Xen {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.kick();
+        if let Some(t) = lock(&self.driver).take() {
+            if t.join().is_err() {
+                tracing::warn!("xen driver thread panicked");
+            }
+        }
+    }
+}
+
+impl Transport for Xen {
+    fn name(&self) -> &'static str {
+        "xen"
+    }
+
+    fn boards(&self) -> Vec<BoardInfo> {
+        let b = &self.shared.board;
+        vec![BoardInfo {
+            nic_id: b.mac.to_board_addr(),
+            hostname: b.hostname.clone(),
+            max_endpoints: b.max_endpoints.min(256),
+            numa_node: u32::MAX,
+        }]
+    }
+
+    fn tune(&self, config: Config) -> Config {
+        let c = &self.shared.config;
+        Config {
+            ack_delay: c.ack_delay,
+            resend_delay: c.resend_delay.unwrap_or(config.resend_delay),
+            ..config
+        }
+    }
+
+    fn open(
+        &self,
+        board: u32,
+        endpoint: Option<u8>,
+        doorbell: Arc<Doorbell>,
+        rcache: bool,
+    ) -> Result<Box<dyn Port>, OpenError> {
+        if board != 0 {
+            return Err(OpenError::BoardUnknown(board));
+        }
+        if let Some(i) = endpoint {
+            if u32::from(i) >= self.shared.board.max_endpoints {
+                return Err(OpenError::BadEndpointId(u32::from(i)));
+            }
+        }
+        let opened = lock(&self.shared.client).open_endpoint(endpoint, None);
+        let channel = match opened {
+            Ok(c) => c,
+            Err(FrontError::Refused {
+                status: CtrlStatus::EndpointBusy,
+                ..
+            }) => return Err(OpenError::Busy(endpoint.unwrap_or(0))),
+            Err(FrontError::Invalid(e)) if endpoint.is_some() => {
+                tracing::debug!(%e, "endpoint refused");
+                return Err(OpenError::BadEndpointId(endpoint.map_or(0, u32::from)));
+            }
+            Err(e) => {
+                tracing::warn!(%e, "opening an endpoint");
+                return Err(OpenError::NoResources);
+            }
+        };
+        let index = channel.endpoint();
+        let link = Link::new(channel, self.shared.board.max_regions, rcache);
+        let ep = Arc::new(EndpointShared {
+            index,
+            mailbox: Mailbox::new(doorbell),
+            link: Mutex::new(link),
+        });
+        lock(&self.shared.endpoints).insert(index, ep.clone());
+        self.shared.kick();
+        tracing::debug!(index, "xen endpoint open");
+        Ok(Box::new(XenPort::new(self.shared.clone(), ep)))
+    }
+
+    fn peer_index(&self, nic_id: u64) -> Option<u16> {
+        let mac = Mac::from_board_addr(nic_id).ok()?;
+        self.shared.view.read(|t| t.by_mac(mac).map(|e| e.index))
+    }
+
+    fn peer_nic_id(&self, peer_index: u16) -> Option<u64> {
+        self.shared
+            .view
+            .read(|t| t.get(peer_index).map(|e| e.mac.to_board_addr()))
+    }
+
+    fn peer_hostname(&self, nic_id: u64) -> Option<String> {
+        let mac = Mac::from_board_addr(nic_id).ok()?;
+        if mac == self.shared.board.mac && !self.shared.board.hostname.is_empty() {
+            return Some(self.shared.board.hostname.clone());
+        }
+        let deadline = Instant::now() + self.shared.config.discovery_wait;
+        self.shared.view.wait_for(deadline, |t| {
+            t.by_mac(mac)
+                .filter(|e| !e.hostname.is_empty())
+                .map(|e| e.hostname.clone())
+        })
+    }
+
+    fn peer_by_hostname(&self, hostname: &str) -> Option<u64> {
+        if hostname.trim().is_empty() {
+            return None;
+        }
+        let board = board_name(hostname);
+        let deadline = Instant::now() + self.shared.config.discovery_wait;
+        self.shared.view.wait_for(deadline, |t| {
+            t.iter()
+                .find(|e| !e.hostname.is_empty() && (e.hostname == hostname || e.hostname == board))
+                .map(|e| e.mac.to_board_addr())
+        })
+    }
+
+    fn add_peer(&self, nic_id: u64, _hostname: Option<&str>) -> MxResult<()> {
+        if self.peer_index(nic_id).is_some() {
+            return Ok(());
+        }
+        Err(Failure::new(
+            MxReturn::NoPerm,
+            "a guest's peers are the toolstack's to set (xmx peers, xmxd)",
+        ))
+    }
+
+    fn remove_peer(&self, _nic_id: u64) -> bool {
+        false
+    }
+
+    fn set_hostname(&self, _board: u32, _hostname: &str) -> MxResult<()> {
+        Err(Failure::new(
+            MxReturn::NoPerm,
+            "a guest's hostname is the toolstack's to set",
+        ))
+    }
+
+    fn open_raw(&self, _board: u32, _doorbell: Arc<Doorbell>) -> MxResult<Box<dyn RawPort>> {
+        Err(Failure::new(
+            MxReturn::NoDriver,
+            "raw endpoints are not available in a guest",
+        ))
+    }
+}
+
+/// The process's Xen board, opened on first use and shared by every
+/// `mx_init` while it lives.
+pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
+    static CURRENT: Mutex<Weak<Xen>> = Mutex::new(Weak::new());
+    let mut current = lock(&CURRENT);
+    if let Some(x) = current.upgrade() {
+        return Ok(x);
+    }
+    let fail = |e: String| Failure::new(MxReturn::NoDriver, format!("XMX_TRANSPORT=xen: {e}"));
+    let config = XenConfig::from_lookup(|k| std::env::var(k).ok()).map_err(fail)?;
+    let xen = Xen::open(config).map_err(fail)?;
+    *current = Arc::downgrade(&xen);
+    Ok(xen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| env.get(k).cloned()
+    }
+
+    #[test]
+    fn selected_by_the_daemon_socket_unless_a_transport_is_named() {
+        assert!(is_default(with(&[("XMX_FRONTD_SOCKET", "/run/x.sock")])));
+        assert!(!is_default(with(&[("XMX_FRONTD_SOCKET", " ")])));
+        assert!(!is_default(with(&[])));
+        assert!(!is_default(with(&[
+            ("XMX_FRONTD_SOCKET", "/run/x.sock"),
+            ("XMX_TRANSPORT", "loopback")
+        ])));
+    }
+
+    #[test]
+    fn configuration_from_the_environment() {
+        let c = XenConfig::from_lookup(with(&[
+            ("XMX_FRONTD_SOCKET", "/tmp/f.sock"),
+            ("XMX_TOOLSTACK_DOMID", "3"),
+            ("XMX_RESEND_DELAY_US", "20000"),
+            ("XMX_DISCOVERY_MS", "250"),
+        ]))
+        .unwrap();
+        assert_eq!(c.socket, PathBuf::from("/tmp/f.sock"));
+        assert_eq!(c.toolstack, 3);
+        assert_eq!(c.ack_delay, DEFAULT_ACK_DELAY);
+        assert_eq!(c.resend_delay, Some(Duration::from_millis(20)));
+        assert_eq!(c.discovery_wait, Duration::from_millis(250));
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        for bad in [
+            ("XMX_TOOLSTACK_DOMID", "70000"),
+            ("XMX_ACK_DELAY_US", "soon"),
+        ] {
+            assert!(XenConfig::from_lookup(with(&[bad])).is_err(), "{bad:?}");
+        }
+    }
+}

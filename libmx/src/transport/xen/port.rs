@@ -1,0 +1,138 @@
+//! An endpoint's port and regions on the Xen transport.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
+
+use super::link::{Link, Mailbox};
+use super::windows::Daemon;
+use super::Shared;
+use crate::segments::Segments;
+use crate::transport::engine_msgs::Outgoing;
+use crate::transport::{Port, PullProgress, Regions};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the port, its regions and the driver thread share about one
+/// endpoint.
+pub struct EndpointShared {
+    /// The endpoint index.
+    pub index: u8,
+    /// Arrivals, taken without the link's lock.
+    pub mailbox: Mailbox,
+    /// The rings and requests.
+    pub link: Mutex<Link>,
+}
+
+/// An open endpoint of a guest.
+pub struct XenPort {
+    shared: Arc<Shared>,
+    ep: Arc<EndpointShared>,
+    session: u32,
+    outgoing: Outgoing,
+    regions: Arc<XenRegions>,
+}
+
+impl XenPort {
+    pub(super) fn new(shared: Arc<Shared>, ep: Arc<EndpointShared>) -> XenPort {
+        let session = lock(&ep.link).session();
+        let regions = Arc::new(XenRegions {
+            shared: shared.clone(),
+            ep: ep.clone(),
+        });
+        XenPort {
+            shared,
+            ep,
+            session,
+            outgoing: Outgoing::default(),
+            regions,
+        }
+    }
+}
+
+impl Port for XenPort {
+    fn index(&self) -> u8 {
+        self.ep.index
+    }
+
+    fn session(&self) -> u32 {
+        self.session
+    }
+
+    fn transmit(&mut self, frame: Frame<Vec<u8>>) {
+        match self.outgoing.convert(frame) {
+            Ok(None) => {}
+            Ok(Some(out)) => {
+                let mut reg = Daemon(&self.shared.client);
+                lock(&self.ep.link).post(out, &self.ep.mailbox, &mut reg);
+            }
+            Err(e) => tracing::debug!(%e, "frame not sent"),
+        }
+    }
+
+    fn receive(&mut self) -> Option<Frame<Vec<u8>>> {
+        if let Some(f) = self.ep.mailbox.next_frame() {
+            return Some(f);
+        }
+        // An application polling its endpoint takes events in itself, unless
+        // the driver thread is at it already.
+        let mut link = self.ep.link.try_lock().ok()?;
+        let mut reg = Daemon(&self.shared.client);
+        if link.take_in_and_arm(&self.ep.mailbox, &mut reg) == 0 {
+            return None;
+        }
+        drop(link);
+        self.ep.mailbox.next_frame()
+    }
+
+    fn regions(&self) -> Arc<dyn Regions> {
+        self.regions.clone()
+    }
+}
+
+impl Drop for XenPort {
+    fn drop(&mut self) {
+        self.shared.close_endpoint(&self.ep);
+    }
+}
+
+/// An endpoint's LARGE buffers: copied into and out of granted windows.
+pub struct XenRegions {
+    shared: Arc<Shared>,
+    ep: Arc<EndpointShared>,
+}
+
+impl Regions for XenRegions {
+    fn register(&self, data: &Segments) -> Option<RdmaWindow> {
+        let mut reg = Daemon(&self.shared.client);
+        lock(&self.ep.link).register(&mut reg, data)
+    }
+
+    fn release(&self, window: RdmaWindow) {
+        let mut reg = Daemon(&self.shared.client);
+        lock(&self.ep.link).release(&mut reg, window);
+    }
+
+    fn invalidate(&self, addr: usize, len: usize) {
+        let mut reg = Daemon(&self.shared.client);
+        lock(&self.ep.link).invalidate(&mut reg, addr, len);
+    }
+
+    fn pull(
+        &self,
+        id: RequestId,
+        source: PeerAddr,
+        window: RdmaWindow,
+        dest: &Segments,
+        length: u32,
+    ) -> PullProgress {
+        let mut reg = Daemon(&self.shared.client);
+        lock(&self.ep.link).pull(&mut reg, &self.ep.mailbox, id, source, window, dest, length)
+    }
+
+    fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
+        self.ep.mailbox.next_pull()
+    }
+}

@@ -1,0 +1,137 @@
+//! LARGE data between the application's buffers and granted windows.
+//!
+//! A guest application cannot grant its own pages (see the frontend crate's
+//! documentation), so a LARGE send is copied into a window the backend pulls
+//! from, and a LARGE receive lands in a window it is then copied out of.
+//! Windows are registered through the guest daemon on a cache miss only
+//! ([`Daemon`] is the cache's registrar).
+
+use std::sync::Mutex;
+
+use xmx_frontend::frontd::FrontdClient;
+use xmx_frontend::{RegionWindow, Registrar};
+
+use crate::segments::Segments;
+
+/// Copies the whole of `data` into the start of `window`; false if it does
+/// not fit or the window refuses.
+pub fn fill(window: &RegionWindow, data: &Segments) -> bool {
+    if data.len() > window.len() {
+        return false;
+    }
+    let mut at = 0;
+    for &(addr, len) in data.parts() {
+        // SAFETY: the segments were validated when the send was posted and MX
+        // requires the application to keep a send buffer valid and unchanged
+        // until the send completes, which is after this copy.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        if window.write(at, bytes).is_err() {
+            return false;
+        }
+        at += len;
+    }
+    true
+}
+
+/// Copies the first `length` bytes of `window` into `dest`; false if they do
+/// not fit or the window refuses.
+pub fn drain(window: &RegionWindow, dest: &Segments, length: usize) -> bool {
+    if length > dest.len() || length > window.len() {
+        return false;
+    }
+    let mut at = 0;
+    for &(addr, len) in dest.parts() {
+        if at == length {
+            break;
+        }
+        let n = len.min(length - at);
+        // SAFETY: the segments were validated when the receive was posted and
+        // MX requires the application to keep a receive buffer valid and
+        // untouched until the receive completes, which is after this copy; the
+        // window is shared memory, never part of the application's buffer.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, n) };
+        if window.read(at, bytes).is_err() {
+            return false;
+        }
+        at += n;
+    }
+    true
+}
+
+/// The key a buffer is cached under: its first byte and its length.
+pub fn key(data: &Segments) -> (usize, usize) {
+    (data.parts().first().map_or(0, |p| p.0), data.len())
+}
+
+/// The guest daemon as the registration cache's registrar.
+pub struct Daemon<'a>(pub &'a Mutex<FrontdClient>);
+
+impl Registrar for Daemon<'_> {
+    fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
+        let started = std::time::Instant::now();
+        let w = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .register_region(endpoint, length);
+        tracing::trace!(endpoint, length, took = ?started.elapsed(), ok = w.is_ok(), "window registered");
+        w
+    }
+
+    fn deregister(&mut self, window: RegionWindow) -> xmx_frontend::Result<()> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .deregister_region(window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segs(parts: &mut [&mut [u8]]) -> Segments {
+        let list = parts
+            .iter_mut()
+            .map(|p| (p.as_mut_ptr() as usize, p.len()))
+            .collect();
+        // SAFETY: the buffers outlive every copy in the tests below.
+        unsafe { Segments::from_parts(list) }
+    }
+
+    #[test]
+    fn data_goes_into_a_window_and_back_out_across_segments() {
+        let w = RegionWindow::in_memory(0, 1, 10_000);
+        let (mut a, mut b) = (
+            (0..3000u32).map(|i| i as u8).collect::<Vec<_>>(),
+            vec![0xabu8; 5000],
+        );
+        let src = segs(&mut [&mut a[..], &mut b[..]]);
+        assert!(fill(&w, &src));
+        let (mut x, mut y, mut z) = (vec![0u8; 10], vec![0u8; 7000], vec![0u8; 100]);
+        let dst = segs(&mut [&mut x[..], &mut y[..], &mut z[..]]);
+        assert!(drain(&w, &dst, 7010));
+        let got: Vec<u8> = x.iter().chain(&y).copied().collect();
+        let sent: Vec<u8> = a.iter().chain(&b).copied().collect();
+        assert_eq!(&got[..7010], &sent[..7010]);
+        // Only `length` bytes land: the third segment is untouched.
+        assert_eq!(z, vec![0u8; 100]);
+    }
+
+    #[test]
+    fn oversized_copies_are_refused() {
+        let w = RegionWindow::in_memory(0, 1, 100);
+        let mut big = [1u8; 101];
+        assert!(!fill(&w, &segs(&mut [&mut big[..]])));
+        let mut small = [0u8; 50];
+        let dst = segs(&mut [&mut small[..]]);
+        assert!(!drain(&w, &dst, 51), "more than the destination holds");
+        let mut room = vec![0u8; 500];
+        assert!(
+            !drain(&w, &segs(&mut [&mut room[..]]), 101),
+            "more than the window holds"
+        );
+        assert_eq!(key(&dst), (small.as_ptr() as usize, 50));
+        assert_eq!(key(&Segments::default()), (0, 0));
+    }
+}

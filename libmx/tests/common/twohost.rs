@@ -1,0 +1,541 @@
+//! Two hosts for the native transport: two network namespaces, each with
+//! one Ethernet interface (MTU 9000), joined directly by a veth pair or
+//! through a relay that impairs the link like `tc netem`.
+//!
+//! Programs run in a namespace with `ip netns exec`, on the native transport
+//! (`XMX_TRANSPORT=native`, `XMX_IFACE`, `XMX_PEERS`, `XMX_HOSTNAME`).
+//! Host 0 is `h0`, host 1 is `h1`. Needs root; [`TwoHosts::direct`] and
+//! [`TwoHosts::impaired`] return `None` (with the reason printed) without it.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xmx_backend::nic::testbed::VethPair;
+use xmx_backend::nic::{NicConfig, PacketSocket};
+
+use crate::common::lib_dir;
+
+/// MTU of every link.
+pub const MTU: u32 = 9000;
+/// Watchdog of every program run, in seconds.
+pub const RUN_LIMIT_S: u32 = 110;
+
+/// One host: its namespace, interface, board address and hostname.
+#[derive(Clone, Debug)]
+pub struct Host {
+    pub ns: String,
+    pub iface: String,
+    pub mac: String,
+    pub hostname: String,
+}
+
+/// A link like `netem loss L duplicate D reorder R delay T`: each frame is
+/// lost with probability `loss`, else sent twice with probability
+/// `duplicate`; each copy goes at once with probability `reorder` (so it
+/// overtakes the frames before it), else after `delay`.
+#[derive(Clone, Copy, Debug)]
+pub struct Impairment {
+    pub loss: f64,
+    pub duplicate: f64,
+    pub reorder: f64,
+    pub delay: Duration,
+}
+
+/// `netem loss 5% duplicate 1% reorder 5% delay 1ms`.
+pub const LOSSY: Impairment = Impairment {
+    loss: 0.05,
+    duplicate: 0.01,
+    reorder: 0.05,
+    delay: Duration::from_millis(1),
+};
+
+/// What the relay did to the frames.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RelayStats {
+    pub frames: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+}
+
+enum Link {
+    Veth(VethPair),
+    Relayed(Relay),
+}
+
+/// Two hosts and the peer list naming both.
+pub struct TwoHosts {
+    pub hosts: [Host; 2],
+    /// `XMX_PEERS` file listing both hosts with their hostnames.
+    pub peers: PathBuf,
+    /// The same hosts with no hostname: they are learnt by HOST_QUERY.
+    pub peers_unnamed: PathBuf,
+    /// How the link is impaired, for the logs.
+    pub impairment: String,
+    link: Link,
+    dir: tempfile::TempDir,
+}
+
+/// Why two hosts cannot be built here, if they cannot.
+fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root: network namespaces need CAP_SYS_ADMIN".into());
+    }
+    match Command::new("ip").arg("-V").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("iproute2's ip is not installed".into()),
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// Board addresses of the two hosts (locally administered).
+const MACS: [&str; 2] = ["02:58:4d:00:00:a0", "02:58:4d:00:00:b1"];
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+impl TwoHosts {
+    /// Two hosts on a direct veth.
+    pub fn direct(tag: &str) -> Option<TwoHosts> {
+        if let Some(why) = unavailable() {
+            println!("skipped: {why}");
+            return None;
+        }
+        let pair = VethPair::create(tag, MTU).expect("veth pair");
+        let hosts = [
+            host(&pair.ns_a, &pair.if_a, 0),
+            host(&pair.ns_b, &pair.if_b, 1),
+        ];
+        Some(TwoHosts::with(hosts, Link::Veth(pair), "none".into()))
+    }
+
+    /// Two hosts on a link impaired as `imp` says: by `tc netem` on both
+    /// ends when the kernel has it, else by a relay in a third namespace.
+    pub fn impaired(tag: &str, imp: Impairment) -> Option<TwoHosts> {
+        if let Some(why) = unavailable() {
+            println!("skipped: {why}");
+            return None;
+        }
+        let pair = VethPair::create(tag, MTU).expect("veth pair");
+        let netem = format!(
+            "loss {}% duplicate {}% reorder {}% delay {}us",
+            imp.loss * 100.0,
+            imp.duplicate * 100.0,
+            imp.reorder * 100.0,
+            imp.delay.as_micros()
+        );
+        let tc = |ns: &str, dev: &str| -> Result<(), String> {
+            let mut args = vec!["netns", "exec", ns, "tc", "qdisc", "add", "dev", dev];
+            args.extend(["root", "netem"]);
+            args.extend(netem.split(' '));
+            let o = Command::new("ip")
+                .args(&args)
+                .output()
+                .map_err(|e| e.to_string())?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&o.stderr).trim().to_owned())
+            }
+        };
+        match tc(&pair.ns_a, &pair.if_a).and_then(|_| tc(&pair.ns_b, &pair.if_b)) {
+            Ok(()) => {
+                let hosts = [
+                    host(&pair.ns_a, &pair.if_a, 0),
+                    host(&pair.ns_b, &pair.if_b, 1),
+                ];
+                Some(TwoHosts::with(hosts, Link::Veth(pair), format!("tc netem {netem}")))
+            }
+            Err(why) => {
+                println!("tc netem unavailable ({why}); impairing the link in a relay instead");
+                drop(pair);
+                let relay = Relay::start(tag, imp);
+                let hosts = [
+                    host(&relay.namespaces[0], "xmx-a", 0),
+                    host(&relay.namespaces[1], "xmx-b", 1),
+                ];
+                Some(TwoHosts::with(
+                    hosts,
+                    Link::Relayed(relay),
+                    format!("relay {netem}"),
+                ))
+            }
+        }
+    }
+
+    fn with(hosts: [Host; 2], link: Link, impairment: String) -> TwoHosts {
+        for h in &hosts {
+            ip(&["-n", &h.ns, "link", "set", &h.iface, "address", &h.mac]).expect("set MAC");
+        }
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let list = |named: bool| {
+            let entries: Vec<String> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    if named {
+                        format!(
+                            r#"{{"index": {i}, "mac": "{}", "hostname": "{}"}}"#,
+                            h.mac, h.hostname
+                        )
+                    } else {
+                        format!(r#"{{"index": {i}, "mac": "{}"}}"#, h.mac)
+                    }
+                })
+                .collect();
+            format!("[{}]\n", entries.join(",\n "))
+        };
+        let peers = dir.path().join("peers.json");
+        let peers_unnamed = dir.path().join("peers-unnamed.json");
+        std::fs::write(&peers, list(true)).expect("peer list");
+        std::fs::write(&peers_unnamed, list(false)).expect("peer list");
+        TwoHosts {
+            hosts,
+            peers,
+            peers_unnamed,
+            impairment,
+            link,
+            dir,
+        }
+    }
+
+    /// What the relay did, if the link is relayed.
+    pub fn relay_stats(&self) -> Option<RelayStats> {
+        match &self.link {
+            Link::Relayed(r) => Some(r.stats()),
+            Link::Veth(_) => None,
+        }
+    }
+
+    /// `bin args` on host `side` on the native transport, with `env` on
+    /// top, under a watchdog; stdout and stderr piped.
+    pub fn command(&self, side: usize, bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let h = &self.hosts[side];
+        let limit = RUN_LIMIT_S.to_string();
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &h.ns, "timeout", "-k", "5", &limit])
+            .arg(bin)
+            .args(args)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("XMX_TRANSPORT", "native")
+            .env("XMX_IFACE", &h.iface)
+            .env("XMX_PEERS", &self.peers)
+            .env("XMX_HOSTNAME", &h.hostname)
+            .env_remove("MX_ERRORS_ARE_FATAL")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // XMX_TEST_LOG=filter logs the programs' libraries (RUST_LOG).
+        if let Ok(filter) = std::env::var("XMX_TEST_LOG") {
+            cmd.env("RUST_LOG", filter);
+        }
+        cmd
+    }
+
+    /// Runs `bin -l 2` on h0 and, once its endpoint is open, `bin -d h0 -e 2`
+    /// on h1; returns (passive, active) outputs.
+    pub fn run_pair(&self, bin: &Path, env: &[(&str, &str)]) -> (Output, Output) {
+        self.run_pair_args(bin, &["-l", "2"], &["-d", "h0", "-e", "2"], env)
+    }
+
+    /// Runs `bin passive_args` on h0 and, once its endpoint is open,
+    /// `bin active_args` on h1; returns (passive, active) outputs.
+    pub fn run_pair_args(
+        &self,
+        bin: &Path,
+        passive_args: &[&str],
+        active_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (Output, Output) {
+        let mut passive = self
+            .command(0, bin, passive_args, env)
+            .spawn()
+            .expect("spawning the passive side");
+        wait_endpoint_open(&mut passive);
+        let active = self
+            .command(1, bin, active_args, env)
+            .spawn()
+            .expect("spawning the active side");
+        let active = active.wait_with_output().expect("active side");
+        let passive = passive.wait_with_output().expect("passive side");
+        (passive, active)
+    }
+}
+
+fn host(ns: &str, iface: &str, i: usize) -> Host {
+    Host {
+        ns: ns.to_owned(),
+        iface: iface.to_owned(),
+        mac: MACS[i].to_owned(),
+        hostname: format!("h{i}"),
+    }
+}
+
+/// Processes descending from `pid`, itself included.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // "pid (comm) state ppid ...": comm may hold spaces, so split
+            // after its closing parenthesis.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|s| s.parse::<u32>().ok());
+            if let Some(pp) = ppid {
+                parents.push((p, pp));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while let Some(&p) = out.get(i) {
+        out.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
+/// Whether a thread named `name` runs in process `pid`.
+fn has_thread(pid: u32, name: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+    })
+}
+
+/// Waits until the program under `child` has an open endpoint: libmx
+/// starts its progression thread (`mx-progress`) when the first endpoint
+/// opens. Returns early if the program exits (its output tells why).
+pub fn wait_endpoint_open(child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if descendants(child.id())
+            .into_iter()
+            .any(|p| has_thread(p, "mx-progress"))
+        {
+            return;
+        }
+        if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+            return;
+        }
+        // No event announces another process's thread: poll /proc.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Requires a run to have passed; returns its stdout.
+pub fn passed(what: &str, o: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success() && stdout.contains("PASS"),
+        "{what} failed ({:?}):\nstdout:\n{stdout}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+/// A relay between two namespaces' links: what `tc netem` would do, in a
+/// third namespace, in a thread of the test.
+struct Relay {
+    namespaces: [String; 3],
+    stop: Arc<AtomicBool>,
+    stats: Arc<std::sync::Mutex<RelayStats>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A small deterministic generator (SplitMix64), so a run's impairments do
+/// not depend on a library's randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+impl Relay {
+    fn start(tag: &str, imp: Impairment) -> Relay {
+        let base = format!(
+            "xmx-{tag}-{}-r{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let namespaces = [format!("{base}-a"), format!("{base}-b"), format!("{base}-r")];
+        let mut relay = Relay {
+            namespaces: namespaces.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            stats: Arc::default(),
+            thread: None,
+        };
+        for ns in &namespaces {
+            ip(&["netns", "add", ns]).expect("namespace");
+        }
+        let [a, b, r] = &namespaces;
+        let mtu = MTU.to_string();
+        for (ns, iface, peer) in [(a, "xmx-a", "xmx-ra"), (b, "xmx-b", "xmx-rb")] {
+            ip(&[
+                "-n", ns, "link", "add", iface, "mtu", &mtu, "type", "veth", "peer", "name", peer,
+                "mtu", &mtu, "netns", r,
+            ])
+            .expect("veth");
+            ip(&["-n", ns, "link", "set", iface, "up"]).expect("link up");
+            ip(&["-n", r, "link", "set", peer, "up"]).expect("link up");
+        }
+        let cfg = NicConfig {
+            promiscuous: true,
+            ..NicConfig::default()
+        };
+        let ends = [
+            PacketSocket::open_in_netns(r, "xmx-ra", cfg.clone()).expect("relay end a"),
+            PacketSocket::open_in_netns(r, "xmx-rb", cfg).expect("relay end b"),
+        ];
+        let stop = relay.stop.clone();
+        let stats = relay.stats.clone();
+        relay.thread = Some(
+            std::thread::Builder::new()
+                .name("netem-relay".into())
+                .spawn(move || relay_loop(ends, imp, &stop, &stats))
+                .expect("relay thread"),
+        );
+        relay
+    }
+
+    fn stats(&self) -> RelayStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for ns in &self.namespaces {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+fn relay_loop(
+    mut ends: [PacketSocket; 2],
+    imp: Impairment,
+    stop: &AtomicBool,
+    stats: &std::sync::Mutex<RelayStats>,
+) {
+    let mut rng = Rng(0x786d_7820_6e65_7465);
+    let mut delayed: VecDeque<(Instant, usize, Vec<u8>)> = VecDeque::new();
+    let mut out: Vec<(usize, Vec<u8>)> = Vec::new();
+    let fds = [ends[0].fd().as_raw_fd(), ends[1].fd().as_raw_fd()];
+    while !stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let mut s = RelayStats::default();
+        for from in 0..2 {
+            let to = 1 - from;
+            let mut got = Vec::new();
+            ends[from].recv(|f| got.push(f.to_vec()));
+            for f in got {
+                s.frames += 1;
+                if rng.chance(imp.loss) {
+                    s.lost += 1;
+                    continue;
+                }
+                let copies = if rng.chance(imp.duplicate) {
+                    s.duplicated += 1;
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..copies {
+                    if rng.chance(imp.reorder) {
+                        s.reordered += 1;
+                        out.push((to, f.clone()));
+                    } else {
+                        delayed.push_back((now + imp.delay, to, f.clone()));
+                    }
+                }
+            }
+        }
+        while delayed.front().is_some_and(|d| d.0 <= now) {
+            if let Some((_, to, f)) = delayed.pop_front() {
+                out.push((to, f));
+            }
+        }
+        for (to, f) in out.drain(..) {
+            let _ = ends[to].send(&f);
+        }
+        for e in &mut ends {
+            let _ = e.flush();
+        }
+        {
+            let mut total = stats.lock().unwrap_or_else(|e| e.into_inner());
+            total.frames += s.frames;
+            total.lost += s.lost;
+            total.duplicated += s.duplicated;
+            total.reordered += s.reordered;
+        }
+        let timeout = delayed
+            .front()
+            .map_or(Duration::from_millis(20), |d| {
+                d.0.saturating_duration_since(Instant::now())
+            })
+            .min(Duration::from_millis(20));
+        let mut pfds = fds.map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: timeout.as_nanos() as libc::c_long,
+        };
+        // SAFETY: two initialised pollfd entries and a timespec that outlive
+        // the call; no signal mask.
+        unsafe { libc::ppoll(pfds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+    }
+}
