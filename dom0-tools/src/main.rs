@@ -20,8 +20,10 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SimCmd,
     },
-    /// The guided tour: a simulated cluster, MX traffic, isolation, figures.
-    Demo,
+    /// The guided tour: a simulated 2-host cluster with guests in two virtual clusters, MX
+    /// ping-pongs and streams between them, isolation, and latency/bandwidth beside TCP
+    /// (needs root for namespaces; removes everything at the end, also on Ctrl-C).
+    Demo(xmx_tools::demo::DemoArgs),
     /// Latency and bandwidth by message size: xmx beside shared memory, raw AF_PACKET and
     /// TCP on the same link, with ratios, JSON and plots (needs root for namespaces).
     Bench(xmx_tools::bench::BenchArgs),
@@ -110,22 +112,21 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Bench(args) => xmx_tools::bench::main(args),
         Cmd::BenchAgent(args) => xmx_tools::bench::agent::run(&args).map(|()| 0),
         Cmd::Admin(cmd) => xmx_tools::cli::run(cmd),
-        Cmd::Demo => {
-            eprintln!(
-                "xmx demo will start a 2-host simulated cluster with 2 guests per host in two \
-                 virtual clusters, run MX ping-pong and streams between them, show isolation and \
-                 print latency and bandwidth beside TCP. It needs the split driver, which is not \
-                 built yet."
-            );
-            Ok(2)
-        }
+        Cmd::Demo(args) => xmx_tools::demo::main(args, bin_dir()?),
     }
 }
 
 fn sim(cmd: SimCmd) -> Result<i32> {
     match cmd {
         SimCmd::Up { cluster, hosts, guests, mtu, json } => {
-            let opts = UpOptions { name: cluster.name, hosts, guests, mtu, bin_dir: bin_dir()? };
+            let opts = UpOptions {
+                name: cluster.name,
+                hosts,
+                guests,
+                mtu,
+                bin_dir: bin_dir()?,
+                guest_clusters: Vec::new(),
+            };
             let state = cluster::up(&opts, &mut |step| eprintln!("sim up: {step}"))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&state)?);

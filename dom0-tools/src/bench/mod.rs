@@ -91,6 +91,9 @@ pub enum BenchError {
     /// The scratch directory could not be made.
     #[error("scratch directory: {0}")]
     Scratch(#[source] std::io::Error),
+    /// A signal stopped the run; what it built was removed on the way out.
+    #[error(transparent)]
+    Interrupted(#[from] crate::interrupt::Interrupted),
 }
 
 /// What to run.
@@ -131,6 +134,7 @@ fn measure(
     opts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> Result<runner::CellReports, String> {
+    crate::interrupt::check().map_err(|i| i.to_string())?;
     let counts = match test {
         Test::Pingpong => plan::pingpong_counts(size, opts.depth),
         Test::Stream => plan::stream_counts(size, opts.depth),
@@ -245,6 +249,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
 
     let mut results = Vec::new();
     for setup in chosen.iter_mut() {
+        crate::interrupt::check()?;
         let prepared = setup.prepare(&env);
         let mut result = SetupResult {
             name: setup.name().to_owned(),
@@ -264,6 +269,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
                 // most likely too: they are skipped rather than waited for.
                 let mut timed_out: Option<u64> = None;
                 for &size in &sizes {
+                    crate::interrupt::check()?;
                     if let Some(at) = timed_out {
                         let why = format!("skipped: {} ran out of time", table::size_label(at));
                         progress(&format!(
@@ -302,6 +308,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
         })
         .collect();
     let ratios = report::ratios(&sizes, &results, &pairs);
+    crate::interrupt::check()?;
     Ok(Report {
         schema: report::SCHEMA.to_owned(),
         date,
@@ -379,7 +386,15 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         cell_timeout: Duration::from_secs(if args.quick { 60 } else { 120 }),
         spin_us: args.spin_us,
     };
-    let report = run(&opts, &mut |line| eprintln!("bench: {line}"))?;
+    // A Ctrl-C stops the run between cells, which removes its namespaces and files.
+    crate::interrupt::install().map_err(anyhow::Error::msg)?;
+    let report = match run(&opts, &mut |line| eprintln!("bench: {line}")) {
+        Err(BenchError::Interrupted(i)) => {
+            eprintln!("bench: {i}; the run's namespaces and files are removed");
+            return Ok(i.exit_code());
+        }
+        r => r?,
+    };
     let text = table::render(&report);
     write_outputs(&report, &text, &args.out)?;
     if args.json {

@@ -61,6 +61,18 @@ static uint64_t cpu_ns(void) {
          ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
 }
 
+/* "progress K/N" on stderr at most once a second, checked every 64
+ * iterations, as the bench's other agents report theirs. */
+static void progress(uint64_t done, uint64_t total) {
+  static uint64_t last;
+  if (done % 64 != 0) return;
+  uint64_t t = now_ns();
+  if (last == 0) last = t;
+  if (t - last < 1000000000u) return;
+  last = t;
+  fprintf(stderr, "progress %llu/%llu\n", (unsigned long long)done, (unsigned long long)total);
+}
+
 static void wait_done(mx_endpoint_t ep, mx_request_t *req, mx_status_t *s) {
   uint32_t result = 0;
   CHECK(mx_wait(ep, req, MX_INFINITE, s, &result));
@@ -130,6 +142,7 @@ static void client(mx_endpoint_t ep, const struct opts *o) {
       send_msg(ep, peer, out, o->size);
       recv_msg(ep, in, o->size, &s);
       if (i >= o->warmup) rt[i - o->warmup] = now_ns() - t0;
+      progress(i + 1, o->warmup + o->iters);
     }
     report(rt, o->iters, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
     free(rt);
@@ -142,6 +155,7 @@ static void client(mx_endpoint_t ep, const struct opts *o) {
     for (uint64_t i = 0; i < o->iters; i++) {
       if (i >= STREAM_WINDOW) wait_done(ep, &reqs[i % STREAM_WINDOW], &s);
       CHECK(mx_isend(ep, &seg, 1, peer, 0, NULL, &reqs[i % STREAM_WINDOW]));
+      progress(i + 1, o->iters);
     }
     uint64_t first = o->iters > STREAM_WINDOW ? o->iters - STREAM_WINDOW : 0;
     for (uint64_t i = first; i < o->iters; i++) wait_done(ep, &reqs[i % STREAM_WINDOW], &s);

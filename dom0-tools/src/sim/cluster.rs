@@ -82,6 +82,11 @@ pub struct UpOptions {
     pub mtu: u32,
     /// Directory holding the xmx binaries (xmx-simhv, ...).
     pub bin_dir: PathBuf,
+    /// `guest_clusters[i][j]`: the virtual cluster guest `j` of host `i` is attached in
+    /// (xmxd creates it if needed); guests without an entry are in the default cluster.
+    /// Attaching in the right cluster at once spares a re-attach, which would end the
+    /// guest's xmx-frontd.
+    pub guest_clusters: Vec<Vec<String>>,
 }
 
 pub fn host_name(i: usize) -> String {
@@ -262,7 +267,8 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
             let gname = guest_name(j);
             let domid = admin.create(&format!("{name}-{gname}"), Some(FIRST_GUEST_DOMID + j as DomId))?;
             progress(&format!("{name}: guest {gname} is domain {domid}"));
-            xmxd.call(&XmxdRequest::Attach { domid, cluster: None })
+            let cluster = opts.guest_clusters.get(i).and_then(|h| h.get(j)).cloned();
+            xmxd.call(&XmxdRequest::Attach { domid, cluster })
                 .with_context(|| format!("attaching the xmx device of {name}-{gname}"))?;
             state.hosts[i].guests.push(GuestState { name: gname.clone(), domid, frontd_socket: None });
             state.save()?;
