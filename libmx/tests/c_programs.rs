@@ -21,6 +21,14 @@ fn pingpong_every_size_up_to_16_mib() {
     assert!(out.lines().any(|l| l.trim_start().starts_with("16777216 ")));
 }
 
+/// The passive side's first receive is a LARGE message; it then connects
+/// back and answers on that connection.
+#[test]
+fn first_message_large_then_connect_back() {
+    assert!(program("first_large")
+        .contains("first message of 65536 bytes, 6 rounds answered on the connection back"));
+}
+
 #[test]
 fn stream_keeps_order() {
     assert!(program("stream").contains("received 1500 messages in order"));

@@ -80,8 +80,8 @@ fn myricom_mx_pingpong_verifies_every_length_across_hosts() {
     let dir = scratch();
     let bin = build_mx_pingpong(dir.path());
     let sender = [
-        "-d", "h0", "-r", "1", "-e", "3", "-S", "0", "-E", "1048577", "-M", "4", "-N", "20",
-        "-W", "2", "-V",
+        "-d", "h0", "-r", "1", "-e", "3", "-S", "0", "-E", "1048577", "-M", "4", "-N", "20", "-W",
+        "2", "-V",
     ];
     let (p, a) = hosts.run_pair_args(&bin, &["-e", "1"], &sender, &[]);
     let check = |what: &str, o: &std::process::Output| {

@@ -34,6 +34,13 @@ fn pingpong_every_size_up_to_16_mib() {
 }
 
 #[test]
+fn first_message_large_then_connect_back() {
+    if let Some((_, a)) = across("first_large", "nfl") {
+        assert!(a.contains("first message of 65536 bytes, 6 rounds answered"));
+    }
+}
+
+#[test]
 fn stream_keeps_order() {
     if let Some((p, a)) = across("stream", "nst") {
         assert!(p.contains("received 1500 messages in order"));
@@ -137,4 +144,28 @@ fn native_without_an_interface_is_refused() {
             "{iface:?}: {stderr}"
         );
     }
+}
+
+/// Without XMX_TRANSPORT, XMX_IFACE alone selects the native transport.
+#[test]
+fn an_interface_selects_native_by_default() {
+    let Some(hosts) = TwoHosts::direct("ndf") else {
+        return;
+    };
+    let dir = scratch();
+    let bin = build("cancel", &our_include(), dir.path());
+    let mut passive = hosts
+        .command(0, &bin, &["-l", "2"], &[])
+        .env_remove("XMX_TRANSPORT")
+        .spawn()
+        .expect("passive side");
+    twohost::wait_endpoint_open(&mut passive);
+    let active = hosts
+        .command(1, &bin, &["-d", "h0", "-e", "2"], &[])
+        .env_remove("XMX_TRANSPORT")
+        .output()
+        .expect("active side");
+    let passive = passive.wait_with_output().expect("passive side");
+    passed("passive side", &passive);
+    passed("active side", &active);
 }

@@ -16,7 +16,11 @@ use xmx_tests::relay::{ImpairedPort, Impairment};
 
 /// The programs run as pairs, each with a line its active side prints when
 /// every check held.
-const PAIRS: [(&str, &str); 7] = [
+const PAIRS: [(&str, &str); 8] = [
+    (
+        "first_large",
+        "first message of 65536 bytes, 6 rounds answered on the connection back",
+    ),
     ("stream", "sent 1500 messages"),
     ("waitany", "sends completed through mx_wait_any"),
     ("outstanding", "1000 sends outstanding at once"),

@@ -529,3 +529,91 @@ fn an_endpoint_can_talk_to_itself() {
     );
     assert_eq!(send_statuses(&mut s, 0).len(), 5);
 }
+
+/// Node 1 answers node 0 (sequenced NOTIFY or replies to the source) before
+/// it connects back; then it connects back and sends `pong` to the address
+/// the connect returned, which node 0 must receive.
+fn answer_then_connect_back(s: &mut Sim, first: &[u8], replies_before: usize) {
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let (a, b) = (s.addr(0), s.addr(1));
+    let now = s.now;
+    let window = RdmaWindow {
+        id: 4,
+        seqnum: 1,
+        offset: 0,
+    };
+    s.register_window(0, window, first.to_vec());
+    s.nodes[1].ep.post_recv(now, 0, 0, first.len()).unwrap();
+    s.nodes[0]
+        .ep
+        .send_large(now, b, 1, first.len() as u32, window)
+        .unwrap();
+    let limit = now + Duration::from_secs(600);
+    assert!(s.run_until(limit, |s| s.nodes[1]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::RecvDone(_)))));
+    let got = recvs(s, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].status, got[0].xfer_length),
+        (Status::Success, first.len() as u32)
+    );
+    assert_eq!(s.pulled[&(1, got[0].id.0)], first);
+    let source = got[0].source;
+    let now = s.now;
+    for i in 0..replies_before {
+        s.nodes[0].ep.post_recv(now, 0, 0, 100).unwrap();
+        s.nodes[1]
+            .ep
+            .send(now, source.peer, 10 + i as u64, b"early")
+            .unwrap();
+    }
+    s.run_to_quiescence(limit);
+    assert_eq!(s.connect(1, 0, KEY), Status::Success);
+    let now = s.now;
+    s.nodes[0].ep.post_recv(now, 0, 0, 100).unwrap();
+    s.nodes[1].ep.send(now, a, 2, b"pong").unwrap();
+    s.run_to_quiescence(s.now + Duration::from_secs(600));
+    let r = recvs(s, 0);
+    let data: Vec<(u64, &[u8])> = r.iter().map(|r| (r.match_info, &r.data[..])).collect();
+    let mut want: Vec<(u64, &[u8])> = (0..replies_before)
+        .map(|i| (10 + i as u64, &b"early"[..]))
+        .collect();
+    want.push((2, b"pong"));
+    assert_eq!(data, want, "every reply arrives once, in order");
+    assert!(r.iter().all(|r| r.source.session == 0xBBBB_0002));
+    assert!(send_statuses(s, 0)
+        .iter()
+        .all(|&(_, st)| st == Status::Success));
+    let sends = send_statuses(s, 1);
+    assert_eq!(sends.len(), replies_before + 1);
+    assert!(sends.iter().all(|&(_, st)| st == Status::Success));
+    assert_eq!(s.nodes[0].ep.pending_requests(), 0);
+    assert_eq!(s.nodes[1].ep.pending_requests(), 0);
+}
+
+/// The NOTIFY of a first LARGE message is a sequenced frame from the receiver:
+/// when the receiver then connects back, the sender must not restart its
+/// receive window, or everything after the NOTIFY looks early forever.
+#[test]
+fn connecting_back_after_a_first_large_message() {
+    let mut s = pair(19, Channel::perfect(), Config::default());
+    answer_then_connect_back(&mut s, &pattern(19, 65_536), 0);
+}
+
+#[test]
+fn connecting_back_after_a_first_large_message_under_loss() {
+    let mut s = pair(
+        20,
+        Channel::lossy(0.2, 0.2, Duration::from_millis(5)),
+        Config::default(),
+    );
+    answer_then_connect_back(&mut s, &pattern(20, 200_000), 0);
+}
+
+#[test]
+fn connecting_back_after_replying_to_the_source() {
+    let mut s = pair(21, Channel::perfect(), Config::default());
+    answer_then_connect_back(&mut s, &pattern(21, 40_000), 3);
+}

@@ -226,9 +226,10 @@ impl Outgoing {
                 reason: "does not fit its message",
             });
         }
-        let same = self.assembly.as_ref().is_some_and(|a| {
-            a.route == route && a.info == info && a.length == frag.msg_length
-        });
+        let same = self
+            .assembly
+            .as_ref()
+            .is_some_and(|a| a.route == route && a.info == info && a.length == frag.msg_length);
         if !same {
             if self.assembly.is_some() {
                 tracing::debug!("incomplete MEDIUM message discarded for a new one");
@@ -513,7 +514,7 @@ mod tests {
     use std::collections::VecDeque;
     use std::time::Instant;
     use xmx_backend::engine::{
-        ClusterId, Engine, EngineConfig, EndpointConfig, GuestConfig, GuestEvent, GuestId,
+        ClusterId, EndpointConfig, Engine, EngineConfig, GuestConfig, GuestEvent, GuestId,
         GuestMemory, InMemoryGuest, MemoryArea, PeerEntry, RegionHandle,
     };
     use xmx_wire::mxoe::Mac;
@@ -627,8 +628,7 @@ mod tests {
                     Some(buf)
                 })
                 .unwrap();
-                if let (Inbound::Frame(f), EventBody::RecvMedium { frag, .. }) =
-                    (&got, &event.body)
+                if let (Inbound::Frame(f), EventBody::RecvMedium { frag, .. }) = (&got, &event.body)
                 {
                     self.engine
                         .release_recvq_slot(B, EP_B, frag.recvq_slot)
@@ -678,7 +678,11 @@ mod tests {
         let bodies = [
             message(MessageKind::Tiny, vec![], 1),
             message(MessageKind::Tiny, (0..32).collect(), 2),
-            message(MessageKind::Small, (0..128).map(|i| i as u8 ^ 0x5a).collect(), 3),
+            message(
+                MessageKind::Small,
+                (0..128).map(|i| i as u8 ^ 0x5a).collect(),
+                3,
+            ),
             message(
                 MessageKind::Rndv(CoreRndv {
                     msg_length: 1 << 20,

@@ -13,7 +13,10 @@ pub const OPEN_MX_INCLUDE: &str = "/work/ref/xen2mx/common/mx";
 /// in the profile directory is refreshed only by `cargo build`; then the profile directory.
 pub fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().map(Path::to_path_buf).expect("target/<profile>/deps/<test>");
+    let deps = exe
+        .parent()
+        .map(Path::to_path_buf)
+        .expect("target/<profile>/deps/<test>");
     let profile = deps.parent().map(Path::to_path_buf);
     [Some(deps), profile]
         .into_iter()

@@ -140,11 +140,12 @@ impl TwoHosts {
             return None;
         }
         let pair = VethPair::create(tag, MTU).expect("veth pair");
+        let pct = |p: f64| format!("{}%", (p * 1000.0).round() / 10.0);
         let netem = format!(
-            "loss {}% duplicate {}% reorder {}% delay {}us",
-            imp.loss * 100.0,
-            imp.duplicate * 100.0,
-            imp.reorder * 100.0,
+            "loss {} duplicate {} reorder {} delay {}us",
+            pct(imp.loss),
+            pct(imp.duplicate),
+            pct(imp.reorder),
             imp.delay.as_micros()
         );
         let tc = |ns: &str, dev: &str| -> Result<(), String> {
@@ -167,7 +168,11 @@ impl TwoHosts {
                     host(&pair.ns_a, &pair.if_a, 0),
                     host(&pair.ns_b, &pair.if_b, 1),
                 ];
-                Some(TwoHosts::with(hosts, Link::Veth(pair), format!("tc netem {netem}")))
+                Some(TwoHosts::with(
+                    hosts,
+                    Link::Veth(pair),
+                    format!("tc netem {netem}"),
+                ))
             }
             Err(why) => {
                 println!("tc netem unavailable ({why}); impairing the link in a relay instead");
@@ -334,9 +339,9 @@ fn has_thread(pid: u32, name: &str) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
-    tasks.flatten().any(|t| {
-        std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
-    })
+    tasks
+        .flatten()
+        .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
 }
 
 /// Waits until the program under `child` has an open endpoint: libmx
@@ -405,7 +410,11 @@ impl Relay {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let namespaces = [format!("{base}-a"), format!("{base}-b"), format!("{base}-r")];
+        let namespaces = [
+            format!("{base}-a"),
+            format!("{base}-b"),
+            format!("{base}-r"),
+        ];
         let mut relay = Relay {
             namespaces: namespaces.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -475,10 +484,11 @@ fn relay_loop(
     while !stop.load(Ordering::SeqCst) {
         let now = Instant::now();
         let mut s = RelayStats::default();
-        for from in 0..2 {
-            let to = 1 - from;
+        for (from, to) in [(0, 1), (1, 0)] {
             let mut got = Vec::new();
-            ends[from].recv(|f| got.push(f.to_vec()));
+            if let Some(end) = ends.get_mut(from) {
+                end.recv(|f| got.push(f.to_vec()));
+            }
             for f in got {
                 s.frames += 1;
                 if rng.chance(imp.loss) {
@@ -507,7 +517,9 @@ fn relay_loop(
             }
         }
         for (to, f) in out.drain(..) {
-            let _ = ends[to].send(&f);
+            if let Some(end) = ends.get_mut(to) {
+                let _ = end.send(&f);
+            }
         }
         for e in &mut ends {
             let _ = e.flush();

@@ -18,9 +18,15 @@ impl Endpoint {
                 );
                 self.cleanup_partner(src, Status::EndpointUnreachable, false);
             }
+            // A partner instance we connected to already counts its sends
+            // from the start our connect request gave it (a LARGE's NOTIFY,
+            // replies to a message's source) and keeps counting, as it knows
+            // our session: restarting here would strand all it sends next.
             let p = self.partner_entry(src);
-            let start = p.next_match_recv_seq.restarted();
-            p.set_recv_start(start);
+            if p.true_session != Some(c.src_session) {
+                let start = p.next_match_recv_seq.restarted();
+                p.set_recv_start(start);
+            }
         }
         let my_session = self.session;
         let p = self.partner_entry(src);

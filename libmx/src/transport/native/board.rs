@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use xmx_backend::engine::{
-    Engine, EngineConfig, EndpointConfig, GuestConfig, GuestEvent, GuestId, PeerEntry, PeerTable,
+    EndpointConfig, Engine, EngineConfig, GuestConfig, GuestEvent, GuestId, PeerEntry, PeerTable,
     RegionHandle,
 };
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
@@ -318,9 +318,8 @@ impl Board {
         doorbell: Arc<Doorbell>,
         rcache: bool,
     ) -> Result<(u8, Arc<Mailbox>), OpenError> {
-        let busy = |slots: &HashMap<u8, Slot>, i: &u8| {
-            slots.get(i).is_some_and(|s| s.lingering.is_none())
-        };
+        let busy =
+            |slots: &HashMap<u8, Slot>, i: &u8| slots.get(i).is_some_and(|s| s.lingering.is_none());
         let index = match endpoint {
             Some(i) if busy(&self.slots, &i) => return Err(OpenError::Busy(i)),
             Some(i) => i,
@@ -528,12 +527,10 @@ impl Board {
         let Some(slot) = self.slots.get_mut(&index) else {
             return;
         };
-        if !slot
-            .windows
-            .get(&window.id)
-            .is_some_and(|w| w.seqnum == window.seqnum)
-        {
-            return;
+        // A stale window (its id registered again since) is not ours to drop.
+        match slot.windows.get(&window.id) {
+            Some(w) if w.seqnum == window.seqnum => {}
+            _ => return,
         }
         let Some(w) = slot.windows.remove(&window.id) else {
             return;
@@ -598,7 +595,10 @@ impl Board {
             return PullProgress::Done(Err(Status::Aborted));
         };
         let Some(session) = slot.sessions.get(source) else {
-            tracing::warn!(?source, "no session known for the sender of a LARGE message");
+            tracing::warn!(
+                ?source,
+                "no session known for the sender of a LARGE message"
+            );
             return PullProgress::Done(Err(Status::EndpointUnreachable));
         };
         let Some(region) = slot.free_region() else {
@@ -615,14 +615,7 @@ impl Board {
             return PullProgress::Done(Err(Status::NoResources));
         }
         let tag = slot.tag();
-        slot.sinks.insert(
-            tag,
-            Sink {
-                id,
-                region,
-                handle,
-            },
-        );
+        slot.sinks.insert(tag, Sink { id, region, handle });
         let request = engine_msgs::pull_request(tag, source, session, window, region, length);
         if let Err(v) = self.engine.handle_send(now, GUEST, index, &request) {
             self.counters.violations += 1;
@@ -762,7 +755,15 @@ impl Board {
                 }))
             );
             if let (true, Ok(Inbound::Frame(f))) = (resent, &converted) {
-                if let Some(mut ack) = slot.last_acks.get(&f.source()).copied() {
+                // One repeat per partner and pump, however many fragments came.
+                let source = f.source();
+                let queued = |r: &(u8, SendRequest)| {
+                    r.0 == endpoint
+                        && PeerAddr::new(r.1.route.peer_index, r.1.route.endpoint) == source
+                };
+                let already = self.replay.iter().any(queued);
+                if let (Some(mut ack), false) = (slot.last_acks.get(&f.source()).copied(), already)
+                {
                     if let SendOp::Liback(a) = &mut ack.op {
                         a.resent = true;
                     }

@@ -44,7 +44,11 @@ pub struct NativeMemory {
 
 /// Slot `offset / 4096` of a queue and the range `[offset % 4096, + len)`
 /// inside it, if the access stays within one slot of a queue of `slots`.
-fn slot_range(offset: u64, len: usize, slots: usize) -> Result<(usize, std::ops::Range<usize>), MemoryError> {
+fn slot_range(
+    offset: u64,
+    len: usize,
+    slots: usize,
+) -> Result<(usize, std::ops::Range<usize>), MemoryError> {
     let size = slots as u64 * SLOT;
     checked_range(offset, len, size)?;
     let slot = (offset / SLOT) as usize;
@@ -287,7 +291,9 @@ mod tests {
         ));
         assert_eq!(
             mem.read(MemoryArea::SendQueue { endpoint: 9 }, 0, &mut buf),
-            Err(MemoryError::NoSuchArea(MemoryArea::SendQueue { endpoint: 9 }))
+            Err(MemoryError::NoSuchArea(MemoryArea::SendQueue {
+                endpoint: 9
+            }))
         );
     }
 
@@ -309,10 +315,7 @@ mod tests {
         assert_eq!(mem.take_recv_fragment(0, 1, 1), None, "slot emptied");
         assert_eq!(mem.take_recv_fragment(0, 5, 0), None, "no slot 5");
         mem.remove_endpoint(0);
-        assert_eq!(
-            mem.write(area, 0, b"x"),
-            Err(MemoryError::NoSuchArea(area))
-        );
+        assert_eq!(mem.write(area, 0, b"x"), Err(MemoryError::NoSuchArea(area)));
     }
 
     #[test]
@@ -336,7 +339,10 @@ mod tests {
             Err(MemoryError::OutOfBounds { .. })
         ));
         mem.remove_region(h);
-        assert_eq!(mem.read(area, 0, &mut out), Err(MemoryError::NoSuchArea(area)));
+        assert_eq!(
+            mem.read(area, 0, &mut out),
+            Err(MemoryError::NoSuchArea(area))
+        );
         drop(mem);
         assert_eq!(a, b"\0\0\0ab");
         assert_eq!(b, b"cdef\0\0\0");

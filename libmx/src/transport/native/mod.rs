@@ -139,8 +139,7 @@ impl NativeConfig {
             peers,
             nic_spin: Duration::from_micros(number("XMX_NIC_SPIN_US")?.unwrap_or(0)),
             qdisc_bypass: number("XMX_QDISC_BYPASS")?.unwrap_or(1) != 0,
-            ack_delay: number("XMX_ACK_DELAY_US")?
-                .map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
+            ack_delay: number("XMX_ACK_DELAY_US")?.map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
             resend_delay: number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros),
             pull_timeout: number("XMX_PULL_TIMEOUT_MS")?.map(Duration::from_millis),
             discovery_wait: Duration::from_millis(number("XMX_DISCOVERY_MS")?.unwrap_or(1000)),
@@ -220,7 +219,11 @@ impl Shared {
         let r = f(board, Instant::now());
         board.pump();
         if let Some(t) = board.next_timer() {
-            if board.driver_wake.map_or(true, |w| t < w) {
+            let earlier = match board.driver_wake {
+                Some(w) => t < w,
+                None => true,
+            };
+            if earlier {
                 board.driver_wake = Some(t);
                 self.wake.notify();
             }
@@ -343,7 +346,10 @@ impl Native {
         self.shared.view.read(|t| {
             t.iter()
                 .filter(|e| e.hostname.is_empty() && e.mac != own)
-                .filter(|e| only.map_or(true, |m| m == e.mac))
+                .filter(|e| match only {
+                    Some(m) => m == e.mac,
+                    None => true,
+                })
                 .map(|e| e.mac)
                 .collect()
         })
@@ -378,7 +384,9 @@ impl Native {
                 return None;
             }
             self.query(&unnamed);
-            self.shared.view.wait_learnt(seen, deadline.min(now + REASK));
+            self.shared
+                .view
+                .wait_learnt(seen, deadline.min(now + REASK));
         }
     }
 

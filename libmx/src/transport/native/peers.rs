@@ -46,9 +46,7 @@ pub fn parse_specs(text: &str) -> Result<Vec<PeerSpec>, String> {
 pub fn board_name(name: &str) -> String {
     let name = name.trim();
     match name.rsplit_once(':') {
-        Some((host, board)) if !host.is_empty() && board.parse::<u32>().is_ok() => {
-            name.to_owned()
-        }
+        Some((host, board)) if !host.is_empty() && board.parse::<u32>().is_ok() => name.to_owned(),
         _ => format!("{name}:0"),
     }
 }
@@ -71,7 +69,11 @@ fn free_index(entries: &[PeerEntry]) -> Option<u16> {
 
 /// The table for the board `own` named `own_name`, with the peers of
 /// `specs`. Unknown hostnames are empty.
-pub fn initial_table(own: Mac, own_name: &str, specs: &[PeerSpec]) -> Result<Vec<PeerEntry>, String> {
+pub fn initial_table(
+    own: Mac,
+    own_name: &str,
+    specs: &[PeerSpec],
+) -> Result<Vec<PeerEntry>, String> {
     check_hostname(own_name)?;
     let mut entries: Vec<PeerEntry> = Vec::new();
     let mut unplaced = Vec::new();
@@ -92,7 +94,11 @@ pub fn initial_table(own: Mac, own_name: &str, specs: &[PeerSpec]) -> Result<Vec
             }
             None => String::new(),
         };
-        if entries.iter().chain(&unplaced).any(|e: &PeerEntry| e.mac == mac) {
+        if entries
+            .iter()
+            .chain(&unplaced)
+            .any(|e: &PeerEntry| e.mac == mac)
+        {
             return Err(format!("peer {mac} is listed twice"));
         }
         let entry = PeerEntry {
@@ -228,8 +234,12 @@ mod tests {
             .collect();
         assert_eq!(view, vec![(0, 1, "me:0"), (1, 2, "h1:0"), (2, 3, "")]);
         // The board's own entry keeps its index and takes the board's name.
-        let t = initial_table(OWN, "me:0", &[spec(Some(7), "02:00:00:00:00:01", Some("x"))])
-            .unwrap();
+        let t = initial_table(
+            OWN,
+            "me:0",
+            &[spec(Some(7), "02:00:00:00:00:01", Some("x"))],
+        )
+        .unwrap();
         assert_eq!((t[0].index, t[0].hostname.as_str()), (7, "me:0"));
     }
 
@@ -258,7 +268,10 @@ mod tests {
         let t = initial_table(OWN, "me:0", &[spec(Some(2), "02:00:00:00:00:02", None)]).unwrap();
         let peer = Mac([2, 0, 0, 0, 0, 9]);
         let t = with_peer(&t, peer, None).unwrap();
-        assert_eq!(t.last().map(|e| (e.index, e.hostname.as_str())), Some((1, "")));
+        assert_eq!(
+            t.last().map(|e| (e.index, e.hostname.as_str())),
+            Some((1, ""))
+        );
         let t = with_peer(&t, peer, Some("far")).unwrap();
         assert_eq!(t.iter().find(|e| e.mac == peer).unwrap().hostname, "far:0");
         assert!(with_peer(&t, Mac::BROADCAST, None).is_err());

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xmx_mx::frame::{ConnectRequest, Message, MessageKind, MediumFrag};
+use xmx_mx::frame::{ConnectRequest, MediumFrag, Message, MessageKind};
 use xmx_mx::{Body, Frame, PeerAddr, RequestId, Seqnum, Status};
 use xmx_wire::mxoe::Mac;
 
@@ -47,12 +47,18 @@ fn boards(a_knows_b: bool) -> (Arc<Native>, Arc<Native>) {
     let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
     let b_name = a_knows_b.then_some("hb");
     let a = Native::start(
-        config("ha", vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, b_name)]),
+        config(
+            "ha",
+            vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, b_name)],
+        ),
         Box::new(wa),
     )
     .expect("board A");
     let b = Native::start(
-        config("hb", vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)]),
+        config(
+            "hb",
+            vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)],
+        ),
         Box::new(wb),
     )
     .expect("board B");
@@ -114,7 +120,13 @@ fn connects_and_medium_messages_cross_between_boards() {
     let sent = connect(1, IDX_B, 2, pa.session());
     pa.transmit(sent.clone());
     let got = wait_for(&bell_b, || pb.receive());
-    assert_eq!(got, Frame { peer_index: IDX_A, ..sent });
+    assert_eq!(
+        got,
+        Frame {
+            peer_index: IDX_A,
+            ..sent
+        }
+    );
 
     // A MEDIUM message goes as one request once its fragments are in.
     let data: Vec<u8> = (0..9000u32).map(|i| (i % 251) as u8).collect();
@@ -201,7 +213,10 @@ fn large_data_is_pulled_from_the_senders_buffer_until_released() {
     let done = wait_for(&bell_b, || regions.completed_pull());
     assert_eq!(done, (RequestId(9), Ok(())));
     assert_eq!(dst[..250_001], src[..250_001]);
-    assert!(dst[250_001..].iter().all(|&b| b == 0), "only the length asked");
+    assert!(
+        dst[250_001..].iter().all(|&b| b == 0),
+        "only the length asked"
+    );
     assert_eq!(b.mapped_regions(), 0, "the destination is unmapped");
 
     // Released: the sender's board refuses the window.
@@ -253,7 +268,11 @@ fn the_registration_cache_keeps_a_buffer_mapped_until_invalidated() {
     let w1 = r.register(&segments(&mut buf)).unwrap();
     r.release(w1);
     let w2 = r.register(&segments(&mut buf)).unwrap();
-    assert_ne!((w1.id, w1.seqnum), (w2.id, w2.seqnum), "a new window each send");
+    assert_ne!(
+        (w1.id, w1.seqnum),
+        (w2.id, w2.seqnum),
+        "a new window each send"
+    );
     assert_eq!(a.cache_stats(3), Some((1, 1)));
     r.release(w2);
     assert_eq!(a.mapped_regions(), 1, "kept mapped");
@@ -314,7 +333,10 @@ fn configuration_from_the_environment() {
             if k == "XMX_PEERS" {
                 return peers.clone();
             }
-            pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
         }
     };
     let c = NativeConfig::from_lookup(env(
@@ -340,11 +362,23 @@ fn configuration_from_the_environment() {
         c.engine_config().pull_retransmit_timeout,
         Duration::from_millis(30)
     );
-    assert!(NativeConfig::from_lookup(env(&[], None)).is_err(), "no interface");
-    assert!(NativeConfig::from_lookup(env(&[("XMX_IFACE", "e"), ("XMX_NIC_SPIN_US", "x")], None)).is_err());
+    assert!(
+        NativeConfig::from_lookup(env(&[], None)).is_err(),
+        "no interface"
+    );
+    assert!(
+        NativeConfig::from_lookup(env(&[("XMX_IFACE", "e"), ("XMX_NIC_SPIN_US", "x")], None))
+            .is_err()
+    );
     assert!(NativeConfig::from_lookup(env(&[("XMX_IFACE", "e")], Some("/nonexistent"))).is_err());
-    assert!(is_default(env(&[("XMX_IFACE", "e")], None)) || std::path::Path::new("/dev/xen/evtchn").exists());
-    assert!(!is_default(env(&[("XMX_IFACE", "e"), ("XMX_TRANSPORT", "loopback")], None)));
+    assert!(
+        is_default(env(&[("XMX_IFACE", "e")], None))
+            || std::path::Path::new("/dev/xen/evtchn").exists()
+    );
+    assert!(!is_default(env(
+        &[("XMX_IFACE", "e"), ("XMX_TRANSPORT", "loopback")],
+        None
+    )));
     assert!(!is_default(env(&[], None)));
 }
 
@@ -362,11 +396,17 @@ fn tuning_follows_the_configuration() {
 #[test]
 fn a_closed_endpoint_lingers_repeating_its_last_ack() {
     let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
-    let mut ca = config("ha", vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))]);
+    let mut ca = config(
+        "ha",
+        vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))],
+    );
     ca.linger = Duration::from_millis(300);
     let a = Native::start(ca, Box::new(wa)).expect("board A");
     let b = Native::start(
-        config("hb", vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)]),
+        config(
+            "hb",
+            vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)],
+        ),
         Box::new(wb),
     )
     .expect("board B");
@@ -407,7 +447,13 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
     pa.transmit(ack.clone());
     drop(pa);
     let first = wait_for(&bell_b, || pb.receive());
-    assert_eq!(first, Frame { peer_index: IDX_A, ..ack.clone() });
+    assert_eq!(
+        first,
+        Frame {
+            peer_index: IDX_A,
+            ..ack.clone()
+        }
+    );
 
     // B missed nothing but resends anyway: the ack comes again, marked resent.
     pb.transmit(message.clone());
@@ -415,7 +461,10 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
     let Body::Liback(l) = again.body else {
         panic!("expected the ack again, got {again:?}");
     };
-    assert_eq!((l.acknum, l.lib_seqnum, l.resent), (9, Seqnum::from_raw(2), 1));
+    assert_eq!(
+        (l.acknum, l.lib_seqnum, l.resent),
+        (9, Seqnum::from_raw(2), 1)
+    );
     // Once the linger is over, the closed endpoint is NACKed.
     let closed = loop {
         pb.transmit(message.clone());
@@ -440,7 +489,11 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
 }
 
 /// The next frame `port` receives within `limit`, if any.
-fn next_within(bell: &Doorbell, port: &mut Box<dyn Port>, limit: Duration) -> Option<Frame<Vec<u8>>> {
+fn next_within(
+    bell: &Doorbell,
+    port: &mut Box<dyn Port>,
+    limit: Duration,
+) -> Option<Frame<Vec<u8>>> {
     let deadline = Instant::now() + limit;
     loop {
         let seen = bell.generation();
