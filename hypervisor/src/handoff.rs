@@ -39,8 +39,8 @@
 //! per receiver.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -48,7 +48,6 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
 use crate::{DomId, Error, GrantRef, Notify, Port, Result, PAGE_SIZE};
 
@@ -545,104 +544,13 @@ impl ImportedPort {
 /// Send one message (`body` prefixed by its little-endian `u32` length) with `fds`
 /// attached to its first byte. Never raises SIGPIPE.
 pub fn send_message(sock: &UnixStream, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    if fds.len() > MAX_MESSAGE_FDS {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "too many descriptors",
-        ));
-    }
-    let len = u32::try_from(body.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "message too large"))?;
-    let prefix = len.to_le_bytes();
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let total = prefix.len() + body.len();
-    let mut sent = 0usize;
-    while sent < total {
-        let (p, b) = if sent < prefix.len() {
-            (&prefix[sent..], body)
-        } else {
-            (&prefix[..0], &body[sent - prefix.len()..])
-        };
-        let iov = [IoSlice::new(p), IoSlice::new(b)];
-        let rights = [ControlMessage::ScmRights(&raw)];
-        let cmsgs: &[ControlMessage<'_>] = if sent == 0 && !raw.is_empty() {
-            &rights
-        } else {
-            &[]
-        };
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => sent += n,
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    crate::fdframe::send(sock, body, fds, MAX_MESSAGE_FDS)
 }
 
 /// Receive one message of at most `max` body bytes with the descriptors sent along.
 /// `Ok(None)` is an orderly close between messages.
 pub fn recv_message(sock: &UnixStream, max: usize) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut fds = Vec::new();
-    let mut prefix = [0u8; 4];
-    if !recv_exact(sock, &mut prefix, &mut fds)? {
-        return Ok(None);
-    }
-    let len = u32::from_le_bytes(prefix) as usize;
-    if len > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("message of {len} bytes exceeds {max}"),
-        ));
-    }
-    let mut body = vec![0u8; len];
-    if len > 0 && !recv_exact(sock, &mut body, &mut fds)? {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(Some((body, fds)))
-}
-
-fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<bool> {
-    let mut got = 0usize;
-    while got < buf.len() {
-        let mut cmsg = nix::cmsg_space!([RawFd; MAX_MESSAGE_FDS]);
-        let mut iov = [IoSliceMut::new(&mut buf[got..])];
-        let (n, truncated) = match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => {
-                for c in msg.cmsgs()? {
-                    if let ControlMessageOwned::ScmRights(received) = c {
-                        for fd in received {
-                            // SAFETY: the kernel just installed `fd` in this process for
-                            // this message; nothing else owns it.
-                            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    }
-                }
-                (msg.bytes, msg.flags.contains(MsgFlags::MSG_CTRUNC))
-            }
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if truncated || fds.len() > MAX_MESSAGE_FDS {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "more descriptors than a message may carry",
-            ));
-        }
-        if n == 0 {
-            if got == 0 {
-                return Ok(false);
-            }
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        got += n;
-    }
-    Ok(true)
+    crate::fdframe::recv(sock, max, MAX_MESSAGE_FDS)
 }
 
 fn put_u32s(out: &mut Vec<u8>, v: &[u32]) {

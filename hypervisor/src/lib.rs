@@ -15,6 +15,7 @@
 
 pub mod conformance;
 pub mod error;
+mod fdframe;
 pub mod handoff;
 pub mod linux;
 pub mod platform;

@@ -1,114 +1,22 @@
 //! Length-prefixed frames over a unix stream socket, with descriptors passed as
-//! `SCM_RIGHTS` on the first byte of a frame.
-//!
-//! Sends use `MSG_NOSIGNAL`: a peer that went away must surface as an error, never as a
-//! SIGPIPE that kills the process (the library may live inside a C application).
+//! `SCM_RIGHTS` on the first byte of a frame: the hypercall socket's framing, at most
+//! [`MAX_FDS`] descriptors a frame (the framing itself is [`crate::fdframe`]).
 
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-
-use nix::errno::Errno;
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
 use super::proto::MAX_FDS;
 
 /// Send one frame (`body` prefixed by its length) with `fds` attached.
 pub fn send_frame(sock: &UnixStream, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    let len = u32::try_from(body.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
-    let prefix = len.to_le_bytes();
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let total = prefix.len() + body.len();
-    let mut sent = 0usize;
-    while sent < total {
-        let (p, b) = if sent < prefix.len() {
-            (&prefix[sent..], body)
-        } else {
-            (&prefix[..0], &body[sent - prefix.len()..])
-        };
-        let iov = [IoSlice::new(p), IoSlice::new(b)];
-        let rights = [ControlMessage::ScmRights(&raw)];
-        let cmsgs: &[ControlMessage<'_>] = if sent == 0 && !raw.is_empty() {
-            &rights
-        } else {
-            &[]
-        };
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => sent += n,
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    crate::fdframe::send(sock, body, fds, MAX_FDS)
 }
 
 /// Receive one frame of at most `max` body bytes and every descriptor sent with it.
 /// `Ok(None)` is an orderly close between frames.
 pub fn recv_frame(sock: &UnixStream, max: usize) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut fds = Vec::new();
-    let mut prefix = [0u8; 4];
-    if !recv_exact(sock, &mut prefix, &mut fds)? {
-        return Ok(None);
-    }
-    let len = u32::from_le_bytes(prefix) as usize;
-    if len > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes exceeds {max}"),
-        ));
-    }
-    let mut body = vec![0u8; len];
-    if !recv_exact(sock, &mut body, &mut fds)? && len > 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(Some((body, fds)))
-}
-
-/// Fill `buf`; false if the stream ended before the first byte, an error if it ended
-/// after it.
-fn recv_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<bool> {
-    let mut got = 0usize;
-    while got < buf.len() {
-        let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
-        let mut iov = [IoSliceMut::new(&mut buf[got..])];
-        let (n, truncated) = match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => {
-                for c in msg.cmsgs()? {
-                    if let ControlMessageOwned::ScmRights(received) = c {
-                        for fd in received {
-                            // SAFETY: the kernel just installed `fd` in this process for
-                            // this message; nothing else owns it, so it is ours to close.
-                            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    }
-                }
-                (msg.bytes, msg.flags.contains(MsgFlags::MSG_CTRUNC))
-            }
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if truncated {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "more descriptors than a frame may carry",
-            ));
-        }
-        if n == 0 {
-            if got == 0 {
-                return Ok(false);
-            }
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        got += n;
-    }
-    Ok(true)
+    crate::fdframe::recv(sock, max, MAX_FDS)
 }
 
 #[cfg(test)]
