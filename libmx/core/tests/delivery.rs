@@ -617,3 +617,71 @@ fn connecting_back_after_replying_to_the_source() {
     let mut s = pair(21, Channel::perfect(), Config::default());
     answer_then_connect_back(&mut s, &pattern(21, 40_000), 3);
 }
+
+#[test]
+fn large_receive_completes_even_if_the_sender_leaves_before_acking_the_notify() {
+    let mut s = pair(18, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let big = pattern(5, 40_000);
+    let window = RdmaWindow {
+        id: 3,
+        seqnum: 1,
+        offset: 0,
+    };
+    s.register_window(0, window, big.clone());
+    let rid = s.nodes[1].ep.post_recv(now, 0, 0, 40_000).unwrap();
+    let sid = s.nodes[0]
+        .ep
+        .send_large(now, to, 9, big.len() as u32, window)
+        .unwrap();
+    // The sender is notified; it closes at once, so nothing of it reaches the
+    // receiver again: not the ack of the NOTIFY either.
+    assert!(s.run_until(now + Duration::from_secs(60), |s| s.nodes[0]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::SendDone { .. }))));
+    s.blackhole = true;
+    assert_eq!(send_statuses(&mut s, 0), vec![(sid.0, Status::Success)]);
+    s.run_to_quiescence(s.now + Duration::from_secs(3600));
+    let r = recvs(&mut s, 1);
+    assert_eq!(r.len(), 1, "one completion, not a late failure: {r:?}");
+    assert_eq!(
+        (r[0].id, r[0].status, r[0].match_info, r[0].xfer_length),
+        (rid, Status::Success, 9, 40_000)
+    );
+    assert_eq!(s.pulled[&(1, rid.0)], big);
+    // The receiver gave up on the NOTIFY quietly: no timer is left running.
+    assert_eq!(s.nodes[1].ep.next_timeout(), None);
+}
+
+#[test]
+fn closing_flushes_the_acks_still_owed() {
+    let mut s = pair(19, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    s.nodes[1].ep.post_recv(now, 0, 0, 64).unwrap();
+    let id = s.nodes[0].ep.send(now, to, 4, &[7u8; 32]).unwrap();
+    // Deliver the message, then close the receiver before its delayed ack is due.
+    assert!(s.run_until(now + Duration::from_secs(1), |s| s.nodes[1]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::RecvDone(_)))));
+    assert!(send_statuses(&mut s, 0).is_empty(), "not acked yet");
+    s.nodes[1].ep.flush_acks();
+    let mut acks = Vec::new();
+    while let Some(f) = s.nodes[1].ep.poll_transmit() {
+        acks.push(f);
+    }
+    assert_eq!(acks.len(), 1, "one explicit ack: {acks:?}");
+    let from = s.nodes[1].host;
+    for f in acks {
+        s.inject(from, f);
+    }
+    // The receiver is gone: nothing else of it reaches the sender.
+    s.blackhole = true;
+    s.step();
+    assert_eq!(send_statuses(&mut s, 0), vec![(id.0, Status::Success)]);
+}

@@ -35,6 +35,8 @@ pub use unexp::UnexpHandler;
 const SEQ_BITS: u32 = 40;
 /// Frames taken in per progress round, so timers and sends keep their turn.
 const FRAMES_PER_ROUND: usize = 256;
+/// Longest a closing endpoint waits for its partners to settle.
+const CLOSE_SETTLE_MAX: Duration = Duration::from_secs(3);
 
 /// Splits a request token into endpoint handle and request number.
 pub fn split_token(token: usize) -> (u32, u64) {
@@ -273,6 +275,7 @@ impl Endpoint {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.settle_before_close();
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.port = None;
         st.requests.clear();
@@ -283,6 +286,46 @@ impl Endpoint {
         self.deadline.store(u64::MAX, Ordering::SeqCst);
         self.doorbell.ring_local();
         tracing::debug!(handle = self.handle, "endpoint closed");
+    }
+
+    /// What the partners still need from this endpoint before its port goes:
+    /// the acks it owes (else they resend their last messages into a closed
+    /// endpoint and read the refusal as a failed send) and the acks of its
+    /// NOTIFYs (else a sender whose NOTIFY was lost waits for it until its
+    /// rendezvous timeout). Bounded by a few retransmission delays; a
+    /// vanished partner only costs that bound.
+    fn settle_before_close(&self) {
+        let limit = {
+            let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            (st.core.config().resend_delay * 3).min(CLOSE_SETTLE_MAX)
+        };
+        let until = std::time::Instant::now() + limit;
+        let _attending = self.doorbell.attend();
+        loop {
+            let seen = self.doorbell.generation();
+            let (left, timer) = {
+                let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                self.progress(&mut st);
+                st.core.flush_acks();
+                while let Some(frame) = st.core.poll_transmit() {
+                    if let Some(port) = st.port.as_mut() {
+                        counters::add(Counter::FramesSent, 1);
+                        port.transmit(frame);
+                    }
+                }
+                let timer = st.core.next_timeout().map(runtime::to_std);
+                (st.core.unacked_notifies(), timer)
+            };
+            if left == 0 {
+                return;
+            }
+            if std::time::Instant::now() >= until {
+                tracing::debug!(left, "closing with NOTIFYs not acknowledged");
+                return;
+            }
+            self.doorbell
+                .wait(seen, Some(timer.map_or(until, |t| t.min(until))));
+        }
     }
 
     /// Whether the calling thread runs an unexpected handler.

@@ -498,9 +498,9 @@ impl Endpoint {
             }))
     }
 
-    /// Reports the end of a pull requested by [`Event::PullNeeded`]; the
-    /// receive completes (with `status` if it is not `Success`) once the
-    /// sender acknowledged the NOTIFY.
+    /// Reports the end of a pull requested by [`Event::PullNeeded`]: the
+    /// receive completes now (with `status` if it is not `Success`) and the
+    /// NOTIFY to the sender is queued, retransmitted until it is acked.
     pub fn pull_done(&mut self, now: Instant, id: RequestId, status: Status) -> Result<(), Error> {
         let large = match self.requests.get(&id) {
             Some(Request::Recv(RecvReq {
@@ -511,6 +511,24 @@ impl Endpoint {
         };
         self.start_notify(now, id, large, status);
         Ok(())
+    }
+
+    /// NOTIFYs sent for completed LARGE receives and not yet acked. An
+    /// endpoint about to close lets these settle first: a sender that never
+    /// hears its NOTIFY waits for it until its rendezvous timeout.
+    pub fn unacked_notifies(&self) -> usize {
+        self.requests
+            .values()
+            .filter(|r| {
+                matches!(
+                    r,
+                    Request::Recv(RecvReq {
+                        state: RecvState::Notifying { .. },
+                        ..
+                    })
+                )
+            })
+            .count()
     }
 
     /// Sets a deadline on a pending send or connect, counted from its submission

@@ -99,6 +99,14 @@ impl Endpoint {
         failure: Option<Status>,
     ) {
         let capacity = match self.requests.get(&id) {
+            Some(Request::Recv(RecvReq {
+                state: RecvState::Notifying { .. },
+                ..
+            })) => {
+                // Reported when its pull ended; only the NOTIFY was still pending.
+                self.requests.remove(&id);
+                return;
+            }
             Some(Request::Recv(r)) => r.capacity,
             _ => return,
         };
@@ -208,9 +216,16 @@ impl Endpoint {
             };
             if accepted {
                 let threshold = self.config.imm_ack_threshold;
+                let notify = matches!(s, Sequenced::Notify(_));
                 if let Some(p) = self.partners.get_mut(&src) {
                     p.next_match_recv_seq = p.next_match_recv_seq.next();
                     p.update_next_frag(now, threshold);
+                    // A NOTIFY ends a LARGE transfer: the receiver keeps its
+                    // state (and may hold its close) until this ack, so it
+                    // leaves now rather than after the ack delay.
+                    if notify {
+                        p.need_ack_now();
+                    }
                 }
                 self.ack_pending.insert(src);
             }
@@ -391,16 +406,9 @@ impl Endpoint {
         large: LargeRecv,
         status: Status,
     ) {
-        let deadline = self.deadline_from(now);
-        let Some(Request::Recv(r)) = self.requests.get_mut(&id) else {
+        if !matches!(self.requests.get(&id), Some(Request::Recv(_))) {
             return;
-        };
-        r.state = RecvState::Notifying {
-            large,
-            status,
-            deadline,
-            retx: None,
-        };
+        }
         if self
             .partners
             .get(&large.source)
@@ -418,6 +426,38 @@ impl Endpoint {
             );
             return;
         }
+        let deadline = self.deadline_from(now);
+        if let Some(Request::Recv(r)) = self.requests.get_mut(&id) {
+            r.state = RecvState::Notifying {
+                large,
+                status,
+                deadline,
+                retx: None,
+            };
+        }
+        // The data is in the application's buffer already: the receive completes
+        // now, as MX completes it, and the NOTIFY stays queued until the sender
+        // acks it. A sender that closes as soon as it is notified never acks,
+        // and that must not turn a delivered message into a failed receive.
+        let status = match status {
+            Status::Success if large.xfer_length < large.msg_length => Status::Truncated,
+            s => s,
+        };
+        let xfer_length = if status.is_success() || status == Status::Truncated {
+            large.xfer_length
+        } else {
+            0
+        };
+        let source = self.addr_of(large.source);
+        self.events.push_back(Event::RecvDone(RecvDone {
+            id,
+            status,
+            source,
+            match_info: large.match_info,
+            msg_length: large.msg_length,
+            xfer_length,
+            data: Vec::new(),
+        }));
         self.enqueue_sequenced(now, large.source, id);
     }
 

@@ -226,6 +226,23 @@ impl Endpoint {
         p.ack_sent();
     }
 
+    /// Queues an explicit ack to every partner owed one, delayed or not.
+    /// Called when the endpoint closes: a partner whose last messages were
+    /// delivered here must not retransmit them into a closed endpoint and
+    /// read the NACK as a failed send.
+    pub fn flush_acks(&mut self) {
+        let owed: Vec<PeerAddr> = self
+            .partners
+            .iter()
+            .filter(|(_, p)| p.ack != AckNeed::None)
+            .map(|(&peer, _)| peer)
+            .collect();
+        for peer in owed {
+            self.send_liback(peer);
+        }
+        self.ack_pending.clear();
+    }
+
     pub(super) fn flush_immediate_acks(&mut self) {
         let candidates: Vec<PeerAddr> = self.ack_pending.iter().copied().collect();
         for peer in candidates {
