@@ -17,6 +17,16 @@
 //! old pages. Rings start empty again: send requests in flight at the disconnection get
 //! no completion and the events not yet consumed are lost (MX retransmits above this);
 //! regions are gone and have to be registered again.
+//!
+//! # Detach and re-attach
+//!
+//! dom0 may remove the device and create it again while the guest runs: that is how it
+//! moves a guest to another virtual cluster (the backend reads a device's identity when
+//! it connects). A removed device leaves the frontend [`Frontend::is_detached`], Closed
+//! but still wanting the device; when the toolstack creates it again the frontend reads
+//! the new `backend` and `backend-id`, runs the handshake again and re-opens its
+//! endpoints as after any reconnection. The identity (MAC, cluster, hostname) is read
+//! from the backend's directory each time; nothing the guest writes chooses it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -43,6 +53,8 @@ use crate::xenbus::{step, Step};
 /// Watch tokens of a frontend.
 const TOKEN_BACKEND: &str = "xmx-front:backend";
 const TOKEN_SHUTDOWN: &str = "xmx-front:shutdown";
+/// Fires when the toolstack removes the device or creates it again.
+const TOKEN_DEVICE: &str = "xmx-front:device-node";
 /// Transactions are retried this many times on conflict.
 const TX_ATTEMPTS: usize = 16;
 
@@ -183,6 +195,10 @@ pub struct Frontend {
     quarantine: Vec<Quarantined>,
     /// A control request timed out: the backend is not serving us; disconnect.
     broken: bool,
+    /// The toolstack removed the device (a detach, or the first half of a re-attach
+    /// that moves the guest to another cluster); it is taken up again when the toolstack
+    /// creates it anew.
+    detached: bool,
     reopened: Vec<EndpointHandoff>,
     events: VecDeque<FrontendEvent>,
 }
@@ -220,6 +236,10 @@ impl Frontend {
             &format!("/local/domain/{domid}/control/shutdown"),
             TOKEN_SHUTDOWN,
         )?;
+        xs.watch(
+            &xenbus::key_path(&front_dir, keys::BACKEND_ID),
+            TOKEN_DEVICE,
+        )?;
         tracing::info!(domid, devid = cfg.devid, backend = %back_dir, backend_id, "xmx frontend");
         let mut fe = Frontend {
             platform,
@@ -239,6 +259,7 @@ impl Frontend {
             retired: Vec::new(),
             quarantine: Vec::new(),
             broken: false,
+            detached: false,
             reopened: Vec::new(),
             events: VecDeque::new(),
         };
@@ -250,6 +271,17 @@ impl Frontend {
     /// Wait (on a xenstore watch) until the toolstack created device `devid` of this
     /// domain, i.e. wrote its `backend-id`.
     pub fn wait_for_device(platform: &dyn Platform, devid: u32, timeout: Duration) -> Result<()> {
+        Self::wait_for_device_or_stop(platform, devid, timeout, None).map(|_| ())
+    }
+
+    /// [`Frontend::wait_for_device`], also ending when `stop` polls readable (a daemon
+    /// told to stop). True if the device exists, false if stopped first.
+    pub fn wait_for_device_or_stop(
+        platform: &dyn Platform,
+        devid: u32,
+        timeout: Duration,
+        stop: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<bool> {
         let xs = platform.xenstore()?;
         let path = xenbus::key_path(
             &xenbus::frontend_dir(platform.domid(), devid),
@@ -260,7 +292,7 @@ impl Frontend {
         let deadline = Instant::now() + timeout;
         let result = loop {
             match xs.read(XBT_NULL, &path) {
-                Ok(_) => break Ok(()),
+                Ok(_) => break Ok(true),
                 Err(HvError::NotFound(_)) => {}
                 Err(e) => break Err(e.into()),
             }
@@ -268,7 +300,16 @@ impl Frontend {
             if left.is_zero() {
                 break Err(Error::Timeout(format!("device {path}")));
             }
-            if let Err(e) = xs.next_watch_event(Some(left)) {
+            if let Some(stop) = stop {
+                match wait_readable(xs.watch_fd(), stop, left) {
+                    Ok(true) => break Ok(false),
+                    Ok(false) => {}
+                    Err(e) => break Err(e),
+                }
+            }
+            if let Err(e) =
+                xs.next_watch_event(Some(if stop.is_some() { Duration::ZERO } else { left }))
+            {
                 break Err(e.into());
             }
         };
@@ -411,14 +452,36 @@ impl Frontend {
 
     /// Take every step the states call for now.
     pub fn advance(&mut self) -> Result<()> {
+        match self.take_steps() {
+            // The toolstack removed the device under us (a detach): wait for it to come
+            // back rather than recreate its nodes by writing our state.
+            Err(Error::Platform(HvError::NotFound(_))) if !self.device_present()? => {
+                self.mark_detached()
+            }
+            other => other,
+        }
+    }
+
+    fn take_steps(&mut self) -> Result<()> {
         // Each step changes our state, so a handful is the longest useful chain.
         for _ in 0..8 {
+            if self.detached {
+                if self.mode != Mode::Active || !self.device_present()? {
+                    return Ok(());
+                }
+                self.reattach()?;
+            }
             let back = self.backend_state();
             let want = self.mode == Mode::Active;
             let s = step(self.state, back, want);
             tracing::trace!(front = ?self.state, ?back, want, step = ?s, "xenbus");
             match s {
-                Step::Stay => return Ok(()),
+                Step::Stay => {
+                    if back.is_none() && !self.device_present()? {
+                        self.mark_detached()?;
+                    }
+                    return Ok(());
+                }
                 Step::Publish => self.publish()?,
                 Step::Connect => self.connect()?,
                 Step::Teardown => self.teardown()?,
@@ -426,6 +489,71 @@ impl Frontend {
             }
         }
         Ok(())
+    }
+
+    /// Whether the toolstack has removed the device (and not created it again yet).
+    pub fn is_detached(&self) -> bool {
+        self.detached
+    }
+
+    /// Whether the device's frontend directory names a backend.
+    fn device_present(&self) -> Result<bool> {
+        match self.xs.read(XBT_NULL, &self.front_key(keys::BACKEND_ID)) {
+            Ok(_) => Ok(true),
+            Err(HvError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The device is gone: release what the old connection held and wait for the
+    /// toolstack to create the device again.
+    fn mark_detached(&mut self) -> Result<()> {
+        if self.detached {
+            return Ok(());
+        }
+        if self.ctrl.is_some()
+            || matches!(
+                self.state,
+                XenbusState::Initialised | XenbusState::Connected
+            )
+        {
+            // Saying Closed into the vanished directory fails and marks us detached; if
+            // it succeeds, the device is back already and the handshake goes on.
+            return self.teardown();
+        }
+        self.detached = true;
+        self.state = XenbusState::Closed;
+        tracing::info!(device = %self.front_dir, "the device was removed; waiting for it to come back");
+        Ok(())
+    }
+
+    /// The toolstack created the device again: read where its backend is now and start
+    /// the handshake over. Open endpoints are re-opened once connected.
+    fn reattach(&mut self) -> Result<()> {
+        let read = |key: &str| -> Result<String> {
+            parse_text(self.xs.read(XBT_NULL, &self.front_key(key))?, key)
+        };
+        let back_dir = read(keys::BACKEND)?;
+        let backend_id: DomId = xenbus::parse_u32(&read(keys::BACKEND_ID)?)
+            .ok()
+            .and_then(|v| DomId::try_from(v).ok())
+            .ok_or_else(|| Error::Protocol("backend-id is not a domain id".into()))?;
+        if back_dir.is_empty() || !back_dir.starts_with('/') {
+            return Err(Error::Protocol(format!("backend path {back_dir:?}")));
+        }
+        if back_dir != self.back_dir {
+            let _ = self.xs.unwatch(
+                &xenbus::key_path(&self.back_dir, keys::STATE),
+                TOKEN_BACKEND,
+            );
+            self.xs
+                .watch(&xenbus::key_path(&back_dir, keys::STATE), TOKEN_BACKEND)?;
+            self.back_dir = back_dir;
+        }
+        self.backend_id = backend_id;
+        self.detached = false;
+        tracing::info!(backend = %self.back_dir, backend_id, "the device is back; connecting again");
+        self.set_state(XenbusState::Initialising)
     }
 
     fn in_transaction(&self, mut body: impl FnMut(TxId) -> Result<()>) -> Result<()> {
@@ -602,9 +730,13 @@ impl Frontend {
         match self.set_state(XenbusState::Closed) {
             Ok(()) => {}
             Err(Error::Platform(HvError::NotFound(_))) => {
-                // The device was removed: nothing to come back to.
+                // The device was removed; the toolstack may create it again (a
+                // re-attach), which `advance` notices.
                 self.state = XenbusState::Closed;
-                self.mode = Mode::Stopped;
+                if !self.detached {
+                    self.detached = true;
+                    tracing::info!(device = %self.front_dir, "the device was removed; waiting for it to come back");
+                }
             }
             Err(e) => return Err(e),
         }
@@ -1035,7 +1167,7 @@ impl Frontend {
         self.mode = Mode::Active;
         self.events.push_back(FrontendEvent::Resumed);
         tracing::info!("resuming");
-        if self.state != XenbusState::Initialising {
+        if self.state != XenbusState::Initialising && !self.detached {
             self.set_state(XenbusState::Initialising)?;
         }
         self.advance()
@@ -1108,6 +1240,39 @@ impl Frontend {
     }
 }
 
+/// Wait up to `timeout` until `watch` or `stop` polls readable; true if `stop` did.
+fn wait_readable(
+    watch: std::os::fd::RawFd,
+    stop: std::os::fd::BorrowedFd<'_>,
+    timeout: Duration,
+) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut fds = [
+        libc::pollfd {
+            fd: watch,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: stop.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `fds` is a valid array of two pollfd structures for the duration of the
+    // call, and its length is passed with it.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(Error::Io(e));
+    }
+    Ok(fds[1].revents != 0)
+}
+
 /// Copy `bytes` into the start of granted pages.
 fn write_pages(pages: &mut GrantedPages, bytes: &[u8]) {
     let n = bytes.len().min(pages.len());
@@ -1128,5 +1293,8 @@ impl Drop for Frontend {
             &xenbus::key_path(&self.back_dir, keys::STATE),
             TOKEN_BACKEND,
         );
+        let _ = self
+            .xs
+            .unwatch(&self.front_key(keys::BACKEND_ID), TOKEN_DEVICE);
     }
 }

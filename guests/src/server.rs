@@ -11,6 +11,10 @@
 //!   opened them: when it closes (the application exits or crashes: the kernel closes
 //!   the socket), they are closed in the backend and their grants ended. Only then: the
 //!   application's mappings are gone with the process.
+//! - The device may be removed and created again by dom0 (a detach, or a move to another
+//!   virtual cluster): applications see the disconnection, and once the device is back
+//!   their endpoints are re-opened and handed over again, as after a resume. The daemon
+//!   stops only when told to (or when the frontend gives the device up for good).
 //! - Stopping: applications are told ([`Notice::Shutdown`]) and given `drain` to
 //!   disconnect, then the device goes Closing, waits for the backend to let go, ends every
 //!   grant and goes Closed.
@@ -164,27 +168,35 @@ pub struct Server {
     next_client: u64,
 }
 
-/// Bind `path`, replacing a stale socket (one nobody answers on).
+/// Bind `path`, replacing a stale socket (one nobody answers on). The socket listens
+/// before it appears at `path` (it is bound under a temporary name and renamed), so
+/// whoever waits for the file can connect at once.
 fn bind(path: &Path) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)?;
         }
     }
-    match UnixListener::bind(path) {
-        Ok(l) => Ok(l),
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("another xmx-frontd serves {}", path.display()),
-                ));
-            }
-            std::fs::remove_file(path)?;
-            UnixListener::bind(path)
-        }
-        Err(e) => Err(e),
+    if path.exists() && UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("another xmx-frontd serves {}", path.display()),
+        ));
     }
+    let file = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("socket path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
 }
 
 impl Server {

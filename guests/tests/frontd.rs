@@ -408,3 +408,90 @@ fn the_daemon_has_help() {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
 }
+
+#[test]
+fn the_daemon_follows_a_detach_and_reattach_into_another_cluster() {
+    use xmx_backend::admin::{PeerSpec, Request as BackdRequest};
+    use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
+    let host = Host::start();
+    let g = host.guest("g1", 1);
+    let frontd = host.frontd(g, &[]);
+    let mut client = FrontdClient::connect(&frontd.socket).unwrap();
+    assert_eq!(client.info().unwrap().cluster, 1);
+    let mut c0 = client.open_endpoint(Some(0), Some(geometry())).unwrap();
+    let mut c1 = client.open_endpoint(Some(1), Some(geometry())).unwrap();
+    tiny_between(&mut c0, &mut c1, 1, b"before");
+
+    // dom0 moves the guest: the device goes, and comes back with another cluster.
+    let xs = host.xs0();
+    toolstack::detach(xs.as_ref(), DOM0, g, 0).unwrap();
+    eventually("the backend lets go of the guest", || {
+        host.state(DOM0).mappings_held == 0
+    });
+    let peers = vec![PeerSpec {
+        index: 0,
+        mac: guest_mac(1).to_string(),
+        hostname: "g1:0".into(),
+        cluster: 2,
+    }];
+    host.backend()
+        .control()
+        .call(BackdRequest::SetPeers { peers })
+        .into_result()
+        .unwrap();
+    let spec = DeviceSpec {
+        domu: g,
+        devid: 0,
+        mac: guest_mac(1),
+        cluster: 2,
+        hostname: "g1:0".into(),
+    };
+    toolstack::attach(xs.as_ref(), DOM0, &spec).unwrap();
+    let mut remapped = 0;
+    while remapped < 2 {
+        match client.wait_notice(WAIT).unwrap() {
+            Some(Notice::EndpointReopened(h)) => {
+                let ch = if h.endpoint == 0 { &mut c0 } else { &mut c1 };
+                client.remap(ch, h).unwrap();
+                remapped += 1;
+            }
+            Some(Notice::Disconnected) | Some(Notice::Connected) => {}
+            other => panic!("unexpected notice {other:?}"),
+        }
+    }
+    // The daemon still runs, with the identity dom0 gave, and the endpoints work.
+    let info = client.info().unwrap();
+    assert!(info.connected);
+    assert_eq!((info.cluster, info.mac), (2, guest_mac(1)));
+    tiny_between(&mut c0, &mut c1, 2, b"after the move");
+    assert_eq!(c0.generation(), 1);
+}
+
+#[test]
+fn sigterm_stops_a_daemon_still_waiting_for_its_device() {
+    let host = Host::start();
+    // A domain without the device: the daemon waits for it, and a SIGTERM ends the wait.
+    let g = host.admin.create("bare", None).unwrap();
+    let socket = host.path().join("bare.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_xmx-frontd"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--device-timeout", "600"])
+        .env("XMX_PLATFORM", "sim")
+        .env("XMX_SIM_DIR", host.path())
+        .env("XMX_DOMID", g.to_string())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut frontd = Frontd {
+        child: Some(child),
+        socket,
+        domid: g,
+    };
+    // Its watch on the device node shows it is waiting.
+    eventually("the daemon watches for its device", || {
+        host.state(g).xenstore.watches > 0
+    });
+    let status = frontd.terminate();
+    assert!(status.success(), "{status:?}");
+}

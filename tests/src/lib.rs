@@ -12,4 +12,5 @@ pub mod bins;
 pub mod capture;
 pub mod cluster;
 pub mod cprog;
+pub mod matrix;
 pub mod relay;

@@ -168,8 +168,24 @@ impl ControlServer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let listener = UnixListener::bind(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        // Bound and listening under a temporary name, then renamed into place: whoever
+        // waits for `path` to appear can connect at once (binding at `path` itself would
+        // show the file before the socket listens, and refuse connections meanwhile).
+        let file = path
+            .file_name()
+            .ok_or_else(|| std::io::Error::other("control socket path has no file name"))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(file);
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        let _ = std::fs::remove_file(&tmp);
+        let listener = UnixListener::bind(&tmp)?;
+        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {
             let stop = stop.clone();

@@ -6,7 +6,9 @@
 //! hands over the shared memory and event channels as file descriptors. An application
 //! that disconnects (or dies) has its endpoints closed. SIGTERM or SIGINT tells the
 //! applications, closes the device (Closing, then Closed once the backend let go) and
-//! exits 0.
+//! exits 0; a second signal, or a stop that outlives its bounds, exits at once. The
+//! daemon follows the device when dom0 removes it and creates it again (a move to
+//! another virtual cluster): it reconnects and re-opens the applications' endpoints.
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -97,18 +99,37 @@ fn run(args: Args) -> Result<(), String> {
     signals
         .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
+    let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+        .map_err(|e| format!("eventfd: {e}"))?;
+    let stop_writer = stop
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("eventfd: {e}"))?;
+    // The orderly stop is bounded by the drain and the device's close; a stop that
+    // outlives them, or a second signal, ends the process at once.
+    let grace = Duration::from_millis(args.drain_ms) + CLOSE_TIMEOUT + Duration::from_secs(2);
+    std::thread::Builder::new()
+        .name("frontd-signals".into())
+        .spawn(move || take_signals(signals, stop_writer, grace))
+        .map_err(|e| format!("signal thread: {e}"))?;
 
     let platform = xmx_hv::platform::from_env().map_err(|e| format!("platform: {e}"))?;
-    Frontend::wait_for_device(
+    let present = Frontend::wait_for_device_or_stop(
         platform.as_ref(),
         args.devid,
         Duration::from_secs(args.device_timeout),
+        Some(stop.as_fd()),
     )
     .map_err(|e| format!("waiting for device {}: {e}", args.devid))?;
+    if !present {
+        tracing::info!("stopped before the device appeared");
+        return Ok(());
+    }
     let mut cfg = FrontendConfig {
         devid: args.devid,
         rcache: !args.no_rcache,
         ctrl_timeout: Duration::from_secs(args.ctrl_timeout),
+        close_timeout: CLOSE_TIMEOUT,
         ..FrontendConfig::default()
     };
     if let Some(g) = args.endpoint_pages {
@@ -125,23 +146,31 @@ fn run(args: Args) -> Result<(), String> {
         },
     )
     .map_err(|e| format!("socket: {e}"))?;
-
-    let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
-        .map_err(|e| format!("eventfd: {e}"))?;
-    let stop_writer = stop
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| format!("eventfd: {e}"))?;
-    std::thread::Builder::new()
-        .name("frontd-signals".into())
-        .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                tracing::info!(signal = ?sig, "stopping");
-            }
-            let _ = nix::unistd::write(&stop_writer, &1u64.to_ne_bytes());
-        })
-        .map_err(|e| format!("signal thread: {e}"))?;
     server.run(stop.as_fd()).map_err(|e| e.to_string())
+}
+
+/// How long closing the device waits for the backend to let go.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The first SIGTERM or SIGINT asks the daemon to stop (through `stop`); a second one,
+/// or `grace` passing without the daemon having exited, ends the process.
+fn take_signals(signals: SigSet, stop: std::os::fd::OwnedFd, grace: Duration) {
+    let Ok(sig) = signals.wait() else { return };
+    tracing::info!(signal = ?sig, "stopping");
+    let _ = nix::unistd::write(&stop, &1u64.to_ne_bytes());
+    let ts = libc::timespec {
+        tv_sec: grace.as_secs() as libc::time_t,
+        tv_nsec: grace.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: sigtimedwait reads the signal set and the timeout, both valid for the call,
+    // and is given no siginfo buffer (null is allowed).
+    let r = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &ts) };
+    if r > 0 {
+        tracing::warn!(signal = r, "second signal; exiting now");
+    } else {
+        tracing::warn!(?grace, "the orderly stop takes too long; exiting now");
+    }
+    std::process::exit(1);
 }
 
 #[cfg(test)]
