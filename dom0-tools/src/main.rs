@@ -109,7 +109,7 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Sim { cmd } => sim(cmd),
-        Cmd::Bench(args) => xmx_tools::bench::main(args),
+        Cmd::Bench(args) => xmx_tools::bench::main(args, bin_dir()?),
         Cmd::BenchAgent(args) => xmx_tools::bench::agent::run(&args).map(|()| 0),
         Cmd::Admin(cmd) => xmx_tools::cli::run(cmd),
         Cmd::Demo(args) => xmx_tools::demo::main(args, bin_dir()?),

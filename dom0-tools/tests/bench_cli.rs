@@ -220,17 +220,19 @@ fn bad_sizes_are_refused() {
 }
 
 #[test]
-fn setups_without_a_transport_are_na_with_a_reason() {
-    // shm needs no namespace, guest-local has no transport yet: no root needed.
+fn guest_setups_without_a_cluster_are_na_with_a_reason() {
+    // shm needs no namespace; the guests' cluster named here does not exist.
     let dir = tempfile::tempdir().unwrap();
     let out = bench(
         &[
             "--quick",
             "--json",
             "--setups",
-            "guest-local,shm",
+            "guest-local,shm,guest-scaling",
             "--sizes",
             "64",
+            "--cluster",
+            "nosuchcluster",
         ],
         dir.path(),
     );
@@ -244,20 +246,30 @@ fn setups_without_a_transport_are_na_with_a_reason() {
     assert_eq!(guest["name"], "guest-local");
     assert_eq!(guest["status"], "n/a");
     assert!(
-        guest["reason"].as_str().unwrap().contains("xen transport"),
+        guest["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no simulated cluster \"nosuchcluster\""),
         "{guest}"
     );
     assert_eq!(guest["cells"], serde_json::json!([]));
+    assert!(report["guests"].is_null());
+    assert_eq!(report["scaling"]["status"], "n/a");
+    assert_eq!(report["scaling"]["points"], serde_json::json!([]));
     let ratio = &report["ratios"][0];
     assert_eq!(ratio["name"], "guest-local/shm");
     assert!(ratio["cells"][0]["latency"].is_null() && ratio["cells"][0]["bandwidth"].is_null());
     let table = std::fs::read_to_string(dir.path().join("bench.txt")).unwrap();
     assert!(
-        table.contains("guest-local: n/a (the xen transport"),
+        table.contains("guest-local: n/a (no simulated cluster"),
+        "{table}"
+    );
+    assert!(
+        table.contains("guest-scaling: n/a (no simulated cluster"),
         "{table}"
     );
     let row = table.lines().find(|l| l.starts_with("64 B")).unwrap();
-    assert!(row.contains("| n/a |") || row.contains("n/a"), "{row}");
+    assert!(row.contains("n/a"), "{row}");
     assert!(stderr.contains("bench: guest-local: n/a ("), "{stderr}");
 }
 

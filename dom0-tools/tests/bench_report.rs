@@ -30,6 +30,7 @@ fn setup(name: &str, figures: &[(u64, f64, f64)]) -> SetupResult {
                     msgs_per_s: 10.0,
                     cpu_s: 0.1,
                     cpu_s_per_gb: (size > 0).then_some(1.0),
+                    cost: None,
                 }),
                 error: None,
             })

@@ -10,6 +10,14 @@
 //! only ([`plan`]), warm-up iterations are not measured. A setup that cannot run here is
 //! reported "n/a" with the reason; a figure is never made up.
 //!
+//! The guest setups (`guest-remote`, `guest-local`, `guest-rcache`, `guest-scaling`) run
+//! MX programs as applications of guests of a simulated cluster of two hosts
+//! ([`guests`]): one this run makes (`b<pid>`, removed at the end and on Ctrl-C), or the
+//! one `--cluster` names. The baselines keep their veth pair, whose link carries nothing
+//! else (the cluster's NICs carry its daemons' frames). Every stream cell also samples the
+//! CPU of every process the setup needs over the whole cell ([`cost`]): programs, and for
+//! guests the backends and frontends.
+//!
 //! # JSON (`--json`, and `bench.json` in the output directory)
 //!
 //! ```text
@@ -30,12 +38,23 @@
 //!                         "p99_us": 5.0, "min_us": 1.8, "mean_us": 2.3 } | null,
 //!           "stream": { "messages": 8192, "bytes": 33554432, "seconds": 0.01,
 //!                       "mb_per_s": 3355.4, "msgs_per_s": 819200.0, "cpu_s": 0.02,
-//!                       "cpu_s_per_gb": 0.6 | null } | null,   // null: 0 bytes moved
+//!                       "cpu_s_per_gb": 0.6 | null,            // null: 0 bytes moved
+//!                       "cost": COST | null } | null,
 //!           "error": null | "what failed" } ] } ],
 //!   "ratios": [ {
 //!       "name": "native/afpacket", "numerator": "native", "denominator": "afpacket",
-//!       "cells": [ { "size": 4096, "latency": 1.4 | null, "bandwidth": 0.7 | null } ] } ]
+//!       "cells": [ { "size": 4096, "latency": 1.4 | null, "bandwidth": 0.7 | null } ] } ],
+//!   "guests": { "kind": "sim:b4242", "guests_per_host": 4, "made_for_run": true } | null,
+//!   "scaling": { "status": "ok" | "n/a", "reason": null | "...", "message_size": 262144,
+//!       "messages": 32, "warmup": 2,
+//!       "points": [ { "guests_per_host": 4, "aggregate_mb_per_s": 900.0 | null,
+//!                     "per_guest_mb_per_s": [230.1, ...], "jain": 0.99 | null,
+//!                     "seconds": 0.3 | null, "cost": COST | null,
+//!                     "error": null | "..." } ],
+//!       "ratio_40_vs_8": 0.93 | null } | null
 //! }
+//! COST: { "bytes": 36700160, "apps_s": 0.1, "backends_s": 0.05, "frontends_s": 0.01,
+//!         "other_s": 0.0, "cpu_s_per_gb": 4.4 | null }   // whole cell, warm-up included
 //! ```
 //!
 //! Latencies are microseconds, bandwidths megabytes (10^6 B) per second of payload.
@@ -45,17 +64,21 @@
 //! # Outputs
 //!
 //! The table on stdout (or the JSON with `--json`), progress on stderr, and in `--out`
-//! (default `target/bench/`): bench.json, bench.txt, latency.png/svg, bandwidth.png/svg.
+//! (default `target/bench/`): bench.json, bench.txt, latency.png/svg, bandwidth.png/svg,
+//! and scaling.png/svg when `guest-scaling` ran.
 
 pub mod afpacket;
 pub mod agent;
+pub mod cost;
 pub mod exchange;
+pub mod guests;
 pub mod link;
 pub mod native;
 pub mod plan;
 pub mod plot;
 pub mod report;
 pub mod runner;
+pub mod scaling;
 pub mod setups;
 pub mod shm;
 pub mod stats;
@@ -68,9 +91,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 
 use agent::Test;
+use cost::CpuCost;
+use guests::GuestBed;
 use link::Link;
 use plan::Depth;
-use report::{Cell, LinkInfo, Machine, Report, SetupResult, Status};
+use report::{BenchReport, Cell, GuestsInfo, LinkInfo, Machine, Report, SetupResult, Status};
+use scaling::ScalingReport;
 use setups::Env;
 use stats::{Bandwidth, Latency};
 
@@ -105,10 +131,12 @@ pub struct Options {
     pub sizes: Option<Vec<u64>>,
     /// Full or quick.
     pub depth: Depth,
-    /// Use this simulated cluster instead of a fresh veth pair.
+    /// Use this simulated cluster instead of a fresh veth pair, and for the guests.
     pub cluster: Option<String>,
     /// The `xmx` binary, which agents are started from.
     pub xmx: PathBuf,
+    /// Where the daemons of a cluster made for the run are (xmx-simhv, ...).
+    pub bin_dir: PathBuf,
     /// The command line, for the report.
     pub command: String,
     /// Longest time one measurement (two processes) may take.
@@ -133,7 +161,7 @@ fn measure(
     size: u64,
     opts: &Options,
     progress: &mut dyn FnMut(&str),
-) -> Result<runner::CellReports, String> {
+) -> Result<(runner::CellReports, CpuCost), String> {
     crate::interrupt::check().map_err(|i| i.to_string())?;
     let counts = match test {
         Test::Pingpong => plan::pingpong_counts(size, opts.depth),
@@ -148,7 +176,12 @@ fn measure(
     progress(&format!("{label}: {counts} iterations"));
     let agents = setup.cell(env, test, size, counts)?;
     let mut on_progress = |p: &str| progress(&format!("{label}: iteration {p}"));
-    runner::run_cell(env.xmx, agents, opts.cell_timeout, &mut on_progress)
+    let daemons = setup.daemons(env);
+    let before = cost::snapshot(&daemons);
+    let reports = runner::run_cell(env.xmx, agents, opts.cell_timeout, &mut on_progress)?;
+    let after = cost::snapshot(&daemons);
+    let moved = (counts.warmup + counts.iters).saturating_mul(size);
+    Ok((reports, CpuCost::between(before, after, moved)))
 }
 
 fn run_cell(
@@ -160,7 +193,7 @@ fn run_cell(
 ) -> Cell {
     let mut errors = Vec::new();
     let pingpong = match measure(env, setup, Test::Pingpong, size, opts, progress) {
-        Ok(r) => Latency::from_round_trips(
+        Ok((r, _)) => Latency::from_round_trips(
             &r.client.round_trips_ns,
             plan::pingpong_counts(size, opts.depth).warmup,
         )
@@ -174,9 +207,13 @@ fn run_cell(
         }
     };
     let stream = match measure(env, setup, Test::Stream, size, opts, progress) {
-        Ok(r) => {
+        Ok((r, cost)) => {
             let cpu = r.server.cpu_ns.saturating_add(r.client.cpu_ns);
             Bandwidth::from_counts(r.server.messages, r.server.bytes, r.server.elapsed_ns, cpu)
+                .map(|b| Bandwidth {
+                    cost: Some(cost),
+                    ..b
+                })
                 .or_else(|| {
                     errors.push("stream: the receiver measured no time".to_owned());
                     None
@@ -214,10 +251,47 @@ fn run_cell(
     }
 }
 
+/// The guests' cluster: the one `--cluster` names, or one made for the run with enough
+/// guests for what is requested.
+fn guest_bed(
+    opts: &Options,
+    scratch: &Path,
+    scaling_wanted: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<GuestBed, String> {
+    match &opts.cluster {
+        Some(name) => {
+            progress(&format!("guests: simulated cluster {name}"));
+            GuestBed::existing(name, &opts.xmx, scratch).map_err(|e| format!("{e:#}"))
+        }
+        None => {
+            if !nix::unistd::geteuid().is_root() {
+                return Err("needs root (a simulated cluster: namespaces and daemons)".into());
+            }
+            let most = if scaling_wanted {
+                scaling::guest_counts(opts.depth)
+                    .into_iter()
+                    .max()
+                    .unwrap_or(1)
+            } else {
+                1
+            };
+            let per_host = most.max(2);
+            let name = guests::cluster_name(std::process::id());
+            progress(&format!(
+                "guests: simulated cluster {name}, 2 hosts x {per_host} guests"
+            ));
+            GuestBed::up(&name, per_host, &opts.bin_dir, &opts.xmx, scratch, progress)
+                .map_err(|e| format!("{e:#}"))
+        }
+    }
+}
+
 /// Run every requested setup at every size. `progress` receives one line per step.
-pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, BenchError> {
+pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, BenchError> {
     let date = rfc3339_now();
     let mut chosen = setups::select(&opts.setups)?;
+    let scaling_wanted = setups::wanted(&opts.setups, scaling::NAME);
     let sizes = opts.sizes.clone().unwrap_or_else(|| match opts.depth {
         Depth::Full => plan::all_sizes(),
         Depth::Quick => plan::quick_sizes(),
@@ -225,7 +299,11 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
     let scratch = Scratch(std::env::temp_dir().join(format!("xmx-bench-{}", std::process::id())));
     std::fs::create_dir_all(&scratch.0).map_err(BenchError::Scratch)?;
 
-    let link = if chosen.iter().any(|s| s.name() != "shm") {
+    let is_guest = |name: &str| name.starts_with("guest-");
+    let link = if chosen
+        .iter()
+        .any(|s| s.name() != "shm" && !is_guest(s.name()))
+    {
         progress(&match &opts.cluster {
             Some(c) => format!("link: hosts h0 and h1 of simulated cluster {c}"),
             None => format!("link: veth pair across two namespaces, MTU {}", link::MTU),
@@ -240,11 +318,23 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
     if let Err(e) = &link {
         progress(&format!("link: none: {e}"));
     }
+    crate::interrupt::check()?;
+    let mut bed = if scaling_wanted || chosen.iter().any(|s| is_guest(s.name())) {
+        guest_bed(opts, &scratch.0, scaling_wanted, progress)
+    } else {
+        Err("no guest setup requested".to_owned())
+    };
+    if let Err(e) = &bed {
+        progress(&format!("guests: none: {e}"));
+    }
+    // A signal during the cluster's start fails it; say so rather than the daemon's death.
+    crate::interrupt::check()?;
     let env = Env {
         link: link.as_ref().map_err(String::as_str),
         xmx: &opts.xmx,
         scratch: &scratch.0,
         spin_us: opts.spin_us,
+        guests: bed.as_ref().map_err(String::as_str),
     };
 
     let mut results = Vec::new();
@@ -268,7 +358,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
                 // After a measurement ran out of time, larger sizes of the same setup would
                 // most likely too: they are skipped rather than waited for.
                 let mut timed_out: Option<u64> = None;
-                for &size in &sizes {
+                for &size in sizes.iter().filter(|&&s| setup.measures(s)) {
                     crate::interrupt::check()?;
                     if let Some(at) = timed_out {
                         let why = format!("skipped: {} ran out of time", table::size_label(at));
@@ -299,6 +389,33 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
         }
         results.push(result);
     }
+    let scaling = if scaling_wanted {
+        crate::interrupt::check()?;
+        Some(match &bed {
+            Ok(b) => scaling::run(
+                b,
+                &opts.xmx,
+                &scratch.0,
+                opts.depth,
+                opts.cell_timeout,
+                progress,
+            )?,
+            Err(e) => {
+                progress(&format!("{}: n/a ({e})", scaling::NAME));
+                ScalingReport::not_available(e.clone(), opts.depth)
+            }
+        })
+    } else {
+        None
+    };
+    let guests_info = bed.as_ref().ok().map(|b| GuestsInfo {
+        kind: b.kind(),
+        guests_per_host: b.guests_per_host(),
+        made_for_run: opts.cluster.is_none(),
+    });
+    if let Ok(b) = &mut bed {
+        b.teardown(progress);
+    }
     let pairs: Vec<(String, String)> = chosen
         .iter()
         .flat_map(|s| {
@@ -309,19 +426,23 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Ben
         .collect();
     let ratios = report::ratios(&sizes, &results, &pairs);
     crate::interrupt::check()?;
-    Ok(Report {
-        schema: report::SCHEMA.to_owned(),
-        date,
-        command: opts.command.clone(),
-        quick: opts.depth == Depth::Quick,
-        machine: Machine::this(),
-        link: link.as_ref().ok().map(|l| LinkInfo {
-            kind: l.kind.clone(),
-            mtu: l.mtu,
-        }),
-        sizes,
-        setups: results,
-        ratios,
+    Ok(BenchReport {
+        report: Report {
+            schema: report::SCHEMA.to_owned(),
+            date,
+            command: opts.command.clone(),
+            quick: opts.depth == Depth::Quick,
+            machine: Machine::this(),
+            link: link.as_ref().ok().map(|l| LinkInfo {
+                kind: l.kind.clone(),
+                mtu: l.mtu,
+            }),
+            sizes,
+            setups: results,
+            ratios,
+        },
+        guests: guests_info,
+        scaling,
     })
 }
 
@@ -347,14 +468,15 @@ pub struct BenchArgs {
     #[arg(long, value_name = "LIST")]
     pub sizes: Option<String>,
     /// Setups, comma-separated [default: all]: shm, afpacket, tcp, native, guest-remote,
-    /// guest-local, guest-nocache, guest-x4.
+    /// guest-local, guest-rcache, guest-scaling.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub setups: Vec<String>,
     /// Directory for bench.json, bench.txt and the plots.
     #[arg(long, value_name = "DIR", default_value = "target/bench")]
     pub out: PathBuf,
     /// Measure between hosts h0 and h1 of this simulated cluster (`xmx sim up`) instead of
-    /// a veth pair made for the run.
+    /// a veth pair made for the run, and run the guest setups on its guests instead of on
+    /// a cluster made (and removed) by the run.
     #[arg(long, value_name = "NAME")]
     pub cluster: Option<String>,
     /// Microseconds a waiting process polls before it blocks, in every polling setup (shm,
@@ -364,8 +486,9 @@ pub struct BenchArgs {
     pub spin_us: u64,
 }
 
-/// `xmx bench`: run, print, write the files. Exits non-zero when a cell failed.
-pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
+/// `xmx bench`: run, print, write the files. Exits non-zero when a cell failed. `bin_dir`
+/// holds the daemons of a simulated cluster.
+pub fn main(args: BenchArgs, bin_dir: PathBuf) -> anyhow::Result<i32> {
     let sizes = args.sizes.as_deref().map(plan::parse_sizes).transpose()?;
     let opts = Options {
         setups: args
@@ -382,6 +505,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         },
         cluster: args.cluster,
         xmx: std::env::current_exe().context("locating the xmx binary")?,
+        bin_dir,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         cell_timeout: Duration::from_secs(if args.quick { 60 } else { 120 }),
         spin_us: args.spin_us,
@@ -395,7 +519,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         }
         r => r?,
     };
-    let text = table::render(&report);
+    let text = table::render_all(&report);
     write_outputs(&report, &text, &args.out)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -403,11 +527,18 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
         print!("{text}");
     }
     let failed = report
+        .report
         .setups
         .iter()
         .flat_map(|s| &s.cells)
         .filter(|c| c.error.is_some())
-        .count();
+        .count()
+        + report
+            .scaling
+            .iter()
+            .flat_map(|s| &s.points)
+            .filter(|p| p.error.is_some())
+            .count();
     if failed > 0 {
         eprintln!("bench: {failed} cell(s) failed; see the table");
         return Ok(1);
@@ -415,20 +546,26 @@ pub fn main(args: BenchArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn write_outputs(report: &Report, text: &str, out: &Path) -> anyhow::Result<()> {
+fn write_outputs(report: &BenchReport, text: &str, out: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     std::fs::write(
         out.join("bench.json"),
         serde_json::to_string_pretty(report)? + "\n",
     )?;
     std::fs::write(out.join("bench.txt"), text)?;
-    match plot::write_plots(report, out) {
-        Ok(files) => {
-            for f in files.files {
-                eprintln!("bench: wrote {}", f.display());
+    let mut plots = vec![plot::write_plots(&report.report, out)];
+    if let Some(s) = &report.scaling {
+        plots.push(plot::write_scaling_plot(s, out));
+    }
+    for written in plots {
+        match written {
+            Ok(files) => {
+                for f in files.files {
+                    eprintln!("bench: wrote {}", f.display());
+                }
             }
+            Err(e) => anyhow::bail!("plots: {e}"),
         }
-        Err(e) => anyhow::bail!("plots: {e}"),
     }
     eprintln!(
         "bench: wrote {} and {}",

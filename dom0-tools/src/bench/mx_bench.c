@@ -7,12 +7,16 @@
  *   mx_bench -l EID  -t TEST -s SIZE -w WARMUP -n ITERS    server side
  *   mx_bench -d HOST -e EID -t TEST ...                     client side
  *   mx_bench -t TEST ...                 both sides in this process (two endpoints)
+ *   -g DIR (server of a stream)          start the measured phase together with other
+ *                                        servers: write a byte to the FIFO DIR/arrive,
+ *                                        then wait for end-of-file on the FIFO DIR/gate
  *
  * TEST is pingpong or stream. The server prints "ready" once its endpoint is
  * open. Streams keep up to STREAM_WINDOW sends in flight; every wait spins and
  * blocks inside the library as its settings say.
  */
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +35,7 @@
 
 struct opts {
   const char *host;
+  const char *gate;
   uint32_t eid;
   int listen;
   int info;
@@ -103,12 +108,13 @@ static uint32_t recv_msg(mx_endpoint_t ep, void *buf, uint32_t len, mx_status_t 
 }
 
 static void report(const uint64_t *rt, uint64_t nrt, uint64_t messages, uint64_t bytes,
-                   uint64_t elapsed, uint64_t cpu) {
+                   uint64_t elapsed, uint64_t cpu, uint64_t start) {
   printf("{\"round_trips_ns\":[");
   for (uint64_t i = 0; i < nrt; i++) printf(i ? ",%llu" : "%llu", (unsigned long long)rt[i]);
-  printf("],\"messages\":%llu,\"bytes\":%llu,\"elapsed_ns\":%llu,\"cpu_ns\":%llu}\n",
+  printf("],\"messages\":%llu,\"bytes\":%llu,\"elapsed_ns\":%llu,\"cpu_ns\":%llu,"
+         "\"start_ns\":%llu}\n",
          (unsigned long long)messages, (unsigned long long)bytes, (unsigned long long)elapsed,
-         (unsigned long long)cpu);
+         (unsigned long long)cpu, (unsigned long long)start);
   fflush(stdout);
 }
 
@@ -144,7 +150,7 @@ static void client(mx_endpoint_t ep, const struct opts *o) {
       if (i >= o->warmup) rt[i - o->warmup] = now_ns() - t0;
       progress(i + 1, o->warmup + o->iters);
     }
-    report(rt, o->iters, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
+    report(rt, o->iters, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0, 0);
     free(rt);
   } else {
     mx_request_t reqs[STREAM_WINDOW];
@@ -160,10 +166,34 @@ static void client(mx_endpoint_t ep, const struct opts *o) {
     uint64_t first = o->iters > STREAM_WINDOW ? o->iters - STREAM_WINDOW : 0;
     for (uint64_t i = first; i < o->iters; i++) wait_done(ep, &reqs[i % STREAM_WINDOW], &s);
     recv_msg(ep, in, 0, &s);
-    report(NULL, 0, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
+    report(NULL, 0, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0, 0);
   }
   free(out);
   free(in);
+}
+
+/* The driver holds both FIFOs open for writing, so these opens do not block; the
+ * gate is opened before arriving is announced, so closing it after the last
+ * arrival reaches every waiter as end-of-file. */
+static void pass_gate(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/gate", dir);
+  int gate = open(path, O_RDONLY | O_CLOEXEC);
+  snprintf(path, sizeof path, "%s/arrive", dir);
+  int arrive = open(path, O_WRONLY | O_CLOEXEC);
+  if (gate < 0 || arrive < 0) {
+    perror("opening the start gate");
+    exit(1);
+  }
+  char c = 1, buf[16];
+  if (write(arrive, &c, 1) != 1) {
+    perror("announcing arrival at the gate");
+    exit(1);
+  }
+  close(arrive);
+  while (read(gate, buf, sizeof buf) > 0) {
+  }
+  close(gate);
 }
 
 static void server(mx_endpoint_t ep, const struct opts *o) {
@@ -186,13 +216,14 @@ static void server(mx_endpoint_t ep, const struct opts *o) {
       }
       send_msg(ep, peer, out, o->size);
     }
-    report(NULL, 0, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0);
+    report(NULL, 0, o->iters, o->iters * o->size, 0, cpu_ns() - cpu0, 0);
   } else {
     uint64_t nic;
     uint32_t eid;
     for (uint64_t i = 0; i < o->warmup; i++) recv_msg(ep, in, o->size, &s);
     CHECK(mx_decompose_endpoint_addr(s.source, &nic, &eid));
     CHECK(mx_connect(ep, nic, eid, BENCH_KEY, 10000, &peer));
+    if (o->gate) pass_gate(o->gate);
     cpu0 = cpu_ns();
     uint64_t t0 = now_ns();
     send_msg(ep, peer, out, 0);
@@ -200,7 +231,7 @@ static void server(mx_endpoint_t ep, const struct opts *o) {
     for (uint64_t i = 0; i < o->iters; i++) bytes += recv_msg(ep, in, o->size, &s);
     uint64_t elapsed = now_ns() - t0;
     send_msg(ep, peer, out, 0);
-    report(NULL, 0, o->iters, bytes, elapsed, cpu_ns() - cpu0);
+    report(NULL, 0, o->iters, bytes, elapsed, cpu_ns() - cpu0, t0);
   }
   free(out);
   free(in);
@@ -225,15 +256,15 @@ static mx_endpoint_t open_ep(uint32_t eid) {
 
 static void usage(const char *prog) {
   fprintf(stderr,
-          "usage: %s -i | [-l EID | -d HOST -e EID] -t pingpong|stream -s SIZE -w WARMUP -n ITERS\n",
+          "usage: %s -i | [-l EID [-g DIR] | -d HOST -e EID] -t pingpong|stream -s SIZE -w WARMUP -n ITERS\n",
           prog);
   exit(2);
 }
 
 int main(int argc, char **argv) {
-  struct opts o = {NULL, SERVER_EID, -1, 0, 0, 0, 0, 1};
+  struct opts o = {NULL, NULL, SERVER_EID, -1, 0, 0, 0, 0, 1};
   int c;
-  while ((c = getopt(argc, argv, "il:d:e:t:s:w:n:")) != -1) {
+  while ((c = getopt(argc, argv, "il:d:e:t:s:w:n:g:")) != -1) {
     switch (c) {
     case 'i': o.info = 1; break;
     case 'l': o.listen = atoi(optarg); break;
@@ -246,6 +277,7 @@ int main(int argc, char **argv) {
     case 's': o.size = (uint32_t)strtoul(optarg, NULL, 10); break;
     case 'w': o.warmup = strtoull(optarg, NULL, 10); break;
     case 'n': o.iters = strtoull(optarg, NULL, 10); break;
+    case 'g': o.gate = optarg; break;
     default: usage(argv[0]);
     }
   }

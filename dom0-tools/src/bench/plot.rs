@@ -191,6 +191,75 @@ fn both_formats(
     Ok(())
 }
 
+/// The `guest-scaling` plot: aggregate MB/s against guests per host, linear axes.
+fn draw_scaling<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    points: &[(f64, f64)],
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    area.fill(&WHITE).map_err(err)?;
+    let x1 = points.iter().map(|p| p.0).fold(1.0, f64::max);
+    let y1 = points.iter().map(|p| p.1).fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(
+            "Aggregate throughput, guests per host streaming 256 KiB messages",
+            (FONT, 24),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..x1 * 1.05, 0.0..y1 * 1.2)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("guests per host")
+        .y_desc("MB/s")
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(err)?;
+    let color = COLORS[0].to_rgba();
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            color.stroke_width(2),
+        ))
+        .map_err(err)?;
+    chart
+        .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+        .map_err(err)?;
+    area.present().map_err(err)
+}
+
+/// Write scaling.{png,svg} into `dir` from the measured points of `scaling`.
+pub fn write_scaling_plot(
+    scaling: &super::scaling::ScalingReport,
+    dir: &Path,
+) -> Result<PlotFiles, String> {
+    register_font()?;
+    let points: Vec<(f64, f64)> = scaling
+        .points
+        .iter()
+        .filter_map(|p| Some((p.guests_per_host as f64, p.aggregate_mb_per_s?)))
+        .collect();
+    let mut files = Vec::new();
+    let png = dir.join("scaling.png");
+    draw_scaling(
+        BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
+        &points,
+    )?;
+    files.push(png);
+    let svg = dir.join("scaling.svg");
+    draw_scaling(
+        SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
+        &points,
+    )?;
+    files.push(svg);
+    Ok(PlotFiles { files })
+}
+
 /// Write latency.{png,svg} and bandwidth.{png,svg} into `dir`.
 pub fn write_plots(report: &Report, dir: &Path) -> Result<PlotFiles, String> {
     register_font()?;

@@ -31,6 +31,30 @@ pub struct Report {
     pub ratios: Vec<Ratio>,
 }
 
+/// What `xmx bench` reports: the per-size figures ([`Report`], whose fields it carries at
+/// the top level), the guests' cluster and the `guest-scaling` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// The per-size figures.
+    #[serde(flatten)]
+    pub report: Report,
+    /// The simulated cluster of the guest setups (`null` when none ran).
+    pub guests: Option<GuestsInfo>,
+    /// N guests per host (`null` when not requested).
+    pub scaling: Option<super::scaling::ScalingReport>,
+}
+
+/// The simulated cluster the guest setups ran on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuestsInfo {
+    /// `sim:NAME`.
+    pub kind: String,
+    /// Guests on each of its hosts.
+    pub guests_per_host: usize,
+    /// Made (and removed) by this run, rather than named with `--cluster`.
+    pub made_for_run: bool,
+}
+
 /// Where the figures come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
@@ -238,6 +262,7 @@ mod tests {
                         msgs_per_s: 1.0,
                         cpu_s: 0.0,
                         cpu_s_per_gb: None,
+                        cost: None,
                     }),
                     error: None,
                 })

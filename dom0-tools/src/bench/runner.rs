@@ -23,7 +23,7 @@ pub struct CellAgents {
     /// Started first; must print `ready`.
     pub server: AgentSpec,
     /// Started once the server is ready.
-    pub client: Box<dyn FnOnce(Option<String>) -> AgentSpec>,
+    pub client: Box<dyn FnOnce(Option<String>) -> AgentSpec + Send>,
     /// Files the agents create, removed once both have ended.
     pub cleanup: Vec<PathBuf>,
 }

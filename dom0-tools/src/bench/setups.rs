@@ -1,14 +1,16 @@
 //! The registry of setups: what `--setups` names, in table order.
 //!
-//! A setup says how to start the two processes of one measurement cell. Adding one
-//! (guest-to-guest, co-located guests, rcache off, N guests per host) is implementing
-//! [`Setup`] and listing it in [`registry`]; the driver, the table, the JSON, the ratios and
-//! the plots pick it up. A setup that cannot run here says why from [`Setup::prepare`], and
-//! every report shows it as "n/a (why)".
+//! A setup says how to start the two processes of one measurement cell. Adding one is
+//! implementing [`Setup`] and listing it in [`registry`]; the driver, the table, the JSON,
+//! the ratios and the plots pick it up. A setup that cannot run here says why from
+//! [`Setup::prepare`], and every report shows it as "n/a (why)". `guest-scaling` measures
+//! by guest count, not by size, and has a section of its own ([`super::scaling`]).
 
 use std::path::Path;
 
 use super::agent::Test;
+use super::cost::DaemonRole;
+use super::guests::{BenchPair, GuestAt, GuestBed};
 use super::link::Link;
 use super::native::Native;
 use super::plan::Counts;
@@ -25,6 +27,8 @@ pub struct Env<'a> {
     pub scratch: &'a Path,
     /// Microseconds a polling waiter spins before it blocks.
     pub spin_us: u64,
+    /// The simulated cluster of the guest setups, or why there is none.
+    pub guests: Result<&'a GuestBed, &'a str>,
 }
 
 /// One way of moving messages between two processes.
@@ -39,6 +43,14 @@ pub trait Setup {
     }
     /// Get ready to run; `Err(reason)` marks the setup n/a for the whole run.
     fn prepare(&mut self, env: &Env<'_>) -> Result<(), String>;
+    /// Whether it measures `size`-byte messages (sizes it skips show as "-").
+    fn measures(&self, _size: u64) -> bool {
+        true
+    }
+    /// Daemons whose CPU time the setup's messages cost, besides its two programs.
+    fn daemons(&self, _env: &Env<'_>) -> Vec<(DaemonRole, i32)> {
+        Vec::new()
+    }
     /// The two processes that measure `test` for `size`-byte messages.
     fn cell(
         &self,
@@ -56,47 +68,51 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
         Box::new(AfPacket),
         Box::new(Tcp),
         Box::new(NativeSetup(None)),
-        Box::new(Planned {
+        Box::new(GuestSetup {
             name: "guest-remote",
             description:
-                "xmx between two guests on different hosts (frontend, rings, backend, wire)",
-            reason: "the xen transport of libmyriexpress is not built yet",
-            compare: &["native"],
+                "xmx between two guests on different hosts, h0/g0 -> h1/g0 (frontend, rings, backend, wire), MX_RCACHE=0",
+            compare: &["native", "tcp"],
+            placement: Placement::Remote,
+            rcache: false,
         }),
-        Box::new(Planned {
+        Box::new(GuestSetup {
             name: "guest-local",
-            description: "xmx between two co-located guests (the backend copies between them)",
-            reason: "the xen transport of libmyriexpress is not built yet",
+            description:
+                "xmx between two co-located guests, h0/g0 -> h0/g1 (the backend copies between them), MX_RCACHE=0",
             compare: &["shm"],
+            placement: Placement::Local,
+            rcache: false,
         }),
-        Box::new(Planned {
-            name: "guest-nocache",
-            description: "guest-remote with the registration cache off (MX_RCACHE=0)",
-            reason: "the xen transport of libmyriexpress is not built yet",
+        Box::new(GuestSetup {
+            name: "guest-rcache",
+            description:
+                "guest-remote with the registration cache on (MX_RCACHE=1), LARGE messages (> 32 KiB) only",
             compare: &["guest-remote"],
-        }),
-        Box::new(Planned {
-            name: "guest-x4",
-            description: "guest-remote with 4 guest pairs sharing the hosts, per-pair figures",
-            reason: "the xen transport of libmyriexpress is not built yet",
-            compare: &["guest-remote"],
+            placement: Placement::Remote,
+            rcache: true,
         }),
     ]
 }
 
-/// Names of every registered setup.
+/// Names of every setup `--setups` accepts: the registry's, then `guest-scaling`.
 pub fn names() -> Vec<&'static str> {
-    registry().iter().map(|s| s.name()).collect()
+    let mut names: Vec<_> = registry().iter().map(|s| s.name()).collect();
+    names.push(super::scaling::NAME);
+    names
+}
+
+/// Whether `name` is requested by `wanted` (empty: everything).
+pub fn wanted(wanted: &[String], name: &str) -> bool {
+    wanted.is_empty() || wanted.iter().any(|w| w == name)
 }
 
 /// The registered setups named in `wanted` (in registry order), or every one when `wanted`
 /// is empty. An unknown name is an error that lists the known ones.
 pub fn select(wanted: &[String]) -> Result<Vec<Box<dyn Setup>>, BenchError> {
     let all = registry();
-    if let Some(bad) = wanted
-        .iter()
-        .find(|w| !all.iter().any(|s| s.name() == w.as_str()))
-    {
+    let known = names();
+    if let Some(bad) = wanted.iter().find(|w| !known.contains(&w.as_str())) {
         return Err(BenchError::UnknownSetup {
             name: bad.clone(),
             known: names().join(", "),
@@ -328,15 +344,38 @@ impl Setup for NativeSetup {
     }
 }
 
-/// A setup whose transport does not exist yet: always n/a, with the reason.
-struct Planned {
-    name: &'static str,
-    description: &'static str,
-    reason: &'static str,
-    compare: &'static [&'static str],
+/// Where the two guests of a guest setup are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// h0/g0 -> h1/g0.
+    Remote,
+    /// h0/g0 -> h0/g1.
+    Local,
 }
 
-impl Setup for Planned {
+/// xmx between two guests of the run's simulated cluster.
+struct GuestSetup {
+    name: &'static str,
+    description: &'static str,
+    compare: &'static [&'static str],
+    placement: Placement,
+    /// `MX_RCACHE=1`, and LARGE messages only.
+    rcache: bool,
+}
+
+impl GuestSetup {
+    fn pair(&self) -> BenchPair {
+        BenchPair {
+            client: GuestAt::new(0, 0),
+            server: match self.placement {
+                Placement::Remote => GuestAt::new(1, 0),
+                Placement::Local => GuestAt::new(0, 1),
+            },
+        }
+    }
+}
+
+impl Setup for GuestSetup {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -346,17 +385,38 @@ impl Setup for Planned {
     fn compare_with(&self) -> &'static [&'static str] {
         self.compare
     }
-    fn prepare(&mut self, _env: &Env<'_>) -> Result<(), String> {
-        Err(self.reason.to_owned())
+    fn prepare(&mut self, env: &Env<'_>) -> Result<(), String> {
+        let bed = env.guests.map_err(str::to_owned)?;
+        let pair = self.pair();
+        for at in [pair.client, pair.server] {
+            bed.programs.env(&bed.state, at)?;
+        }
+        Ok(())
+    }
+    fn measures(&self, size: u64) -> bool {
+        !self.rcache || size > xmx_wire::msg::MEDIUM_MAX as u64
+    }
+    fn daemons(&self, env: &Env<'_>) -> Vec<(DaemonRole, i32)> {
+        let pair = self.pair();
+        env.guests
+            .map(|bed| bed.daemons(&[pair.client, pair.server]))
+            .unwrap_or_default()
     }
     fn cell(
         &self,
-        _env: &Env<'_>,
-        _test: Test,
-        _size: u64,
-        _counts: Counts,
+        env: &Env<'_>,
+        test: Test,
+        size: u64,
+        counts: Counts,
     ) -> Result<CellAgents, String> {
-        Err(self.reason.to_owned())
+        let bed = env.guests.map_err(str::to_owned)?;
+        let extra = [
+            ("MX_RCACHE", if self.rcache { "1" } else { "0" }.to_owned()),
+            ("XMX_SPIN_US", env.spin_us.to_string()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v));
+        bed.programs
+            .cell_with(&bed.state, &self.pair(), test, size, counts, &extra, &[])
     }
 }
 
@@ -381,6 +441,25 @@ mod tests {
                 assert_ne!(*other, s.name());
             }
         }
+    }
+
+    #[test]
+    fn guest_setups_and_their_sizes() {
+        let all = names();
+        for n in ["guest-remote", "guest-local", "guest-rcache", "guest-scaling"] {
+            assert!(all.contains(&n), "{n}");
+        }
+        let picked = select(&["guest-scaling".into(), "guest-rcache".into()]).unwrap();
+        let names: Vec<_> = picked.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["guest-rcache"], "scaling is not a per-size setup");
+        let rcache = &picked[0];
+        assert!(!rcache.measures(32 << 10));
+        assert!(rcache.measures((32 << 10) + 1));
+        assert_eq!(rcache.compare_with(), ["guest-remote"]);
+        let remote = select(&["guest-remote".into()]).unwrap();
+        assert!(remote[0].measures(0) && remote[0].measures(16 << 20));
+        assert!(wanted(&[], "guest-scaling"));
+        assert!(!wanted(&["shm".into()], "guest-scaling"));
     }
 
     #[test]

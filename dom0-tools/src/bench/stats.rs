@@ -24,6 +24,10 @@ pub struct AgentReport {
     /// User + system CPU time of this process during the measured phase, in nanoseconds.
     #[serde(default)]
     pub cpu_ns: u64,
+    /// CLOCK_MONOTONIC at the start of the measured phase, nanoseconds (0: not reported);
+    /// one clock for every process of the machine, so concurrent streams can be lined up.
+    #[serde(default)]
+    pub start_ns: u64,
 }
 
 /// Half-round-trip latency of one ping-pong cell.
@@ -89,6 +93,10 @@ pub struct Bandwidth {
     pub cpu_s: f64,
     /// CPU seconds per gigabyte (10^9 bytes) moved; `null` when no byte moved.
     pub cpu_s_per_gb: Option<f64>,
+    /// Every process of the setup over the whole cell (see [`super::cost`]); `null` where
+    /// not sampled.
+    #[serde(default)]
+    pub cost: Option<super::cost::CpuCost>,
 }
 
 impl Bandwidth {
@@ -108,6 +116,7 @@ impl Bandwidth {
             msgs_per_s: messages as f64 / seconds,
             cpu_s,
             cpu_s_per_gb: (bytes > 0).then(|| cpu_s / (bytes as f64 / 1e9)),
+            cost: None,
         })
     }
 }

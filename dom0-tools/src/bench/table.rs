@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use super::report::{Cell, Report, Status};
+use super::report::{BenchReport, Cell, Report, Status};
+use super::scaling::{self, ScalingReport};
 
 /// `4096` as `4 KiB`, `16777216` as `16 MiB`.
 pub fn size_label(size: u64) -> String {
@@ -132,6 +133,15 @@ pub fn render(report: &Report) -> String {
         },
         |r| r.bandwidth,
     ));
+    if report
+        .setups
+        .iter()
+        .flat_map(|s| &s.cells)
+        .any(|c| c.stream.as_ref().is_some_and(|b| b.cost.is_some()))
+    {
+        out.push('\n');
+        out.push_str(&cpu_table(report));
+    }
     out.push_str("\nRatios: latency is numerator/denominator of the medians (above 1: the numerator is slower);\n");
     out.push_str(
         "bandwidth is numerator/denominator of MB/s (below 1: the numerator is slower).\n",
@@ -145,6 +155,138 @@ pub fn render(report: &Report) -> String {
                 let _ = writeln!(out, "{} at {}: error: {e}", s.name, size_label(c.size));
             }
         }
+    }
+    out
+}
+
+/// CPU seconds per GB of every process of each setup over its whole stream cells.
+fn cpu_table(report: &Report) -> String {
+    let with_cost: Vec<_> = report
+        .setups
+        .iter()
+        .filter(|s| s.status == Status::Ok)
+        .collect();
+    let mut rows = vec![];
+    let mut header = vec!["size".to_owned()];
+    header.extend(with_cost.iter().map(|s| s.name.clone()));
+    rows.push(header);
+    let mut units = vec![String::new()];
+    units.extend(
+        with_cost
+            .iter()
+            .map(|_| "s/GB (apps+back+front)".to_owned()),
+    );
+    rows.push(units);
+    for &size in report.sizes.iter().filter(|&&s| s > 0) {
+        let mut row = vec![size_label(size)];
+        for s in &with_cost {
+            let cost = s
+                .cell(size)
+                .and_then(|c| c.stream.as_ref())
+                .and_then(|b| b.cost.as_ref());
+            row.push(match cost {
+                Some(c) => match c.cpu_s_per_gb {
+                    Some(per_gb) => format!(
+                        "{} ({}+{}+{})",
+                        figure(per_gb),
+                        figure(c.apps_s * 1e9 / c.bytes as f64),
+                        figure(c.backends_s * 1e9 / c.bytes as f64),
+                        figure(c.frontends_s * 1e9 / c.bytes as f64)
+                    ),
+                    None => "-".into(),
+                },
+                None => "-".into(),
+            });
+        }
+        rows.push(row);
+    }
+    format!(
+        "CPU seconds per GB moved, every process of the setup over the whole stream cell (warm-up and start-up included)\n{}",
+        align(&rows)
+    )
+}
+
+/// The `guest-scaling` table.
+pub fn render_scaling(s: &ScalingReport) -> String {
+    let mut out = format!(
+        "Aggregate throughput, {} guest(s) per host each streaming {} x {} to a partner on the other host\n",
+        "N",
+        s.messages,
+        size_label(s.message_size)
+    );
+    if let Some(reason) = &s.reason {
+        let _ = writeln!(out, "{}: n/a ({reason})", scaling::NAME);
+        return out;
+    }
+    let mut rows = vec![vec![
+        "guests/host".to_owned(),
+        "aggregate MB/s".to_owned(),
+        "Jain".to_owned(),
+        "min..max MB/s per guest".to_owned(),
+        "CPU s/GB".to_owned(),
+    ]];
+    for p in &s.points {
+        let lo = p
+            .per_guest_mb_per_s
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        let hi = p.per_guest_mb_per_s.iter().copied().fold(0.0, f64::max);
+        rows.push(vec![
+            p.guests_per_host.to_string(),
+            p.aggregate_mb_per_s.map_or("error".into(), figure),
+            p.jain.map_or("-".into(), |j| format!("{j:.3}")),
+            if p.per_guest_mb_per_s.is_empty() {
+                "-".into()
+            } else {
+                format!("{}..{}", figure(lo), figure(hi))
+            },
+            p.cost
+                .as_ref()
+                .and_then(|c| c.cpu_s_per_gb)
+                .map_or("-".into(), figure),
+        ]);
+    }
+    out.push_str(&align(&rows));
+    let _ = writeln!(
+        out,
+        "ratio {} vs {} guests per host: {}",
+        scaling::RATIO_NUMERATOR,
+        scaling::RATIO_DENOMINATOR,
+        ratio_text(s.ratio_40_vs_8)
+    );
+    for p in &s.points {
+        if let Some(e) = &p.error {
+            let _ = writeln!(
+                out,
+                "{} at {} guest(s) per host: error: {e}",
+                scaling::NAME,
+                p.guests_per_host
+            );
+        }
+    }
+    out
+}
+
+/// Everything of an `xmx bench` run: [`render`], then the scaling section.
+pub fn render_all(report: &BenchReport) -> String {
+    let mut out = render(&report.report);
+    if let Some(g) = &report.guests {
+        let _ = writeln!(
+            out,
+            "guests: {} ({} guests per host{})",
+            g.kind,
+            g.guests_per_host,
+            if g.made_for_run {
+                ", made for this run"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(s) = &report.scaling {
+        out.push('\n');
+        out.push_str(&render_scaling(s));
     }
     out
 }

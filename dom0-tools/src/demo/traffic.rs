@@ -14,20 +14,19 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::layout::{Pair, Place};
+use super::layout::Pair;
 use crate::bench::agent::Test;
+pub use crate::bench::guests::GuestPrograms;
+use crate::bench::guests::{GuestAt, GuestPair};
 use crate::bench::link::Link;
 use crate::bench::plan::Counts;
 use crate::bench::report::Cell;
-use crate::bench::runner::{self, AgentSpec, CellAgents};
+use crate::bench::runner::{self, CellAgents};
 use crate::bench::setups::{self, Env, Setup};
 use crate::bench::stats::{Bandwidth, Latency};
 use crate::bench::table::size_label;
 use crate::interrupt;
-use crate::sim::cluster::{self, ClusterState};
 
-/// Endpoint id of the passive side.
-const SERVER_EID: &str = "2";
 /// Longest time one measurement (two processes) may take.
 pub const CELL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -49,106 +48,15 @@ pub fn stream_counts(size: u64) -> Counts {
     }
 }
 
-/// What the guest cells run.
-pub struct GuestPrograms {
-    /// The built `mx_bench`.
-    pub mx_bench: PathBuf,
-    /// The directory of `libmyriexpress.so`.
-    pub lib_dir: PathBuf,
-}
-
 /// How one cell is started.
 pub type MakeAgents<'a> = dyn Fn(Test, u64, Counts) -> Result<CellAgents, String> + 'a;
 
-/// `mx_bench`'s arguments after its role's own.
-fn mx_bench_args(test: Test, size: u64, counts: Counts) -> Vec<String> {
-    vec![
-        "-t".into(),
-        test.as_str().into(),
-        "-s".into(),
-        size.to_string(),
-        "-w".into(),
-        counts.warmup.to_string(),
-        "-n".into(),
-        counts.iters.to_string(),
-    ]
-}
-
-impl GuestPrograms {
-    /// The environment of an MX application of guest `place`.
-    fn env(&self, state: &ClusterState, place: Place) -> Result<Vec<(String, String)>, String> {
-        let host = state
-            .host(&place.host_name())
-            .map_err(|e| format!("{e:#}"))?;
-        let guest = host
-            .guest(&place.guest_name())
-            .map_err(|e| format!("{e:#}"))?;
-        if guest.frontd_socket.is_none() {
-            return Err(format!(
-                "{place} has no xmx-frontd (the guest daemon was not built)"
-            ));
-        }
-        let mut env: Vec<(String, String)> = cluster::guest_env(host, guest, &self.lib_dir)
-            .into_iter()
-            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
-            .collect();
-        env.push(("LD_LIBRARY_PATH".into(), self.lib_dir.display().to_string()));
-        env.push(("XMX_TRANSPORT".into(), "xen".into()));
-        Ok(env)
+impl GuestPair for Pair {
+    fn server(&self) -> GuestAt {
+        GuestAt::new(self.server.host, self.server.guest)
     }
-
-    fn agent(
-        &self,
-        state: &ClusterState,
-        place: Place,
-        program_args: Vec<String>,
-    ) -> Result<AgentSpec, String> {
-        let host = state
-            .host(&place.host_name())
-            .map_err(|e| format!("{e:#}"))?;
-        let mut args: Vec<String> = [
-            "bench-agent",
-            "--transport",
-            "exec",
-            "--netns",
-            &host.netns,
-            "--",
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        args.push(self.mx_bench.display().to_string());
-        args.extend(program_args);
-        Ok(AgentSpec {
-            args,
-            env: self.env(state, place)?,
-        })
-    }
-
-    /// The two processes of one cell of `pair`.
-    pub fn cell(
-        &self,
-        state: &ClusterState,
-        pair: &Pair,
-        test: Test,
-        size: u64,
-        counts: Counts,
-    ) -> Result<CellAgents, String> {
-        let mut server_args = vec!["-l".to_owned(), SERVER_EID.to_owned()];
-        server_args.extend(mx_bench_args(test, size, counts));
-        let mut client_args = vec![
-            "-d".to_owned(),
-            pair.server.domain_name(),
-            "-e".to_owned(),
-            SERVER_EID.to_owned(),
-        ];
-        client_args.extend(mx_bench_args(test, size, counts));
-        let server = self.agent(state, pair.server, server_args)?;
-        let client = self.agent(state, pair.client, client_args)?;
-        Ok(CellAgents {
-            server,
-            client: Box::new(move |_| client),
-            cleanup: vec![],
-        })
+    fn client(&self) -> GuestAt {
+        GuestAt::new(self.client.host, self.client.guest)
     }
 }
 
@@ -241,6 +149,7 @@ impl TcpBaseline {
             xmx,
             scratch,
             spin_us: 0,
+            guests: Err("the demo's guests are measured by the traffic step"),
         };
         setup
             .prepare(&env)
@@ -259,6 +168,7 @@ impl TcpBaseline {
             xmx: &self.xmx,
             scratch: &self.scratch,
             spin_us: 0,
+            guests: Err("the demo's guests are measured by the traffic step"),
         }
     }
 
@@ -318,18 +228,6 @@ mod tests {
                 warmup: 2,
                 iters: 10
             }
-        );
-    }
-
-    #[test]
-    fn program_arguments_follow_mx_bench_usage() {
-        let counts = Counts {
-            warmup: 3,
-            iters: 40,
-        };
-        assert_eq!(
-            mx_bench_args(Test::Stream, 4096, counts),
-            ["-t", "stream", "-s", "4096", "-w", "3", "-n", "40"]
         );
     }
 }
