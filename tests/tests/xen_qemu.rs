@@ -5,11 +5,17 @@
 //!   granting and dom0 mapping; every check of both roles is listed by name.
 //! - `link`: two hosts whose dom0 NICs share an emulated link echo MXoE-ethertype frames
 //!   up to the jumbo size.
+//! - `mx`: the xmx stack on one host (xmx-backd and xmxd in dom0, two guests created
+//!   through the xl integration, xmx-frontd in each): an MX ping-pong (latency printed)
+//!   and 16 MiB each way, every byte checked; a guest destroyed and re-created; nothing
+//!   left in dom0.
+//! - `mx-link`: the same stack on two linked hosts, the MX traffic between a guest of each.
 //!
 //! They need qemu-system-x86, cpio and the Debian packages of tests/xen/packages.lock
-//! (fetched once into target/xen/cache), and about 35 s and 25 s here. They run with
-//! `XMX_XEN_TESTS=1`, and under CI (`CI` set, as .ci/run installs QEMU); `XMX_XEN_TESTS=0`
-//! turns them off.
+//! (fetched once into target/xen/cache), and about 35 s, 25 s, 2 min and 2 min here (the
+//! stack scenarios build the stack with cargo unless `XMX_XEN_STACK` names a profile
+//! directory). They run with `XMX_XEN_TESTS=1`, and under CI (`CI` set, as .ci/run installs
+//! QEMU); `XMX_XEN_TESTS=0` turns them off.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,10 +25,12 @@ use std::sync::Mutex;
 /// The scenarios boot whole machines: one at a time, whatever the test harness does.
 static QEMU: Mutex<()> = Mutex::new(());
 
-/// The longest a scenario may take, fetch and image build included.
-const SCENARIO_BOUND_S: u32 = 400;
-/// The bound run.sh puts on each QEMU.
+/// The bound run.sh puts on each QEMU of the platform scenarios.
 const QEMU_TIMEOUT_S: u32 = 150;
+/// The bound run.sh puts on each QEMU of the stack scenarios.
+const STACK_QEMU_TIMEOUT_S: u32 = 360;
+/// What a scenario may take beyond its QEMU bound: fetch, cargo and image build.
+const BUILD_BOUND_S: u32 = 300;
 
 fn enabled(test: &str) -> bool {
     match std::env::var("XMX_XEN_TESTS").as_deref() {
@@ -45,15 +53,16 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// Run `tests/xen/run.sh SCENARIO` with its logs in `run_dir`; its exit status.
-fn run_scenario(scenario: &str, run_dir: &Path, extra: &[&str]) -> i32 {
+/// Run `tests/xen/run.sh SCENARIO`, each QEMU bounded by `qemu_timeout_s`, with its logs
+/// in `run_dir`; its exit status.
+fn run_scenario(scenario: &str, qemu_timeout_s: u32, run_dir: &Path, extra: &[&str]) -> i32 {
     let ws = workspace();
     let status = Command::new("timeout")
         .arg("--kill-after=15")
-        .arg(SCENARIO_BOUND_S.to_string())
+        .arg((qemu_timeout_s + BUILD_BOUND_S).to_string())
         .arg(ws.join("tests/xen/run.sh"))
         .arg("--timeout")
-        .arg(QEMU_TIMEOUT_S.to_string())
+        .arg(qemu_timeout_s.to_string())
         .arg("--run-dir")
         .arg(run_dir)
         .args(extra)
@@ -219,7 +228,7 @@ fn conformance_suite_passes_on_real_xen() {
     }
     let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
     let run_dir = workspace().join("target/xen/run/test-conformance");
-    let status = run_scenario("conformance", &run_dir, &[]);
+    let status = run_scenario("conformance", QEMU_TIMEOUT_S, &run_dir, &[]);
     let log = read_log(&run_dir.join("conformance.log"));
     let reports = parse_reports(&log);
     print_reports(&reports);
@@ -271,7 +280,7 @@ fn two_hosts_echo_jumbo_mxoe_frames() {
     }
     let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
     let run_dir = workspace().join("target/xen/run/test-link");
-    let status = run_scenario("link", &run_dir, &[]);
+    let status = run_scenario("link", QEMU_TIMEOUT_S, &run_dir, &[]);
     let a = read_log(&run_dir.join("link-a.log"));
     let b = read_log(&run_dir.join("link-b.log"));
     let lines = |log: &str, prefix: &str| -> Vec<String> {
@@ -299,6 +308,195 @@ fn two_hosts_echo_jumbo_mxoe_frames() {
         "host B: {echoes:?}"
     );
     assert_eq!(status, 0, "run.sh link (see {})", run_dir.display());
+}
+
+/// A guest's console line as dom0 copied it: `[  12.34] NAME| TEXT` gives (NAME, TEXT).
+fn guest_line(line: &str) -> Option<(&str, &str)> {
+    let text = line
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("] "))
+        .map_or(line, |(_, t)| t);
+    let (name, text) = text.split_once("| ")?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return None;
+    }
+    Some((name, text))
+}
+
+/// What the stack scenarios print: dom0's `xmx-result STEP pass|fail ...` lines and the
+/// guests' `mxcheck:` lines.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct StackReport {
+    /// (step, passed, the rest of the line), in order.
+    results: Vec<(String, bool, String)>,
+    /// (guest, text after `mxcheck: `), in order.
+    mxcheck: Vec<(String, String)>,
+}
+
+impl StackReport {
+    fn parse(log: &str) -> StackReport {
+        let mut r = StackReport::default();
+        for line in log.lines() {
+            if let Some((guest, text)) = guest_line(line) {
+                if let Some(m) = text.strip_prefix("mxcheck: ") {
+                    r.mxcheck.push((guest.to_string(), m.to_string()));
+                }
+                continue;
+            }
+            let Some(rest) = console_text(line).strip_prefix("xmx-result ") else {
+                continue;
+            };
+            let mut words = rest.splitn(3, ' ');
+            let step = words.next().unwrap_or_default().to_string();
+            let passed = words.next() == Some("pass");
+            let detail = words.next().unwrap_or_default().to_string();
+            r.results.push((step, passed, detail));
+        }
+        r
+    }
+
+    /// Whether step `step` reported a pass.
+    fn passed(&self, step: &str) -> bool {
+        self.results.iter().any(|(s, ok, _)| s == step && *ok)
+    }
+
+    /// The `mxcheck:` lines of `guest` that contain `needle`.
+    fn lines_of(&self, guest: &str, needle: &str) -> Vec<&str> {
+        self.mxcheck
+            .iter()
+            .filter(|(g, m)| g == guest && m.contains(needle))
+            .map(|(_, m)| m.as_str())
+            .collect()
+    }
+
+    fn print(&self, host: &str) {
+        for (step, ok, detail) in &self.results {
+            eprintln!(
+                "{host}: {step}: {} {detail}",
+                if *ok { "pass" } else { "FAIL" }
+            );
+        }
+        for (guest, m) in &self.mxcheck {
+            eprintln!("{host}/{guest}: mxcheck: {m}");
+        }
+    }
+}
+
+/// The half round trip an active mxcheck printed, in microseconds.
+fn half_rtt_us(line: &str) -> Option<f64> {
+    line.split_once("half-RTT ")?
+        .1
+        .strip_suffix(" us")?
+        .parse()
+        .ok()
+}
+
+const SIXTEEN_MIB: &str = "16777216 B";
+
+#[test]
+fn mx_between_guests_of_one_host_and_a_guest_recreated() {
+    if !enabled("mx_between_guests_of_one_host_and_a_guest_recreated") {
+        return;
+    }
+    let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let run_dir = workspace().join("target/xen/run/test-mx");
+    let status = run_scenario("mx", STACK_QEMU_TIMEOUT_S, &run_dir, &[]);
+    let r = StackReport::parse(&read_log(&run_dir.join("mx.log")));
+    r.print("host");
+
+    let mut problems = Vec::new();
+    for step in ["pair-1", "destroy", "pair-2", "empty"] {
+        if !r.passed(step) {
+            problems.push(format!("step {step} did not pass"));
+        }
+    }
+    // g2 (active) ran twice: the 16 MiB run, then the run of its re-created self.
+    let latencies: Vec<f64> = r
+        .lines_of("g2", "half-RTT")
+        .into_iter()
+        .filter_map(half_rtt_us)
+        .collect();
+    if latencies.len() != 2 || latencies.iter().any(|l| *l <= 0.0) {
+        problems.push(format!("g2's ping-pong latencies: {latencies:?}"));
+    }
+    if r.lines_of("g2", &format!("received {SIXTEEN_MIB}, every byte checked"))
+        .is_empty()
+    {
+        problems.push("g2 did not receive 16 MiB byte-checked".into());
+    }
+    if r.lines_of("g1", &format!("received {SIXTEEN_MIB}, every byte checked"))
+        .is_empty()
+    {
+        problems.push("g1 did not receive 16 MiB byte-checked".into());
+    }
+    for g in ["g1", "g2"] {
+        let passes = r.lines_of(g, "PASS").len();
+        if passes != 2 {
+            problems.push(format!("{g}: {passes} mxcheck runs passed, 2 expected"));
+        }
+    }
+    if status != 0 {
+        problems.push(format!(
+            "run.sh exited with {status} (see {})",
+            run_dir.display()
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "mx on real Xen:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn mx_between_guests_of_two_hosts() {
+    if !enabled("mx_between_guests_of_two_hosts") {
+        return;
+    }
+    let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let run_dir = workspace().join("target/xen/run/test-mx-link");
+    let status = run_scenario("mx-link", STACK_QEMU_TIMEOUT_S, &run_dir, &[]);
+    let a = StackReport::parse(&read_log(&run_dir.join("mx-link-a.log")));
+    let b = StackReport::parse(&read_log(&run_dir.join("mx-link-b.log")));
+    a.print("host-a");
+    b.print("host-b");
+
+    let mut problems = Vec::new();
+    for (host, r, side) in [("host-a", &a, "a"), ("host-b", &b, "b")] {
+        for step in [format!("link-pair-{side}"), format!("empty-{side}")] {
+            if !r.passed(&step) {
+                problems.push(format!("{host}: step {step} did not pass"));
+            }
+        }
+    }
+    if a.lines_of("a1", &format!("received {SIXTEEN_MIB}, every byte checked"))
+        .is_empty()
+    {
+        problems.push("a1 did not receive 16 MiB byte-checked".into());
+    }
+    if b.lines_of("b1", &format!("received {SIXTEEN_MIB}, every byte checked"))
+        .is_empty()
+    {
+        problems.push("b1 did not receive 16 MiB byte-checked".into());
+    }
+    let latency = b
+        .lines_of("b1", "half-RTT")
+        .into_iter()
+        .find_map(half_rtt_us);
+    if !latency.is_some_and(|l| l > 0.0) {
+        problems.push(format!("b1's ping-pong latency: {latency:?}"));
+    }
+    if status != 0 {
+        problems.push(format!(
+            "run.sh exited with {status} (see {})",
+            run_dir.display()
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "mx-link on real Xen:\n  {}",
+        problems.join("\n  ")
+    );
 }
 
 mod parsing {
@@ -357,6 +555,54 @@ mod parsing {
         let r = parse_reports("[ 1.00] xmx-report-begin mapper\n[ 1.10]   PASS  a.b\n");
         assert_eq!(r["mapper"].status, None);
         assert_eq!(r["mapper"].checks.len(), 1);
+    }
+
+    const STACK_LOG: &str = "\
+[  95.50] xmx-result pair-1 pass g1=1 g2=2
+[  95.80] g2| mxcheck: ping-pong 8 B x 100: half-RTT 11598.9 us
+[  95.80] g2| mxcheck: sent 16777216 B in 1946.8 ms; received 16777216 B, every byte checked, in 1573.9 ms (10.7 MB/s)
+[  95.81] g2| [    1.2] xmx-result pair-9 pass
+[  95.82] g1| mxcheck: PASS (passive)
+[ 101.05] xmx-result destroy fail domain=2 holdings=[gntdev-mappings=1] expected=[x]
+[ 101.06] mxcheck: not from a guest
+";
+
+    #[test]
+    fn stack_reports_separate_dom0_steps_and_guest_lines() {
+        let r = StackReport::parse(STACK_LOG);
+        assert_eq!(
+            r.results,
+            [
+                ("pair-1".to_string(), true, "g1=1 g2=2".to_string()),
+                (
+                    "destroy".to_string(),
+                    false,
+                    "domain=2 holdings=[gntdev-mappings=1] expected=[x]".to_string()
+                ),
+            ]
+        );
+        assert!(r.passed("pair-1"));
+        assert!(!r.passed("destroy"));
+        assert!(!r.passed("pair-9"));
+        assert_eq!(r.mxcheck.len(), 3);
+        assert_eq!(r.lines_of("g1", "PASS"), ["PASS (passive)"]);
+        assert_eq!(
+            r.lines_of("g2", "half-RTT")
+                .into_iter()
+                .filter_map(half_rtt_us)
+                .collect::<Vec<_>>(),
+            [11598.9]
+        );
+        assert!(r.lines_of("g3", "").is_empty());
+    }
+
+    #[test]
+    fn guest_lines_need_a_plain_name() {
+        assert_eq!(guest_line("[ 1.00] a1| text"), Some(("a1", "text")));
+        assert_eq!(guest_line("b1| x| y"), Some(("b1", "x| y")));
+        assert_eq!(guest_line("[ 1.00] domU x| y"), None);
+        assert_eq!(guest_line("[ 1.00] | y"), None);
+        assert_eq!(half_rtt_us("ping-pong 8 B x 5: half-RTT abc us"), None);
     }
 
     #[test]

@@ -5,11 +5,17 @@
 #   OUT/img/dom0.cpio      dom0's initramfs; it carries the domU's kernel and initramfs
 #
 # Both initramfs images hold busybox, the Xen drivers, the init scripts and scenarios of
-# tests/xen, the test program rawlink, and the extra binaries given with --bin (or in
-# $XMX_XEN_BINS, space separated), without debug info, with the shared libraries they
-# need. An extra file named *.so goes to /usr/local/lib, anything else to /usr/local/bin.
+# tests/xen, the test programs rawlink and unixcall, and the extra binaries given with
+# --bin (or in $XMX_XEN_BINS, space separated), without debug info, with the shared
+# libraries they need. An extra file named *.so goes to /usr/local/lib, anything else to
+# /usr/local/bin.
 #
-# usage: build.sh [--bin FILE]...
+# --stack DIR (or $XMX_XEN_STACK) takes the xmx stack from DIR, a cargo profile
+# directory (target/debug or target/release): dom0 gets xmx-backd, xmxd, the xmx CLI and
+# the xl hooks (/etc/xen/scripts), the domU xmx-frontd, libmyriexpress.so and the C MX
+# programs mxcheck (tests/xen) and pingpong (tests/c), compiled here against that library.
+#
+# usage: build.sh [--bin FILE]... [--stack DIR]
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,14 +29,23 @@ die() { log "error: $*"; exit 1; }
 
 extra=()
 read -r -a extra <<<"${XMX_XEN_BINS:-}"
+stack=${XMX_XEN_STACK:-}
 while [ $# -gt 0 ]; do
     case $1 in
         --bin) [ $# -ge 2 ] || die "--bin needs a file"; extra+=("$2"); shift 2 ;;
-        -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --stack) [ $# -ge 2 ] || die "--stack needs a directory"; stack=$2; shift 2 ;;
+        -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
 for f in "${extra[@]}"; do [ -f "$f" ] || die "extra binary $f does not exist"; done
+stack_dom0=(xmx-backd xmxd xmx)
+stack_domu=(xmx-frontd libmyriexpress.so)
+if [ -n "$stack" ]; then
+    for f in "${stack_dom0[@]}" "${stack_domu[@]}"; do
+        [ -f "$stack/$f" ] || die "$stack/$f does not exist (cargo build -p xmx-backend -p xmx-tools -p xmx-guests -p xmx-libmx)"
+    done
+fi
 
 [ -f "$sysroot/.lock-sha256" ] || die "no sysroot in $sysroot: run fetch.sh first"
 kver=$(ls "$sysroot/lib/modules")
@@ -79,6 +94,18 @@ add_modules() {
     done
 }
 
+# add_extra ROOT FILE: FILE in ROOT's /usr/local/lib (*.so) or /usr/local/bin, without
+# debug info (it only weighs on the boot; symbols stay, for backtraces).
+add_extra() {
+    local root=$1 f=$2 a
+    case $f in
+        *.so | *.so.*) a=/usr/local/lib/$(basename "$f") ;;
+        *) a=/usr/local/bin/$(basename "$f") ;;
+    esac
+    copy_elf "$f" "$a" "$root"
+    strip --strip-debug "$root$a"
+}
+
 # base_root ROOT ROLE: what both domains hold.
 base_root() {
     local root=$1 role=$2 a f
@@ -95,15 +122,16 @@ base_root() {
     # Without libgcc_s, glibc aborts in pthread_cancel (xl) and Rust cannot unwind.
     copy_elf /lib/x86_64-linux-gnu/libgcc_s.so.1 /lib/x86_64-linux-gnu/libgcc_s.so.1 "$root"
     copy_elf "$work/rawlink" /usr/local/bin/rawlink "$root"
-    for f in "${extra[@]}"; do
-        case $f in
-            *.so | *.so.*) a=/usr/local/lib/$(basename "$f") ;;
-            *) a=/usr/local/bin/$(basename "$f") ;;
-        esac
-        copy_elf "$f" "$a" "$root"
-        # Debug info only weighs on the boot (symbols stay, for backtraces).
-        strip --strip-debug "$root$a"
-    done
+    copy_elf "$work/unixcall" /usr/local/bin/unixcall "$root"
+    for f in "${extra[@]}"; do add_extra "$root" "$f"; done
+    if [ -n "$stack" ]; then
+        if [ "$role" = dom0 ]; then
+            for f in "${stack_dom0[@]}"; do add_extra "$root" "$stack/$f"; done
+        else
+            for f in "${stack_domu[@]}"; do add_extra "$root" "$stack/$f"; done
+            for f in mxcheck pingpong; do add_extra "$root" "$work/$f"; done
+        fi
+    fi
     mkdir -p "$root/etc/xmx"
     cp "$here/init/common.sh" "$root/etc/xmx/common.sh"
     cp -r "$here/scenarios" "$root/etc/xmx/scenarios"
@@ -139,6 +167,14 @@ pack() {
 
 mkdir -p "$img" "$work"
 gcc -static -O2 -Wall -Wextra -Werror -o "$work/rawlink" "$here/rawlink.c"
+gcc -static -O2 -Wall -Wextra -Werror -o "$work/unixcall" "$here/unixcall.c"
+if [ -n "$stack" ]; then
+    for f in "$here/mxcheck.c" "$here/../c/pingpong.c"; do
+        gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I "$here/../../libmx/include" -I "$here/../c" \
+            -o "$work/$(basename "$f" .c)" "$f" -L "$stack" -lmyriexpress -lpthread ||
+            die "compiling $f against $stack/libmyriexpress.so failed"
+    done
+fi
 
 rootu=$work/root-domu
 base_root "$rootu" domu
@@ -154,6 +190,12 @@ mkdir -p "$root0/etc/xen" "$root0/boot"
 cp "$sysroot/etc/xen/xl.conf" "$root0/etc/xen/xl.conf"
 cp -r "$sysroot/etc/xen/scripts" "$root0/etc/xen/scripts"
 cp "$here/domu.cfg" "$root0/etc/xen/domu.cfg"
+cp "$here/guest.cfg" "$root0/etc/xen/guest.cfg.in"
+if [ -n "$stack" ]; then
+    for f in xmx-hook vif-xmx; do
+        install -m 755 "$here/../../dom0-tools/hooks/$f" "$root0/etc/xen/scripts/$f"
+    done
+fi
 domu_kernel "$sysroot/boot/vmlinuz-$kver" "$root0/boot/vmlinux.gz"
 cp "$work/domu.cpio" "$root0/boot/domu.cpio"
 pack "$root0" "$img/dom0.cpio"
@@ -161,4 +203,4 @@ pack "$root0" "$img/dom0.cpio"
 gunzip -c "$sysroot/boot/xen-4.17-amd64.gz" >"$img/xen.elf.tmp"
 mv "$img/xen.elf.tmp" "$img/xen.elf"
 cp "$sysroot/boot/vmlinuz-$kver" "$img/vmlinuz"
-log "ok: $img (dom0 $(du -h "$img/dom0.cpio" | cut -f1), domU $(du -h "$work/domu.cpio" | cut -f1), ${#extra[@]} extra files)"
+log "ok: $img (dom0 $(du -h "$img/dom0.cpio" | cut -f1), domU $(du -h "$work/domu.cpio" | cut -f1), ${#extra[@]} extra files${stack:+, stack from $stack})"

@@ -4,9 +4,16 @@
 # usage: run.sh [options] SCENARIO
 #   SCENARIO     conformance  the platform conformance suite, domU granter, dom0 mapper
 #                link         two hosts whose dom0 NICs share a link: MXoE frames echoed
+#                mx           the xmx stack on one host: MX traffic between two guests,
+#                             a guest destroyed and re-created, nothing left in dom0
+#                mx-link      the xmx stack on two linked hosts: MX traffic between
+#                             a guest of each
 # options:
 #   --bin FILE   put FILE in both domains' /usr/local/bin (*.so: /usr/local/lib); repeat.
 #                Without any, xmx-hv-conformance is built with cargo and used.
+#   --stack DIR  mx, mx-link: take the xmx stack from DIR (a cargo profile directory;
+#                or $XMX_XEN_STACK).
+#                Default: cargo builds it (debug) and target/debug is used.
 #   --arg K=V    add xmx.K=V to dom0's kernel command line (see the scenarios); repeat
 #   --nic MODEL  link: the dom0 NIC, virtio-net-pci (default) or e1000
 #   --timeout S  bound on each QEMU run (default 180)
@@ -14,7 +21,8 @@
 #   --no-build   reuse the images of the last build
 #
 # OUT is $XMX_XEN_OUT (default <workspace>/target/xen). Memory per QEMU: $XMX_XEN_MEM MiB
-# (default 1024; dom0 gets 512), vCPUs: $XMX_XEN_SMP (default 2), CPU model: $XMX_XEN_CPU
+# (default 1024, 1280 for mx and mx-link; dom0 gets 512), vCPUs: $XMX_XEN_SMP
+# (default 2), CPU model: $XMX_XEN_CPU
 # (default qemu64; with max,-smap, grant traffic intermittently corrupts guest memory
 # under this QEMU's TCG, see README.md; plain max kills dom0 at once).
 #
@@ -27,25 +35,27 @@ here=$(cd "$(dirname "$0")" && pwd)
 workspace=$(cd "$here/../.." && pwd)
 export XMX_XEN_OUT=${XMX_XEN_OUT:-$workspace/target/xen}
 out=$XMX_XEN_OUT
-mem=${XMX_XEN_MEM:-1024}
+mem=${XMX_XEN_MEM:-}
 smp=${XMX_XEN_SMP:-2}
 cpu=${XMX_XEN_CPU:-qemu64}
 
 log() { echo "xen-run: $*" >&2; }
 die() { log "error: $*"; exit 2; }
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
 
 bins=()
 args=()
 nic=virtio-net-pci
 tmo=180
 run_dir=
+stack=${XMX_XEN_STACK:-}
 build=1
 scenario=
 while [ $# -gt 0 ]; do
     case $1 in
         --bin) [ $# -ge 2 ] || die "--bin needs a file"; bins+=("$2"); shift 2 ;;
         --arg) [ $# -ge 2 ] || die "--arg needs K=V"; args+=("xmx.$2"); shift 2 ;;
+        --stack) [ $# -ge 2 ] || die "--stack needs a directory"; stack=$2; shift 2 ;;
         --nic) [ $# -ge 2 ] || die "--nic needs a model"; nic=$2; shift 2 ;;
         --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; tmo=$2; shift 2 ;;
         --run-dir) [ $# -ge 2 ] || die "--run-dir needs a directory"; run_dir=$2; shift 2 ;;
@@ -56,9 +66,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 case $scenario in
-    conformance | link) ;;
+    conformance | link) mem=${mem:-1024} ;;
+    # dom0's 512 MiB and two guests of 192 MiB.
+    mx | mx-link) mem=${mem:-1280} ;;
     '') usage >&2; exit 2 ;;
-    *) die "unknown scenario '$scenario' (conformance or link)" ;;
+    *) die "unknown scenario '$scenario' (conformance, link, mx or mx-link)" ;;
 esac
 case $nic in virtio-net-pci | e1000) ;; *) die "--nic: virtio-net-pci or e1000" ;; esac
 for a in "${args[@]}"; do
@@ -67,7 +79,17 @@ done
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing (apt-get install qemu-system-x86 cpio)"
 
 if [ $build = 1 ]; then
-    if [ ${#bins[@]} = 0 ] && [ -z "${XMX_XEN_BINS:-}" ]; then
+    case $scenario in
+        mx | mx-link)
+            if [ -z "$stack" ]; then
+                log "building the xmx stack (debug)"
+                (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-backend -p xmx-tools -p xmx-guests -p xmx-libmx) ||
+                    die "cargo build of the xmx stack failed"
+                stack=$workspace/target/debug
+            fi
+            ;;
+    esac
+    if [ ${#bins[@]} = 0 ] && [ -z "${XMX_XEN_BINS:-}" ] && [ -z "$stack" ]; then
         log "building xmx-hv-conformance"
         (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-hv --bin xmx-hv-conformance) ||
             die "cargo build of xmx-hv-conformance failed"
@@ -76,6 +98,7 @@ if [ $build = 1 ]; then
     "$here/fetch.sh" || die "fetch failed"
     build_args=()
     for b in "${bins[@]}"; do build_args+=(--bin "$b"); done
+    [ -z "$stack" ] || build_args+=(--stack "$stack")
     "$here/build.sh" "${build_args[@]}" || die "image build failed"
 fi
 img=$out/img
@@ -129,34 +152,41 @@ verdict() {
 }
 
 # xmx_arg takes the first match: --arg values come first, so they override the defaults.
-base_args="${args[*]} xmx.scenario=$scenario xmx.deadline=$((tmo - 15))"
+base_args="${args[*]} xmx.scenario=$scenario xmx.deadline=$((tmo - 40))"
 start=$(date +%s.%N)
 rc=0
+# Two hosts are joined by a pair of unix datagram sockets: what one NIC sends, the other
+# receives. MACs are fixed so that A can address B.
+mac_a=52:54:00:78:6d:0a
+mac_b=52:54:00:78:6d:0b
+# net SELF PEER MAC: the QEMU options of host SELF's NIC, linked to host PEER's.
+net() {
+    echo "-netdev dgram,id=link,local.type=unix,local.path=$run_dir/$1.sock,remote.type=unix,remote.path=$run_dir/$2.sock"
+    echo "-device $nic,netdev=link,mac=$3"
+}
+# two_hosts NAME ARGS_A ARGS_B: boot hosts NAME-a and NAME-b at once, linked; the worse
+# verdict of the two.
+two_hosts() {
+    local pid_a pid_b r
+    # shellcheck disable=SC2046 # word splitting of the option lines is meant
+    boot "$1-b" "$base_args $3" $(net b a $mac_b) &
+    pid_b=$!
+    # shellcheck disable=SC2046
+    boot "$1-a" "$base_args $2" $(net a b $mac_a) &
+    pid_a=$!
+    wait $pid_a || true
+    wait $pid_b || true
+    verdict "$1-a" || rc=$?
+    verdict "$1-b" || { r=$?; [ $rc -ge $r ] || rc=$r; }
+}
+
 case $scenario in
-    conformance)
-        boot conformance "$base_args"
-        verdict conformance || rc=$?
+    conformance | mx)
+        boot "$scenario" "$base_args"
+        verdict "$scenario" || rc=$?
         ;;
-    link)
-        # Two hosts joined by a pair of unix datagram sockets: what one NIC sends, the
-        # other receives. MACs are fixed so that A can address B.
-        mac_a=52:54:00:78:6d:0a
-        mac_b=52:54:00:78:6d:0b
-        net() {
-            echo "-netdev dgram,id=link,local.type=unix,local.path=$run_dir/$1.sock,remote.type=unix,remote.path=$run_dir/$2.sock"
-            echo "-device $nic,netdev=link,mac=$3"
-        }
-        # shellcheck disable=SC2046 # word splitting of the option lines is meant
-        boot link-b "$base_args xmx.link=echo" $(net b a $mac_b) &
-        pid_b=$!
-        # shellcheck disable=SC2046
-        boot link-a "$base_args xmx.link=ping xmx.peer=$mac_b" $(net a b $mac_a) &
-        pid_a=$!
-        wait $pid_a || true
-        wait $pid_b || true
-        verdict link-a || rc=$?
-        verdict link-b || { r=$?; [ $rc -ge $r ] || rc=$r; }
-        ;;
+    link) two_hosts link "xmx.link=ping xmx.peer=$mac_b" "xmx.link=echo" ;;
+    mx-link) two_hosts mx-link "xmx.side=a" "xmx.side=b" ;;
 esac
 log "$scenario: $(echo "$(date +%s.%N) - $start" | bc | cut -c1-6) s, logs in $run_dir"
 if [ $rc != 0 ]; then

@@ -62,9 +62,18 @@ xmx_watch_until() {
     mkfifo "$fifo" || return 1
     timeout "$secs" xenstore-watch "$path" >"$fifo" 2>"$fifo.err" &
     pid=$!
-    while read -r _; do
-        "$@" && { ok=0; break; }
-    done <"$fifo"
+    # Opening the FIFO blocks until the watch opens it too, and a child's SIGCHLD in the
+    # meantime fails the open (EINTR, which the shell does not retry): open it again.
+    local opened=0 tries=0
+    while [ $opened = 0 ] && [ $tries -lt 20 ]; do
+        tries=$((tries + 1))
+        {
+            opened=1
+            while read -r _; do
+                "$@" && { ok=0; break; }
+            done
+        } <"$fifo"
+    done
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     # A watch that could not be set up says why (the caller only sees a timeout).

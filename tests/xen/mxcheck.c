@@ -1,0 +1,199 @@
+/*
+ * mxcheck: the MX traffic of the real-Xen scenarios, between two guests.
+ *
+ *   mxcheck -l EID [-n ITERS] [-s BYTES]
+ *       the passive side: open endpoint EID, echo the ping-pong, receive the
+ *       LARGE message and check every byte, send one back.
+ *   mxcheck -d HOST -e EID [-n ITERS] [-s BYTES] [-w SECONDS]
+ *       the active side: find HOST (an MX hostname) and connect to its endpoint
+ *       EID, retrying for up to SECONDS (the peer may still be starting, on
+ *       another machine), then ITERS timed 8-byte round trips (half of the mean
+ *       round trip is printed as the latency), then BYTES (default 16 MiB) each
+ *       way, every byte checked by its receiver.
+ *
+ * Both sides must be given the same ITERS and BYTES. Lines worth keeping start
+ * with "mxcheck:"; the exit status is 0 when every check held.
+ */
+#include <sys/time.h>
+#include <time.h>
+
+#include "xmx_test.h"
+
+#define WARMUP 10
+#define PING_LEN 8
+#define TAG_PING 1
+#define TAG_LARGE_OUT 2
+#define TAG_LARGE_BACK 3
+#define SEED_OUT 0x1234
+#define SEED_BACK 0x5678
+
+struct opts {
+  const char *host;
+  uint32_t eid;
+  int passive;
+  int iters;
+  uint32_t bytes;
+  int wait_s;
+};
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static void usage(const char *prog) {
+  fprintf(stderr,
+          "usage: %s -l EID [-n ITERS] [-s BYTES]\n"
+          "       %s -d HOST -e EID [-n ITERS] [-s BYTES] [-w SECONDS]\n",
+          prog, prog);
+  exit(2);
+}
+
+static struct opts parse(int argc, char **argv) {
+  struct opts o = {NULL, PASSIVE_EID, 0, 100, 16u << 20, 60};
+  int c;
+  while ((c = getopt(argc, argv, "l:d:e:n:s:w:h")) != -1) {
+    switch (c) {
+    case 'l': o.passive = 1; o.eid = (uint32_t)atoi(optarg); break;
+    case 'd': o.host = optarg; break;
+    case 'e': o.eid = (uint32_t)atoi(optarg); break;
+    case 'n': o.iters = atoi(optarg); break;
+    case 's': o.bytes = (uint32_t)strtoul(optarg, NULL, 0); break;
+    case 'w': o.wait_s = atoi(optarg); break;
+    default: usage(argv[0]);
+    }
+  }
+  if (o.passive == (o.host != NULL) || o.iters < 1 || o.wait_s < 1) usage(argv[0]);
+  return o;
+}
+
+static void send_wait(mx_endpoint_t ep, mx_endpoint_addr_t to, void *buf, uint32_t len,
+                      uint64_t tag) {
+  mx_segment_t seg = {buf, len};
+  mx_request_t req;
+  CHECK(mx_isend(ep, &seg, 1, to, tag, NULL, &req));
+  mx_status_t s = test_wait(ep, &req);
+  EXPECT(s.code == MX_STATUS_SUCCESS, "send of %u bytes: %s", len, mx_strstatus(s.code));
+}
+
+static mx_status_t recv_wait(mx_endpoint_t ep, void *buf, uint32_t len, uint64_t tag) {
+  mx_segment_t seg = {buf, len};
+  mx_request_t req;
+  CHECK(mx_irecv(ep, &seg, 1, tag, MX_MATCH_MASK_NONE, NULL, &req));
+  mx_status_t s = test_wait(ep, &req);
+  EXPECT(s.code == MX_STATUS_SUCCESS, "receive of %u bytes: %s", len, mx_strstatus(s.code));
+  EXPECT(s.msg_length == len && s.xfer_length == len, "%u/%u bytes received, %u expected",
+         s.msg_length, s.xfer_length, len);
+  return s;
+}
+
+/* The peer's address, retrying both the name lookup (the peer table may not list
+ * the peer yet) and the connection (its endpoint may not be open yet). */
+static mx_endpoint_addr_t connect_retrying(mx_endpoint_t ep, const struct opts *o) {
+  double deadline = now_us() + o->wait_s * 1e6;
+  int tries = 0;
+  for (;;) {
+    uint64_t nic;
+    mx_endpoint_addr_t addr;
+    mx_return_t r = mx_hostname_to_nic_id((char *)o->host, &nic);
+    tries++;
+    if (r == MX_SUCCESS) {
+      r = mx_connect(ep, nic, o->eid, TEST_KEY, 2000, &addr);
+      if (r == MX_SUCCESS) {
+        printf("mxcheck: connected to %s endpoint %u (attempt %d)\n", o->host, o->eid, tries);
+        return addr;
+      }
+    }
+    if (now_us() > deadline) {
+      fprintf(stderr, "mxcheck: cannot reach %s endpoint %u in %d s: %s\n", o->host, o->eid,
+              o->wait_s, mx_strerror(r));
+      exit(1);
+    }
+    usleep(200000);
+  }
+}
+
+static unsigned char *alloc(uint32_t len) {
+  unsigned char *p = malloc(len ? len : 1);
+  EXPECT(p != NULL, "%u bytes of memory", len);
+  return p;
+}
+
+static void active(mx_endpoint_t ep, const struct opts *o) {
+  mx_endpoint_addr_t peer = connect_retrying(ep, o);
+  unsigned char ping[PING_LEN], pong[PING_LEN];
+  double t0 = 0;
+  for (int k = 0; k < WARMUP + o->iters; k++) {
+    if (k == WARMUP) t0 = now_us();
+    test_fill(ping, sizeof ping, (uint32_t)k);
+    send_wait(ep, peer, ping, sizeof ping, TAG_PING);
+    recv_wait(ep, pong, sizeof pong, TAG_PING);
+    test_verify(pong, sizeof pong, (uint32_t)k + 1, "pong");
+  }
+  double half_rtt = (now_us() - t0) / (2.0 * o->iters);
+  printf("mxcheck: ping-pong %d B x %d: half-RTT %.1f us\n", PING_LEN, o->iters, half_rtt);
+
+  unsigned char *buf = alloc(o->bytes);
+  test_fill(buf, o->bytes, SEED_OUT);
+  t0 = now_us();
+  send_wait(ep, peer, buf, o->bytes, TAG_LARGE_OUT);
+  double out_ms = (now_us() - t0) / 1e3;
+  memset(buf, 0, o->bytes);
+  t0 = now_us();
+  recv_wait(ep, buf, o->bytes, TAG_LARGE_BACK);
+  double back_ms = (now_us() - t0) / 1e3;
+  test_verify(buf, o->bytes, SEED_BACK, "large message from the peer");
+  printf("mxcheck: sent %u B in %.1f ms; received %u B, every byte checked, in %.1f ms "
+         "(%.1f MB/s)\n",
+         o->bytes, out_ms, o->bytes, back_ms, back_ms > 0 ? o->bytes / (back_ms * 1e3) : 0.0);
+  free(buf);
+}
+
+static void passive(mx_endpoint_t ep, const struct opts *o) {
+  unsigned char ping[PING_LEN], pong[PING_LEN];
+  mx_endpoint_addr_t peer;
+  for (int k = 0; k < WARMUP + o->iters; k++) {
+    mx_status_t s = recv_wait(ep, ping, sizeof ping, TAG_PING);
+    test_verify(ping, sizeof ping, (uint32_t)k, "ping");
+    if (k == 0) {
+      peer = test_connect_back(ep, &s);
+      printf("mxcheck: first ping received, connected back\n");
+    }
+    test_fill(pong, sizeof pong, (uint32_t)k + 1);
+    send_wait(ep, peer, pong, sizeof pong, TAG_PING);
+  }
+  printf("mxcheck: echoed %d pings\n", WARMUP + o->iters);
+
+  unsigned char *buf = alloc(o->bytes);
+  memset(buf, 0, o->bytes);
+  double t0 = now_us();
+  recv_wait(ep, buf, o->bytes, TAG_LARGE_OUT);
+  double in_ms = (now_us() - t0) / 1e3;
+  test_verify(buf, o->bytes, SEED_OUT, "large message from the peer");
+  printf("mxcheck: received %u B, every byte checked, in %.1f ms\n", o->bytes, in_ms);
+  test_fill(buf, o->bytes, SEED_BACK);
+  send_wait(ep, peer, buf, o->bytes, TAG_LARGE_BACK);
+  free(buf);
+}
+
+int main(int argc, char **argv) {
+  struct opts o = parse(argc, argv);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  /* A refused connection (the peer's endpoint not open yet) is retried, not fatal. */
+  mx_set_error_handler(MX_ERRORS_RETURN);
+  CHECK(mx_init());
+  mx_endpoint_t ep;
+  CHECK(mx_open_endpoint(MX_ANY_NIC, o.passive ? o.eid : MX_ANY_ENDPOINT, TEST_KEY, NULL, 0,
+                         &ep));
+  if (o.passive) {
+    printf("mxcheck: endpoint %u open\n", o.eid);
+    passive(ep, &o);
+  } else {
+    active(ep, &o);
+  }
+  CHECK(mx_close_endpoint(ep));
+  CHECK(mx_finalize());
+  printf("mxcheck: PASS (%s)\n", o.passive ? "passive" : "active");
+  return 0;
+}

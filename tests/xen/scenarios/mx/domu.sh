@@ -1,0 +1,56 @@
+# The guest half of the scenarios that run the xmx stack (mx, mx-link): start xmx-frontd on
+# the linux platform (it finds the xmx device xmxd attached and connects to xmx-backd
+# through the real xenbus), say so at data/xmx-ready, then run the jobs dom0 hands over
+# (see lib.sh) until "end". The status is 0 iff every job passed.
+#
+# Kernel arguments: xmx.log= RUST_LOG of xmx-frontd and the MX programs (default warn),
+# xmx.jobtimeout= seconds a job may run (default 180).
+
+# xmx_job_new PATH LAST: the job at PATH is not job LAST.
+xmx_job_new() {
+    local v
+    v=$(xenstore-read "$1" 2>/dev/null) || return 1
+    [ "${v%% *}" != "$2" ]
+}
+
+scenario_domu() {
+    local home job id cmd status last=none failed=0 rust_log jobtimeout frontd
+    home=/local/domain/$(xenstore-read domid) || return 2
+    rust_log=$(xmx_arg log warn)
+    jobtimeout=$(xmx_arg jobtimeout 180)
+    export XMX_PLATFORM=linux XMX_FRONTD_SOCKET=/run/xmx/frontd.sock RUST_LOG="$rust_log"
+    mkdir -p /run/xmx
+    xmx-frontd --socket "$XMX_FRONTD_SOCKET" &
+    frontd=$!
+    i=0
+    until [ -S "$XMX_FRONTD_SOCKET" ]; do
+        kill -0 $frontd 2>/dev/null || { xmx_log "xmx-frontd died"; return 2; }
+        i=$((i + 1))
+        [ $i -le 600 ] || { xmx_log "xmx-frontd did not open its socket in 60 s"; return 2; }
+        usleep 100000
+    done
+    xmx_watch_until "$home/device/xmx/0/state" 60 xmx_xs_has_prefix "$home/device/xmx/0/state" 4 ||
+        { xmx_log "the xmx device never reached Connected"; return 2; }
+    xmx_log "xmx-frontd (pid $frontd) serves $XMX_FRONTD_SOCKET, device connected"
+    xenstore-write "$home/data/xmx-ready" 1 || return 2
+
+    while :; do
+        xmx_watch_until "$home/data/xmx-job" 600 xmx_job_new "$home/data/xmx-job" "$last" ||
+            { xmx_log "no job from dom0"; return 2; }
+        job=$(xenstore-read "$home/data/xmx-job")
+        id=${job%% *}
+        cmd=${job#* }
+        last=$id
+        [ "$cmd" = end ] && break
+        xmx_log "job $id: $cmd"
+        # shellcheck disable=SC2086 # the job is a command line
+        timeout "$jobtimeout" $cmd
+        status=$?
+        xmx_log "job $id: status $status"
+        [ "$status" = 0 ] || failed=$((failed + 1))
+        xenstore-write "$home/data/xmx-job-done" "$id $status"
+    done
+    kill $frontd 2>/dev/null
+    wait $frontd 2>/dev/null
+    [ "$failed" = 0 ]
+}
