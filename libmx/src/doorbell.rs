@@ -24,6 +24,8 @@ pub struct Doorbell {
     sleepers: AtomicUsize,
     /// Application threads inside a blocking call on this endpoint.
     attended: AtomicUsize,
+    /// Application threads polling the endpoint themselves (the spin of a wait).
+    pollers: AtomicUsize,
     lock: Mutex<()>,
     cond: Condvar,
     spin: Duration,
@@ -48,6 +50,7 @@ impl Doorbell {
             generation: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
             attended: AtomicUsize::new(0),
+            pollers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cond: Condvar::new(),
             spin,
@@ -89,6 +92,24 @@ impl Doorbell {
         Attendance(self)
     }
 
+    /// Marks an application thread as polling the endpoint itself until the guard
+    /// drops: while one does, a transport need not ask to be told of arrivals (each
+    /// such notice is a system call on one side and a thread wake-up on the other).
+    pub fn polling(&self) -> Polling<'_> {
+        self.pollers.fetch_add(1, Ordering::SeqCst);
+        Polling(self)
+    }
+
+    /// Whether an application thread polls the endpoint now.
+    pub fn polled(&self) -> bool {
+        self.pollers.load(Ordering::SeqCst) > 0
+    }
+
+    /// How long a waiter polls before it sleeps.
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
     /// Blocks while the generation is still `seen`, at most until `deadline`.
     pub fn wait(&self, seen: u64, deadline: Option<Instant>) {
         let now = Instant::now();
@@ -104,6 +125,15 @@ impl Doorbell {
                 return;
             }
             std::hint::spin_loop();
+        }
+        self.sleep(seen, deadline);
+    }
+
+    /// Sleeps at once (no spin) while the generation is still `seen`, at most until
+    /// `deadline`: for waiters that polled their endpoint themselves before.
+    pub fn sleep(&self, seen: u64, deadline: Option<Instant>) {
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            return;
         }
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -129,6 +159,15 @@ impl Doorbell {
             }
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// An application thread polling its endpoint (see [`Doorbell::polling`]).
+pub struct Polling<'a>(&'a Doorbell);
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        self.0.pollers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -173,6 +212,28 @@ mod tests {
         }
         d.ring();
         t.join().expect("waiter thread");
+    }
+
+    #[test]
+    fn polling_is_counted_until_the_guard_drops() {
+        let d = Doorbell::new(Duration::ZERO, 0, None);
+        assert!(!d.polled());
+        let a = d.polling();
+        let b = d.polling();
+        assert!(d.polled());
+        drop(a);
+        assert!(d.polled());
+        drop(b);
+        assert!(!d.polled());
+    }
+
+    #[test]
+    fn sleep_returns_at_once_after_a_ring() {
+        let d = Doorbell::new(Duration::from_secs(60), 0, None);
+        let seen = d.generation();
+        d.ring_local();
+        d.sleep(seen, None);
+        assert_eq!(d.generation(), seen + 1);
     }
 
     #[test]

@@ -35,7 +35,11 @@ pub struct Settings {
     pub errors_are_fatal: bool,
     /// `MX_VERBOSE`: log level (0 none; 1 info; 2 debug; 3 trace).
     pub verbose: Option<u32>,
-    /// `MX_RCACHE`: keep LARGE regions registered across messages.
+    /// `MX_RCACHE` (default 1 here): keep LARGE regions registered across
+    /// messages. MX and Open-MX default to 0 because their cache pins the
+    /// application's own pages, which a later free can invalidate; ours caches
+    /// granted windows the data is copied through, so it is never stale and
+    /// is on unless `MX_RCACHE=0`.
     pub rcache: bool,
     /// `MX_DISABLE_SHMEM`: no shared-memory shortcut between co-located
     /// endpoints (transports with such a shortcut honour it).
@@ -81,7 +85,7 @@ impl Settings {
                 Some(0)
             ),
             verbose,
-            rcache: int("MX_RCACHE", lookup("MX_RCACHE")).is_some_and(|n| n != 0),
+            rcache: int("MX_RCACHE", lookup("MX_RCACHE")).is_none_or(|n| n != 0),
             disable_shmem: int("MX_DISABLE_SHMEM", lookup("MX_DISABLE_SHMEM"))
                 .is_some_and(|n| n != 0),
             zombie_max: int("MX_ZOMBIE_SEND", lookup("MX_ZOMBIE_SEND"))
@@ -113,7 +117,7 @@ mod tests {
     fn defaults() {
         let s = with(&[]).unwrap();
         assert!(s.errors_are_fatal);
-        assert!(!s.rcache);
+        assert!(s.rcache);
         assert!(!s.disable_shmem);
         assert_eq!(s.zombie_max, DEFAULT_ZOMBIE_MAX);
         assert_eq!(s.transport, TransportKind::Loopback);
@@ -124,7 +128,7 @@ mod tests {
     fn knobs() {
         let s = with(&[
             ("MX_ERRORS_ARE_FATAL", "0"),
-            ("MX_RCACHE", "1"),
+            ("MX_RCACHE", "0"),
             ("MX_DISABLE_SHMEM", "1"),
             ("MX_ZOMBIE_SEND", "0"),
             ("MX_MAX_RETRIES", "3"),
@@ -134,7 +138,7 @@ mod tests {
         ])
         .unwrap();
         assert!(!s.errors_are_fatal);
-        assert!(s.rcache && s.disable_shmem);
+        assert!(!s.rcache && s.disable_shmem);
         assert_eq!(s.zombie_max, 0);
         assert_eq!(s.config.max_retries, 3);
         assert_eq!(s.config.imm_ack_threshold, 1);

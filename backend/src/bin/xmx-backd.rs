@@ -26,8 +26,9 @@ struct Args {
     /// Domain this backend runs in.
     #[arg(long, default_value_t = 0)]
     domid: u16,
-    /// Microseconds an idle service loop keeps polling before it sleeps.
-    #[arg(long = "spin-us", default_value_t = 50)]
+    /// Microseconds an idle service loop keeps polling (yielding the core between
+    /// rounds) before it sleeps.
+    #[arg(long = "spin-us", default_value_t = 200)]
     spin_us: u64,
     /// This host's name (guests without a hostname are named after it).
     #[arg(long)]

@@ -8,7 +8,8 @@
 //! # A round
 //!
 //! 1. requests from the control socket, then xenstore watch events (device lifecycle);
-//! 2. pending event-channel ports are acknowledged (unmasked): rings are polled anyway;
+//! 2. (pending event-channel ports are acknowledged only before the loop sleeps: rings
+//!    are polled anyway, and reading the ports is a system call);
 //! 3. frames waiting on the NIC go into the engine, as a batch;
 //! 4. every connected guest: its control ring is served; for each endpoint, the event
 //!    slots the application returned are reclaimed (releasing the receive-queue slots the
@@ -20,7 +21,9 @@
 //! 7. guests that broke the protocol are disconnected, alone.
 //!
 //! When a round found nothing to do, the loop keeps polling for a bounded spin budget
-//! (`spin`, 50 us by default), then re-arms every ring's event index with a final check and
+//! (`spin`, 200 us by default; it yields the core between rounds, so a guest or a peer
+//! backend that has the next step to do runs at once even with more pollers than
+//! cores), then re-arms every ring's event index with a final check and
 //! sleeps in `epoll` on the NIC, the event-channel handle, the xenstore watch queue and a
 //! wake-up eventfd, until a frame, a notification, a watch, a command or the engine's next
 //! timeout.
@@ -88,7 +91,7 @@ pub struct BackendConfig {
 impl Default for BackendConfig {
     fn default() -> Self {
         BackendConfig {
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(200),
             host_name: "xmx".into(),
             quotas: Quotas::default(),
             engine: EngineConfig::default(),
@@ -397,9 +400,14 @@ impl Backend {
             }
             let since = *idle_since.get_or_insert(now);
             if now.saturating_duration_since(since) < self.cfg.spin {
-                std::hint::spin_loop();
+                // Yield rather than spin: on few cores the guest (or the peer host's
+                // backend) that must answer next gets the core at once.
+                std::thread::yield_now();
                 continue;
             }
+            // Notifications are taken only now: while the loop polls, every ring is read
+            // each round anyway, and reading the pending ports costs a system call.
+            self.ack_ports();
             if self.arm() {
                 idle_since = None;
                 continue;
@@ -429,7 +437,6 @@ impl Backend {
         self.counters.rounds += 1;
         let mut work = self.serve_commands();
         work |= self.serve_watches()?;
-        work |= self.ack_ports();
         work |= self.receive_frames(now);
         work |= self.serve_guests(now);
         if self.engine.poll_timeout().is_some_and(|at| at <= now) {

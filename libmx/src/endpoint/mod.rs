@@ -633,6 +633,12 @@ impl Endpoint {
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
         let woken = self.wakeups.load(Ordering::SeqCst);
         let _attending = self.doorbell.attend();
+        // The thread polls the endpoint itself for the doorbell's spin: an
+        // arrival is seen without a notification and a thread hop (each costs
+        // more than a round trip on the wire), and the transport is told so.
+        let spin = self.doorbell.spin();
+        let mut polling = Some(self.doorbell.polling());
+        let mut poll_until = std::time::Instant::now() + spin;
         loop {
             let seen = self.doorbell.generation();
             let found = {
@@ -654,12 +660,27 @@ impl Endpoint {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let timer = self.next_deadline().map(runtime::to_std);
-            let until = match (deadline, timer) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+            if now < poll_until {
+                // Yielding, not spinning: with more pollers than cores, the
+                // thread that holds the message gets a core at once.
+                std::thread::yield_now();
+                continue;
+            }
+            drop(polling.take());
+            let arrived = {
+                let mut st = self.lock()?;
+                st.port.as_mut().is_some_and(|p| p.before_sleep())
             };
-            self.doorbell.wait(seen, until);
+            if !arrived {
+                let timer = self.next_deadline().map(runtime::to_std);
+                let until = match (deadline, timer) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                self.doorbell.sleep(seen, until);
+            }
+            polling.get_or_insert_with(|| self.doorbell.polling());
+            poll_until = std::time::Instant::now() + spin;
         }
     }
 

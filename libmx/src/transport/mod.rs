@@ -130,6 +130,12 @@ pub trait Port: Send {
     fn receive(&mut self) -> Option<Frame<Vec<u8>>>;
     /// This endpoint's LARGE regions.
     fn regions(&self) -> Arc<dyn Regions>;
+    /// A waiting thread stopped polling and is about to sleep on the
+    /// endpoint's doorbell: make sure the next arrival rings it. True if
+    /// something arrived meanwhile (poll again instead of sleeping).
+    fn before_sleep(&mut self) -> bool {
+        false
+    }
 }
 
 /// How a pull started by [`Regions::pull`] goes on.

@@ -80,6 +80,11 @@ impl Mailbox {
     pub fn ring(&self) {
         self.doorbell.ring();
     }
+
+    /// Whether an application thread polls the endpoint now.
+    pub fn polled(&self) -> bool {
+        self.doorbell.polled()
+    }
 }
 
 /// The peer table as lookups see it: a copy readers take without the board's
@@ -807,6 +812,12 @@ impl Board {
 
     /// The mailboxes that got something since the last call: ring them once
     /// the lock is released.
+    /// Whether an application thread polls one of the endpoints now (and so
+    /// takes the link's frames in itself).
+    pub fn polled(&self) -> bool {
+        self.slots.values().any(|s| s.mailbox.polled())
+    }
+
     pub fn take_rings(&mut self) -> Vec<Arc<Mailbox>> {
         std::mem::take(&mut self.rings)
     }

@@ -6,7 +6,8 @@
 //! of endpoints that got something). It may spin on the link for a while
 //! after traffic (`XMX_NIC_SPIN_US`), but by default it does not: on few
 //! cores the application's own wait already spins, and a second spinner per
-//! process only steals the core the peer needs.
+//! process only steals the core the peer needs. While an application thread
+//! polls the link in its wait, the driver does not watch the link at all.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -53,12 +54,20 @@ impl WakeFd {
     }
 }
 
-/// Waits until `wire` or `wake` is readable, or `timeout` passes; returns
-/// the `revents` of the wire and whether `wake` fired.
-fn wait(wire: RawFd, wake: RawFd, timeout: Option<Duration>) -> (libc::c_short, bool) {
+/// How long the driver sleeps, at most, without watching the link while an
+/// application thread polls it: that thread may stop polling without
+/// sleeping (it went back to the application), and then arrivals must still
+/// progress the endpoints.
+const UNWATCHED_RECHECK: Duration = Duration::from_millis(1);
+
+/// Waits until `wire` (`None`: not watched) or `wake` is readable, or
+/// `timeout` passes; returns the `revents` of the wire and whether `wake`
+/// fired.
+fn wait(wire: Option<RawFd>, wake: RawFd, timeout: Option<Duration>) -> (libc::c_short, bool) {
+    // A negative descriptor is ignored by ppoll.
     let mut fds = [
         libc::pollfd {
-            fd: wire,
+            fd: wire.unwrap_or(-1),
             events: libc::POLLIN,
             revents: 0,
         },
@@ -93,20 +102,34 @@ pub fn run(shared: Arc<Shared>) {
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let (got, timer) = shared.run(|b, now| {
+        // Cleared before the pollers are counted, so a thread that stops
+        // polling either is counted here or sees `watching` false and wakes
+        // us (see `NativePort::before_sleep`).
+        shared.watching.store(false, Ordering::SeqCst);
+        let (got, timer, polled) = shared.run(|b, now| {
             let got = b.receive(now);
             b.timers(now);
             // Recorded under the lock: a thread that arms an earlier timer
             // later sees it and wakes us (see `Shared::run`).
             let timer = b.next_timer();
             b.driver_wake = timer;
-            (got, timer)
+            (got, timer, b.polled())
         });
         if got > 0 && !spin.is_zero() && spin_for_more(&shared, spin) {
             continue;
         }
-        let timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
-        let (revents, woken) = wait(wire_fd, shared.wake.fd(), timeout);
+        let mut timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
+        // An application thread polling the link takes its frames in: a
+        // wake-up per frame here would only take the core (or the board's
+        // lock) from it.
+        let wire = if polled {
+            timeout = Some(timeout.map_or(UNWATCHED_RECHECK, |t| t.min(UNWATCHED_RECHECK)));
+            None
+        } else {
+            shared.watching.store(true, Ordering::SeqCst);
+            Some(wire_fd)
+        };
+        let (revents, woken) = wait(wire, shared.wake.fd(), timeout);
         if woken {
             shared.wake.drain();
         }

@@ -175,6 +175,9 @@ pub(crate) struct Shared {
     hostname: RwLock<String>,
     wake: WakeFd,
     wire_fd: RawFd,
+    /// Whether the driver thread sleeps on the link (else only on `wake`,
+    /// because an application thread polls the link; see `driver`).
+    watching: AtomicBool,
     stop: AtomicBool,
     mac: Mac,
     config: NativeConfig,
@@ -281,6 +284,7 @@ impl Native {
             hostname: RwLock::new(config.hostname.clone()),
             wake: WakeFd::new().map_err(|e| format!("eventfd: {e}"))?,
             wire_fd,
+            watching: AtomicBool::new(true),
             stop: AtomicBool::new(false),
             mac,
             config,

@@ -1,5 +1,6 @@
 //! An endpoint's port and regions on the native board.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
@@ -69,6 +70,17 @@ impl Port for NativePort {
 
     fn regions(&self) -> Arc<dyn Regions> {
         self.regions.clone()
+    }
+
+    fn before_sleep(&mut self) -> bool {
+        // The driver left the link alone while this thread polled it: have
+        // it watch the link again before this thread sleeps. (The polling
+        // mark is gone already; the driver reads it after it clears
+        // `watching`, so one of the two sees the other.)
+        if !self.shared.watching.load(Ordering::SeqCst) {
+            self.shared.wake.notify();
+        }
+        self.shared.try_run(|b, now| b.receive(now)).unwrap_or(0) > 0
     }
 }
 

@@ -71,6 +71,12 @@ impl Mailbox {
     pub fn ring(&self) {
         self.doorbell.ring();
     }
+
+    /// Whether an application thread polls the endpoint now (it takes the
+    /// events in itself and arms the ring before it sleeps).
+    pub fn polled(&self) -> bool {
+        self.doorbell.polled()
+    }
 }
 
 /// Counters of one link, for the logs and the tests.

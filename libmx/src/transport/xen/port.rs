@@ -77,14 +77,20 @@ impl Port for XenPort {
             return Some(f);
         }
         // An application polling its endpoint takes events in itself, unless
-        // the driver thread is at it already.
+        // the driver thread is at it already. It leaves the ring unarmed: the
+        // backend need not signal a port nobody sleeps on (see before_sleep).
         let mut link = self.ep.link.try_lock().ok()?;
         let mut reg = Daemon(&self.shared.client);
-        if link.take_in_and_arm(&self.ep.mailbox, &mut reg) == 0 {
+        if link.take_in(&self.ep.mailbox, &mut reg) == 0 {
             return None;
         }
         drop(link);
         self.ep.mailbox.next_frame()
+    }
+
+    fn before_sleep(&mut self) -> bool {
+        let mut reg = Daemon(&self.shared.client);
+        lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
 
     fn regions(&self) -> Arc<dyn Regions> {
