@@ -87,7 +87,7 @@ fn quick_run_measures_every_guest_setup() {
             "native",
             "guest-remote",
             "guest-local",
-            "guest-rcache"
+            "guest-nocache"
         ]
     );
     for s in setups
@@ -98,7 +98,7 @@ fn quick_run_measures_every_guest_setup() {
         assert_eq!(s["status"], "ok", "{name}: {}", s["reason"]);
         let cells = s["cells"].as_array().unwrap();
         let measured: Vec<u64> = cells.iter().map(|c| c["size"].as_u64().unwrap()).collect();
-        if name == "guest-rcache" {
+        if name == "guest-nocache" {
             // LARGE messages only: above 32 KiB.
             assert_eq!(measured, [65536, 1 << 20], "{name}");
         } else {
@@ -149,7 +149,7 @@ fn quick_run_measures_every_guest_setup() {
         "guest-remote/native",
         "guest-remote/tcp",
         "guest-local/shm",
-        "guest-rcache/guest-remote",
+        "guest-nocache/guest-remote",
     ] {
         assert!(ratios.contains(&wanted), "{wanted} missing from {ratios:?}");
     }

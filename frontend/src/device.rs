@@ -73,13 +73,16 @@ pub struct FrontendConfig {
     pub close_timeout: Duration,
 }
 
-/// The default endpoint geometry: 2 pages of send ring (32 slots), 4 of event ring
-/// (64 slots), 32 send-queue and 64 receive-queue fragments.
+/// The default endpoint geometry: 2 pages of send ring (32 slots), 8 of event ring
+/// (128 slots, the most a ring may have), 64 send-queue and 128 receive-queue
+/// fragments. A stream of MEDIUM messages keeps a window of fragments in flight per
+/// partner; with 64 receive slots the queue overflowed under a 4 KiB stream and every
+/// dropped fragment cost a resend delay.
 pub const DEFAULT_ENDPOINT_PAGES: EndpointPages = EndpointPages {
     send_ring: 2,
-    event_ring: 4,
-    send_queue: 32,
-    recv_queue: 64,
+    event_ring: 8,
+    send_queue: 64,
+    recv_queue: 128,
 };
 
 impl Default for FrontendConfig {

@@ -207,6 +207,7 @@ mod tests {
             recv_queue: 1,
         };
         assert!(check_geometry(&ok).is_ok());
+        assert!(check_geometry(&crate::device::DEFAULT_ENDPOINT_PAGES).is_ok());
         for bad in [
             EndpointPages { send_ring: 0, ..ok },
             EndpointPages {

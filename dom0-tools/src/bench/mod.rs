@@ -10,7 +10,7 @@
 //! only ([`plan`]), warm-up iterations are not measured. A setup that cannot run here is
 //! reported "n/a" with the reason; a figure is never made up.
 //!
-//! The guest setups (`guest-remote`, `guest-local`, `guest-rcache`, `guest-scaling`) run
+//! The guest setups (`guest-remote`, `guest-local`, `guest-nocache`, `guest-scaling`) run
 //! MX programs as applications of guests of a simulated cluster of two hosts
 //! ([`guests`]): one this run makes (`b<pid>`, removed at the end and on Ctrl-C), or the
 //! one `--cluster` names. The baselines keep their veth pair, whose link carries nothing
@@ -468,7 +468,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "LIST")]
     pub sizes: Option<String>,
     /// Setups, comma-separated [default: all]: shm, afpacket, tcp, native, guest-remote,
-    /// guest-local, guest-rcache, guest-scaling.
+    /// guest-local, guest-nocache, guest-scaling.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub setups: Vec<String>,
     /// Directory for bench.json, bench.txt and the plots.

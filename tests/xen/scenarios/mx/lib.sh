@@ -104,12 +104,17 @@ xmx_guest_end() {
 }
 
 # xmx_dump_guest_console NAME: the guest's console, as xenconsoled logged it, each line
-# prefixed "NAME| ".
+# prefixed "NAME| ". The log is set aside once shown: xenconsoled names it after the
+# guest, so a guest created again under the same name would repeat its predecessor's
+# lines in the next dump.
 xmx_dump_guest_console() {
     local f=/var/log/xen/console/guest-$1.log
     [ -f "$f" ] || return 0
     echo "----- console of $1 -----"
-    tr -d '\r' <"$f" | sed "s/^/$1| /"
+    XMX_DUMPS=$((${XMX_DUMPS:-0} + 1))
+    local shown="$f.shown.$XMX_DUMPS"
+    mv "$f" "$shown"
+    tr -d '\r' <"$shown" | sed "s/^/$1| /"
     echo "----- end of the console of $1 -----"
 }
 
