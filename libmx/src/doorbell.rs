@@ -10,6 +10,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// How long a wait polls before it sleeps when `XMX_SPIN_US` does not say.
+///
+/// A ping-pong partner's reply comes one round trip after our message left:
+/// about 7 us natively and 15-20 us between guests on different hosts on a
+/// loaded two-core machine (`xmx bench`). With 20 us, guests across hosts
+/// often missed it and paid a sleep and a wakeup (half round trips of 25-45
+/// us instead of 8-10, in half the cells measured); from 50 us on they
+/// caught it in every cell, and 100 us bought no better median. Polling yields the core
+/// on each round, so a backend and two applications on two cores keep
+/// making progress; waits with nothing coming sleep after 50 us.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
 /// Something to tell when a doorbell rings while no application thread
 /// waits on it (the background progression thread).
 pub trait Unattended: Send + Sync {

@@ -93,8 +93,10 @@ impl Settings {
             config: Config::default().with_env(&lookup),
             transport,
             spin: Duration::from_micros(
-                int("XMX_SPIN_US", lookup("XMX_SPIN_US")).map_or(20, |n| n.clamp(0, 1_000_000))
-                    as u64,
+                int("XMX_SPIN_US", lookup("XMX_SPIN_US"))
+                    .map_or(crate::doorbell::DEFAULT_SPIN.as_micros() as i64, |n| {
+                        n.clamp(0, 1_000_000)
+                    }) as u64,
             ),
         })
     }

@@ -482,9 +482,13 @@ pub struct BenchArgs {
     /// Microseconds a waiting process polls before it blocks, in every polling setup (shm,
     /// afpacket, and xmx through XMX_SPIN_US, whose default this is). Spinning pays only
     /// while every waiter owns a core.
-    #[arg(long, value_name = "US", default_value_t = 20)]
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_SPIN_US)]
     pub spin_us: u64,
 }
+
+/// The library's own default spin (libmx's `XMX_SPIN_US`), so the bench measures what
+/// applications get.
+pub const DEFAULT_SPIN_US: u64 = 50;
 
 /// `xmx bench`: run, print, write the files. Exits non-zero when a cell failed. `bin_dir`
 /// holds the daemons of a simulated cluster.

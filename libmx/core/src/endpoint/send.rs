@@ -231,6 +231,7 @@ impl Endpoint {
     /// delivered here must not retransmit them into a closed endpoint and
     /// read the NACK as a failed send.
     pub fn flush_acks(&mut self) {
+        self.timers_changed();
         let owed: Vec<PeerAddr> = self
             .partners
             .iter()

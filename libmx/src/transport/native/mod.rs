@@ -55,13 +55,13 @@ use port::NativePort;
 
 /// Endpoints of the native board (MXoE's 8-bit endpoint id).
 pub const MAX_ENDPOINTS: u32 = 256;
-/// Default delay of an explicit ack: none. A LARGE receive completes only
-/// when its NOTIFY is acknowledged, and a sender that exits right after its
-/// own completion must have let that ack out first: an ack sent while the
-/// frame that called for it is taken in leaves before the application hears
-/// of any completion (Open-MX also acks a NOTIFY at once in MX-compatible
-/// mode).
-pub const DEFAULT_ACK_DELAY: Duration = Duration::ZERO;
+/// Default delay of an explicit ack: Open-MX's, a 64th of a second. Within
+/// it, the partner's next message carries the ack: a ping-pong costs one
+/// frame per message instead of a message and an ack. Nothing waits on it:
+/// the core acks a NOTIFY at once, a stream is acked every
+/// `imm_ack_threshold` messages, an eager send completes before its ack,
+/// and a closing endpoint flushes the acks it owes.
+pub const DEFAULT_ACK_DELAY: Duration = xmx_mx::config::DEFAULT_ACK_DELAY;
 
 /// What the native transport is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -506,3 +506,94 @@ fn next_within(
         bell.wait(seen, Some(deadline));
     }
 }
+
+/// Takes every frame `from` emits and hands it to `to` as a board would
+/// (the peer index becomes the sender's), running due timers before and
+/// after as the library's progress does. Returns what crossed.
+fn carry(
+    now: xmx_mx::Instant,
+    from: &mut xmx_mx::Endpoint,
+    from_index: u16,
+    to: &mut xmx_mx::Endpoint,
+) -> Vec<&'static str> {
+    for ep in [&mut *from, &mut *to] {
+        if ep.next_timeout().is_some_and(|t| t <= now) {
+            ep.handle_timeout(now);
+        }
+    }
+    let mut kinds = Vec::new();
+    while let Some(mut f) = from.poll_transmit() {
+        kinds.push(match f.body {
+            Body::Message(_) => "message",
+            Body::Liback(_) => "ack",
+            Body::ConnectRequest(_) => "connect",
+            Body::ConnectReply(_) => "connect reply",
+            Body::Notify(_) => "notify",
+            Body::Nack(_) => "nack",
+        });
+        f.peer_index = from_index;
+        to.handle_frame(now, f.as_borrowed());
+    }
+    if to.next_timeout().is_some_and(|t| t <= now) {
+        to.handle_timeout(now);
+    }
+    kinds
+}
+
+#[test]
+fn ping_pong_replies_carry_the_acks() {
+    let (a, _b) = boards(true);
+    let config = a.tune(xmx_mx::Config::default());
+    let mut ea = xmx_mx::Endpoint::new(config.clone(), 1, 0xa0, 7);
+    let mut eb = xmx_mx::Endpoint::new(config, 2, 0xb0, 7);
+    let (to_b, to_a) = (PeerAddr::new(IDX_B, 2), PeerAddr::new(IDX_A, 1));
+    let step = Duration::from_micros(40);
+    let mut now = xmx_mx::Instant::from_millis(1);
+    ea.connect(now, to_b, 7);
+    assert_eq!(carry(now, &mut ea, IDX_A, &mut eb), ["connect"]);
+    assert_eq!(carry(now, &mut eb, IDX_B, &mut ea), ["connect reply"]);
+    assert!(matches!(
+        ea.poll_event(),
+        Some(xmx_mx::Event::Connected {
+            status: Status::Success,
+            ..
+        })
+    ));
+    let mut crossed = Vec::new();
+    for round in 0..20u64 {
+        eb.post_recv(now, 0, 0, 64).unwrap();
+        ea.send(now, to_b, round, b"ping").unwrap();
+        crossed.extend(carry(now, &mut ea, IDX_A, &mut eb));
+        now = now + step;
+        ea.post_recv(now, 0, 0, 64).unwrap();
+        eb.send(now, to_a, round, b"pong").unwrap();
+        crossed.extend(carry(now, &mut eb, IDX_B, &mut ea));
+        crossed.extend(carry(now, &mut ea, IDX_A, &mut eb));
+        now = now + step;
+    }
+    assert_eq!(crossed, vec!["message"; 40], "one frame per message");
+    let sent_done = |ep: &mut xmx_mx::Endpoint| {
+        std::iter::from_fn(|| ep.poll_event())
+            .filter(|e| {
+                matches!(
+                    e,
+                    xmx_mx::Event::SendDone {
+                        status: Status::Success,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    assert_eq!(sent_done(&mut ea), 20, "every ping acked by its pong");
+    assert_eq!(
+        sent_done(&mut eb),
+        19,
+        "the last pong waits for the delayed ack"
+    );
+    // Nothing flows back: the last pong is acked once the delay is over.
+    let due = ea.next_timeout().expect("an ack is owed");
+    assert_eq!(carry(due, &mut ea, IDX_A, &mut eb), ["ack"]);
+    assert_eq!(sent_done(&mut eb), 1);
+    assert_eq!(ea.next_timeout(), None);
+}

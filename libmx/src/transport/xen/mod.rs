@@ -72,9 +72,9 @@ use peers::PeerView;
 use port::EndpointShared;
 use windows::Daemon;
 
-/// Default delay of an explicit ack: none, for the reason the native
-/// transport gives (a LARGE receive completes on its NOTIFY's ack).
-pub const DEFAULT_ACK_DELAY: Duration = Duration::ZERO;
+/// Default delay of an explicit ack: the native transport's (Open-MX's), for
+/// the same reason: replies carry the acks.
+pub const DEFAULT_ACK_DELAY: Duration = super::native::DEFAULT_ACK_DELAY;
 /// How long closing an endpoint waits for the backend to take the requests
 /// posted last.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
