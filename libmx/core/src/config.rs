@@ -43,6 +43,13 @@ pub struct Config {
     pub unexpected_bytes_max: usize,
     /// Out-of-order frames kept per partner while an earlier one is missing.
     pub early_frames_max: usize,
+    /// Sequenced messages per partner in flight (sent, not yet acked) before
+    /// further sends wait; at most the protocol's throttle window. A receiver
+    /// whose queue of MEDIUM fragments is smaller than what a sender has in
+    /// flight drops fragments, and each drop costs a resend delay: transports
+    /// size this to the receive queue. Never below twice
+    /// [`imm_ack_threshold`](Self::imm_ack_threshold), so acks always flow.
+    pub send_window: u16,
 }
 
 impl Default for Config {
@@ -58,6 +65,7 @@ impl Default for Config {
             rendezvous_timeout: None,
             unexpected_bytes_max: 64 << 20,
             early_frames_max: 1024,
+            send_window: crate::seqnum::THROTTLE_WINDOW,
         }
     }
 }
@@ -88,6 +96,14 @@ impl Config {
             }
         }
         self
+    }
+
+    /// The send window in force: [`send_window`](Self::send_window) raised to
+    /// twice the immediate-ack threshold and capped by the protocol's window.
+    pub fn effective_send_window(&self) -> u16 {
+        self.send_window
+            .max(self.imm_ack_threshold.saturating_mul(2))
+            .clamp(1, crate::seqnum::THROTTLE_WINDOW)
     }
 
     /// Wait after the `transmissions`-th transmission before the next one:

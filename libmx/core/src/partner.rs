@@ -165,9 +165,10 @@ impl Partner {
         self.next_acked_send_seq = start;
     }
 
-    /// Whether a new send must wait for acks before taking a seqnum.
-    pub(crate) fn send_window_full(&self) -> bool {
-        self.next_send_seq.since(self.next_acked_send_seq) >= THROTTLE_WINDOW
+    /// Whether a new send must wait for acks before taking a seqnum, with
+    /// `window` messages allowed in flight.
+    pub(crate) fn send_window_full(&self, window: u16) -> bool {
+        self.next_send_seq.since(self.next_acked_send_seq) >= window.min(THROTTLE_WINDOW)
     }
 
     /// Takes the next send seqnum.
@@ -339,9 +340,9 @@ mod tests {
         for _ in 0..THROTTLE_WINDOW - 1 {
             p.take_send_seq();
         }
-        assert!(!p.send_window_full());
+        assert!(!p.send_window_full(THROTTLE_WINDOW));
         p.take_send_seq();
-        assert!(p.send_window_full());
+        assert!(p.send_window_full(THROTTLE_WINDOW));
     }
 
     #[test]

@@ -685,3 +685,51 @@ fn closing_flushes_the_acks_still_owed() {
     s.step();
     assert_eq!(send_statuses(&mut s, 0), vec![(id.0, Status::Success)]);
 }
+
+#[test]
+fn a_small_send_window_holds_sends_until_acks_and_all_arrive() {
+    let config = Config {
+        send_window: 2,
+        imm_ack_threshold: 1,
+        ..Config::default()
+    };
+    assert_eq!(config.effective_send_window(), 2);
+    let mut s = pair(20, Channel::perfect(), config);
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    for i in 0..10u64 {
+        s.nodes[1].ep.post_recv(now, 0, 0, 64).unwrap();
+        s.nodes[0].ep.send(now, to, i, &[i as u8; 8]).unwrap();
+    }
+    // Only the window's worth leaves before any ack comes back.
+    let mut first = 0;
+    while let Some(f) = s.nodes[0].ep.poll_transmit() {
+        assert!(sim::is_message(&f), "{f:?}");
+        first += 1;
+        s.inject(s.nodes[0].host, f);
+    }
+    assert_eq!(first, 2);
+    s.run_to_quiescence(now + Duration::from_secs(60));
+    let r = recvs(&mut s, 1);
+    let got: Vec<u64> = r.iter().map(|r| r.match_info).collect();
+    assert_eq!(got, (0..10).collect::<Vec<_>>());
+    assert!(send_statuses(&mut s, 0)
+        .iter()
+        .all(|&(_, st)| st == Status::Success));
+}
+
+#[test]
+fn the_send_window_never_falls_below_twice_the_ack_threshold() {
+    let c = Config {
+        send_window: 1,
+        imm_ack_threshold: 4,
+        ..Config::default()
+    };
+    assert_eq!(c.effective_send_window(), 8);
+    let big = Config {
+        send_window: u16::MAX,
+        ..Config::default()
+    };
+    assert_eq!(big.effective_send_window(), xmx_mx::seqnum::THROTTLE_WINDOW);
+}

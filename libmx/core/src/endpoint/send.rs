@@ -29,10 +29,11 @@ impl Endpoint {
     /// Gives a sequenced request (send or NOTIFY) its seqnum and sends it, or
     /// holds it while the send window is full.
     pub(super) fn enqueue_sequenced(&mut self, now: Instant, peer: PeerAddr, id: RequestId) {
+        let window = self.config.effective_send_window();
         let Some(p) = self.partners.get_mut(&peer) else {
             return;
         };
-        if !p.throttled.is_empty() || p.send_window_full() {
+        if !p.throttled.is_empty() || p.send_window_full(window) {
             tracing::debug!(?peer, ?id, "send window full, holding");
             p.throttled.push_back(id);
             return;
@@ -51,11 +52,12 @@ impl Endpoint {
 
     /// Lets held requests take seqnums as acks free the window.
     pub(super) fn release_throttled(&mut self, now: Instant, peer: PeerAddr) {
+        let window = self.config.effective_send_window();
         loop {
             let Some(p) = self.partners.get_mut(&peer) else {
                 return;
             };
-            if p.send_window_full() {
+            if p.send_window_full(window) {
                 return;
             }
             let Some(id) = p.throttled.pop_front() else {
