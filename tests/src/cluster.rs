@@ -46,6 +46,18 @@ pub fn unavailable() -> Option<String> {
     }
 }
 
+/// True (after saying why) if simulated clusters cannot run here: a test
+/// calls this first and returns early, so the run shows what was skipped.
+pub fn skipped(test: &str) -> bool {
+    match unavailable() {
+        Some(why) => {
+            println!("{test}: skipped: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
 /// A command running `prog args` in network namespace `netns` (not as a
 /// guest's application), with `env` added, the freshly built library, and a
 /// `timeout` of [`APP_TIMEOUT_S`].

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use xmx_hv::DOM0;
 use xmx_tests::app::{strip_ansi, App, Finished};
-use xmx_tests::cluster::{exclusive, unavailable, SimCluster};
+use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog;
 
 /// The bystanders' stream; its receiver holds the last message back until
@@ -28,16 +28,6 @@ const BYSTANDER_COUNT: usize = 24;
 const VICTIM: [(&str, &str); 2] = [("BULK_COUNT", "6"), ("BULK_SIZE", "16777216")];
 /// How long the backend may take to let go.
 const RELEASE: Duration = Duration::from_secs(20);
-
-fn skipped(test: &str) -> bool {
-    match unavailable() {
-        Some(why) => {
-            println!("{test}: skipped: {why}");
-            true
-        }
-        None => false,
-    }
-}
 
 /// A `bulk` stream from guest `g` of h0 to guest `g` of h1, started and
 /// seen delivering its first message: (receiver, sender).

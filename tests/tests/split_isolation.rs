@@ -16,22 +16,12 @@
 use std::time::{Duration, Instant};
 
 use xmx_hv::{Xenstore, DOM0, XBT_NULL};
-use xmx_tests::cluster::{exclusive, unavailable, SimCluster};
+use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog;
 use xmx_tests::matrix::{self, Assignment};
 
 /// How long the backend may take to let go of a destroyed guest.
 const RELEASE: Duration = Duration::from_secs(30);
-
-fn skipped(test: &str) -> bool {
-    match unavailable() {
-        Some(why) => {
-            println!("{test}: skipped: {why}");
-            true
-        }
-        None => false,
-    }
-}
 
 fn exists(xs: &dyn Xenstore, path: &str) -> bool {
     xs.read(XBT_NULL, path).is_ok()

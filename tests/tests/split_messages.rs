@@ -15,21 +15,11 @@ use std::collections::BTreeMap;
 
 use xmx_tests::app::log_field;
 use xmx_tests::capture::Tap;
-use xmx_tests::cluster::{exclusive, unavailable, SimCluster};
+use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog::{self, parse_pingpong, PingpongLine};
 
 /// The sizes every run must show: each class and its edges.
 const SIZES: [u64; 8] = [0, 1, 32, 128, 4096, 32 << 10, 1 << 20, 16 << 20];
-
-fn skipped(test: &str) -> bool {
-    match unavailable() {
-        Some(why) => {
-            println!("{test}: skipped: {why}");
-            true
-        }
-        None => false,
-    }
-}
 
 /// Runs the ping-pong (passive in `passive`, active in `active`); checks it
 /// passed (every byte compared on both sides) and covered every size;

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use xmx_tests::app::App;
-use xmx_tests::cluster::{exclusive, unavailable, SimCluster};
+use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog;
 use xmx_tests::relay::{ImpairedPort, Impairment};
 
@@ -41,16 +41,6 @@ const PLACEMENTS: [(&str, At, At); 2] = [
     ("across hosts", (1, 0), (0, 0)),
     ("co-located", (0, 1), (0, 0)),
 ];
-
-fn skipped(test: &str) -> bool {
-    match unavailable() {
-        Some(why) => {
-            println!("{test}: skipped: {why}");
-            true
-        }
-        None => false,
-    }
-}
 
 fn build_all(dir: &Path) -> Vec<(PathBuf, &'static str)> {
     PAIRS
