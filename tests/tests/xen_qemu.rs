@@ -22,6 +22,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+/// Prints to the process's stderr past the test harness's capture, so that CI's log shows
+/// what real Xen reported (checks, latencies, byte counts) for passing tests too.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// The scenarios boot whole machines: one at a time, whatever the test harness does.
 static QEMU: Mutex<()> = Mutex::new(());
 
@@ -181,7 +190,7 @@ fn parse_reports(log: &str) -> BTreeMap<String, RoleReport> {
 
 fn print_reports(reports: &BTreeMap<String, RoleReport>) {
     for (role, r) in reports {
-        eprintln!("{role} (status {:?}):", r.status);
+        report!("{role} (status {:?}):", r.status);
         for c in &r.checks {
             let tag = match c.outcome {
                 Outcome::Pass => "PASS",
@@ -189,9 +198,9 @@ fn print_reports(reports: &BTreeMap<String, RoleReport>) {
                 Outcome::Skip => "SKIP",
             };
             if c.detail.is_empty() {
-                eprintln!("  {tag}  {}", c.name);
+                report!("  {tag}  {}", c.name);
             } else {
-                eprintln!("  {tag}  {}  ({})", c.name, c.detail);
+                report!("  {tag}  {}  ({})", c.name, c.detail);
             }
         }
     }
@@ -293,7 +302,7 @@ fn two_hosts_echo_jumbo_mxoe_frames() {
     let pings = lines(&a, "rawlink ping:");
     let echoes = lines(&b, "rawlink echo:");
     for l in pings.iter().chain(&echoes) {
-        eprintln!("{l}");
+        report!("{l}");
     }
     assert!(
         pings.iter().any(|l| l.contains("20 x 9014 bytes echoed")),
@@ -371,13 +380,13 @@ impl StackReport {
 
     fn print(&self, host: &str) {
         for (step, ok, detail) in &self.results {
-            eprintln!(
+            report!(
                 "{host}: {step}: {} {detail}",
                 if *ok { "pass" } else { "FAIL" }
             );
         }
         for (guest, m) in &self.mxcheck {
-            eprintln!("{host}/{guest}: mxcheck: {m}");
+            report!("{host}/{guest}: mxcheck: {m}");
         }
     }
 }
