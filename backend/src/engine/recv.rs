@@ -90,40 +90,24 @@ impl Engine {
         let endpoints = &mut nic.endpoints;
         let link = &mut nic.link;
         match packet {
-            PacketRepr::Tiny(t) => {
-                let h = t.header;
-                let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
-                    return;
-                };
-                let Ok(msg) = inline_msg(&h, t.data) else {
-                    return link.counters.drop(DropReason::Malformed);
-                };
-                let from = from.route(h.src_endpoint, 0);
-                deliver(
-                    &mut ctx,
-                    link,
-                    ep,
-                    h.dst_endpoint,
-                    EventBody::RecvTiny { from, msg },
-                );
-            }
-            PacketRepr::Small(s) => {
-                let h = s.header;
-                let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
-                    return;
-                };
-                let Ok(msg) = inline_msg(&h, s.data) else {
-                    return link.counters.drop(DropReason::Malformed);
-                };
-                let from = from.route(h.src_endpoint, 0);
-                deliver(
-                    &mut ctx,
-                    link,
-                    ep,
-                    h.dst_endpoint,
-                    EventBody::RecvSmall { from, msg },
-                );
-            }
+            PacketRepr::Tiny(t) => deliver_inline(
+                &mut ctx,
+                link,
+                endpoints,
+                from,
+                &t.header,
+                t.data,
+                |from, msg| EventBody::RecvTiny { from, msg },
+            ),
+            PacketRepr::Small(s) => deliver_inline(
+                &mut ctx,
+                link,
+                endpoints,
+                from,
+                &s.header,
+                s.data,
+                |from, msg| EventBody::RecvSmall { from, msg },
+            ),
             PacketRepr::Medium(m) => {
                 let h = m.header;
                 let length = u32::from(m.msg_length);
@@ -378,6 +362,26 @@ fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_t
         lib_seqnum: refused.lib_seqnum,
     };
     ctx.send(link, to.mac, PacketRepr::NackLib(nack));
+}
+
+/// A TINY or SMALL message: checked, then delivered inline in the event `body` makes.
+fn deliver_inline(
+    ctx: &mut Ctx,
+    link: &mut Link,
+    endpoints: &mut HashMap<u8, Endpoint>,
+    from: Sender,
+    h: &MsgHeader,
+    data: &[u8],
+    body: impl FnOnce(Route, InlineMsg) -> EventBody,
+) {
+    let Some(ep) = accept_message(ctx, link, endpoints, from, h) else {
+        return;
+    };
+    let Ok(msg) = inline_msg(h, data) else {
+        return link.counters.drop(DropReason::Malformed);
+    };
+    let from = from.route(h.src_endpoint, 0);
+    deliver(ctx, link, ep, h.dst_endpoint, body(from, msg));
 }
 
 /// Queue an unsolicited event unless the endpoint already has too many waiting.
