@@ -9,12 +9,9 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use xmx_hv::xs::XsClient;
-use xmx_hv::{DomId, Xenstore, DOM0, XBT_NULL};
-use xmx_wire::xenbus::{self, keys, XenbusState};
 
 use super::agent::Test;
 use super::cost::DaemonRole;
@@ -23,15 +20,13 @@ use super::plan::Counts;
 use super::runner::{AgentSpec, CellAgents};
 use crate::interrupt;
 use crate::sim::cluster::{self, ClusterState, UpOptions};
+use crate::sim::settle;
 
 /// Endpoint id of the passive side of a guest cell.
 pub const SERVER_EID: &str = "2";
 /// How long a cluster made for the run may take to connect every device and settle every
 /// peer view.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Longest single wait for a xenstore event, so a signal is noticed soon.
-const WAIT_SLICE: Duration = Duration::from_millis(250);
-const WATCH_TOKEN: &str = "xmx-bench";
 /// The MX library the guests' programs run with.
 const LIBRARY: &str = "libmyriexpress.so";
 
@@ -358,49 +353,9 @@ impl Drop for GuestBed {
     }
 }
 
-/// What is not settled yet about guest `domid`, if anything: both xenbus halves Connected
-/// and its peer view listing `expected`.
-fn pending(xs: &XsClient, name: &str, domid: DomId, expected: &BTreeSet<String>) -> Option<String> {
-    let read = |path: &str| {
-        xs.read(XBT_NULL, path).ok().map(|v| {
-            String::from_utf8_lossy(&v)
-                .trim_end_matches('\0')
-                .to_owned()
-        })
-    };
-    let connected = (XenbusState::Connected as u32).to_string();
-    for (side, dir) in [
-        ("backend", xenbus::backend_dir(DOM0, domid, 0)),
-        ("frontend", xenbus::frontend_dir(domid, 0)),
-    ] {
-        let s = read(&xenbus::key_path(&dir, keys::STATE));
-        if s.as_deref() != Some(connected.as_str()) {
-            return Some(format!("{name}: {side} state {s:?}, not Connected"));
-        }
-    }
-    let view = peer_view_dir(domid);
-    let listed: BTreeSet<String> = xs
-        .directory(XBT_NULL, &view)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|n| read(&format!("{view}/{n}")))
-        .filter_map(|v| v.split_once(' ').map(|(_, host)| host.trim().to_owned()))
-        .collect();
-    let missing: Vec<&String> = expected.difference(&listed).collect();
-    if !missing.is_empty() {
-        return Some(format!("{name}: peer view lacks {missing:?}"));
-    }
-    None
-}
-
-/// Where xmxd publishes the peers guest `domid` may reach.
-fn peer_view_dir(domid: DomId) -> String {
-    format!("/local/domain/{DOM0}/xmx/peers/{domid}")
-}
-
-/// Wait, on xenstore watches, until every guest is connected and sees every guest.
+/// Wait, on xenstore watches, until every guest is connected and its peer view lists
+/// every guest of the cluster.
 pub fn wait_settled(state: &ClusterState, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
     let expected: BTreeSet<String> = state
         .hosts
         .iter()
@@ -410,41 +365,14 @@ pub fn wait_settled(state: &ClusterState, timeout: Duration) -> Result<()> {
                 .map(move |g| format!("{}-{}:0", h.name, g.name))
         })
         .collect();
-    for host in &state.hosts {
-        let sock = xmx_hv::sim::layout::xenstore_sock(&host.simhv_dir, DOM0);
-        let xs =
-            XsClient::connect_unix(&sock).with_context(|| format!("xenstore of {}", host.name))?;
-        for g in &host.guests {
-            for dir in [
-                xenbus::backend_dir(DOM0, g.domid, 0),
-                xenbus::frontend_dir(g.domid, 0),
-                peer_view_dir(g.domid),
-            ] {
-                xs.watch(&dir, WATCH_TOKEN)
-                    .with_context(|| format!("watching {dir}"))?;
-            }
+    settle::wait_guests(state, timeout, "the cluster", |xs, _, _, guest| {
+        if let Some(why) = settle::not_connected(xs, guest.domid) {
+            return Some(why);
         }
-        loop {
-            interrupt::check()?;
-            let waiting = host.guests.iter().find_map(|g| {
-                pending(
-                    &xs,
-                    &format!("{}/{}", host.name, g.name),
-                    g.domid,
-                    &expected,
-                )
-            });
-            let Some(what) = waiting else { break };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!("the cluster did not settle within {timeout:?}: {what}");
-            }
-            // Any change under a watched directory wakes this; the loop looks again.
-            xs.next_watch_event(Some(left.min(WAIT_SLICE)))
-                .context("waiting on xenstore")?;
-        }
-    }
-    Ok(())
+        let listed = settle::peer_view(xs, guest.domid);
+        let missing: Vec<&String> = expected.difference(&listed).collect();
+        (!missing.is_empty()).then(|| format!("peer view lacks {missing:?}"))
+    })
 }
 
 #[cfg(test)]
@@ -469,6 +397,5 @@ mod tests {
         assert_eq!(GuestAt::new(0, 39).domain_name(), "h0-g39");
         let name = cluster_name(4_294_967_295);
         assert!(cluster::check_name(&name).is_ok(), "{name}");
-        assert_eq!(peer_view_dir(7), "/local/domain/0/xmx/peers/7");
     }
 }

@@ -9,24 +9,21 @@
 //! xenstore nodes, so this waits on watches.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use xmx_hv::xs::XsClient;
-use xmx_hv::{Xenstore, DOM0, XBT_NULL};
-use xmx_wire::xenbus::{self, keys, XenbusState};
+use xmx_hv::DOM0;
+use xmx_wire::xenbus::{self, keys};
 
 use super::layout::{self, Place, VCLUSTERS};
-use crate::interrupt;
 use crate::sim::cluster::{ClusterState, HostState};
+use crate::sim::settle;
 use crate::xmxd::control::ClusterReport;
 use crate::xmxd::{names, ControlClient, Request};
 
 /// How long the fabric may take to settle after the moves.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest single wait for a watch event, so a signal is noticed soon.
-const WAIT_SLICE: Duration = Duration::from_millis(250);
-const WATCH_TOKEN: &str = "xmx-demo";
 
 fn xmxd(host: &HostState) -> Result<ControlClient> {
     let socket = host.simhv_dir.join("xmxd.sock");
@@ -85,48 +82,25 @@ pub fn check_members(state: &ClusterState, note: &mut dyn FnMut(&str)) -> Result
     Ok(())
 }
 
-/// What is not settled yet about one guest, if anything.
-fn pending(xs: &XsClient, place: Place, domid: u16, expected: &BTreeSet<String>) -> Option<String> {
-    let read = |path: &str| {
-        xs.read(XBT_NULL, path).ok().map(|v| {
-            String::from_utf8_lossy(&v)
-                .trim_end_matches('\0')
-                .to_owned()
-        })
-    };
+/// What is not settled yet about the guest at `place`, if anything: its backend names
+/// its cluster, both xenbus halves are Connected, its peer view lists exactly its
+/// cluster's members.
+fn pending(xs: &XsClient, place: Place, domid: u16) -> Option<String> {
     let bdir = xenbus::backend_dir(DOM0, domid, 0);
     let want_id = names::cluster_id(place.vcluster()).to_string();
-    let id = read(&xenbus::key_path(&bdir, keys::CLUSTER));
+    let id = settle::read(xs, &xenbus::key_path(&bdir, keys::CLUSTER));
     if id.as_deref() != Some(want_id.as_str()) {
         return Some(format!(
-            "{place}: backend cluster id {id:?}, want {want_id} ({})",
+            "backend cluster id {id:?}, want {want_id} ({})",
             place.vcluster()
         ));
     }
-    let connected = (XenbusState::Connected as u32).to_string();
-    let fdir = xenbus::frontend_dir(domid, 0);
-    for (side, dir) in [("backend", &bdir), ("frontend", &fdir)] {
-        let s = read(&xenbus::key_path(dir, keys::STATE));
-        if s.as_deref() != Some(connected.as_str()) {
-            return Some(format!("{place}: {side} state {s:?}, not Connected"));
-        }
+    if let Some(why) = settle::not_connected(xs, domid) {
+        return Some(why);
     }
-    let view = peer_view_dir(domid);
-    let names = xs.directory(XBT_NULL, &view).unwrap_or_default();
-    let listed: BTreeSet<String> = names
-        .iter()
-        .filter_map(|n| read(&format!("{view}/{n}")))
-        .filter_map(|v| v.split_once(' ').map(|(_, host)| host.trim().to_owned()))
-        .collect();
-    if &listed != expected {
-        return Some(format!("{place}: peer view {listed:?}, want {expected:?}"));
-    }
-    None
-}
-
-/// Where xmxd publishes the peers guest `domid` may reach.
-fn peer_view_dir(domid: u16) -> String {
-    format!("/local/domain/{DOM0}/xmx/peers/{domid}")
+    let expected = expected_view(place.vcluster());
+    let listed = settle::peer_view(xs, domid);
+    (listed != expected).then(|| format!("peer view {listed:?}, want {expected:?}"))
 }
 
 /// The MX hostnames of cluster `name`'s members, as their peer views list them.
@@ -139,38 +113,9 @@ pub fn expected_view(name: &str) -> BTreeSet<String> {
 
 /// Wait until every guest of every host is settled (see the module documentation).
 pub fn wait_settled(state: &ClusterState, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    for (h, host) in state.hosts.iter().enumerate() {
-        let sock = xmx_hv::sim::layout::xenstore_sock(&host.simhv_dir, DOM0);
-        let xs =
-            XsClient::connect_unix(&sock).with_context(|| format!("xenstore of {}", host.name))?;
-        for g in &host.guests {
-            for dir in [
-                xenbus::backend_dir(DOM0, g.domid, 0),
-                xenbus::frontend_dir(g.domid, 0),
-                peer_view_dir(g.domid),
-            ] {
-                xs.watch(&dir, WATCH_TOKEN)
-                    .with_context(|| format!("watching {dir}"))?;
-            }
-        }
-        loop {
-            interrupt::check()?;
-            let waiting = host.guests.iter().enumerate().find_map(|(g, guest)| {
-                let place = Place::new(h, g);
-                pending(&xs, place, guest.domid, &expected_view(place.vcluster()))
-            });
-            let Some(what) = waiting else { break };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!("the virtual clusters did not settle within {timeout:?}: {what}");
-            }
-            // Any change under a watched directory wakes this; the loop looks again.
-            xs.next_watch_event(Some(left.min(WAIT_SLICE)))
-                .context("waiting on xenstore")?;
-        }
-    }
-    Ok(())
+    settle::wait_guests(state, timeout, "the virtual clusters", |xs, h, g, guest| {
+        pending(xs, Place::new(h, g), guest.domid)
+    })
 }
 
 #[cfg(test)]
@@ -193,6 +138,6 @@ mod tests {
             ["h0-g0:0", "h0-g2:0", "h1-g0:0"]
         );
         assert!(expected_view(layout::RED).contains("h1-g2:0"));
-        assert_eq!(peer_view_dir(3), "/local/domain/0/xmx/peers/3");
+        assert_eq!(crate::xmxd::xsnodes::peers_dir(DOM0, 3), "/local/domain/0/xmx/peers/3");
     }
 }

@@ -1,4 +1,5 @@
 //! `xmx sim`: simulated clusters on one machine (network namespaces + xmx-simhv per host).
 pub mod cluster;
 pub mod netns;
+pub mod settle;
 pub mod wait;
