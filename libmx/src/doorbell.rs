@@ -6,7 +6,7 @@
 //! check and the sleep is never lost. Waits spin briefly before sleeping:
 //! with two cores, a reply often arrives within microseconds.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,11 +22,33 @@ use std::time::{Duration, Instant};
 /// making progress; waits with nothing coming sleep after 50 us.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// How long after an application thread last used an endpoint it is
+/// counted on to come back and progress the endpoint itself.
+///
+/// Within the lease, arrivals are left to that thread: the transport's
+/// driver does not watch the link or arm the event ring for it, and the
+/// background thread is not woken. Between the calls of a ping-pong (the
+/// receive completes, the reply is posted, the next receive waits) the
+/// application is outside any wait for a microsecond or two; without the
+/// lease every such gap armed a notification, and the arrival then woke a
+/// second thread that fought the application for the endpoint's lock (a
+/// profile of the native ping-pong had a futex call per message). An
+/// application that stops calling the library leaves its arrivals to the
+/// driver and the background thread one lease later, which only delays
+/// acks and progress by as much.
+pub const LEASE: Duration = Duration::from_millis(1);
+const LEASE_NS: u64 = LEASE.as_nanos() as u64;
+
 /// Something to tell when a doorbell rings while no application thread
 /// waits on it (the background progression thread).
 pub trait Unattended: Send + Sync {
     /// The doorbell of `token` rang with nobody waiting.
     fn rang(&self, token: u64);
+
+    /// A doorbell rang with nobody waiting, within the lease of the
+    /// application's last use that ends at `until` (runtime nanoseconds):
+    /// look at its endpoint then, if nobody progressed it meanwhile.
+    fn deferred(&self, until: u64);
 }
 
 /// A wakeable wait shared by the transport (which rings on arrivals), the
@@ -38,6 +60,13 @@ pub struct Doorbell {
     attended: AtomicUsize,
     /// Application threads polling the endpoint themselves (the spin of a wait).
     pollers: AtomicUsize,
+    /// End of the lease of the application's last use ([`LEASE`]), in
+    /// [`crate::runtime::now`] nanoseconds.
+    leased_until: AtomicU64,
+    /// A ring came within the lease while no thread waited: the background
+    /// thread looks at the endpoint when the lease ends, unless the
+    /// application progressed it first.
+    deferred: AtomicBool,
     lock: Mutex<()>,
     cond: Condvar,
     spin: Duration,
@@ -63,6 +92,8 @@ impl Doorbell {
             sleepers: AtomicUsize::new(0),
             attended: AtomicUsize::new(0),
             pollers: AtomicUsize::new(0),
+            leased_until: AtomicU64::new(0),
+            deferred: AtomicBool::new(false),
             lock: Mutex::new(()),
             cond: Condvar::new(),
             spin,
@@ -76,14 +107,62 @@ impl Doorbell {
         self.generation.load(Ordering::SeqCst)
     }
 
-    /// Wakes every waiter (and the background thread if nobody waits).
+    /// Wakes every waiter; if nobody waits, tells the background thread,
+    /// at once or (within the application's lease) when the lease ends.
     pub fn ring(&self) {
         self.ring_local();
         if self.attended.load(Ordering::SeqCst) == 0 {
             if let Some(u) = &self.unattended {
-                u.rang(self.token);
+                let until = self.leased_until.load(Ordering::SeqCst);
+                if until > crate::runtime::now().as_nanos() {
+                    // Set before the background thread is told, so its scan
+                    // sees the deferred ring in `deferred_until`.
+                    self.deferred.store(true, Ordering::SeqCst);
+                    u.deferred(until);
+                } else {
+                    u.rang(self.token);
+                }
             }
         }
+    }
+
+    /// An application thread uses the endpoint now (`now_ns`: a
+    /// [`crate::runtime::now`] reading): its lease starts again.
+    pub fn touch(&self, now_ns: u64) {
+        self.leased_until
+            .store(now_ns.saturating_add(LEASE_NS), Ordering::SeqCst);
+    }
+
+    /// The endpoint is being progressed: a deferred ring is served. Called
+    /// before the arrivals are taken in, so a ring after it is deferred
+    /// (or sent) again and never lost.
+    pub fn clear_deferred(&self) {
+        self.deferred.store(false, Ordering::SeqCst);
+    }
+
+    /// When the background thread must look at the endpoint for a deferred
+    /// ring (`None`: none is deferred).
+    pub fn deferred_until(&self) -> Option<u64> {
+        self.deferred
+            .load(Ordering::SeqCst)
+            .then(|| self.leased_until.load(Ordering::SeqCst))
+    }
+
+    /// Until when an application thread can be counted on to take the
+    /// endpoint's arrivals in itself (`now_ns`: a [`crate::runtime::now`]
+    /// reading), so a driver need not watch for them: while a thread polls
+    /// (looked at again a lease later), or within the lease of its last use
+    /// when no thread sleeps in a wait. `None`: a thread sleeps, or the
+    /// application went away; the driver watches.
+    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+        if self.pollers.load(Ordering::SeqCst) > 0 {
+            return Some(now_ns.saturating_add(LEASE_NS));
+        }
+        if self.attended.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let until = self.leased_until.load(Ordering::SeqCst);
+        (until > now_ns).then_some(until)
     }
 
     /// Wakes every waiter, but not the background thread: for events the
@@ -196,11 +275,18 @@ impl Drop for Attendance<'_> {
 mod tests {
     use super::*;
 
-    struct Count(AtomicU64);
+    struct Count(AtomicU64, AtomicU64);
     impl Unattended for Count {
         fn rang(&self, token: u64) {
             self.0.fetch_add(token, Ordering::SeqCst);
         }
+        fn deferred(&self, until: u64) {
+            self.1.store(until, Ordering::SeqCst);
+        }
+    }
+
+    fn count() -> Arc<Count> {
+        Arc::new(Count(AtomicU64::new(0), AtomicU64::new(0)))
     }
 
     #[test]
@@ -258,7 +344,7 @@ mod tests {
 
     #[test]
     fn unattended_rings_reach_the_background() {
-        let c = Arc::new(Count(AtomicU64::new(0)));
+        let c = count();
         let d = Doorbell::new(Duration::ZERO, 5, Some(c.clone()));
         d.ring();
         assert_eq!(c.0.load(Ordering::SeqCst), 5);
@@ -269,5 +355,48 @@ mod tests {
         }
         d.ring();
         assert_eq!(c.0.load(Ordering::SeqCst), 10);
+    }
+
+    #[test]
+    fn a_ring_within_the_lease_is_deferred_to_its_end() {
+        let c = count();
+        let d = Doorbell::new(Duration::ZERO, 5, Some(c.clone()));
+        let now = crate::runtime::now().as_nanos();
+        d.touch(now);
+        let until = now + LEASE.as_nanos() as u64;
+        assert_eq!(d.deferred_until(), None);
+        d.ring();
+        assert_eq!(c.0.load(Ordering::SeqCst), 0, "no wake-up within the lease");
+        assert_eq!(c.1.load(Ordering::SeqCst), until, "told when to look");
+        assert_eq!(d.deferred_until(), Some(until));
+        // The application progressed the endpoint: nothing left to do.
+        d.clear_deferred();
+        assert_eq!(d.deferred_until(), None);
+        // A lease that ended: the ring goes out at once again.
+        d.leased_until.store(0, Ordering::SeqCst);
+        d.ring();
+        assert_eq!(c.0.load(Ordering::SeqCst), 5);
+        assert_eq!(d.deferred_until(), None);
+    }
+
+    #[test]
+    fn the_application_drives_while_it_polls_or_holds_its_lease() {
+        let d = Doorbell::new(Duration::ZERO, 0, None);
+        let now = 10 * LEASE.as_nanos() as u64;
+        assert_eq!(d.driven_until(now), None, "never used: the driver watches");
+        d.touch(now);
+        assert_eq!(d.driven_until(now), Some(now + LEASE.as_nanos() as u64));
+        assert_eq!(d.driven_until(now + LEASE.as_nanos() as u64), None, "lease over");
+        {
+            let _a = d.attend();
+            assert_eq!(d.driven_until(now), None, "a thread sleeps in a wait");
+            let _p = d.polling();
+            let later = now + 5 * LEASE.as_nanos() as u64;
+            assert_eq!(
+                d.driven_until(later),
+                Some(later + LEASE.as_nanos() as u64),
+                "a polling thread drives"
+            );
+        }
     }
 }

@@ -275,6 +275,12 @@ impl Unattended for Background {
         s.rung.insert(token);
         self.cond.notify_one();
     }
+
+    fn deferred(&self, until: u64) {
+        // The endpoint reports `until` in its next deadline while the ring
+        // stays deferred, so the scan finds it due then.
+        self.nudge(xmx_mx::Instant::from_nanos(until));
+    }
 }
 
 impl Background {

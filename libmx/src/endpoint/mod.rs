@@ -241,9 +241,13 @@ impl Endpoint {
         self.progression_disabled.store(!enabled, Ordering::SeqCst);
     }
 
-    /// The next protocol timer.
+    /// The next protocol timer, or the end of the application's lease if
+    /// an arrival waits for it (see [`crate::doorbell::LEASE`]).
     pub fn next_deadline(&self) -> Option<xmx_mx::Instant> {
-        let d = self.deadline.load(Ordering::SeqCst);
+        let mut d = self.deadline.load(Ordering::SeqCst);
+        if let Some(until) = self.doorbell.deferred_until() {
+            d = d.min(until);
+        }
         (d != u64::MAX).then(|| xmx_mx::Instant::from_nanos(d))
     }
 
@@ -262,6 +266,9 @@ impl Endpoint {
         if self.closed.load(Ordering::SeqCst) {
             return Err(self.closed_failure());
         }
+        // Only application threads lock this way (the background thread
+        // tries the lock): this use renews the application's lease.
+        self.doorbell.touch(runtime::now().as_nanos());
         Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -314,7 +321,7 @@ impl Endpoint {
                     }
                 }
                 let timer = st.core.next_timeout().map(runtime::to_std);
-                (st.core.unacked_notifies(), timer)
+                (st.core.unacked_notifies() + st.core.held_sends(), timer)
             };
             if left == 0 {
                 return;
@@ -392,6 +399,7 @@ impl Endpoint {
 
     /// Moves everything forward: frames in, timers, events, frames out.
     fn progress(&self, st: &mut State) {
+        self.doorbell.clear_deferred();
         let now = runtime::now();
         loop {
             let mut work = false;

@@ -81,9 +81,10 @@ impl Mailbox {
         self.doorbell.ring();
     }
 
-    /// Whether an application thread polls the endpoint now.
-    pub fn polled(&self) -> bool {
-        self.doorbell.polled()
+    /// Until when an application thread takes the endpoint's arrivals in
+    /// itself (see [`Doorbell::driven_until`]).
+    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+        self.doorbell.driven_until(now_ns)
     }
 }
 
@@ -810,14 +811,18 @@ impl Board {
         }
     }
 
-    /// The mailboxes that got something since the last call: ring them once
-    /// the lock is released.
-    /// Whether an application thread polls one of the endpoints now (and so
-    /// takes the link's frames in itself).
-    pub fn polled(&self) -> bool {
-        self.slots.values().any(|s| s.mailbox.polled())
+    /// Until when an application thread can be counted on to take the
+    /// link's frames in itself (its polling takes in every endpoint's), so
+    /// the driver need not watch the link; `None`: the driver watches.
+    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+        self.slots
+            .values()
+            .filter_map(|s| s.mailbox.driven_until(now_ns))
+            .max()
     }
 
+    /// The mailboxes that got something since the last call: ring them once
+    /// the lock is released.
     pub fn take_rings(&mut self) -> Vec<Arc<Mailbox>> {
         std::mem::take(&mut self.rings)
     }

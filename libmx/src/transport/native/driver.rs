@@ -54,12 +54,6 @@ impl WakeFd {
     }
 }
 
-/// How long the driver sleeps, at most, without watching the link while an
-/// application thread polls it: that thread may stop polling without
-/// sleeping (it went back to the application), and then arrivals must still
-/// progress the endpoints.
-const UNWATCHED_RECHECK: Duration = Duration::from_millis(1);
-
 /// Waits until `wire` (`None`: not watched) or `wake` is readable, or
 /// `timeout` passes; returns the `revents` of the wire and whether `wake`
 /// fired.
@@ -106,24 +100,31 @@ pub fn run(shared: Arc<Shared>) {
         // polling either is counted here or sees `watching` false and wakes
         // us (see `NativePort::before_sleep`).
         shared.watching.store(false, Ordering::SeqCst);
-        let (got, timer, polled) = shared.run(|b, now| {
+        let (got, timer, driven) = shared.run(|b, now| {
             let got = b.receive(now);
             b.timers(now);
             // Recorded under the lock: a thread that arms an earlier timer
             // later sees it and wakes us (see `Shared::run`).
             let timer = b.next_timer();
             b.driver_wake = timer;
-            (got, timer, b.polled())
+            let driven = b
+                .driven_until(crate::runtime::now().as_nanos())
+                .map(|t| crate::runtime::to_std(xmx_mx::Instant::from_nanos(t)));
+            (got, timer, driven)
         });
         if got > 0 && !spin.is_zero() && spin_for_more(&shared, spin) {
             continue;
         }
-        let mut timeout = timer.map(|t| t.saturating_duration_since(Instant::now()));
-        // An application thread polling the link takes its frames in: a
-        // wake-up per frame here would only take the core (or the board's
-        // lock) from it.
-        let wire = if polled {
-            timeout = Some(timeout.map_or(UNWATCHED_RECHECK, |t| t.min(UNWATCHED_RECHECK)));
+        // An application thread that polls the link, or will be back within
+        // its lease, takes the frames in: a wake-up per frame here would
+        // only take the core (or the board's lock) from it. Look again when
+        // the lease ends (a thread going to sleep wakes us earlier).
+        let wake_at = match (timer, driven) {
+            (Some(t), Some(d)) => Some(t.min(d)),
+            (t, d) => t.or(d),
+        };
+        let timeout = wake_at.map(|t| t.saturating_duration_since(Instant::now()));
+        let wire = if driven.is_some() {
             None
         } else {
             shared.watching.store(true, Ordering::SeqCst);

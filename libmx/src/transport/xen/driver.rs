@@ -26,11 +26,12 @@ enum Source {
     Port(Arc<EndpointShared>),
 }
 
-/// How long the driver sleeps, at most, while it left an endpoint's ring
-/// unarmed because an application thread polled it: the thread may stop
-/// polling without sleeping (it returned to the application), and then the
-/// driver arms the ring so arrivals still progress the endpoint.
-const UNARMED_RECHECK_MS: libc::c_int = 1;
+/// The driver's poll timeout until `until` (runtime nanoseconds), rounded
+/// up to whole milliseconds so it never wakes before it.
+fn timeout_until(until: u64, now_ns: u64) -> libc::c_int {
+    let ms = until.saturating_sub(now_ns).div_ceil(1_000_000);
+    ms.clamp(1, libc::c_int::MAX as u64) as libc::c_int
+}
 
 /// Waits until one of `fds` is ready or `timeout_ms` passes (-1: never);
 /// returns their `revents` (all zero when interrupted or timed out).
@@ -74,16 +75,20 @@ pub fn run(shared: Arc<Shared>) {
             sources.push((xs.watch_fd(), Source::PeerView));
         }
         let endpoints = shared.endpoints();
-        let mut timeout_ms = -1;
+        let mut timeout_ms: libc::c_int = -1;
+        let now_ns = crate::runtime::now().as_nanos();
         for ep in endpoints {
             let (delivered, fd) = {
                 let mut link = ep.link.lock().unwrap_or_else(|e| e.into_inner());
                 let mut reg = Daemon(&shared.client);
-                // A polling application thread takes the events in itself
-                // and arms the ring before it sleeps; arming it here would
-                // have the backend signal every event.
-                let n = if ep.mailbox.polled() {
-                    timeout_ms = UNARMED_RECHECK_MS;
+                // An application thread that polls, or will be back within
+                // its lease, takes the events in itself and arms the ring
+                // before it sleeps; arming it here would have the backend
+                // signal every event. The ring is looked at again when the
+                // lease ends (the thread may have gone back to computing).
+                let n = if let Some(until) = ep.mailbox.driven_until(now_ns) {
+                    let t = timeout_until(until, now_ns);
+                    timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
                     link.take_in(&ep.mailbox, &mut reg)
                 } else {
                     link.take_in_and_arm(&ep.mailbox, &mut reg)

@@ -72,10 +72,11 @@ impl Mailbox {
         self.doorbell.ring();
     }
 
-    /// Whether an application thread polls the endpoint now (it takes the
-    /// events in itself and arms the ring before it sleeps).
-    pub fn polled(&self) -> bool {
-        self.doorbell.polled()
+    /// Until when an application thread takes the endpoint's events in
+    /// itself (it arms the ring before it sleeps); see
+    /// [`Doorbell::driven_until`].
+    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+        self.doorbell.driven_until(now_ns)
     }
 }
 
