@@ -11,6 +11,15 @@ pub const DEFAULT_MAX_RETRIES: u32 = 1000;
 /// Open-MX acks immediately once this many messages wait for an ack
 /// (`OMX_NOTACKED_MAX`, MX's `MX_IMM_ACK`).
 pub const DEFAULT_IMM_ACK_THRESHOLD: u16 = 4;
+/// Messages in flight per partner by default. A receiving endpoint queues at
+/// most 128 MEDIUM fragments (the slots of a guest's event ring) for all its
+/// partners together, and a MEDIUM is at most 8 fragments: 16 messages of
+/// the largest MEDIUM fill that queue and no more, so one streaming partner
+/// never overflows it, while 16 stays twice the 8 that the default
+/// immediate-ack threshold needs to keep acks flowing without the ack delay.
+/// MX counts this window in messages, as here; a wire-compatible peer only
+/// ever sees fewer frames in flight than the protocol allows.
+pub const DEFAULT_SEND_WINDOW: u16 = 16;
 
 /// Tunables of an [`Endpoint`](crate::Endpoint).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +74,7 @@ impl Default for Config {
             rendezvous_timeout: None,
             unexpected_bytes_max: 64 << 20,
             early_frames_max: 1024,
-            send_window: crate::seqnum::THROTTLE_WINDOW,
+            send_window: DEFAULT_SEND_WINDOW,
         }
     }
 }
@@ -75,8 +84,9 @@ impl Config {
     /// `lookup` (e.g. `|k| std::env::var(k).ok()`): `OMX_RESENDS_MAX` or else
     /// `MX_MAX_RETRIES` set [`max_retries`](Self::max_retries);
     /// `OMX_NOTACKED_MAX` or else `MX_IMM_ACK` set
-    /// [`imm_ack_threshold`](Self::imm_ack_threshold). Unparsable values are
-    /// ignored with a warning.
+    /// [`imm_ack_threshold`](Self::imm_ack_threshold); `XMX_SEND_WINDOW` sets
+    /// [`send_window`](Self::send_window). Unparsable values are ignored with
+    /// a warning.
     pub fn with_env(mut self, lookup: impl Fn(&str) -> Option<String>) -> Self {
         let pick = |a: &str, b: &str| {
             lookup(a)
@@ -93,6 +103,12 @@ impl Config {
             match v.trim().parse::<u16>() {
                 Ok(n) => self.imm_ack_threshold = n,
                 Err(_) => tracing::warn!(%name, value = %v, "ignoring unparsable ack threshold"),
+            }
+        }
+        if let Some(v) = lookup("XMX_SEND_WINDOW") {
+            match v.trim().parse::<u16>() {
+                Ok(n) => self.send_window = n,
+                Err(_) => tracing::warn!(value = %v, "ignoring unparsable XMX_SEND_WINDOW"),
             }
         }
         self
@@ -155,6 +171,7 @@ mod tests {
         assert_eq!(c.max_retries, 1000);
         assert_eq!(c.imm_ack_threshold, 4);
         assert_eq!(c.ack_delay, Duration::from_secs(1) / 64);
+        assert_eq!(c.effective_send_window(), DEFAULT_SEND_WINDOW);
     }
 
     #[test]
@@ -203,5 +220,12 @@ mod tests {
         .into();
         let c = Config::default().with_env(|k| env.get(k).map(|v| v.to_string()));
         assert_eq!((c.max_retries, c.imm_ack_threshold), (9, 4));
+
+        let env: HashMap<&str, &str> = [("XMX_SEND_WINDOW", " 64 ")].into();
+        let c = Config::default().with_env(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(c.send_window, 64);
+        let env: HashMap<&str, &str> = [("XMX_SEND_WINDOW", "-1")].into();
+        let c = Config::default().with_env(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(c.send_window, DEFAULT_SEND_WINDOW);
     }
 }

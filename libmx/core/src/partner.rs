@@ -166,9 +166,15 @@ impl Partner {
     }
 
     /// Whether a new send must wait for acks before taking a seqnum, with
-    /// `window` messages allowed in flight.
+    /// `window` messages allowed in flight. A message the partner refused
+    /// (NACKed) no longer occupies the window although no ack moved its
+    /// base: a partner that refuses everything acks nothing, and the held
+    /// sends must still get their turn to be refused. The seqnum distance
+    /// stays bounded by the protocol's window all the same, so that acks
+    /// remain unambiguous.
     pub(crate) fn send_window_full(&self, window: u16) -> bool {
-        self.next_send_seq.since(self.next_acked_send_seq) >= window.min(THROTTLE_WINDOW)
+        self.non_acked.len() >= usize::from(window.min(THROTTLE_WINDOW))
+            || self.next_send_seq.since(self.next_acked_send_seq) >= THROTTLE_WINDOW
     }
 
     /// Takes the next send seqnum.
@@ -342,7 +348,24 @@ mod tests {
         }
         assert!(!p.send_window_full(THROTTLE_WINDOW));
         p.take_send_seq();
-        assert!(p.send_window_full(THROTTLE_WINDOW));
+        assert!(
+            p.send_window_full(THROTTLE_WINDOW),
+            "refused messages still count against the protocol's window"
+        );
+    }
+
+    #[test]
+    fn window_counts_messages_waiting_for_an_ack() {
+        let mut p = partner();
+        for i in 0..4 {
+            p.take_send_seq();
+            p.non_acked.push_back(RequestId(i));
+        }
+        assert!(p.send_window_full(4));
+        assert!(!p.send_window_full(5));
+        // A refusal takes one out of the window, though nothing was acked.
+        p.non_acked.pop_front();
+        assert!(!p.send_window_full(4));
     }
 
     #[test]

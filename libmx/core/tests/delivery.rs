@@ -368,7 +368,11 @@ fn throttled_sends_wait_for_acks_and_all_arrive() {
         delay_min: Duration::from_millis(100),
         delay_max: Duration::from_millis(100),
     };
-    let mut s = pair(14, channel, Config::default());
+    let config = Config {
+        send_window: xmx_mx::seqnum::THROTTLE_WINDOW,
+        ..Config::default()
+    };
+    let mut s = pair(14, channel, config);
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;
@@ -732,4 +736,103 @@ fn the_send_window_never_falls_below_twice_the_ack_threshold() {
         ..Config::default()
     };
     assert_eq!(big.effective_send_window(), xmx_mx::seqnum::THROTTLE_WINDOW);
+}
+
+/// An application streams 128 TINY sends and closes as soon as MX reports
+/// them complete (at buffering, before their acks): the endpoint lets the
+/// sends the window held back leave before it goes, and the receiver gets
+/// every one.
+#[test]
+fn a_closing_sender_lets_its_held_sends_leave_first() {
+    let mut s = pair(21, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let n = 128u64;
+    for i in 0..n {
+        s.nodes[1].ep.post_recv(now, 0, 0, 8).unwrap();
+        s.nodes[0].ep.send(now, to, i, &i.to_be_bytes()).unwrap();
+    }
+    let window = u64::from(xmx_mx::config::DEFAULT_SEND_WINDOW);
+    assert_eq!(s.nodes[0].ep.held_sends() as u64, n - window);
+    // The close: acks flushed, then progress only until nothing it owes is
+    // left (what the close waits for), then the sender is gone.
+    s.nodes[0].ep.flush_acks();
+    let limit = s.now + Duration::from_secs(60);
+    assert!(s.run_until(limit, |s| {
+        let ep = &s.nodes[0].ep;
+        ep.held_sends() + ep.unacked_notifies() == 0
+    }));
+    s.pump();
+    s.blackhole = true;
+    s.run_to_quiescence(limit);
+    let r = recvs(&mut s, 1);
+    assert_eq!(r.len() as u64, n, "every send reached the receiver");
+    assert!(r
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.match_info == i as u64 && r.data == (i as u64).to_be_bytes()));
+}
+
+/// A receiver that reopened refuses every message of the old connection
+/// with a NACK, which acks nothing: sends held behind a window full of
+/// refused messages are sent (and refused) in their turn instead of waiting
+/// for acks that never come.
+#[test]
+fn refused_messages_free_the_send_window() {
+    let config = Config::default();
+    let window = u64::from(config.effective_send_window());
+    let mut s = pair(22, Channel::perfect(), config.clone());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    s.nodes[1].ep = Endpoint::new(config, 3, 0xBBBB_0003, KEY);
+    let to = s.addr(1);
+    let now = s.now;
+    let n = 3 * window + 5;
+    let ids: Vec<u64> = (0..n)
+        .map(|i| s.nodes[0].ep.send(now, to, i, b"old").unwrap().0)
+        .collect();
+    assert_eq!(s.nodes[0].ep.held_sends() as u64, n - window);
+    let limit = now + Duration::from_secs(1);
+    assert!(s.run_until(limit, |s| s.nodes[0].events.len() as u64 >= n));
+    let done = send_statuses(&mut s, 0);
+    assert_eq!(
+        done,
+        ids.iter()
+            .map(|&id| (id, Status::BadSession))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(s.nodes[0].ep.held_sends(), 0);
+    assert_eq!(s.nodes[0].ep.pending_requests(), 0);
+}
+
+/// One partner streaming the largest MEDIUMs never has more fragments in
+/// flight than a receiving guest queues (128), with the default window.
+#[test]
+fn the_default_window_bounds_medium_fragments_in_flight() {
+    let frags_per_medium = xmx_mx::medium::FRAGS_MAX as u64;
+    let window = u64::from(Config::default().effective_send_window());
+    assert!(window * frags_per_medium <= 128);
+    assert!(window >= 2 * u64::from(Config::default().imm_ack_threshold));
+    let channel = Channel {
+        loss: 0.0,
+        dup: 0.0,
+        delay_min: Duration::from_millis(1),
+        delay_max: Duration::from_millis(1),
+    };
+    let mut s = pair(23, channel, Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let data = pattern(5, xmx_mx::MEDIUM_MAX);
+    let before = s.nodes[0].sent_frames;
+    for i in 0..64 {
+        s.nodes[1].ep.post_recv(now, 0, 0, 1 << 20).unwrap();
+        s.nodes[0].ep.send(now, to, i, &data).unwrap();
+    }
+    s.pump();
+    assert_eq!(s.nodes[0].sent_frames - before, window * frags_per_medium);
+    s.run_to_quiescence(now + Duration::from_secs(60));
+    let r = recvs(&mut s, 1);
+    assert_eq!(r.len(), 64);
+    assert!(r.iter().all(|r| r.data == data));
 }

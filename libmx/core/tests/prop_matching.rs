@@ -186,6 +186,9 @@ proptest! {
                     let data: Vec<u8> = (0..len).map(|i| (i as u64 ^ tag) as u8).collect();
                     payload.insert(tag, (info, data.clone()));
                     a.send(now, b_addr, info, &data).unwrap();
+                    // B's acks go back too: they reopen A's send window.
+                    pass(&mut a, &mut b, a_addr);
+                    pass(&mut b, &mut a, b_addr);
                     pass(&mut a, &mut b, a_addr);
                     if let Some(r) = model.arrive(tag, info) {
                         completions.push((r, tag));

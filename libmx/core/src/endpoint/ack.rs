@@ -131,7 +131,7 @@ impl Endpoint {
         self.on_ack(now, src, a.lib_seqnum);
     }
 
-    pub(super) fn on_nack(&mut self, src: PeerAddr, n: &Nack) {
+    pub(super) fn on_nack(&mut self, now: Instant, src: PeerAddr, n: &Nack) {
         let Some(nack_type) = NackType::from_wire(n.nack_type) else {
             tracing::warn!(?src, nack_type = n.nack_type, "unknown NACK type ignored");
             return;
@@ -160,6 +160,7 @@ impl Endpoint {
                     p.non_acked.remove(pos);
                 }
                 self.finish_sequenced(id, status);
+                self.release_throttled(now, src);
                 return;
             }
         }

@@ -543,6 +543,15 @@ impl Endpoint {
             .count()
     }
 
+    /// Sends and NOTIFYs held back by a full send window: not on the wire
+    /// yet. MX reports an eager send complete once it is buffered, before
+    /// its ack; an endpoint about to close lets these leave first (they do
+    /// as acks reopen the window), or they would be lost with it although
+    /// the application saw them complete.
+    pub fn held_sends(&self) -> usize {
+        self.partners.values().map(|p| p.throttled.len()).sum()
+    }
+
     /// Sets a deadline on a pending send or connect, counted from its submission
     /// (MX's `mx_set_request_timeout`). Returns whether the request was found.
     pub fn set_request_timeout(&mut self, id: RequestId, timeout: std::time::Duration) -> bool {
@@ -728,7 +737,7 @@ impl Endpoint {
             Body::Liback(a) => self.on_liback(now, src, a),
             Body::ConnectRequest(c) => self.on_connect_request(src, c),
             Body::ConnectReply(c) => self.on_connect_reply(src, c),
-            Body::Nack(n) => self.on_nack(src, n),
+            Body::Nack(n) => self.on_nack(now, src, n),
         }
     }
 }
