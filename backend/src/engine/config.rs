@@ -9,10 +9,7 @@ pub struct EngineConfig {
     /// Endpoint indices a guest may open (at most 256). A frame for an index at or beyond
     /// it is refused with `BAD_ENDPT`, one for a closed index below it with `ENDPT_CLOSED`.
     pub endpoints_per_guest: u16,
-    /// PULL blocks (32 KiB each) a pull keeps requested at once, at most 32. Open-MX keeps
-    /// 4; on a veth between two busy cores 4 let the pipe drain whenever a process is
-    /// descheduled, and 8 streamed measurably faster. More would deepen the pipe further
-    /// but lets many concurrent pulls burst past a receive ring of 1024 slots.
+    /// PULL blocks a pull keeps requested at once (Open-MX keeps 4).
     pub pull_blocks_in_flight: usize,
     /// How long a pull waits without any new reply before requesting its blocks again.
     pub pull_retransmit_timeout: Duration,
@@ -41,7 +38,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             endpoints_per_guest: 256,
-            pull_blocks_in_flight: 8,
+            pull_blocks_in_flight: 4,
             pull_retransmit_timeout: Duration::from_millis(500),
             pull_retries_max: 10,
             max_pulls_per_guest: 256,

@@ -192,13 +192,6 @@ impl Ctx<'_> {
                 return false;
             }
         };
-        self.queue(link, path, buf);
-        true
-    }
-
-    /// Queue a frame built for the guest on `path` (see [`Ctx::path`]); for the wire the
-    /// caller checked that the transmit queue has room.
-    pub fn queue(&mut self, link: &mut Link, path: Path, buf: Vec<u8>) {
         let len = buf.len() as u64;
         match path {
             Path::Wire => {
@@ -213,6 +206,7 @@ impl Ctx<'_> {
                 self.out.loopback.push_back(buf);
             }
         }
+        true
     }
 }
 

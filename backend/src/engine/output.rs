@@ -98,16 +98,6 @@ impl Output {
         }
     }
 
-    /// A pooled buffer of exactly `len` bytes holding whatever its last frame left: for a
-    /// caller that writes every byte before the buffer leaves the engine (so no byte of an
-    /// earlier frame, maybe another guest's, goes out). Saves zeroing a whole frame.
-    pub fn overwritable(&mut self, len: usize) -> Vec<u8> {
-        let mut buf = self.pool.pop().unwrap_or_default();
-        // Truncates, or zero-extends only the part no earlier frame covered.
-        buf.resize(len, 0);
-        buf
-    }
-
     /// Keep a buffer for a later frame.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if self.pool.len() < self.pool_size {

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use xmx_wire::msg::{self, DoneStatus, ErrorCode, Event, EventBody, Route};
 use xmx_wire::mxoe::{
-    HeadPacket, HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PacketType, PullReplyPacket,
-    PullReplyRepr, PullRepr, ETH_FRAME_LEN_MIN, HEAD_LEN, PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
+    HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyRepr, PullRepr, HEAD_LEN,
+    PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
 };
 
 use super::memory::MemoryArea;
@@ -337,13 +337,7 @@ pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, p
         return;
     }
     let area = MemoryArea::Region(region.handle);
-    // Every reply of the block shares its head and path: look them up once.
-    let reply_head = HeadRepr {
-        dst: head.src,
-        src: link.mac,
-        dst_src_peer_index: ctx.reverse_index(link, head.src),
-    };
-    let path = ctx.path(head.src);
+    let mut scratch = std::mem::take(ctx.scratch);
     let mut offset = msg_offset;
     let mut left = u64::from(pull.block_length);
     for i in 0..replies {
@@ -353,136 +347,24 @@ pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, p
             FRAME
         };
         let len = room.min(left) as usize;
-        if path == Path::Wire && !ctx.out.tx_has_room() {
-            // The rest would be dropped too; the puller asks again after its timeout.
-            link.counters.drop(DropReason::TxQueueFull);
+        let Some(data) = scratch.get_mut(..len) else {
+            break;
+        };
+        if nic.memory.read(area, base + offset, data).is_err() {
+            refuse(ctx, link, NackType::BadRdmaWindow, DropReason::MemoryFault);
             break;
         }
-        let header = PullReplyHeader {
+        let reply = PullReplyRepr {
             frame_seqnum: pull.frame_index.wrapping_add(i as u32) as u8,
             // Bounded by u32::MAX above, and by the region's end.
             msg_offset: offset as u32,
             dst_pull_handle: pull.src_pull_handle,
             dst_magic: pull.src_magic,
+            data: &*data,
         };
-        // The data is read from the region straight into the frame: one copy.
-        let mut buf = ctx.out.overwritable(pull_reply_frame_len(len));
-        let read = match pull_reply_frame(&mut buf, &reply_head, &header, len) {
-            Some(data) => nic.memory.read(area, base + offset, data).is_ok(),
-            None => false,
-        };
-        if !read {
-            ctx.out.recycle(buf);
-            refuse(ctx, link, NackType::BadRdmaWindow, DropReason::MemoryFault);
-            break;
-        }
-        ctx.queue(link, path, buf);
+        ctx.send(link, head.src, PacketRepr::PullReply(reply));
         offset += len as u64;
         left -= len as u64;
     }
-}
-
-/// The fields of a PULL_REPLY besides its data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PullReplyHeader {
-    frame_seqnum: u8,
-    msg_offset: u32,
-    dst_pull_handle: u32,
-    dst_magic: u32,
-}
-
-/// Length of the frame carrying a PULL_REPLY of `data_len` bytes, padded to the Ethernet
-/// minimum.
-fn pull_reply_frame_len(data_len: usize) -> usize {
-    (HEAD_LEN + PULL_REPLY_LEN + data_len).max(ETH_FRAME_LEN_MIN)
-}
-
-/// Write every byte of a PULL_REPLY frame of `data_len` bytes into `buf` except the data,
-/// and return the data's place for the caller to fill. `None` if `buf` is not
-/// [`pull_reply_frame_len`] long or `data_len` is above 4096.
-fn pull_reply_frame<'b>(
-    buf: &'b mut [u8],
-    head: &HeadRepr,
-    header: &PullReplyHeader,
-    data_len: usize,
-) -> Option<&'b mut [u8]> {
-    let frame_length = u16::try_from(data_len)
-        .ok()
-        .filter(|&l| usize::from(l) <= PULL_REPLY_LEN_MAX)?;
-    if buf.len() != pull_reply_frame_len(data_len) {
-        return None;
-    }
-    head.emit(&mut HeadPacket::new_unchecked(&mut *buf)).ok()?;
-    let body = buf.get_mut(HEAD_LEN..)?;
-    let mut packet = PullReplyPacket::new_unchecked(body);
-    packet.set_ptype(PacketType::PullReply as u8);
-    packet.set_frame_seqnum(header.frame_seqnum);
-    packet.set_frame_length(frame_length);
-    packet.set_msg_offset(header.msg_offset);
-    packet.set_dst_pull_handle(header.dst_pull_handle);
-    packet.set_dst_magic(header.dst_magic);
-    let end = PULL_REPLY_LEN + data_len;
-    let body = packet.into_inner();
-    let (packet, padding) = body.split_at_mut(end.min(body.len()));
-    // Short frames are padded with zeros, never with an earlier frame's bytes.
-    padding.fill(0);
-    packet.get_mut(PULL_REPLY_LEN..)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use xmx_wire::mxoe::FrameRepr;
-
-    const HEAD: HeadRepr = HeadRepr {
-        dst: Mac([2, 0, 0, 0, 0, 7]),
-        src: Mac([2, 0, 0, 0, 0, 1]),
-        dst_src_peer_index: 300,
-    };
-    const HEADER: PullReplyHeader = PullReplyHeader {
-        frame_seqnum: 9,
-        msg_offset: 0x0001_2345,
-        dst_pull_handle: 0x0002_0003,
-        dst_magic: 0x584d_5831,
-    };
-
-    /// The frame the generic emitter builds for the same reply, padded with zeros.
-    fn emitted(data: &[u8]) -> Vec<u8> {
-        let reply = PullReplyRepr {
-            frame_seqnum: HEADER.frame_seqnum,
-            msg_offset: HEADER.msg_offset,
-            dst_pull_handle: HEADER.dst_pull_handle,
-            dst_magic: HEADER.dst_magic,
-            data,
-        };
-        let frame = FrameRepr {
-            head: HEAD,
-            packet: PacketRepr::PullReply(reply),
-        };
-        let mut buf = vec![0; frame.wire_len()];
-        frame.emit(&mut buf).unwrap();
-        buf
-    }
-
-    #[test]
-    fn pull_reply_frames_match_the_emitter_over_stale_buffers() {
-        for len in [0, 1, 27, 28, 29, 1000, PULL_REPLY_LEN_MAX] {
-            let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
-            // A recycled buffer still holds an earlier frame's bytes.
-            let mut buf = vec![0xee; pull_reply_frame_len(len)];
-            let slot = pull_reply_frame(&mut buf, &HEAD, &HEADER, len).unwrap();
-            assert_eq!(slot.len(), len);
-            slot.copy_from_slice(&data);
-            assert_eq!(buf, emitted(&data), "data length {len}");
-        }
-    }
-
-    #[test]
-    fn pull_reply_frames_refuse_wrong_sizes() {
-        let mut short = vec![0; pull_reply_frame_len(100) - 1];
-        assert!(pull_reply_frame(&mut short, &HEAD, &HEADER, 100).is_none());
-        let too_long = PULL_REPLY_LEN_MAX + 1;
-        let mut buf = vec![0; pull_reply_frame_len(too_long)];
-        assert!(pull_reply_frame(&mut buf, &HEAD, &HEADER, too_long).is_none());
-    }
+    *ctx.scratch = scratch;
 }
