@@ -18,7 +18,7 @@
 //! it, `XMX_FRONTD_SOCKET` (a guest daemon to talk to) selects xen, else
 //! `XMX_IFACE` selects native unless a Xen frontend is present.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use xmx_mx::frame::Nack;
 use xmx_mx::{Body, Config, Frame, NackType, PeerAddr, RdmaWindow, RequestId, Status};
@@ -31,6 +31,7 @@ use crate::settings::{Settings, TransportKind};
 
 pub mod engine_msgs;
 pub mod loopback;
+pub mod mailbox;
 pub mod native;
 pub mod peers;
 pub mod rcache;
@@ -208,6 +209,24 @@ pub fn refusal(frame: &Frame<Vec<u8>>, nack: NackType) -> Option<Frame<Vec<u8>>>
             lib_seqnum,
         }),
     })
+}
+
+/// The board `current` holds while any `mx_init` uses it, else a new one
+/// from `open` (its error prefixed with `XMX_TRANSPORT=name`): one board per
+/// process and transport, since two boards would both claim its endpoints.
+fn process_wide<T: Transport + 'static>(
+    current: &Mutex<Weak<T>>,
+    name: &str,
+    open: impl FnOnce() -> Result<Arc<T>, String>,
+) -> MxResult<Arc<dyn Transport>> {
+    let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(board) = current.upgrade() {
+        return Ok(board);
+    }
+    let board = open()
+        .map_err(|e| Failure::new(MxReturn::NoDriver, format!("XMX_TRANSPORT={name}: {e}")))?;
+    *current = Arc::downgrade(&board);
+    Ok(board)
 }
 
 /// The transport `XMX_TRANSPORT` names.

@@ -21,7 +21,7 @@
 //! not acknowledged, so their senders learn of the closed endpoint (NACK)
 //! once the linger ends.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
@@ -39,6 +39,7 @@ use super::wire::Wire;
 use crate::doorbell::Doorbell;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::{self, Inbound, Outbound, PeerSessions};
+use crate::transport::mailbox::Mailbox;
 use crate::transport::rcache::RegCache;
 use crate::transport::{OpenError, PullProgress};
 
@@ -56,36 +57,6 @@ const REGION_IDS: usize = 256;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What an endpoint's port and regions take without the board's lock.
-pub struct Mailbox {
-    frames: Mutex<VecDeque<Frame<Vec<u8>>>>,
-    pulls: Mutex<VecDeque<(RequestId, Result<(), Status>)>>,
-    doorbell: Arc<Doorbell>,
-}
-
-impl Mailbox {
-    /// The next frame for the endpoint's protocol core.
-    pub fn next_frame(&self) -> Option<Frame<Vec<u8>>> {
-        lock(&self.frames).pop_front()
-    }
-
-    /// The next pull that finished.
-    pub fn next_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
-        lock(&self.pulls).pop_front()
-    }
-
-    /// Wakes whoever waits on the endpoint.
-    pub fn ring(&self) {
-        self.doorbell.ring();
-    }
-
-    /// Until when an application thread takes the endpoint's arrivals in
-    /// itself (see [`Doorbell::driven_until`]).
-    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
-        self.doorbell.driven_until(now_ns)
-    }
 }
 
 /// The peer table as lookups see it: a copy readers take without the board's
@@ -349,11 +320,7 @@ impl Board {
             })?;
         self.memory
             .add_endpoint(index, SEND_QUEUE_SLOTS, RECV_QUEUE_SLOTS);
-        let mailbox = Arc::new(Mailbox {
-            frames: Mutex::new(VecDeque::new()),
-            pulls: Mutex::new(VecDeque::new()),
-            doorbell,
-        });
+        let mailbox = Arc::new(Mailbox::new(doorbell));
         self.slots.insert(
             index,
             Slot {
@@ -401,8 +368,7 @@ impl Board {
         }
         let linger = (!linger.is_zero() && !slot.last_acks.is_empty()).then(|| now + linger);
         slot.lingering = linger;
-        lock(&slot.mailbox.frames).clear();
-        lock(&slot.mailbox.pulls).clear();
+        slot.mailbox.clear();
         for h in handles {
             self.memory.remove_region(h);
         }
@@ -783,7 +749,7 @@ impl Board {
         match converted {
             Ok(Inbound::Frame(f)) => {
                 slot.sessions.observe(&f);
-                lock(&mailbox.frames).push_back(f);
+                mailbox.put_frames([f]);
             }
             Ok(Inbound::Completed { tag, result }) => {
                 let Some(sink) = slot.sinks.remove(&tag) else {
@@ -798,7 +764,7 @@ impl Board {
                     tracing::debug!(%e, "pull destination already gone");
                 }
                 self.memory.remove_region(sink.handle);
-                lock(&mailbox.pulls).push_back((sink.id, result.map(|_| ())));
+                mailbox.put_pulls([(sink.id, result.map(|_| ()))]);
             }
             Err(e) => {
                 self.counters.unreadable += 1;

@@ -218,7 +218,7 @@ impl Shared {
         &self,
         board: &mut Board,
         f: impl FnOnce(&mut Board, Instant) -> T,
-    ) -> (T, Vec<Arc<board::Mailbox>>) {
+    ) -> (T, Vec<Arc<crate::transport::mailbox::Mailbox>>) {
         let r = f(board, Instant::now());
         board.pump();
         if let Some(t) = board.next_timer() {
@@ -573,15 +573,9 @@ impl Transport for Native {
 /// `mx_init` while it lives.
 pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
     static CURRENT: Mutex<Weak<Native>> = Mutex::new(Weak::new());
-    let mut current = lock(&CURRENT);
-    if let Some(n) = current.upgrade() {
-        return Ok(n);
-    }
-    let fail = |e: String| Failure::new(MxReturn::NoDriver, format!("XMX_TRANSPORT=native: {e}"));
-    let config = NativeConfig::from_lookup(|k| std::env::var(k).ok()).map_err(fail)?;
-    let native = Native::open(config).map_err(fail)?;
-    *current = Arc::downgrade(&native);
-    Ok(native)
+    super::process_wide(&CURRENT, "native", || {
+        Native::open(NativeConfig::from_lookup(|k| std::env::var(k).ok())?)
+    })
 }
 
 #[cfg(test)]

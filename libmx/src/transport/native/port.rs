@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::board::Mailbox;
 use super::Shared;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
+use crate::transport::mailbox::Mailbox;
 use crate::transport::{Port, PullProgress, Regions};
 
 /// An open endpoint of the native board.

@@ -10,22 +10,21 @@
 //! MEDIUM fragments are copied out of the receive queue before their event
 //! slot is handed back.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use xmx_frontend::frontd::FrontdClient;
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, Registrar};
-use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::{PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::SendRequest;
 use xmx_wire::ring::RingError;
 
 use super::slots::SendSlots;
 use super::windows;
-use crate::doorbell::Doorbell;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::{self, Inbound, Outbound, PeerSessions};
+use crate::transport::mailbox::Mailbox;
 use crate::transport::PullProgress;
 
 /// How long a post waits for room in the send ring or the send queue before
@@ -35,50 +34,6 @@ const POST_WAIT: Duration = Duration::from_millis(200);
 const PULL_RESERVE: usize = 8;
 /// Unused windows the registration cache keeps registered at most.
 pub const CACHE_CAPACITY: usize = 32;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What an endpoint's port and regions take without the link's lock.
-pub struct Mailbox {
-    frames: Mutex<VecDeque<Frame<Vec<u8>>>>,
-    pulls: Mutex<VecDeque<(RequestId, Result<(), Status>)>>,
-    doorbell: Arc<Doorbell>,
-}
-
-impl Mailbox {
-    /// An empty mailbox whose arrivals ring `doorbell`.
-    pub fn new(doorbell: Arc<Doorbell>) -> Mailbox {
-        Mailbox {
-            frames: Mutex::new(VecDeque::new()),
-            pulls: Mutex::new(VecDeque::new()),
-            doorbell,
-        }
-    }
-
-    /// The next frame for the protocol core.
-    pub fn next_frame(&self) -> Option<Frame<Vec<u8>>> {
-        lock(&self.frames).pop_front()
-    }
-
-    /// The next pull that finished.
-    pub fn next_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
-        lock(&self.pulls).pop_front()
-    }
-
-    /// Wakes whoever waits on the endpoint.
-    pub fn ring(&self) {
-        self.doorbell.ring();
-    }
-
-    /// Until when an application thread takes the endpoint's events in
-    /// itself (it arms the ring before it sleeps); see
-    /// [`Doorbell::driven_until`].
-    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
-        self.doorbell.driven_until(now_ns)
-    }
-}
 
 /// Counters of one link, for the logs and the tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -355,10 +310,10 @@ impl Link {
         }
         let delivered = frames.len() + pulls.len();
         if !frames.is_empty() {
-            lock(&mailbox.frames).extend(frames);
+            mailbox.put_frames(frames);
         }
         if !pulls.is_empty() {
-            lock(&mailbox.pulls).extend(pulls);
+            mailbox.put_pulls(pulls);
         }
         delivered
     }
@@ -607,13 +562,13 @@ impl Link {
         for mut sink in sinks {
             let (addr, len) = (windows::key(&sink.dest).0, sink.length as usize);
             let Some(lease) = self.acquire(client, addr, len) else {
-                lock(&mailbox.pulls).push_back((sink.id, Err(Status::NoResources)));
+                mailbox.put_pulls([(sink.id, Err(Status::NoResources))]);
                 continue;
             };
             sink.lease = lease;
             if let Err(sink) = self.issue(sink, mailbox, client) {
                 let _ = self.cache.release(client, sink.lease);
-                lock(&mailbox.pulls).push_back((sink.id, Err(Status::Aborted)));
+                mailbox.put_pulls([(sink.id, Err(Status::Aborted))]);
             }
         }
         tracing::info!(index = self.index, "endpoint re-opened and remapped");

@@ -67,7 +67,8 @@ use crate::errors::{Failure, MxResult};
 pub use link::{LinkCounters, CACHE_CAPACITY};
 pub use port::{XenPort, XenRegions};
 
-use link::{Link, Mailbox};
+use crate::transport::mailbox::Mailbox;
+use link::Link;
 use peers::PeerView;
 use port::EndpointShared;
 use windows::Daemon;
@@ -536,15 +537,9 @@ impl Transport for Xen {
 /// `mx_init` while it lives.
 pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
     static CURRENT: Mutex<Weak<Xen>> = Mutex::new(Weak::new());
-    let mut current = lock(&CURRENT);
-    if let Some(x) = current.upgrade() {
-        return Ok(x);
-    }
-    let fail = |e: String| Failure::new(MxReturn::NoDriver, format!("XMX_TRANSPORT=xen: {e}"));
-    let config = XenConfig::from_lookup(|k| std::env::var(k).ok()).map_err(fail)?;
-    let xen = Xen::open(config).map_err(fail)?;
-    *current = Arc::downgrade(&xen);
-    Ok(xen)
+    super::process_wide(&CURRENT, "xen", || {
+        Xen::open(XenConfig::from_lookup(|k| std::env::var(k).ok())?)
+    })
 }
 
 #[cfg(test)]

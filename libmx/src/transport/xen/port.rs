@@ -4,11 +4,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::link::{Link, Mailbox};
+use super::link::Link;
 use super::windows::Daemon;
 use super::Shared;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
+use crate::transport::mailbox::Mailbox;
 use crate::transport::{Port, PullProgress, Regions};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

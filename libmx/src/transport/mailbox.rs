@@ -1,0 +1,89 @@
+//! An endpoint's mailbox: what a transport's driver (or a polling thread)
+//! took in for the endpoint, kept for its port and regions to take without
+//! the transport's own lock.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xmx_mx::{Frame, RequestId, Status};
+
+use crate::doorbell::Doorbell;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Frames for an endpoint's protocol core and its finished pulls.
+pub struct Mailbox {
+    frames: Mutex<VecDeque<Frame<Vec<u8>>>>,
+    pulls: Mutex<VecDeque<(RequestId, Result<(), Status>)>>,
+    doorbell: Arc<Doorbell>,
+}
+
+impl Mailbox {
+    /// An empty mailbox whose arrivals ring `doorbell`.
+    pub fn new(doorbell: Arc<Doorbell>) -> Mailbox {
+        Mailbox {
+            frames: Mutex::new(VecDeque::new()),
+            pulls: Mutex::new(VecDeque::new()),
+            doorbell,
+        }
+    }
+
+    /// The next frame for the protocol core.
+    pub fn next_frame(&self) -> Option<Frame<Vec<u8>>> {
+        lock(&self.frames).pop_front()
+    }
+
+    /// The next pull that finished.
+    pub fn next_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
+        lock(&self.pulls).pop_front()
+    }
+
+    /// Keeps `frames` for the protocol core (the caller rings).
+    pub fn put_frames(&self, frames: impl IntoIterator<Item = Frame<Vec<u8>>>) {
+        lock(&self.frames).extend(frames);
+    }
+
+    /// Keeps finished pulls (the caller rings).
+    pub fn put_pulls(&self, pulls: impl IntoIterator<Item = (RequestId, Result<(), Status>)>) {
+        lock(&self.pulls).extend(pulls);
+    }
+
+    /// Forgets everything kept (the endpoint closed).
+    pub fn clear(&self) {
+        lock(&self.frames).clear();
+        lock(&self.pulls).clear();
+    }
+
+    /// Wakes whoever waits on the endpoint.
+    pub fn ring(&self) {
+        self.doorbell.ring();
+    }
+
+    /// Until when an application thread takes the endpoint's arrivals in
+    /// itself, so a driver need not watch for them; see
+    /// [`Doorbell::driven_until`].
+    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+        self.doorbell.driven_until(now_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn pulls_come_out_in_order_until_cleared() {
+        let m = Mailbox::new(Arc::new(Doorbell::new(Duration::ZERO, 0, None)));
+        assert!(m.next_frame().is_none());
+        assert_eq!(m.next_pull(), None);
+        let (a, b) = (RequestId(1), RequestId(2));
+        m.put_pulls([(a, Ok(())), (b, Err(Status::Aborted))]);
+        assert_eq!(m.next_pull(), Some((a, Ok(()))));
+        m.put_pulls([(a, Ok(()))]);
+        m.clear();
+        assert_eq!(m.next_pull(), None, "cleared");
+    }
+}
