@@ -230,6 +230,18 @@ const GRANTER_MUST_PASS: &[&str] = &[
     "evtchn.notify-to-mapper",
 ];
 
+/// Fails the test with every problem found, and with run.sh's exit status
+/// if it was not 0 (the run's logs stay in `run_dir`).
+fn assert_clean(mut problems: Vec<String>, status: i32, run_dir: &Path, what: &str) {
+    if status != 0 {
+        problems.push(format!(
+            "run.sh exited with {status} (see {})",
+            run_dir.display()
+        ));
+    }
+    assert!(problems.is_empty(), "{what}:\n  {}", problems.join("\n  "));
+}
+
 #[test]
 fn conformance_suite_passes_on_real_xen() {
     if !enabled("conformance_suite_passes_on_real_xen") {
@@ -269,17 +281,7 @@ fn conformance_suite_passes_on_real_xen() {
             }
         }
     }
-    if status != 0 {
-        problems.push(format!(
-            "run.sh exited with {status} (see {})",
-            run_dir.display()
-        ));
-    }
-    assert!(
-        problems.is_empty(),
-        "conformance on real Xen:\n  {}",
-        problems.join("\n  ")
-    );
+    assert_clean(problems, status, &run_dir, "conformance on real Xen");
 }
 
 #[test]
@@ -444,17 +446,7 @@ fn mx_between_guests_of_one_host_and_a_guest_recreated() {
             problems.push(format!("{g}: {passes} mxcheck runs passed, 2 expected"));
         }
     }
-    if status != 0 {
-        problems.push(format!(
-            "run.sh exited with {status} (see {})",
-            run_dir.display()
-        ));
-    }
-    assert!(
-        problems.is_empty(),
-        "mx on real Xen:\n  {}",
-        problems.join("\n  ")
-    );
+    assert_clean(problems, status, &run_dir, "mx on real Xen");
 }
 
 #[test]
@@ -495,17 +487,7 @@ fn mx_between_guests_of_two_hosts() {
     if !latency.is_some_and(|l| l > 0.0) {
         problems.push(format!("b1's ping-pong latency: {latency:?}"));
     }
-    if status != 0 {
-        problems.push(format!(
-            "run.sh exited with {status} (see {})",
-            run_dir.display()
-        ));
-    }
-    assert!(
-        problems.is_empty(),
-        "mx-link on real Xen:\n  {}",
-        problems.join("\n  ")
-    );
+    assert_clean(problems, status, &run_dir, "mx-link on real Xen");
 }
 
 mod parsing {
