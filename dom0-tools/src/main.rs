@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use xmx_tools::sim::cluster::{self, ClusterState, UpOptions};
 
 #[derive(Parser)]
-#[command(name = "xmx", version, about = "Manage xmx: MX over Ethernet for Xen guests")]
+#[command(
+    name = "xmx",
+    version,
+    about = "Manage xmx: MX over Ethernet for Xen guests"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -88,7 +92,10 @@ fn bin_dir() -> Result<PathBuf> {
         return Ok(PathBuf::from(d));
     }
     let exe = std::env::current_exe().context("locating the xmx binary")?;
-    Ok(exe.parent().context("xmx binary has no directory")?.to_path_buf())
+    Ok(exe
+        .parent()
+        .context("xmx binary has no directory")?
+        .to_path_buf())
 }
 
 fn main() {
@@ -118,7 +125,13 @@ fn run(cli: Cli) -> Result<i32> {
 
 fn sim(cmd: SimCmd) -> Result<i32> {
     match cmd {
-        SimCmd::Up { cluster, hosts, guests, mtu, json } => {
+        SimCmd::Up {
+            cluster,
+            hosts,
+            guests,
+            mtu,
+            json,
+        } => {
             let opts = UpOptions {
                 name: cluster.name,
                 hosts,
@@ -135,7 +148,12 @@ fn sim(cmd: SimCmd) -> Result<i32> {
             }
             Ok(0)
         }
-        SimCmd::Run { cluster, host, guest, cmd } => {
+        SimCmd::Run {
+            cluster,
+            host,
+            guest,
+            cmd,
+        } => {
             let state = ClusterState::load(&cluster::root_of(&cluster.name))?
                 .context("no simulated cluster (start one with `xmx sim up`)")?;
             cluster::run(&state, &host, &guest, &cmd, &bin_dir()?)
@@ -150,7 +168,10 @@ fn sim(cmd: SimCmd) -> Result<i32> {
                 return Ok(0);
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&cluster::status(&state))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&cluster::status(&state))?
+                );
             } else {
                 print_state(&state);
             }
@@ -164,11 +185,23 @@ fn sim(cmd: SimCmd) -> Result<i32> {
 }
 
 fn print_state(state: &ClusterState) {
-    println!("simulated cluster {} at {} (MTU {})", state.name, state.root.display(), state.mtu);
+    println!(
+        "simulated cluster {} at {} (MTU {})",
+        state.name,
+        state.root.display(),
+        state.mtu
+    );
     for h in &state.hosts {
-        println!("  host {} ({}, {} {} {})", h.name, h.netns, h.iface, h.mac, h.addr);
+        println!(
+            "  host {} ({}, {} {} {})",
+            h.name, h.netns, h.iface, h.mac, h.addr
+        );
         for d in &h.daemons {
-            let alive = if cluster_alive(d.pid) { "running" } else { "DEAD" };
+            let alive = if cluster_alive(d.pid) {
+                "running"
+            } else {
+                "DEAD"
+            };
             println!("    {:<12} pid {:<8} {alive}", d.name, d.pid);
         }
         for g in &h.guests {

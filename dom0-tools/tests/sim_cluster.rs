@@ -20,7 +20,10 @@ fn ensure_sibling(bin: &str, package: &str) {
 }
 
 fn run(args: &[&str]) -> Output {
-    let out = Command::new(xmx()).args(args).output().expect("running xmx");
+    let out = Command::new(xmx())
+        .args(args)
+        .output()
+        .expect("running xmx");
     out
 }
 
@@ -46,8 +49,15 @@ fn namespaces(prefix: &str) -> Vec<String> {
 }
 
 fn link(ns: &str, dev: &str) -> Value {
-    let out = Command::new("ip").args(["-n", ns, "-j", "link", "show", dev]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ip")
+        .args(["-n", ns, "-j", "link", "show", dev])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v[0].clone()
 }
@@ -71,7 +81,12 @@ fn cluster_up_run_status_down_and_crash_cleanup() {
     assert_eq!(hosts.len(), 2);
     for (i, h) in hosts.iter().enumerate() {
         assert_eq!(h["name"], format!("h{i}"));
-        let domids: Vec<_> = h["guests"].as_array().unwrap().iter().map(|g| g["domid"].as_u64().unwrap()).collect();
+        let domids: Vec<_> = h["guests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["domid"].as_u64().unwrap())
+            .collect();
         assert_eq!(domids, vec![1, 2]);
         let ns = h["netns"].as_str().unwrap();
         let eth = link(ns, "eth0");
@@ -81,30 +96,63 @@ fn cluster_up_run_status_down_and_crash_cleanup() {
         let port = link(&format!("{prefix}fabric"), &format!("ph{i}"));
         assert_eq!(port["master"], "br0");
     }
-    let mut expected_ns = vec![format!("{prefix}fabric"), format!("{prefix}h0"), format!("{prefix}h1")];
+    let mut expected_ns = vec![
+        format!("{prefix}fabric"),
+        format!("{prefix}h0"),
+        format!("{prefix}h1"),
+    ];
     expected_ns.sort();
     let mut got_ns = namespaces(&prefix);
     got_ns.sort();
     assert_eq!(got_ns, expected_ns);
 
     // An application in guest g1 of h1 sees its domain's environment.
-    let out = ok(&["sim", "run", "--name", &name, "h1", "g1", "--", "sh", "-c", "echo $XMX_PLATFORM $XMX_DOMID $XMX_GUEST; ip -j link show eth0"]);
+    let out = ok(&[
+        "sim",
+        "run",
+        "--name",
+        &name,
+        "h1",
+        "g1",
+        "--",
+        "sh",
+        "-c",
+        "echo $XMX_PLATFORM $XMX_DOMID $XMX_GUEST; ip -j link show eth0",
+    ]);
     let mut lines = out.lines();
     assert_eq!(lines.next().unwrap(), "sim 2 g1");
     let eth: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
-    assert_eq!(eth[0]["address"], hosts[1]["mac"], "the command ran inside host h1's namespace");
+    assert_eq!(
+        eth[0]["address"], hosts[1]["mac"],
+        "the command ran inside host h1's namespace"
+    );
     // Its exit status is passed through.
-    assert_eq!(run(&["sim", "run", "--name", &name, "0", "0", "--", "sh", "-c", "exit 7"]).status.code(), Some(7));
-    assert!(!run(&["sim", "run", "--name", &name, "h9", "g0", "--", "true"]).status.success());
+    assert_eq!(
+        run(&["sim", "run", "--name", &name, "0", "0", "--", "sh", "-c", "exit 7"])
+            .status
+            .code(),
+        Some(7)
+    );
+    assert!(
+        !run(&["sim", "run", "--name", &name, "h9", "g0", "--", "true"])
+            .status
+            .success()
+    );
 
-    let status: Value = serde_json::from_str(&ok(&["sim", "status", "--name", &name, "--json"])).unwrap();
+    let status: Value =
+        serde_json::from_str(&ok(&["sim", "status", "--name", &name, "--json"])).unwrap();
     let mut pids = Vec::new();
     for h in status["hosts"].as_array().unwrap() {
         for d in h["daemons"].as_array().unwrap() {
             assert_eq!(d["alive"], true, "{d}");
             pids.push(d["pid"].as_i64().unwrap());
         }
-        let domains: Vec<_> = h["domains"].as_array().unwrap().iter().map(|d| d["domid"].as_u64().unwrap()).collect();
+        let domains: Vec<_> = h["domains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["domid"].as_u64().unwrap())
+            .collect();
         assert!(domains.contains(&1) && domains.contains(&2), "{domains:?}");
     }
     // A second cluster of the same name is refused.
@@ -118,7 +166,10 @@ fn cluster_up_run_status_down_and_crash_cleanup() {
     }
 
     // After a crash that lost the state file, `down` still sweeps the namespaces.
-    let state: Value = serde_json::from_str(&ok(&["sim", "up", "--name", &name, "--hosts", "1", "--guests", "1", "--json"])).unwrap();
+    let state: Value = serde_json::from_str(&ok(&[
+        "sim", "up", "--name", &name, "--hosts", "1", "--guests", "1", "--json",
+    ]))
+    .unwrap();
     std::fs::remove_file(format!("/run/xmx/{name}/cluster.json")).unwrap();
     ok(&["sim", "down", "--name", &name]);
     assert!(namespaces(&prefix).is_empty());
@@ -141,7 +192,14 @@ fn without_root_it_explains() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for args in [vec!["--help"], vec!["sim", "--help"], vec!["sim", "up", "--help"], vec!["sim", "run", "--help"], vec!["sim", "status", "--help"], vec!["sim", "down", "--help"]] {
+    for args in [
+        vec!["--help"],
+        vec!["sim", "--help"],
+        vec!["sim", "up", "--help"],
+        vec!["sim", "run", "--help"],
+        vec!["sim", "status", "--help"],
+        vec!["sim", "down", "--help"],
+    ] {
         let out = ok(&args);
         assert!(out.contains("Usage"), "{args:?}: {out}");
     }

@@ -197,7 +197,11 @@ impl Drop for MappedPages {
 #[derive(Debug, Clone, Copy)]
 pub enum CopyPtr {
     /// `offset` bytes into the page that `domid` granted as `gref`.
-    Foreign { domid: DomId, gref: GrantRef, offset: u16 },
+    Foreign {
+        domid: DomId,
+        gref: GrantRef,
+        offset: u16,
+    },
     /// Local memory of the calling process.
     Local(*mut u8),
 }

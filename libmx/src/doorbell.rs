@@ -386,7 +386,11 @@ mod tests {
         assert_eq!(d.driven_until(now), None, "never used: the driver watches");
         d.touch(now);
         assert_eq!(d.driven_until(now), Some(now + LEASE.as_nanos() as u64));
-        assert_eq!(d.driven_until(now + LEASE.as_nanos() as u64), None, "lease over");
+        assert_eq!(
+            d.driven_until(now + LEASE.as_nanos() as u64),
+            None,
+            "lease over"
+        );
         {
             let _a = d.attend();
             assert_eq!(d.driven_until(now), None, "a thread sleeps in a wait");

@@ -28,7 +28,10 @@ pub enum Error {
     Unknown { what: &'static str, value: u32 },
     /// A field holds a value outside its legal range.
     #[error("invalid {field}: {reason}")]
-    Invalid { field: &'static str, reason: &'static str },
+    Invalid {
+        field: &'static str,
+        reason: &'static str,
+    },
     /// The structure does not fit in the destination buffer.
     #[error("buffer too small: need {needed} bytes, have {have}")]
     BufferTooSmall { needed: usize, have: usize },

@@ -447,7 +447,12 @@ mod tests {
     #[test]
     fn guest_setups_and_their_sizes() {
         let all = names();
-        for n in ["guest-remote", "guest-local", "guest-nocache", "guest-scaling"] {
+        for n in [
+            "guest-remote",
+            "guest-local",
+            "guest-nocache",
+            "guest-scaling",
+        ] {
             assert!(all.contains(&n), "{n}");
         }
         let picked = select(&["guest-scaling".into(), "guest-nocache".into()]).unwrap();

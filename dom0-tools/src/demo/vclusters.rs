@@ -138,6 +138,9 @@ mod tests {
             ["h0-g0:0", "h0-g2:0", "h1-g0:0"]
         );
         assert!(expected_view(layout::RED).contains("h1-g2:0"));
-        assert_eq!(crate::xmxd::xsnodes::peers_dir(DOM0, 3), "/local/domain/0/xmx/peers/3");
+        assert_eq!(
+            crate::xmxd::xsnodes::peers_dir(DOM0, 3),
+            "/local/domain/0/xmx/peers/3"
+        );
     }
 }

@@ -135,7 +135,8 @@ impl ClusterState {
         let path = root.join(STATE_FILE);
         match fs::read(&path) {
             Ok(bytes) => Ok(Some(
-                serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?,
+                serde_json::from_slice(&bytes)
+                    .with_context(|| format!("parsing {}", path.display()))?,
             )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
@@ -155,11 +156,20 @@ impl ClusterState {
         self.hosts
             .iter()
             .find(|h| h.name == name || Some(&h.name) == by_index.as_ref())
-            .with_context(|| format!("no host {name:?} in the cluster (hosts: {})", self.host_names()))
+            .with_context(|| {
+                format!(
+                    "no host {name:?} in the cluster (hosts: {})",
+                    self.host_names()
+                )
+            })
     }
 
     fn host_names(&self) -> String {
-        self.hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>().join(", ")
+        self.hosts
+            .iter()
+            .map(|h| h.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -175,9 +185,18 @@ impl HostState {
 
 /// Start `bin args` inside namespace `ns` with `env` added, detached in its own process
 /// group, output to `log`.
-fn spawn_in_ns(ns: &str, bin: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Result<i32> {
+fn spawn_in_ns(
+    ns: &str,
+    bin: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> Result<i32> {
     if !bin.exists() {
-        bail!("{} not found (build the workspace first: cargo build --release)", bin.display());
+        bail!(
+            "{} not found (build the workspace first: cargo build --release)",
+            bin.display()
+        );
     }
     let out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let child = Command::new("ip")
@@ -210,7 +229,12 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<ClusterSta
         );
     }
     fs::create_dir_all(&root)?;
-    let mut state = ClusterState { name: opts.name.clone(), root, mtu: opts.mtu, hosts: Vec::new() };
+    let mut state = ClusterState {
+        name: opts.name.clone(),
+        root,
+        mtu: opts.mtu,
+        hosts: Vec::new(),
+    };
     match build(opts, &mut state, progress) {
         Ok(()) => Ok(state),
         Err(e) => {
@@ -230,7 +254,15 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
         let name = host_name(i);
         let ns = format!("{}{name}", netns::prefix(&opts.name));
         progress(&format!("{name}: namespace, veth, MTU {}", opts.mtu));
-        netns::attach_host(&fabric, &ns, HOST_IFACE, &format!("p{name}"), &host_mac(i), &host_addr(i), opts.mtu)?;
+        netns::attach_host(
+            &fabric,
+            &ns,
+            HOST_IFACE,
+            &format!("p{name}"),
+            &host_mac(i),
+            &host_addr(i),
+            opts.mtu,
+        )?;
         let host_dir = state.root.join(&name);
         let simhv_dir = host_dir.join("simhv");
         fs::create_dir_all(host_dir.join("logs"))?;
@@ -250,33 +282,55 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
         let pid = spawn_in_ns(
             &ns,
             &opts.bin_dir.join("xmx-simhv"),
-            &["--foreground".into(), "--dir".into(), simhv_dir.display().to_string()],
+            &[
+                "--foreground".into(),
+                "--dir".into(),
+                simhv_dir.display().to_string(),
+            ],
             &[],
             &log,
         )?;
-        host.daemons.push(DaemonState { name: "xmx-simhv".into(), pid, log: log.clone() });
+        host.daemons.push(DaemonState {
+            name: "xmx-simhv".into(),
+            pid,
+            log: log.clone(),
+        });
         state.hosts.push(host);
         state.save()?;
-        wait::file_appears(&xmx_hv::sim::layout::ready_file(&simhv_dir), DAEMON_START_TIMEOUT)
-            .with_context(|| format!("xmx-simhv of {name} did not start; see {}", log.display()))?;
+        wait::file_appears(
+            &xmx_hv::sim::layout::ready_file(&simhv_dir),
+            DAEMON_START_TIMEOUT,
+        )
+        .with_context(|| format!("xmx-simhv of {name} did not start; see {}", log.display()))?;
         let xmxd_socket = start_dom0_daemons(opts, state, i, progress)?;
         let admin = SimAdmin::connect(&simhv_dir)?;
         let mut xmxd = ControlClient::connect(&xmxd_socket)
             .with_context(|| format!("connecting to xmxd of {name}"))?;
         for j in 0..opts.guests {
             let gname = guest_name(j);
-            let domid = admin.create(&format!("{name}-{gname}"), Some(FIRST_GUEST_DOMID + j as DomId))?;
+            let domid = admin.create(
+                &format!("{name}-{gname}"),
+                Some(FIRST_GUEST_DOMID + j as DomId),
+            )?;
             progress(&format!("{name}: guest {gname} is domain {domid}"));
             let cluster = opts.guest_clusters.get(i).and_then(|h| h.get(j)).cloned();
             xmxd.call(&XmxdRequest::Attach { domid, cluster })
                 .with_context(|| format!("attaching the xmx device of {name}-{gname}"))?;
-            state.hosts[i].guests.push(GuestState { name: gname.clone(), domid, frontd_socket: None });
+            state.hosts[i].guests.push(GuestState {
+                name: gname.clone(),
+                domid,
+                frontd_socket: None,
+            });
             state.save()?;
             start_frontd(opts, state, i, j, progress)?;
         }
         state.save()?;
     }
-    info!(hosts = opts.hosts, guests = opts.guests, "simulated cluster up");
+    info!(
+        hosts = opts.hosts,
+        guests = opts.guests,
+        "simulated cluster up"
+    );
     Ok(())
 }
 
@@ -301,12 +355,25 @@ fn start_daemon(
     ready: &Path,
 ) -> Result<()> {
     let host = &state.hosts[i];
-    let log = state.root.join(&host.name).join("logs").join(format!("{daemon}.log"));
+    let log = state
+        .root
+        .join(&host.name)
+        .join("logs")
+        .join(format!("{daemon}.log"));
     let pid = spawn_in_ns(&host.netns, bin, args, env, &log)?;
-    state.hosts[i].daemons.push(DaemonState { name: daemon.into(), pid, log: log.clone() });
+    state.hosts[i].daemons.push(DaemonState {
+        name: daemon.into(),
+        pid,
+        log: log.clone(),
+    });
     state.save()?;
-    wait::file_appears(ready, DAEMON_START_TIMEOUT)
-        .with_context(|| format!("{daemon} of {} did not start; see {}", state.hosts[i].name, log.display()))
+    wait::file_appears(ready, DAEMON_START_TIMEOUT).with_context(|| {
+        format!(
+            "{daemon} of {} did not start; see {}",
+            state.hosts[i].name,
+            log.display()
+        )
+    })
 }
 
 /// The backend and xmxd of host `i`, on its NIC; returns xmxd's control socket.
@@ -349,7 +416,12 @@ fn start_dom0_daemons(
             "--hostname".into(),
             host.name.clone(),
             "--state-dir".into(),
-            state.root.join(&host.name).join("xmxd").display().to_string(),
+            state
+                .root
+                .join(&host.name)
+                .join("xmxd")
+                .display()
+                .to_string(),
             "--control".into(),
             xmxd_socket.display().to_string(),
             "--backend-socket".into(),
@@ -377,7 +449,10 @@ fn start_frontd(
     }
     let host = state.hosts[i].clone();
     let guest = &host.guests[j];
-    let socket = state.root.join(&host.name).join(format!("frontd-{}.sock", guest.name));
+    let socket = state
+        .root
+        .join(&host.name)
+        .join(format!("frontd-{}.sock", guest.name));
     progress(&format!("{}: xmx-frontd of {}", host.name, guest.name));
     start_daemon(
         state,
@@ -401,7 +476,10 @@ pub fn down(name: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
     if let Some(state) = ClusterState::load(&root)? {
         for host in &state.hosts {
             for d in host.daemons.iter().rev() {
-                progress(&format!("{}: stopping {} (pid {})", host.name, d.name, d.pid));
+                progress(&format!(
+                    "{}: stopping {} (pid {})",
+                    host.name, d.name, d.pid
+                ));
                 stop_daemon(d.pid);
             }
         }
@@ -433,8 +511,13 @@ fn stop_daemon(pid: i32) {
 }
 
 fn kill_namespace_processes(ns: &str) {
-    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else { return };
-    for pid in String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()) {
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return;
+    };
+    for pid in String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+    {
         stop_daemon(pid);
     }
 }
@@ -454,11 +537,19 @@ pub fn guest_env(host: &HostState, guest: &GuestState, bin_dir: &Path) -> Vec<(S
 }
 
 /// Run `cmd` as an application of `guest` on `host`; returns its exit code.
-pub fn run(state: &ClusterState, host: &str, guest: &str, cmd: &[String], bin_dir: &Path) -> Result<i32> {
+pub fn run(
+    state: &ClusterState,
+    host: &str,
+    guest: &str,
+    cmd: &[String],
+    bin_dir: &Path,
+) -> Result<i32> {
     require_root()?;
     let h = state.host(host)?;
     let g = h.guest(guest)?;
-    let Some((prog, args)) = cmd.split_first() else { bail!("no command given after `--`") };
+    let Some((prog, args)) = cmd.split_first() else {
+        bail!("no command given after `--`")
+    };
     let status = Command::new("ip")
         .args(["netns", "exec", &h.netns])
         .arg(prog)

@@ -69,21 +69,48 @@ pub fn delete(ns: &str) -> Result<()> {
 pub fn create_fabric(fabric: &str, mtu: u32) -> Result<()> {
     add(fabric)?;
     let mtu = mtu.to_string();
-    ip_in(fabric, &["link", "add", BRIDGE, "mtu", &mtu, "type", "bridge"])?;
+    ip_in(
+        fabric,
+        &["link", "add", BRIDGE, "mtu", &mtu, "type", "bridge"],
+    )?;
     // No STP and no forward delay: frames flow as soon as a port is up.
-    ip_in(fabric, &["link", "set", BRIDGE, "type", "bridge", "forward_delay", "0", "stp_state", "0"])?;
+    ip_in(
+        fabric,
+        &[
+            "link",
+            "set",
+            BRIDGE,
+            "type",
+            "bridge",
+            "forward_delay",
+            "0",
+            "stp_state",
+            "0",
+        ],
+    )?;
     ip_in(fabric, &["link", "set", BRIDGE, "up"])?;
     Ok(())
 }
 
 /// A host namespace with interface `iface` (MAC `mac`, address `addr`) whose veth peer
 /// `port` is a port of the fabric bridge.
-pub fn attach_host(fabric: &str, ns: &str, iface: &str, port: &str, mac: &str, addr: &str, mtu: u32) -> Result<()> {
+pub fn attach_host(
+    fabric: &str,
+    ns: &str,
+    iface: &str,
+    port: &str,
+    mac: &str,
+    addr: &str,
+    mtu: u32,
+) -> Result<()> {
     let mtu = mtu.to_string();
     add(ns)?;
     ip_in(
         fabric,
-        &["link", "add", port, "mtu", &mtu, "type", "veth", "peer", "name", iface, "mtu", &mtu, "netns", ns],
+        &[
+            "link", "add", port, "mtu", &mtu, "type", "veth", "peer", "name", iface, "mtu", &mtu,
+            "netns", ns,
+        ],
     )?;
     ip_in(fabric, &["link", "set", port, "master", BRIDGE, "up"])?;
     ip_in(ns, &["link", "set", iface, "address", mac, "up"])?;

@@ -47,7 +47,9 @@ fn pidfd_open(pid: i32) -> Option<OwnedFd> {
 /// Wait until process `pid` (not necessarily our child) has exited, up to `timeout`.
 /// Returns whether it exited.
 pub fn process_exits(pid: i32, timeout: Duration) -> bool {
-    let Some(fd) = pidfd_open(pid) else { return true };
+    let Some(fd) = pidfd_open(pid) else {
+        return true;
+    };
     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
     match poll(&mut fds, poll_timeout(timeout)) {
         Ok(n) => n > 0 || fd.as_raw_fd() < 0,

@@ -218,8 +218,14 @@ impl Host {
     fn toolstack_write_identity(&self, path: &str, value: &[u8], domid: DomId) -> Result<()> {
         self.toolstack_write(path, value)?;
         let acl = [
-            XsPerm { domid: DOM0, access: XsAccess::None },
-            XsPerm { domid, access: XsAccess::Read },
+            XsPerm {
+                domid: DOM0,
+                access: XsAccess::None,
+            },
+            XsPerm {
+                domid,
+                access: XsAccess::Read,
+            },
         ];
         self.xenstored
             .set_perms(DOM0, path, &acl)

@@ -68,8 +68,14 @@ fn create_lists_and_lays_out_a_domain() {
     assert_eq!(xs.read(XBT_NULL, "name").unwrap(), b"guest1");
     assert_eq!(xs.read(XBT_NULL, "/local/domain/1/domid").unwrap(), b"1");
     // ... but, as libxl leaves them, owned by dom0: the guest cannot rename itself.
-    assert!(matches!(xs.write(XBT_NULL, "name", b"dom0"), Err(Error::Denied(_))));
-    assert!(matches!(xs.write(XBT_NULL, "domid", b"0"), Err(Error::Denied(_))));
+    assert!(matches!(
+        xs.write(XBT_NULL, "name", b"dom0"),
+        Err(Error::Denied(_))
+    ));
+    assert!(matches!(
+        xs.write(XBT_NULL, "domid", b"0"),
+        Err(Error::Denied(_))
+    ));
     assert!(matches!(xs.rm(XBT_NULL, "name"), Err(Error::Denied(_))));
     assert_eq!(xs.read(XBT_NULL, "name").unwrap(), b"guest1");
     // Its home stays its own.

@@ -37,7 +37,8 @@ fn tools() -> Option<PathBuf> {
     if all.iter().all(|t| dir.join(t).exists()) {
         return Some(dir);
     }
-    if std::env::var_os("XMX_REQUIRE_XENSTORE_UTILS").is_some() || std::env::var_os("CI").is_some() {
+    if std::env::var_os("XMX_REQUIRE_XENSTORE_UTILS").is_some() || std::env::var_os("CI").is_some()
+    {
         panic!(
             "xenstore-utils not found in {} (required under CI or XMX_REQUIRE_XENSTORE_UTILS)",
             dir.display()

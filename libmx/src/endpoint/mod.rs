@@ -304,7 +304,11 @@ impl Endpoint {
     fn settle_before_close(&self) {
         let limit = {
             let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.core.config().resend_delay.saturating_mul(3).min(CLOSE_SETTLE_MAX)
+            st.core
+                .config()
+                .resend_delay
+                .saturating_mul(3)
+                .min(CLOSE_SETTLE_MAX)
         };
         let until = std::time::Instant::now() + limit;
         let _attending = self.doorbell.attend();
