@@ -136,7 +136,6 @@ fn run(args: Args) -> Result<(), String> {
             pull_retransmit_timeout: Duration::from_millis(args.pull_timeout_ms.max(1)),
             ..EngineConfig::default()
         },
-        ..BackendConfig::default()
     };
     let backend = Backend::new(platform.as_ref(), link, cfg).map_err(|e| e.to_string())?;
     let stopper = backend.stopper();

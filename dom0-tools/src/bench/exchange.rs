@@ -41,7 +41,7 @@ impl Progress {
     /// Iteration `done` is finished.
     pub fn tick(&mut self, done: u64) {
         // Checking the clock every 64 iterations keeps this off the small-message path.
-        if done % 64 == 0 && self.last.elapsed() >= Duration::from_secs(1) {
+        if done.is_multiple_of(64) && self.last.elapsed() >= Duration::from_secs(1) {
             self.last = Instant::now();
             eprintln!("progress {done}/{}", self.total);
         }

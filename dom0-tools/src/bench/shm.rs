@@ -100,7 +100,7 @@ impl Mapping {
 
     /// The 8-byte word at `off`, for atomic access shared with the other process.
     fn word(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= CONTROL_LEN && off + 8 <= self.len);
+        assert!(off.is_multiple_of(8) && off + 8 <= CONTROL_LEN && off + 8 <= self.len);
         // SAFETY: the offset is 8-aligned inside the page-aligned mapping (asserted), the
         // reference lives no longer than `self` (the mapping), and the other process only
         // ever accesses these words atomically too.
@@ -271,7 +271,7 @@ fn wait_for(
         }
         polls = polls.wrapping_add(1);
         // Reading the clock every 64 polls keeps the spin loop tight.
-        if polls % 64 == 0 && start.elapsed() >= spin {
+        if polls.is_multiple_of(64) && start.elapsed() >= spin {
             break;
         }
         std::hint::spin_loop();
