@@ -144,3 +144,16 @@ fn threads_share_an_endpoint() {
 fn large_reply_without_connecting_back() {
     program("reply_large");
 }
+
+/// An endpoint sends to its own address without mx_connect, at every size.
+#[test]
+fn sends_to_oneself_without_connecting() {
+    let out = program("self_send");
+    assert_eq!(out.matches("75 messages to itself checked").count(), 2);
+}
+
+/// A 0-byte mx_issend completes, and the sends behind it go.
+#[test]
+fn zero_byte_synchronous_send() {
+    assert!(program("zero_issend").contains("20 rounds of 0 B issends"));
+}

@@ -169,3 +169,21 @@ fn an_interface_selects_native_by_default() {
     passed("passive side", &passive);
     passed("active side", &active);
 }
+
+/// Sending to oneself goes through the NIC (the engine loops it back).
+#[test]
+fn sends_to_oneself_without_connecting() {
+    if let Some((p, a)) = across("self_send", "nss") {
+        assert!(p.contains("75 messages to itself checked"));
+        assert!(a.contains("75 messages to itself checked"));
+    }
+}
+
+/// A 0-byte mx_issend has no buffer to lend for a pull: it completes, and
+/// the sends behind it go.
+#[test]
+fn zero_byte_synchronous_send() {
+    if let Some((_, a)) = across("zero_issend", "nzi") {
+        assert!(a.contains("20 rounds of 0 B issends"));
+    }
+}

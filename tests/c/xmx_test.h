@@ -129,6 +129,47 @@ static inline void test_verify(const unsigned char *buf, size_t len, uint32_t se
   }
 }
 
+/* Checks every field of a completion: code, who (NIC id and endpoint id of
+ * `source`), match info, both lengths and the context. */
+static inline void test_status_is(const mx_status_t *s, mx_status_code_t code, uint64_t nic,
+                                  uint32_t eid, uint64_t match, uint32_t msg_length,
+                                  uint32_t xfer_length, void *context, const char *what) {
+  uint64_t snic = 0;
+  uint32_t seid = 0;
+  EXPECT(s->code == code, "%s: status %s, expected %s", what, mx_strstatus(s->code),
+         mx_strstatus(code));
+  CHECK(mx_decompose_endpoint_addr(s->source, &snic, &seid));
+  EXPECT(snic == nic && seid == eid, "%s: source %012llx:%u, expected %012llx:%u", what,
+         (unsigned long long)snic, seid, (unsigned long long)nic, eid);
+  EXPECT(s->match_info == match, "%s: match %#llx, expected %#llx", what,
+         (unsigned long long)s->match_info, (unsigned long long)match);
+  EXPECT(s->msg_length == msg_length && s->xfer_length == xfer_length,
+         "%s: lengths %u/%u, expected %u/%u", what, s->msg_length, s->xfer_length, msg_length,
+         xfer_length);
+  EXPECT(s->context == context, "%s: context %p, expected %p", what, s->context, context);
+}
+
+/* Splits [buf, buf+len) into `n` segments of uneven sizes (some empty when
+ * len < n); returns n. */
+static inline uint32_t test_split(unsigned char *buf, uint32_t len, mx_segment_t *segs, uint32_t n) {
+  uint32_t at = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t end = i + 1 == n ? len : (uint32_t)((uint64_t)len * (2 * i + 1) / (2 * n));
+    if (end < at) end = at;
+    segs[i].segment_ptr = buf + at;
+    segs[i].segment_length = end - at;
+    at = end;
+  }
+  return n;
+}
+
+/* This endpoint's own NIC id and endpoint id. */
+static inline void test_self(mx_endpoint_t ep, mx_endpoint_addr_t *addr, uint64_t *nic,
+                             uint32_t *eid) {
+  CHECK(mx_get_endpoint_addr(ep, addr));
+  CHECK(mx_decompose_endpoint_addr(*addr, nic, eid));
+}
+
 /* Runs `passive` in a thread (single-process mode) or alone (-l), and
  * `active` in this thread (single-process mode or -d). */
 typedef void (*test_role_fn)(mx_endpoint_t ep, struct test_opts *o);

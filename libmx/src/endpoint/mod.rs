@@ -25,6 +25,7 @@ use crate::counters::{self, Counter};
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 use crate::runtime::{self, Background, Library};
+use crate::segments::Segments;
 use crate::transport::{Port, PullProgress, Regions, Transport};
 
 pub use requests::Kind;
@@ -167,7 +168,20 @@ impl Endpoint {
             .transport
             .open(board, endpoint_id, doorbell.clone(), lib.settings.rcache)?;
         let config = lib.transport.tune(lib.settings.config.clone());
-        let core = xmx_mx::Endpoint::new(config, port.index(), port.session(), key);
+        let mut core = xmx_mx::Endpoint::new(config, port.index(), port.session(), key);
+        // MX endpoints are connected to themselves from the start: sending
+        // to the address of mx_get_endpoint_addr needs no mx_connect.
+        match lib.transport.peer_index(info.nic_id) {
+            Some(own) => {
+                let me = PeerAddr::new(own, port.index());
+                core.connect_self(me);
+                port.regions().learn_session(me, port.session());
+            }
+            None => tracing::warn!(
+                nic = format_args!("{:012x}", info.nic_id),
+                "the board is not in its own peer table: no sends to itself"
+            ),
+        }
         let ep = Arc::new(Endpoint {
             handle,
             board,
@@ -482,6 +496,9 @@ impl Endpoint {
                     r.code = status;
                     if let Some(w) = r.window.take() {
                         st.regions.release(w);
+                    }
+                    if r.kind == (Kind::Send { eager: false }) {
+                        // Rendezvous: what the receiver took.
                         r.xfer_length = xfer_length;
                     } else if status.is_success() {
                         r.xfer_length = r.msg_length;
@@ -601,12 +618,29 @@ impl Endpoint {
                 }
                 continue;
             }
-            let Some(window) = st.regions.register(&r.segs) else {
+            let Some(window) = self.window_for(st, seq) else {
                 return;
             };
             st.waiting_large.pop_front();
             self.launch_large(st, now, seq, window);
         }
+    }
+
+    /// The window a rendezvous send `seq` lends its data through; `None`
+    /// while the transport has no free window. An empty message (a 0-byte
+    /// `mx_issend`) still announces a registered window, as engines check
+    /// every rendezvous against one: a one-byte stand-in that nobody reads
+    /// (transports finish 0-byte pulls at once).
+    pub(super) fn window_for(&self, st: &mut State, seq: u64) -> Option<RdmaWindow> {
+        let r = st.requests.get(&seq)?;
+        if r.segs.is_empty() {
+            static STAND_IN: [u8; 1] = [0];
+            // SAFETY: a static lives for the whole process and windows are
+            // only ever read from (pulls copy out of them).
+            let segs = unsafe { Segments::from_parts(vec![(STAND_IN.as_ptr() as usize, 1)]) };
+            return st.regions.register(&segs);
+        }
+        st.regions.register(&r.segs)
     }
 
     fn launch_large(&self, st: &mut State, now: xmx_mx::Instant, seq: u64, window: RdmaWindow) {

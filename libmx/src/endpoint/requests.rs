@@ -152,7 +152,7 @@ impl Endpoint {
                 r.segs = segs;
                 let seq = ep.new_request(st, r);
                 if st.waiting_large.is_empty() {
-                    if let Some(w) = st.regions.register(&st.requests[&seq].segs) {
+                    if let Some(w) = ep.window_for(st, seq) {
                         ep.launch_large(st, now, seq, w);
                         return Ok(ep.token(seq));
                     }

@@ -502,6 +502,11 @@ impl PeerSessions {
         }
     }
 
+    /// Records `peer`'s session learnt otherwise than by a connect.
+    pub fn learn(&mut self, peer: PeerAddr, session: u32) {
+        self.sessions.insert(peer, session);
+    }
+
     /// The session of the endpoint at `peer`, if a connect named it.
     pub fn get(&self, peer: PeerAddr) -> Option<u32> {
         self.sessions.get(&peer).copied()

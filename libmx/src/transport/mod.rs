@@ -176,6 +176,10 @@ pub trait Regions: Send + Sync {
         dest: &Segments,
         length: u32,
     ) -> PullProgress;
+    /// The session of the endpoint at `peer` is `session`, known without a
+    /// connect having carried it (an endpoint's own, connected to itself at
+    /// open): pulls from that endpoint's windows name it.
+    fn learn_session(&self, _peer: PeerAddr, _session: u32) {}
     /// A pull that [`PullProgress::Started`] and has finished since.
     fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
         None

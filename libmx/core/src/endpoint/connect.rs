@@ -3,6 +3,22 @@
 use super::*;
 
 impl Endpoint {
+    /// Connects the endpoint to itself at `me` (its own board's peer index
+    /// and its index), as MX does at open: the application may send to its
+    /// own address without a handshake. A later connect to itself finds the
+    /// session already known and changes nothing.
+    pub fn connect_self(&mut self, me: PeerAddr) {
+        let session = self.session;
+        let p = self.partner_entry(me);
+        if p.true_session == Some(session) {
+            return;
+        }
+        let start = p.next_match_recv_seq;
+        p.set_send_start(start);
+        p.true_session = Some(session);
+        p.back_session = Some(session);
+    }
+
     pub(super) fn on_connect_request(&mut self, src: PeerAddr, c: &ConnectRequest) {
         let status = if c.app_key == self.key {
             ConnectStatus::Success

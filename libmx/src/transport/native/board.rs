@@ -537,6 +537,13 @@ impl Board {
         }
     }
 
+    /// Endpoint `index` knows `peer`'s session without a connect.
+    pub fn learn_session(&mut self, index: u8, peer: PeerAddr, session: u32) {
+        if let Some(slot) = self.slots.get_mut(&index) {
+            slot.sessions.learn(peer, session);
+        }
+    }
+
     /// Hits and misses of endpoint `index`'s registration cache.
     pub fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
         let c = self.slots.get(&index)?.cache.as_ref()?;

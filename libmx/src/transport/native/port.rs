@@ -124,6 +124,11 @@ impl Regions for NativeRegions {
             .run(|b, now| b.start_pull(now, self.index, id, source, window, dest, length))
     }
 
+    fn learn_session(&self, peer: PeerAddr, session: u32) {
+        self.shared
+            .run(|b, _| b.learn_session(self.index, peer, session));
+    }
+
     fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
         self.mailbox.next_pull()
     }

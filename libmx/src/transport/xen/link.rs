@@ -412,6 +412,11 @@ impl Link {
         }
     }
 
+    /// `peer`'s session is known without a connect (this endpoint's own).
+    pub fn learn_session(&mut self, peer: PeerAddr, session: u32) {
+        self.sessions.learn(peer, session);
+    }
+
     /// Lends a LARGE send's data to peers: copied into a window they pull from.
     pub fn register(&mut self, reg: &mut dyn Registrar, data: &Segments) -> Option<RdmaWindow> {
         if data.is_empty() || self.down || self.channel.is_none() {

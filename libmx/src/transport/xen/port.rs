@@ -139,6 +139,10 @@ impl Regions for XenRegions {
         lock(&self.ep.link).pull(&mut reg, &self.ep.mailbox, id, source, window, dest, length)
     }
 
+    fn learn_session(&self, peer: PeerAddr, session: u32) {
+        lock(&self.ep.link).learn_session(peer, session);
+    }
+
     fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
         self.ep.mailbox.next_pull()
     }
