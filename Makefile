@@ -1,6 +1,7 @@
 # Build and install xmx.
 #
-#   make                      cargo build --release (the whole workspace)
+#   make                      cargo build --release (the whole workspace), and the
+#                             library's Open-MX name libopen-mx.so.0 beside it
 #   make install              install what `make` built; honours DESTDIR and PREFIX
 #   make uninstall            remove exactly what `make install` installs
 #
@@ -26,6 +27,9 @@ LIB     := libmyriexpress.so
 # The library's SONAME is libmyriexpress.so (libmx/build.rs), as MX's own: the runtime
 # loader looks for that name; the versioned file and the .so.0 link are for packaging.
 LIBFILE := $(LIB).$(VERSION)
+# Binaries linked against Open-MX record libopen-mx.so.0: the same library
+# under that name (and libopen-mx.so for linking, open-mx.pc for pkg-config).
+OMXLIB  := libopen-mx.so
 
 DAEMONS  := xmxd xmx-backd xmx-simhv
 OPTIONAL := $(notdir $(wildcard $(BUILD_DIR)/xmx-frontd))
@@ -39,6 +43,7 @@ D = $(DESTDIR)
 
 all:
 	$(CARGO) build --release --workspace
+	ln -sf $(LIB) "$(BUILD_DIR)/$(OMXLIB).0"
 
 check-built:
 	@for f in xmx $(DAEMONS) $(LIB); do \
@@ -53,6 +58,8 @@ install: check-built
 	$(INSTALL) -m 755 "$(BUILD_DIR)/$(LIB)" "$(D)$(LIBDIR)/$(LIBFILE)"
 	ln -sf "$(LIBFILE)" "$(D)$(LIBDIR)/$(LIB).0"
 	ln -sf "$(LIBFILE)" "$(D)$(LIBDIR)/$(LIB)"
+	ln -sf "$(LIBFILE)" "$(D)$(LIBDIR)/$(OMXLIB).0"
+	ln -sf "$(LIBFILE)" "$(D)$(LIBDIR)/$(OMXLIB)"
 	for h in $(HEADERS); do $(INSTALL) -m 644 "libmx/include/$$h" "$(D)$(INCLUDEDIR)/$$h" || exit 1; done
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
 	    'Name: libmyriexpress' \
@@ -60,7 +67,13 @@ install: check-built
 	    'Version: $(VERSION)' \
 	    'Libs: -L$${libdir} -lmyriexpress' \
 	    'Cflags: -I$${includedir}' > "$(D)$(PKGCONFIGDIR)/libmyriexpress.pc"
-	chmod 644 "$(D)$(PKGCONFIGDIR)/libmyriexpress.pc"
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	    'Name: open-mx' \
+	    'Description: The MX (Myrinet Express) API over xmx, under Open-MX'"'"'s library name' \
+	    'Version: $(VERSION)' \
+	    'Libs: -L$${libdir} -lopen-mx' \
+	    'Cflags: -I$${includedir}' > "$(D)$(PKGCONFIGDIR)/open-mx.pc"
+	chmod 644 "$(D)$(PKGCONFIGDIR)/libmyriexpress.pc" "$(D)$(PKGCONFIGDIR)/open-mx.pc"
 	for h in $(HOOKS); do $(INSTALL) -m 755 "dom0-tools/hooks/$$h" "$(D)$(XENSCRIPTDIR)/$$h" || exit 1; done
 	for u in $(UNITS); do \
 	    sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
@@ -73,8 +86,9 @@ uninstall:
 	rm -f "$(D)$(BINDIR)/xmx"
 	for b in $(DAEMONS) xmx-frontd; do rm -f "$(D)$(SBINDIR)/$$b"; done
 	rm -f "$(D)$(LIBDIR)/$(LIBFILE)" "$(D)$(LIBDIR)/$(LIB).0" "$(D)$(LIBDIR)/$(LIB)"
+	rm -f "$(D)$(LIBDIR)/$(OMXLIB).0" "$(D)$(LIBDIR)/$(OMXLIB)"
 	for h in $(HEADERS); do rm -f "$(D)$(INCLUDEDIR)/$$h"; done
-	rm -f "$(D)$(PKGCONFIGDIR)/libmyriexpress.pc"
+	rm -f "$(D)$(PKGCONFIGDIR)/libmyriexpress.pc" "$(D)$(PKGCONFIGDIR)/open-mx.pc"
 	for h in $(HOOKS); do rm -f "$(D)$(XENSCRIPTDIR)/$$h"; done
 	for u in $(UNITS); do rm -f "$(D)$(SYSTEMDUNITDIR)/$$u"; done
 	rm -f "$(D)$(SYSCONFDIR)/default/xmx"

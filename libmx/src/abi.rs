@@ -47,6 +47,30 @@ pub struct MxSegment {
     pub segment_length: u32,
 }
 
+/// `mx_mapper_state_t` (mx_io.h): what `mx__get_mapper_state` reports.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MxMapperState {
+    /// `board_number`.
+    pub board_number: u32,
+    /// `mapper_mac`: the MAC naming the fabric's map.
+    pub mapper_mac: [u8; 6],
+    /// `iport`.
+    pub iport: u16,
+    /// `map_version`.
+    pub map_version: u32,
+    /// `num_hosts`.
+    pub num_hosts: u32,
+    /// `network_configured`.
+    pub network_configured: u32,
+    /// `routes_valid`.
+    pub routes_valid: u32,
+    /// `level`.
+    pub level: u32,
+    /// `flags`.
+    pub flags: u32,
+}
+
 /// `mx_status_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -109,9 +109,15 @@ pub fn init(api: c_int) -> MxResult<()> {
 }
 
 /// `mx_finalize`: closes every endpoint and stops the background thread.
-pub fn finalize() {
+/// A library not initialized (or finalized already) is `MX_NOT_INITIALIZED`.
+pub fn finalize() -> MxResult<()> {
     let lib = LIBRARY.write().unwrap_or_else(|e| e.into_inner()).take();
-    let Some(lib) = lib else { return };
+    let Some(lib) = lib else {
+        return Err(Failure::new(
+            MxReturn::NotInitialized,
+            "the library is not initialized",
+        ));
+    };
     let eps: Vec<Arc<Endpoint>> = lib
         .endpoints
         .write()
@@ -128,6 +134,7 @@ pub fn finalize() {
     if let Some(t) = t {
         let _ = t.join();
     }
+    Ok(())
 }
 
 /// The library, if initialized.

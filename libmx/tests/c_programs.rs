@@ -157,3 +157,16 @@ fn sends_to_oneself_without_connecting() {
 fn zero_byte_synchronous_send() {
     assert!(program("zero_issend").contains("20 rounds of 0 B issends"));
 }
+
+/// NULL requests, NULL status/result, garbage addresses and a second
+/// mx_finalize get MX's error codes through the error handler.
+#[test]
+fn bad_arguments_get_mx_error_codes() {
+    assert!(program("bad_args").contains("bad arguments refused with MX's codes (15 failures"));
+}
+
+/// mx_open_board, mx__get_mapper_state and mx__regcache_clean (Open MPI).
+#[test]
+fn mx_internals_for_open_mpi() {
+    assert!(program("mx_internals").contains("mx__regcache_clean checked"));
+}

@@ -187,3 +187,18 @@ fn zero_byte_synchronous_send() {
         assert!(a.contains("20 rounds of 0 B issends"));
     }
 }
+
+/// MX's internals on the native transport, registration cache on.
+#[test]
+fn mx_internals_for_open_mpi() {
+    let Some(hosts) = TwoHosts::direct("nmi") else {
+        return;
+    };
+    let dir = scratch();
+    let bin = build("mx_internals", &our_include(), dir.path());
+    let o = hosts
+        .command(1, &bin, &[], &[])
+        .output()
+        .expect("running mx_internals");
+    assert!(passed("mx_internals", &o).contains("mx__regcache_clean checked"));
+}

@@ -30,10 +30,12 @@ static void active(mx_endpoint_t ep, struct test_opts *o) {
   mx_set_error_handler(old);
 
   /* A matched receive is too late to cancel. Sends below are forgotten
-   * at once (NULL request), so the first completion peeked is the receive. */
+   * at once (mx_forget), so the first completion peeked is the receive. */
   CHECK(mx_irecv(ep, &seg, 1, 101, MX_MATCH_MASK_NONE, NULL, &r));
   mx_segment_t none = {NULL, 0};
-  CHECK(mx_isend(ep, &none, 1, peer, 1, NULL, NULL));
+  mx_request_t sent;
+  CHECK(mx_isend(ep, &none, 1, peer, 1, NULL, &sent));
+  CHECK(mx_forget(ep, &sent));
   mx_request_t peeked = NULL;
   CHECK(mx_peek(ep, MX_INFINITE, &peeked, &result));
   EXPECT(result == 1 && peeked == r, "peek finds the completed receive");

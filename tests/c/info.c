@@ -95,7 +95,8 @@ int main(int argc, char **argv) {
   r = mx_irecv(ep, NULL, 2, 0, ~0ull, NULL, &req);
   EXPECT(r == MX_BAD_SEG_LIST, "NULL segment list: %s", mx_strerror(r));
   mx_request_t bogus = (mx_request_t)(uintptr_t)0x12345;
-  r = mx_test(ep, &bogus, NULL, &v);
+  mx_status_t bogus_status;
+  r = mx_test(ep, &bogus, &bogus_status, &v);
   EXPECT(r == MX_BAD_REQUEST, "bogus request: %s", mx_strerror(r));
   r = mx_close_endpoint((mx_endpoint_t)(uintptr_t)0xdead);
   EXPECT(r == MX_BAD_ENDPOINT, "bogus endpoint: %s", mx_strerror(r));

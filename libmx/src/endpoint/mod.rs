@@ -109,6 +109,9 @@ pub struct Endpoint {
     closed: AtomicBool,
     /// The core's next timer (nanos), `u64::MAX` for none.
     deadline: AtomicU64,
+    /// The port's regions, reachable without the state lock: memory hooks
+    /// (`mx__regcache_clean`) invalidate registrations from any thread.
+    regions: Arc<dyn Regions>,
     state: Mutex<State>,
     handlers: Mutex<()>,
 }
@@ -198,6 +201,7 @@ impl Endpoint {
             progression_disabled: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
+            regions: port.regions(),
             state: Mutex::new(State {
                 core,
                 regions: port.regions(),
@@ -350,6 +354,14 @@ impl Endpoint {
             }
             self.doorbell
                 .wait(seen, Some(timer.map_or(until, |t| t.min(until))));
+        }
+    }
+
+    /// The application's memory in `[addr, addr + len)` is going away: no
+    /// cached registration may reach it any more (`mx__regcache_clean`).
+    pub fn invalidate_registrations(&self, addr: usize, len: usize) {
+        if !self.closed.load(Ordering::SeqCst) {
+            self.regions.invalidate(addr, len);
         }
     }
 

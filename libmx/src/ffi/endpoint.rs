@@ -180,7 +180,7 @@ pub unsafe extern "C" fn mx_decompose_endpoint_addr(
     endpoint_id: *mut u32,
 ) -> c_int {
     run("mx_decompose_endpoint_addr", |_| {
-        let a = Addr::decode(endpoint_addr);
+        let a = ours(endpoint_addr)?;
         // SAFETY: per the contract.
         unsafe {
             put_opt(nic_id, a.nic_id);
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn mx_decompose_endpoint_addr2(
     session_id: *mut u32,
 ) -> c_int {
     run("mx_decompose_endpoint_addr2", |_| {
-        let a = Addr::decode(endpoint_addr);
+        let a = ours(endpoint_addr)?;
         // SAFETY: per the contract.
         unsafe {
             put_opt(nic_id, a.nic_id);
@@ -211,6 +211,20 @@ pub unsafe extern "C" fn mx_decompose_endpoint_addr2(
         }
         Ok(())
     })
+}
+
+/// Decodes an address the library made; garbage is `MX_BAD_ENDPOINT`.
+fn ours(a: MxEndpointAddr) -> MxResult<Addr> {
+    if !Addr::is_ours(a) {
+        return Err(Failure::new(
+            MxReturn::BadEndpoint,
+            format!(
+                "{:016x}{:016x} is not an endpoint address",
+                a.stuff[0], a.stuff[1]
+            ),
+        ));
+    }
+    Ok(Addr::decode(a))
 }
 
 fn owner_of(addr: &Addr, h: &mut Option<MxErrorHandler>) -> MxResult<std::sync::Arc<Endpoint>> {

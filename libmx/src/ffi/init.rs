@@ -18,10 +18,7 @@ pub extern "C" fn mx__init_api(api: c_int) -> c_int {
 /// `mx_finalize`.
 #[no_mangle]
 pub extern "C" fn mx_finalize() -> c_int {
-    run("mx_finalize", |_| {
-        crate::runtime::finalize();
-        Ok(())
-    })
+    run("mx_finalize", |_| crate::runtime::finalize())
 }
 
 /// `MX_ERRORS_ARE_FATAL`.

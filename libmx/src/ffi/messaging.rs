@@ -30,20 +30,22 @@ unsafe fn send(
         let ep = endpoint_of(endpoint, h)?;
         // SAFETY: per the MX contract on the segment list and buffers.
         let segs = unsafe { Segments::from_c(segments, count) }?;
-        let t = ep.isend(segs, dest, match_info, context as usize, sync)?;
-        match request.is_null() {
-            true => ep.forget(t),
-            // SAFETY: non-NULL and writable per the contract.
-            false => unsafe { put(request, t as Req, "request") },
+        // MX has no fire-and-forget send (mx_forget exists for that): a
+        // NULL request is refused before anything is sent.
+        if request.is_null() {
+            return Err(Failure::new(MxReturn::BadRequest, "NULL request pointer"));
         }
+        let t = ep.isend(segs, dest, match_info, context as usize, sync)?;
+        // SAFETY: checked non-NULL; writable per the contract.
+        unsafe { put(request, t as Req, "request") }
     })
 }
 
-/// `mx_isend`. A NULL `request` sends without a completion to test.
+/// `mx_isend`.
 ///
 /// # Safety
 /// The segments name memory valid until the send completes; `request` is
-/// writable or NULL.
+/// writable.
 #[no_mangle]
 pub unsafe extern "C" fn mx_isend(
     endpoint: *mut c_void,
@@ -128,6 +130,20 @@ pub unsafe extern "C" fn mx_irecv(
     })
 }
 
+/// MX writes a completion's status and the result flag where the caller
+/// says: a NULL pointer for either is `MX_BAD_INFO_VAL` ("the pointer where
+/// the info is to be returned is invalid"), checked before the call looks
+/// at (and possibly takes) a completion.
+fn outputs<S, R>(status: *mut S, result: *mut R) -> MxResult<()> {
+    if status.is_null() {
+        return Err(Failure::new(MxReturn::BadInfoVal, "NULL status pointer"));
+    }
+    if result.is_null() {
+        return Err(Failure::new(MxReturn::BadInfoVal, "NULL result pointer"));
+    }
+    Ok(())
+}
+
 /// Reports a completion: status, result flag, and the request cleared.
 ///
 /// # Safety
@@ -188,6 +204,7 @@ pub unsafe extern "C" fn mx_test(
 ) -> c_int {
     run("mx_test", |h| {
         let ep = endpoint_of(endpoint, h)?;
+        outputs(status, result)?;
         // SAFETY: per the contract.
         let t = unsafe { request_at(request) }?;
         let found = ep.test(t)?;
@@ -212,6 +229,7 @@ pub unsafe extern "C" fn mx_wait(
 ) -> c_int {
     run("mx_wait", |h| {
         let ep = endpoint_of(endpoint, h)?;
+        outputs(status, result)?;
         // SAFETY: per the contract.
         let t = unsafe { request_at(request) }?;
         let found = ep.wait(t, timeout)?;
@@ -234,7 +252,9 @@ pub unsafe extern "C" fn mx_test_any(
     result: *mut u32,
 ) -> c_int {
     run("mx_test_any", |h| {
-        let found = endpoint_of(endpoint, h)?.test_any(match_info, match_mask)?;
+        let ep = endpoint_of(endpoint, h)?;
+        outputs(status, result)?;
+        let found = ep.test_any(match_info, match_mask)?;
         // SAFETY: per the contract.
         unsafe { report(found, std::ptr::null_mut(), status, result) };
         Ok(())
@@ -255,7 +275,9 @@ pub unsafe extern "C" fn mx_wait_any(
     result: *mut u32,
 ) -> c_int {
     run("mx_wait_any", |h| {
-        let found = endpoint_of(endpoint, h)?.wait_any(timeout, match_info, match_mask)?;
+        let ep = endpoint_of(endpoint, h)?;
+        outputs(status, result)?;
+        let found = ep.wait_any(timeout, match_info, match_mask)?;
         // SAFETY: per the contract.
         unsafe { report(found, std::ptr::null_mut(), status, result) };
         Ok(())
@@ -325,7 +347,9 @@ pub unsafe extern "C" fn mx_iprobe(
     result: *mut u32,
 ) -> c_int {
     run("mx_iprobe", |h| {
-        let found = endpoint_of(endpoint, h)?.iprobe(match_info, match_mask)?;
+        let ep = endpoint_of(endpoint, h)?;
+        outputs(status, result)?;
+        let found = ep.iprobe(match_info, match_mask)?;
         // SAFETY: per the contract.
         unsafe { report(found, std::ptr::null_mut(), status, result) };
         Ok(())
@@ -346,7 +370,9 @@ pub unsafe extern "C" fn mx_probe(
     result: *mut u32,
 ) -> c_int {
     run("mx_probe", |h| {
-        let found = endpoint_of(endpoint, h)?.probe(timeout, match_info, match_mask)?;
+        let ep = endpoint_of(endpoint, h)?;
+        outputs(status, result)?;
+        let found = ep.probe(timeout, match_info, match_mask)?;
         // SAFETY: per the contract.
         unsafe { report(found, std::ptr::null_mut(), status, result) };
         Ok(())

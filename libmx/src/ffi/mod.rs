@@ -16,6 +16,7 @@ use crate::errors::{self, Failure, MxResult};
 mod endpoint;
 mod info;
 mod init;
+mod internals;
 mod messaging;
 mod raw;
 #[cfg(all(target_os = "linux", not(test)))]
@@ -24,6 +25,7 @@ mod versioned;
 pub use endpoint::*;
 pub use info::*;
 pub use init::*;
+pub use internals::*;
 pub use messaging::*;
 pub use raw::*;
 
