@@ -72,9 +72,13 @@ static inline struct test_opts test_parse(int argc, char **argv) {
   return o;
 }
 
+/* Parameters test_run's endpoints are opened with (none unless set). */
+static mx_param_t *test_open_params;
+static uint32_t test_open_nparams;
+
 static inline mx_endpoint_t test_open(uint32_t eid) {
   mx_endpoint_t ep;
-  CHECK(mx_open_endpoint(MX_ANY_NIC, eid, TEST_KEY, NULL, 0, &ep));
+  CHECK(mx_open_endpoint(MX_ANY_NIC, eid, TEST_KEY, test_open_params, test_open_nparams, &ep));
   return ep;
 }
 

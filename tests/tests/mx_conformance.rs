@@ -1,0 +1,287 @@
+//! The MX conformance suite: C programs reproducing what real MX and MPI
+//! applications do, each checking every completion's status field by field
+//! and every byte, run in every layout xmx supports:
+//!
+//! - loopback: both sides in one process (`XMX_TRANSPORT=loopback`);
+//! - native: two processes in two network namespaces joined by a veth, on
+//!   the native transport;
+//! - guests of a simulated cluster, on two hosts and on one host;
+//! - the same across hosts whose links lose, duplicate, reorder and delay
+//!   frames.
+//!
+//! Each layout is brought up once and runs every program. The layouts but
+//! loopback need root (namespaces, veths, AF_PACKET); they are skipped with
+//! the reason otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use xmx_backend::nic::testbed::VethPair;
+use xmx_tests::app::App;
+use xmx_tests::bins::lib_dir;
+use xmx_tests::cluster::{exclusive, netns_cmd, skipped, unavailable, SimCluster};
+use xmx_tests::cprog;
+use xmx_tests::relay::{ImpairedPort, Impairment};
+
+/// Programs with a passive and an active side, and what the active side
+/// prints once every check held.
+const PAIRS: [(&str, &str); 5] = [
+    ("self_send", "75 messages to itself checked"),
+    (
+        "zero_issend",
+        "20 rounds of 0 B issends with sends behind them",
+    ),
+    ("class_sizes", "17 sizes x 3 buffers sent and checked"),
+    ("ring_exchange", "rings of 2 and 4: every sum checked"),
+    (
+        "ctxid_any",
+        "data and control messages sent with context ids",
+    ),
+];
+
+/// What the passive sides print once every check held.
+const PASSIVE_LINES: [(&str, &str); 5] = [
+    ("self_send", "75 messages to itself checked"),
+    ("zero_issend", "PASS"),
+    ("class_sizes", "17 sizes x 3 buffers received and checked"),
+    ("ring_exchange", "rings of 2 and 4: every sum checked"),
+    (
+        "ctxid_any",
+        "context ids, handler-posted receives and masked completions checked",
+    ),
+];
+
+/// Programs of one process only (no peer).
+const SINGLE: [(&str, &str); 2] = [
+    ("bad_args", "bad arguments refused with MX's codes"),
+    (
+        "mx_internals",
+        "mx_open_board, mx__get_mapper_state, mx__regcache_clean checked",
+    ),
+];
+
+struct Program {
+    bin: PathBuf,
+    name: &'static str,
+    active_line: &'static str,
+    passive_line: &'static str,
+}
+
+fn build_pairs(dir: &Path) -> Vec<Program> {
+    PAIRS
+        .iter()
+        .zip(PASSIVE_LINES)
+        .map(|(&(name, active_line), (_, passive_line))| Program {
+            bin: cprog::build(name, dir),
+            name,
+            active_line,
+            passive_line,
+        })
+        .collect()
+}
+
+fn check(place: &str, p: &Program, passive: &str, active: &str) {
+    assert!(
+        active.contains(p.active_line),
+        "{place}: {}'s active side did not say {:?}:\n{active}",
+        p.name,
+        p.active_line
+    );
+    assert!(
+        passive.contains(p.passive_line),
+        "{place}: {}'s passive side did not say {:?}:\n{passive}",
+        p.name,
+        p.passive_line
+    );
+    println!("{place}: {} passed", p.name);
+}
+
+/// Runs `bin` with the loopback transport; returns its stdout once it passed.
+fn on_loopback(bin: &Path, env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "5", "300"])
+        .arg(bin)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("XMX_TRANSPORT", "loopback")
+        .env_remove("MX_ERRORS_ARE_FATAL")
+        .env_remove("MX_RCACHE")
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().expect("running the program");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success() && stdout.contains("PASS"),
+        "{} failed ({:?}):\n{stdout}\n{}",
+        bin.display(),
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+/// Both sides in one process, two endpoints; then the one-process programs.
+#[test]
+fn conformance_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    for p in build_pairs(dir.path()) {
+        let out = on_loopback(&p.bin, &[]);
+        check("loopback", &p, &out, &out);
+    }
+    for (name, line) in SINGLE {
+        let out = on_loopback(&cprog::build(name, dir.path()), &[]);
+        assert!(out.contains(line), "{name} did not say {line:?}:\n{out}");
+        println!("loopback: {name} passed");
+    }
+}
+
+/// Two processes in two namespaces on the native transport, each its own
+/// board on a veth.
+#[test]
+fn conformance_native() {
+    if let Some(why) = unavailable() {
+        println!("skipped: {why}");
+        return;
+    }
+    let _one = exclusive();
+    let dir = tempfile::tempdir().unwrap();
+    let programs = build_pairs(dir.path());
+    let pair = VethPair::create("mxc", 9000).expect("veth pair");
+    let macs = ["02:58:4d:00:c0:0a", "02:58:4d:00:c0:0b"];
+    for ((ns, ifname), mac) in [(&pair.ns_a, &pair.if_a), (&pair.ns_b, &pair.if_b)]
+        .into_iter()
+        .zip(macs)
+    {
+        let ok = Command::new("ip")
+            .args(["-n", ns, "link", "set", ifname, "address", mac])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "setting {ifname}'s MAC");
+    }
+    let peers = dir.path().join("peers.json");
+    std::fs::write(
+        &peers,
+        format!(
+            r#"[{{"index":0,"mac":"{}","hostname":"a:0"}},{{"index":1,"mac":"{}","hostname":"b:0"}}]"#,
+            macs[0], macs[1]
+        ),
+    )
+    .unwrap();
+    let peers = peers.display().to_string();
+    let env = |iface: &str, host: &str| -> Vec<(&'static str, String)> {
+        vec![
+            ("XMX_TRANSPORT", "native".into()),
+            ("XMX_IFACE", iface.into()),
+            ("XMX_HOSTNAME", host.into()),
+            ("XMX_PEERS", peers.clone()),
+        ]
+    };
+    let (env_a, env_b) = (env(&pair.if_a, "a"), env(&pair.if_b, "b"));
+    let ea: Vec<(&str, &str)> = env_a.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let eb: Vec<(&str, &str)> = env_b.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for p in &programs {
+        let mut passive = App::spawn(
+            &format!("{} passive (native)", p.name),
+            netns_cmd(&pair.ns_b, &p.bin, &["-l", "2"], &eb),
+        );
+        // The library starts its progression thread when the first
+        // endpoint opens.
+        assert!(
+            passive.wait_thread("mx-progress", Duration::from_secs(30)),
+            "{}: the passive side opened its endpoint",
+            p.name
+        );
+        let active = App::spawn(
+            &format!("{} active (native)", p.name),
+            netns_cmd(&pair.ns_a, &p.bin, &["-d", "b", "-e", "2"], &ea),
+        )
+        .finish();
+        let passive = passive.finish();
+        check("native", p, passive.passed(), active.passed());
+    }
+}
+
+/// (passive, active) guests: across hosts, then co-located.
+const PLACEMENTS: [(&str, (usize, usize), (usize, usize)); 2] = [
+    ("guests across hosts", (1, 0), (0, 0)),
+    ("co-located guests", (0, 1), (0, 0)),
+];
+
+fn between_guests(c: &SimCluster, programs: &[Program], env: &[(&str, &str)], what: &str) {
+    for (place, passive, active) in PLACEMENTS {
+        for p in programs {
+            let (pf, af) = c.run_pair(&p.bin, passive, active, env);
+            check(&format!("{what}{place}"), p, pf.passed(), af.passed());
+        }
+    }
+}
+
+/// Guests of a simulated cluster, on two hosts and on one.
+#[test]
+fn conformance_between_guests() {
+    if skipped("conformance_between_guests") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("mxconf", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let programs = build_pairs(dir.path());
+    between_guests(&c, &programs, &[], "");
+}
+
+/// The same with both hosts' links impaired like `tc netem loss 5%
+/// duplicate 1% reorder 5% delay 1ms` (by netem, or by a relay on each
+/// host's port where the kernel has no netem).
+#[test]
+fn conformance_on_impaired_links() {
+    if skipped("conformance_on_impaired_links") {
+        return;
+    }
+    let _one = exclusive();
+    // Short retransmission delays keep the run short; sends complete at
+    // their ack so that a program's last messages are delivered before
+    // it exits.
+    let c = SimCluster::up("mxconfl", &[("XMX_PULL_TIMEOUT_MS", "20")]);
+    let env = [("XMX_RESEND_DELAY_US", "20000"), ("MX_ZOMBIE_SEND", "0")];
+    let dir = tempfile::tempdir().unwrap();
+    let programs = build_pairs(dir.path());
+    let imp = Impairment::NETEM;
+    let fabric = c.fabric_netns();
+    let netem = |h: usize, add: bool| {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &fabric,
+            "tc",
+            "qdisc",
+            if add { "add" } else { "del" },
+        ])
+        .args(["dev", &c.host(h).port, "root", "netem"]);
+        if add {
+            cmd.args(imp.netem_args());
+        }
+        cmd.output().is_ok_and(|o| o.status.success())
+    };
+    let mut relays = Vec::new();
+    if netem(0, true) && netem(1, true) {
+        println!("links impaired by tc netem {}", imp.netem_args().join(" "));
+    } else {
+        netem(0, false);
+        println!("no netem: links impaired by a relay on each host's port");
+        for h in 0..2 {
+            relays.push(ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, imp));
+        }
+    }
+    between_guests(&c, &programs, &env, "impaired links, ");
+    for (h, r) in relays.iter().enumerate() {
+        let s = r.stats();
+        println!("relay of h{h}: {s:?}");
+        assert!(
+            s.lost > 0 && s.duplicated > 0 && s.reordered > 0,
+            "h{h}'s link was impaired: {s:?}"
+        );
+    }
+}
