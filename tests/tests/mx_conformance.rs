@@ -203,8 +203,11 @@ fn conformance_native() {
     }
 }
 
+/// A guest: (host, guest) indices.
+type At = (usize, usize);
+
 /// (passive, active) guests: across hosts, then co-located.
-const PLACEMENTS: [(&str, (usize, usize), (usize, usize)); 2] = [
+const PLACEMENTS: [(&str, At, At); 2] = [
     ("guests across hosts", (1, 0), (0, 0)),
     ("co-located guests", (0, 1), (0, 0)),
 ];
