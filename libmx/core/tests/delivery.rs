@@ -836,3 +836,40 @@ fn the_default_window_bounds_medium_fragments_in_flight() {
     assert_eq!(r.len(), 64);
     assert!(r.iter().all(|r| r.data == data));
 }
+
+/// MX connects an endpoint to itself at open: after `connect_self`, sends
+/// to its own address go without a handshake (under loss too), and a later
+/// connect to itself succeeds without disturbing the sequence numbers.
+#[test]
+fn an_endpoint_connected_to_itself_at_open_sends_at_once() {
+    let mut s = Sim::new(19, Channel::lossy(0.2, 0.2, Duration::from_millis(2)));
+    s.add(1, Endpoint::new(Config::default(), 0, 0x5E1F, KEY));
+    let me = s.addr(0);
+    s.nodes[0].ep.connect_self(me);
+    let now = s.now;
+    let msgs: Vec<Vec<u8>> = (0..6).map(|i| pattern(i, 700 * i as usize)).collect();
+    for (i, m) in msgs.iter().enumerate().take(3) {
+        s.nodes[0].ep.post_recv(now, 0, 0, 10_000).unwrap();
+        s.nodes[0].ep.send(now, me, i as u64, m).unwrap();
+    }
+    s.run_to_quiescence(now + Duration::from_secs(600));
+    assert_eq!(s.connect(0, 0, KEY), Status::Success);
+    let now = s.now;
+    for (i, m) in msgs.iter().enumerate().skip(3) {
+        s.nodes[0].ep.post_recv(now, 0, 0, 10_000).unwrap();
+        s.nodes[0].ep.send(now, me, i as u64, m).unwrap();
+    }
+    s.run_to_quiescence(now + Duration::from_secs(600));
+    let got = recvs(&mut s, 0);
+    assert_eq!(
+        got.iter().map(|r| &r.data).collect::<Vec<_>>(),
+        msgs.iter().collect::<Vec<_>>()
+    );
+    assert!(got.iter().all(|r| r.source.session == 0x5E1F));
+    let sent = send_statuses(&mut s, 0);
+    assert_eq!(sent.len(), 6);
+    assert!(
+        sent.iter().all(|(_, st)| *st == Status::Success),
+        "{sent:?}"
+    );
+}
