@@ -1,7 +1,6 @@
-//! xmx dom0 side: xenbus backend of device `xmx`, ring service, MX engine and NIC I/O.
+//! xmx dom0 side: the backend daemon of device `xmx`: xenbus backend, ring service and admin
+//! socket, driving the MX engine (`xmx-engine`) over one NIC (`xmx-nic`).
 
 pub mod admin;
-pub mod engine;
-pub mod nic;
 pub mod service;
 pub mod xenbus;

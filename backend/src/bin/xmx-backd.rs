@@ -12,9 +12,9 @@ use std::time::Duration;
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use tracing_subscriber::EnvFilter;
-use xmx_backend::engine::EngineConfig;
-use xmx_backend::nic::{NicConfig, PacketSocket};
 use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
+use xmx_engine::EngineConfig;
+use xmx_nic::{NicConfig, PacketSocket};
 
 /// The dom0 backend of the xmx split driver.
 #[derive(Debug, Parser)]

@@ -25,8 +25,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
-use xmx_backend::nic::baseline::PollPolicy;
-use xmx_backend::nic::{NicConfig, PacketSocket, ETHERTYPE};
+use xmx_nic::baseline::PollPolicy;
+use xmx_nic::{NicConfig, PacketSocket, ETHERTYPE};
 
 use super::exchange::Channel;
 

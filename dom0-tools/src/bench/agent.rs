@@ -107,7 +107,7 @@ pub struct AgentArgs {
 /// Run an agent to the end; its report goes to stdout.
 pub fn run(args: &AgentArgs) -> Result<()> {
     if let Some(ns) = &args.netns {
-        xmx_backend::nic::netns::enter(ns)?;
+        xmx_nic::netns::enter(ns)?;
     }
     let size = usize::try_from(args.size).context("message size")?;
     let spin = std::time::Duration::from_micros(args.spin_us);

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 
 use serde::Serialize;
-use xmx_backend::nic::testbed::VethPair;
+use xmx_nic::testbed::VethPair;
 
 use super::tcp::{ADDR_A, ADDR_B, PREFIX_LEN};
 use crate::sim::cluster::{self, ClusterState};

@@ -2,7 +2,7 @@
 //! this process, without Xen.
 //!
 //! The process is one MX board on the interface `XMX_IFACE`: one engine
-//! ([`xmx_backend::engine`]) serving one virtual NIC whose board address is
+//! ([`xmx_engine`]) serving one virtual NIC whose board address is
 //! the interface's MAC, on a [`PacketSocket`]. Endpoints reach the engine
 //! through in-process queues: a frame the protocol core emits becomes the
 //! engine's send request at once, in the calling thread; an event the engine
@@ -35,9 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xmx_backend::engine::EngineConfig;
-use xmx_backend::nic::{NicConfig, PacketSocket};
+use xmx_engine::EngineConfig;
 use xmx_mx::Config;
+use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::mxoe::Mac;
 
 use super::{BoardInfo, OpenError, Port, RawPort, Transport};
@@ -373,7 +373,7 @@ impl Native {
     fn discover<T>(
         &self,
         only: Option<Mac>,
-        find: impl Fn(&xmx_backend::engine::PeerTable) -> Option<T>,
+        find: impl Fn(&xmx_engine::PeerTable) -> Option<T>,
     ) -> Option<T> {
         const REASK: Duration = Duration::from_millis(100);
         let deadline = Instant::now() + self.shared.config.discovery_wait;

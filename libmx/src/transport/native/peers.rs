@@ -15,7 +15,7 @@
 //! board 0.
 
 use serde::Deserialize;
-use xmx_backend::engine::{ClusterId, PeerEntry};
+use xmx_engine::{ClusterId, PeerEntry};
 use xmx_wire::mxoe::{Mac, HOSTNAME_LEN_MAX};
 
 /// Every native peer is in one virtual cluster: isolation is a matter for

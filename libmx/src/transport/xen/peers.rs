@@ -10,7 +10,7 @@
 use std::sync::{Condvar, Mutex, RwLock};
 use std::time::Instant;
 
-use xmx_backend::engine::{ClusterId, PeerEntry, PeerTable};
+use xmx_engine::{ClusterId, PeerEntry, PeerTable};
 use xmx_hv::{Error as HvError, Xenstore, XBT_NULL};
 use xmx_wire::mxoe::Mac;
 

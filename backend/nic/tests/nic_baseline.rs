@@ -3,8 +3,8 @@
 mod nic_util;
 
 use nic_util::privileged;
-use xmx_backend::nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
-use xmx_backend::nic::testbed::VethPair;
+use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::testbed::VethPair;
 
 #[test]
 fn pingpong_measures_every_round_trip() {

@@ -8,7 +8,7 @@ use nic_util::{
     assert_same_frames, frame_with_type, iface_counter, mxoe_frame, privileged, recv_frames, Link,
     Rng,
 };
-use xmx_backend::nic::{NicConfig, NicError, ETHERTYPE};
+use xmx_nic::{NicConfig, NicError, ETHERTYPE};
 
 const SIZES: [usize; 4] = [60, 1514, 4142, 9014];
 
@@ -312,8 +312,7 @@ fn frame_longer_than_a_slot_is_dropped_and_counted() {
     // Reopen B at a smaller MTU, then let the interface grow past its slots.
     drop(std::mem::replace(&mut b, {
         pair.set_mtu_b(5000).unwrap();
-        xmx_backend::nic::PacketSocket::open_in_netns(&pair.ns_b, &pair.if_b, NicConfig::default())
-            .unwrap()
+        xmx_nic::PacketSocket::open_in_netns(&pair.ns_b, &pair.if_b, NicConfig::default()).unwrap()
     }));
     pair.set_mtu_b(9000).unwrap();
     let mut rng = Rng::new(8);

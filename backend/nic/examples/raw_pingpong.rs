@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use xmx_backend::nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
-use xmx_backend::nic::testbed::VethPair;
+use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::testbed::VethPair;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {

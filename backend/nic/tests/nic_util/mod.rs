@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use xmx_backend::nic::testbed::VethPair;
-use xmx_backend::nic::{NicConfig, PacketSocket, ETHERTYPE};
+use xmx_nic::testbed::VethPair;
+use xmx_nic::{NicConfig, PacketSocket, ETHERTYPE};
 
 /// The tests create namespaces and veth pairs, which needs root. Without it they report
 /// the skip and pass, so unprivileged `cargo test` runs still check everything else.

@@ -352,7 +352,7 @@ const _: () = assert!(TP_STATUS_AVAILABLE == 0 && TP_STATUS_KERNEL == 0);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nic::geometry::RX_NET_OFFSET;
+    use crate::geometry::RX_NET_OFFSET;
 
     /// Page-aligned memory standing in for the kernel's ring.
     #[repr(C, align(4096))]

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use xmx_backend::engine::{
+use xmx_engine::{
     ClusterId, EndpointConfig, Engine, EngineConfig, GuestConfig, GuestEvent, GuestId,
     InMemoryGuest, MemoryArea, PeerEntry, RegionHandle,
 };
@@ -170,11 +170,7 @@ impl Testbed {
     }
 
     /// Hand a send request of guest `n` to its engine.
-    pub fn send(
-        &mut self,
-        n: u32,
-        request: SendRequest,
-    ) -> Result<(), xmx_backend::engine::Violation> {
+    pub fn send(&mut self, n: u32, request: SendRequest) -> Result<(), xmx_engine::Violation> {
         let now = self.now;
         let id = GuestId(n);
         self.engine(n).handle_send(now, id, EP, &request)

@@ -5,7 +5,7 @@
 mod engine_util;
 
 use engine_util::*;
-use xmx_backend::engine::{DropReason, EngineConfig};
+use xmx_engine::{DropReason, EngineConfig};
 use xmx_wire::msg::{DoneStatus, Event, EventBody, Notify, Pull, Rndv, SendOp, SendRequest};
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, PULL_LEN, PULL_REPLY_LEN};
 

@@ -4,7 +4,7 @@
 mod engine_util;
 
 use engine_util::*;
-use xmx_backend::engine::MemoryArea;
+use xmx_engine::MemoryArea;
 use xmx_wire::msg::{medium_frags, EventBody, MediumSend, QueueSlots, Route, SendOp, SendRequest};
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, MEDIUM_LEN, MSG_LEN};
 
@@ -219,5 +219,5 @@ fn medium_fragments_beyond_free_recvq_slots_are_dropped() {
     assert_eq!(received, usize::from(RECVQ_SLOTS));
     let g3 = tb.guest(3);
     let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
-    assert_eq!(c.drops(xmx_backend::engine::DropReason::RecvQueueFull), 8);
+    assert_eq!(c.drops(xmx_engine::DropReason::RecvQueueFull), 8);
 }

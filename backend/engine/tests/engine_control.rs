@@ -4,7 +4,7 @@
 mod engine_util;
 
 use engine_util::*;
-use xmx_backend::engine::{DropReason, EngineConfig, MemoryArea, RegionHandle};
+use xmx_engine::{DropReason, EngineConfig, MemoryArea, RegionHandle};
 use xmx_wire::msg::{
     ConnectReply, ConnectRequest, DoneStatus, Event, EventBody, Liback, NackKind, Pull, Route,
     SendOp, SendRequest,

@@ -4,7 +4,7 @@
 mod engine_util;
 
 use engine_util::*;
-use xmx_backend::engine::{DropReason, PeerEntry};
+use xmx_engine::{DropReason, PeerEntry};
 use xmx_wire::msg::{ErrorCode, Event, EventBody};
 use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, MsgHeader, PacketRepr, TinyRepr};
 

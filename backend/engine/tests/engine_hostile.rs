@@ -6,7 +6,7 @@ mod engine_util;
 
 use engine_util::*;
 use proptest::prelude::*;
-use xmx_backend::engine::{EngineConfig, GuestId, Violation};
+use xmx_engine::{EngineConfig, GuestId, Violation};
 use xmx_wire::msg::{
     ConnectReply, ConnectRequest, ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback,
     MediumSend, MsgInfo, Notify, Pull, QueueSlots, Rndv, Route, SendOp, SendRequest,
@@ -210,12 +210,8 @@ fn region_quota_is_per_guest() {
     });
     tb.region(1, 1, 1, vec![0; 10]);
     let g1 = tb.guest(1).id;
-    let refused =
-        tb.engines[0].register_region(g1, EP, 2, xmx_backend::engine::RegionHandle(2), 10);
-    assert_eq!(
-        refused,
-        Err(xmx_backend::engine::EngineError::Quota("regions"))
-    );
+    let refused = tb.engines[0].register_region(g1, EP, 2, xmx_engine::RegionHandle(2), 10);
+    assert_eq!(refused, Err(xmx_engine::EngineError::Quota("regions")));
     // Guest 2 has its own quota.
     tb.region(2, 1, 1, vec![0; 10]);
 }

@@ -3,8 +3,8 @@
 mod nic_util;
 
 use nic_util::{privileged, Link};
-use xmx_backend::nic::testbed::VethPair;
-use xmx_backend::nic::{NicConfig, NicError, PacketSocket};
+use xmx_nic::testbed::VethPair;
+use xmx_nic::{NicConfig, NicError, PacketSocket};
 
 #[test]
 fn reports_the_interface_it_is_bound_to() {
