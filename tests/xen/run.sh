@@ -83,7 +83,7 @@ if [ $build = 1 ]; then
         mx | mx-link)
             if [ -z "$stack" ]; then
                 log "building the xmx stack (debug)"
-                (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-backend -p xmx-tools -p xmx-guests -p xmx-libmx) ||
+                (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-backend -p xmx-tools -p xmx-lab -p xmx-guests -p xmx-libmx) ||
                     die "cargo build of the xmx stack failed"
                 stack=$workspace/target/debug
             fi

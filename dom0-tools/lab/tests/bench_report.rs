@@ -1,8 +1,8 @@
 //! Ratios and plots of `xmx bench` on synthetic figures (no measurement, no root).
 
-use xmx_tools::bench::plot::write_plots;
-use xmx_tools::bench::report::{ratio, ratios, Cell, Machine, Report, SetupResult, Status};
-use xmx_tools::bench::stats::{Bandwidth, Latency};
+use xmx_lab::bench::plot::write_plots;
+use xmx_lab::bench::report::{ratio, ratios, Cell, Machine, Report, SetupResult, Status};
+use xmx_lab::bench::stats::{Bandwidth, Latency};
 
 fn setup(name: &str, figures: &[(u64, f64, f64)]) -> SetupResult {
     SetupResult {

@@ -63,7 +63,7 @@ fn link(ns: &str, dev: &str) -> Value {
 }
 
 fn alive(pid: i64) -> bool {
-    xmx_tools::sim::wait::alive(pid as i32)
+    xmx_lab::sim::wait::alive(pid as i32)
 }
 
 #[test]

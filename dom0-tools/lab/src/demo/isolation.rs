@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use super::layout::{self, Place};
 use crate::sim::cluster::{self, ClusterState};
-use crate::xmxd::control::PeersReport;
-use crate::xmxd::{ControlClient, Request};
+use xmx_tools::xmxd::control::PeersReport;
+use xmx_tools::xmxd::{ControlClient, Request};
 
 /// Source of the program.
 pub const MX_ISOLATION_C: &str = include_str!("mx_isolation.c");

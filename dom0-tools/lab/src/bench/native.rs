@@ -42,7 +42,7 @@ pub fn find_library(xmx: &Path) -> Option<PathBuf> {
 pub fn include_dir() -> PathBuf {
     std::env::var_os("XMX_MX_INCLUDE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../libmx/include"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../libmx/include"))
 }
 
 /// Compile `mx_bench.c` into `out_dir`; returns the program.

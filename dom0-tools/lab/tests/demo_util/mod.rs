@@ -123,7 +123,7 @@ impl DemoRun {
     /// Wait for the end, killing the demo after `timeout` (which fails the test).
     pub fn finish(&mut self, timeout: Duration) -> Ended {
         let pid = self.child.id() as i32;
-        let exited = xmx_tools::sim::wait::process_exits(pid, timeout);
+        let exited = xmx_lab::sim::wait::process_exits(pid, timeout);
         if !exited {
             let _ = self.child.kill();
         }
@@ -185,7 +185,7 @@ pub fn leftovers() -> Vec<String> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if marks.iter().any(|m| cmd.contains(m.as_str())) && xmx_tools::sim::wait::alive(pid) {
+        if marks.iter().any(|m| cmd.contains(m.as_str())) && xmx_lab::sim::wait::alive(pid) {
             found.push(format!("process {pid}: {}", cmd.trim()));
         }
     }

@@ -13,19 +13,17 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use xmx_hv::sim::admin::SimAdmin;
 use xmx_hv::DomId;
 
 use super::{netns, wait};
-use crate::xmxd::{ControlClient, Request as XmxdRequest};
+pub use xmx_tools::simstate::{
+    guest_name, host_name, root_of, ClusterState, DaemonState, GuestState, HostState, DEFAULT_NAME,
+    RUN_DIR, STATE_FILE,
+};
+use xmx_tools::xmxd::{ControlClient, Request as XmxdRequest};
 
-/// Where clusters live: `RUN_DIR/<cluster name>`.
-pub const RUN_DIR: &str = "/run/xmx";
-/// The cluster name unless `--name` says otherwise.
-pub const DEFAULT_NAME: &str = "sim";
-pub const STATE_FILE: &str = "cluster.json";
 /// Interface name of each host's NIC inside its namespace.
 pub const HOST_IFACE: &str = "eth0";
 /// The first domid handed to guests (dom0 is 0).
@@ -35,44 +33,6 @@ const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the simulated hosts' xmxd announce their guests: often, so a cluster settles
 /// within a second.
 const XMXD_ANNOUNCE_MS: u64 = 200;
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct GuestState {
-    pub name: String,
-    pub domid: DomId,
-    /// The socket of the guest's xmx-frontd, when one runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frontd_socket: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DaemonState {
-    pub name: String,
-    pub pid: i32,
-    pub log: PathBuf,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct HostState {
-    pub name: String,
-    pub netns: String,
-    pub iface: String,
-    pub mac: String,
-    /// IPv4 address of the host NIC, for the TCP baseline (RFC 2544 benchmarking range).
-    pub addr: String,
-    /// The host's simhv directory.
-    pub simhv_dir: PathBuf,
-    pub daemons: Vec<DaemonState>,
-    pub guests: Vec<GuestState>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ClusterState {
-    pub name: String,
-    pub root: PathBuf,
-    pub mtu: u32,
-    pub hosts: Vec<HostState>,
-}
 
 #[derive(Debug, Clone)]
 pub struct UpOptions {
@@ -89,14 +49,6 @@ pub struct UpOptions {
     pub guest_clusters: Vec<Vec<String>>,
 }
 
-pub fn host_name(i: usize) -> String {
-    format!("h{i}")
-}
-
-pub fn guest_name(j: usize) -> String {
-    format!("g{j}")
-}
-
 /// Locally administered MACs, "XM" in the second and third byte: 02:58:4d:00:00:<host+1>.
 pub fn host_mac(i: usize) -> String {
     format!("02:58:4d:00:{:02x}:{:02x}", (i + 1) >> 8, (i + 1) & 0xff)
@@ -104,11 +56,6 @@ pub fn host_mac(i: usize) -> String {
 
 pub fn host_addr(i: usize) -> String {
     format!("198.18.{}.{}/15", (i + 1) >> 8, (i + 1) & 0xff)
-}
-
-/// The directory of cluster `name`.
-pub fn root_of(name: &str) -> PathBuf {
-    Path::new(RUN_DIR).join(name)
 }
 
 /// Cluster names become namespace and directory names: keep them short and plain.
@@ -128,59 +75,6 @@ pub fn require_root() -> Result<()> {
         );
     }
     Ok(())
-}
-
-impl ClusterState {
-    pub fn load(root: &Path) -> Result<Option<ClusterState>> {
-        let path = root.join(STATE_FILE);
-        match fs::read(&path) {
-            Ok(bytes) => Ok(Some(
-                serde_json::from_slice(&bytes)
-                    .with_context(|| format!("parsing {}", path.display()))?,
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
-    }
-
-    fn save(&self) -> Result<()> {
-        let path = self.root.join(STATE_FILE);
-        let tmp = self.root.join(format!("{STATE_FILE}.tmp"));
-        fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
-        fs::rename(&tmp, &path)?;
-        Ok(())
-    }
-
-    pub fn host(&self, name: &str) -> Result<&HostState> {
-        let by_index = name.parse::<usize>().ok().map(host_name);
-        self.hosts
-            .iter()
-            .find(|h| h.name == name || Some(&h.name) == by_index.as_ref())
-            .with_context(|| {
-                format!(
-                    "no host {name:?} in the cluster (hosts: {})",
-                    self.host_names()
-                )
-            })
-    }
-
-    fn host_names(&self) -> String {
-        self.hosts
-            .iter()
-            .map(|h| h.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-impl HostState {
-    pub fn guest(&self, name: &str) -> Result<&GuestState> {
-        let by_index = name.parse::<usize>().ok().map(guest_name);
-        self.guests
-            .iter()
-            .find(|g| g.name == name || Some(&g.name) == by_index.as_ref())
-            .with_context(|| format!("no guest {name:?} on host {}", self.name))
-    }
 }
 
 /// Start `bin args` inside namespace `ns` with `env` added, detached in its own process

@@ -12,7 +12,7 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 
 use super::cluster::{ClusterState, GuestState};
 use crate::interrupt;
-use crate::xmxd::xsnodes;
+use xmx_tools::xmxd::xsnodes;
 
 /// Longest single wait for a watch event, so that a signal is noticed soon.
 const WAIT_SLICE: Duration = Duration::from_millis(250);

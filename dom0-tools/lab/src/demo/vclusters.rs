@@ -19,8 +19,8 @@ use xmx_wire::xenbus::{self, keys};
 use super::layout::{self, Place, VCLUSTERS};
 use crate::sim::cluster::{ClusterState, HostState};
 use crate::sim::settle;
-use crate::xmxd::control::ClusterReport;
-use crate::xmxd::{names, ControlClient, Request};
+use xmx_tools::xmxd::control::ClusterReport;
+use xmx_tools::xmxd::{names, ControlClient, Request};
 
 /// How long the fabric may take to settle after the moves.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -139,7 +139,7 @@ mod tests {
         );
         assert!(expected_view(layout::RED).contains("h1-g2:0"));
         assert_eq!(
-            crate::xmxd::xsnodes::peers_dir(DOM0, 3),
+            xmx_tools::xmxd::xsnodes::peers_dir(DOM0, 3),
             "/local/domain/0/xmx/peers/3"
         );
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, raise, Signal};
 use nix::unistd::Pid;
-use xmx_tools::interrupt;
+use xmx_lab::interrupt;
 
 fn sleeper(own_group: bool) -> Child {
     let mut cmd = Command::new("sleep");

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use xmx_tools::sim::cluster::{self, ClusterState, UpOptions};
+use xmx_lab::sim::cluster::{self, ClusterState, UpOptions};
 
 #[derive(Parser)]
 #[command(
@@ -27,13 +27,13 @@ enum Cmd {
     /// The guided tour: a simulated 2-host cluster with guests in two virtual clusters, MX
     /// ping-pongs and streams between them, isolation, and latency/bandwidth beside TCP
     /// (needs root for namespaces; removes everything at the end, also on Ctrl-C).
-    Demo(xmx_tools::demo::DemoArgs),
+    Demo(xmx_lab::demo::DemoArgs),
     /// Latency and bandwidth by message size: xmx beside shared memory, raw AF_PACKET and
     /// TCP on the same link, with ratios, JSON and plots (needs root for namespaces).
-    Bench(xmx_tools::bench::BenchArgs),
+    Bench(xmx_lab::bench::BenchArgs),
     /// One measuring process of `xmx bench` (started by it).
     #[command(hide = true)]
-    BenchAgent(xmx_tools::bench::agent::AgentArgs),
+    BenchAgent(xmx_lab::bench::agent::AgentArgs),
     #[command(flatten)]
     Admin(xmx_tools::cli::AdminCmd),
 }
@@ -116,10 +116,10 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Sim { cmd } => sim(cmd),
-        Cmd::Bench(args) => xmx_tools::bench::main(args, bin_dir()?),
-        Cmd::BenchAgent(args) => xmx_tools::bench::agent::run(&args).map(|()| 0),
+        Cmd::Bench(args) => xmx_lab::bench::main(args, bin_dir()?),
+        Cmd::BenchAgent(args) => xmx_lab::bench::agent::run(&args).map(|()| 0),
         Cmd::Admin(cmd) => xmx_tools::cli::run(cmd),
-        Cmd::Demo(args) => xmx_tools::demo::main(args, bin_dir()?),
+        Cmd::Demo(args) => xmx_lab::demo::main(args, bin_dir()?),
     }
 }
 
@@ -211,5 +211,5 @@ fn print_state(state: &ClusterState) {
 }
 
 fn cluster_alive(pid: i32) -> bool {
-    xmx_tools::sim::wait::alive(pid)
+    xmx_lab::sim::wait::alive(pid)
 }

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::layout::{self, VCLUSTERS};
 use crate::sim::cluster::ClusterState;
-use crate::xmxd::control::PeersReport;
-use crate::xmxd::{ControlClient, Request};
+use xmx_tools::xmxd::control::PeersReport;
+use xmx_tools::xmxd::{ControlClient, Request};
 
 /// The table of one virtual cluster.
 #[derive(Debug, Clone, Serialize)]
