@@ -13,50 +13,72 @@ use xmx_hv::DomId;
 pub const RUN_DIR: &str = "/run/xmx";
 /// The cluster name unless `--name` says otherwise.
 pub const DEFAULT_NAME: &str = "sim";
+/// The state file's name in the cluster's directory.
 pub const STATE_FILE: &str = "cluster.json";
 
+/// One guest domain of a simulated host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GuestState {
+    /// Its name (g0, g1, ...).
     pub name: String,
+    /// Its domain id on its host.
     pub domid: DomId,
     /// The socket of the guest's xmx-frontd, when one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frontd_socket: Option<PathBuf>,
 }
 
+/// One daemon a simulated host runs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DaemonState {
+    /// The program (xmx-simhv, xmx-backd, xmxd, ...).
     pub name: String,
+    /// Its process id.
     pub pid: i32,
+    /// Its log file.
     pub log: PathBuf,
 }
 
+/// One simulated host: a network namespace with its NIC, daemons and guests.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct HostState {
+    /// Its name (h0, h1, ...).
     pub name: String,
+    /// Its network namespace.
     pub netns: String,
+    /// Its NIC inside the namespace.
     pub iface: String,
+    /// The NIC's MAC.
     pub mac: String,
     /// IPv4 address of the host NIC, for the TCP baseline (RFC 2544 benchmarking range).
     pub addr: String,
     /// The host's simhv directory.
     pub simhv_dir: PathBuf,
+    /// The daemons it runs.
     pub daemons: Vec<DaemonState>,
+    /// Its guests.
     pub guests: Vec<GuestState>,
 }
 
+/// A simulated cluster, as its state file records it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ClusterState {
+    /// Its name.
     pub name: String,
+    /// Its directory ([`root_of`]).
     pub root: PathBuf,
+    /// MTU of every link.
     pub mtu: u32,
+    /// Its hosts.
     pub hosts: Vec<HostState>,
 }
 
+/// The name of host `i`.
 pub fn host_name(i: usize) -> String {
     format!("h{i}")
 }
 
+/// The name of guest `j` of a host.
 pub fn guest_name(j: usize) -> String {
     format!("g{j}")
 }
@@ -67,6 +89,7 @@ pub fn root_of(name: &str) -> PathBuf {
 }
 
 impl ClusterState {
+    /// Reads the state file under `root`; `None` when there is no cluster.
     pub fn load(root: &Path) -> Result<Option<ClusterState>> {
         let path = root.join(STATE_FILE);
         match fs::read(&path) {
@@ -88,6 +111,7 @@ impl ClusterState {
         Ok(())
     }
 
+    /// The host named `name`, or by index (`0` for h0).
     pub fn host(&self, name: &str) -> Result<&HostState> {
         let by_index = name.parse::<usize>().ok().map(host_name);
         self.hosts
@@ -111,6 +135,7 @@ impl ClusterState {
 }
 
 impl HostState {
+    /// The guest named `name`, or by index (`0` for g0).
     pub fn guest(&self, name: &str) -> Result<&GuestState> {
         let by_index = name.parse::<usize>().ok().map(guest_name);
         self.guests

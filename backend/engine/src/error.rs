@@ -16,17 +16,35 @@ pub enum Violation {
     EndpointNotOpen(u8),
     /// The peer index is beyond the peer table.
     #[error("peer index {peer_index} beyond the peer table ({table_len} entries)")]
-    BadPeerIndex { peer_index: u16, table_len: usize },
+    BadPeerIndex {
+        /// The index asked for.
+        peer_index: u16,
+        /// Entries in the table.
+        table_len: usize,
+    },
     /// A message longer than its class allows, or a MEDIUM whose fragments do not match
     /// its length.
     #[error("bad {class} length {length}")]
-    BadLength { class: &'static str, length: u32 },
+    BadLength {
+        /// The message class (TINY, SMALL, MEDIUM).
+        class: &'static str,
+        /// The length asked for.
+        length: u32,
+    },
     /// A send-queue slot beyond the endpoint's send queue.
     #[error("send-queue slot {slot} beyond the queue ({slots} slots)")]
-    BadSendQueueSlot { slot: u16, slots: u16 },
+    BadSendQueueSlot {
+        /// The slot named.
+        slot: u16,
+        /// Slots in the queue.
+        slots: u16,
+    },
     /// A receive-queue slot handed back that is beyond the queue or not in use.
     #[error("receive-queue slot {slot} is not in use")]
-    BadRecvQueueSlot { slot: u16 },
+    BadRecvQueueSlot {
+        /// The slot handed back.
+        slot: u16,
+    },
     /// A CONNECT reply status MX does not define.
     #[error("connect status {0} is not an MX status")]
     BadConnectStatus(u8),
@@ -36,9 +54,13 @@ pub enum Violation {
     /// An offset and length that leave the region.
     #[error("offset {offset} + length {length} leave region {region} ({region_len} bytes)")]
     RegionRange {
+        /// The region id.
         region: u8,
+        /// Where the access starts in the region.
         offset: u64,
+        /// Bytes accessed.
         length: u64,
+        /// Bytes in the region.
         region_len: u64,
     },
 }

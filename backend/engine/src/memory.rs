@@ -17,9 +17,15 @@ pub struct RegionHandle(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemoryArea {
     /// An endpoint's send queue: MEDIUM fragments, 4096 bytes per slot.
-    SendQueue { endpoint: u8 },
+    SendQueue {
+        /// The endpoint index.
+        endpoint: u8,
+    },
     /// An endpoint's receive queue: MEDIUM fragments, 4096 bytes per slot.
-    RecvQueue { endpoint: u8 },
+    RecvQueue {
+        /// The endpoint index.
+        endpoint: u8,
+    },
     /// A registered region.
     Region(RegionHandle),
 }
@@ -32,7 +38,14 @@ pub enum MemoryError {
     NoSuchArea(MemoryArea),
     /// The access leaves the area.
     #[error("access at {offset} of {len} bytes leaves an area of {size} bytes")]
-    OutOfBounds { offset: u64, len: usize, size: u64 },
+    OutOfBounds {
+        /// Where the access starts in the area.
+        offset: u64,
+        /// Bytes accessed.
+        len: usize,
+        /// Bytes in the area.
+        size: u64,
+    },
     /// The mapping failed underneath (unmapped grant, revoked page).
     #[error("memory fault")]
     Fault,

@@ -22,7 +22,7 @@ use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::xs::wire::{INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, Platform, Xenstore};
 use xmx_wire::mxoe::Mac;
-use xmx_wire::xenbus;
+use xmx_wire::{peer_view, xenbus};
 
 use super::announce::EntryRepr;
 use super::backend::BackendLink;
@@ -605,7 +605,7 @@ impl Core {
                 Some(me) => self
                     .table
                     .visible_to(me.cluster_id)
-                    .map(|p| (p.index, format!("{} {}", p.mac, p.hostname)))
+                    .map(|p| (p.index, peer_view::entry_value(p.mac, &p.hostname)))
                     .collect(),
                 None => BTreeMap::new(),
             };

@@ -34,11 +34,16 @@ const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// within a second.
 const XMXD_ANNOUNCE_MS: u64 = 200;
 
+/// What `xmx sim up` builds.
 #[derive(Debug, Clone)]
 pub struct UpOptions {
+    /// The cluster's name (directory and namespace prefix).
     pub name: String,
+    /// Number of hosts.
     pub hosts: usize,
+    /// Number of guests per host.
     pub guests: usize,
+    /// MTU of every link.
     pub mtu: u32,
     /// Directory holding the xmx binaries (xmx-simhv, ...).
     pub bin_dir: PathBuf,
@@ -54,6 +59,7 @@ pub fn host_mac(i: usize) -> String {
     format!("02:58:4d:00:{:02x}:{:02x}", (i + 1) >> 8, (i + 1) & 0xff)
 }
 
+/// The IPv4 address (with prefix) of host `i`'s NIC, in the RFC 2544 benchmarking range.
 pub fn host_addr(i: usize) -> String {
     format!("198.18.{}.{}/15", (i + 1) >> 8, (i + 1) & 0xff)
 }
@@ -66,6 +72,7 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Fails with an explanation unless running as root (namespaces need it).
 pub fn require_root() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!(

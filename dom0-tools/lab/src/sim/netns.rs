@@ -18,6 +18,7 @@ pub fn fabric_ns(cluster: &str) -> String {
     format!("{}fabric", prefix(cluster))
 }
 
+/// The bridge joining the hosts, in the bridge namespace.
 pub const BRIDGE: &str = "br0";
 
 /// Run `ip ARGS`, failing with its stderr.
@@ -55,12 +56,14 @@ pub fn list_ours(cluster: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// Creates namespace `ns` with its loopback up.
 pub fn add(ns: &str) -> Result<()> {
     ip(&["netns", "add", ns])?;
     ip_in(ns, &["link", "set", "lo", "up"])?;
     Ok(())
 }
 
+/// Deletes namespace `ns`.
 pub fn delete(ns: &str) -> Result<()> {
     ip(&["netns", "del", ns]).map(|_| ())
 }
