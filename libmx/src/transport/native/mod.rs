@@ -46,7 +46,7 @@ use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 
 pub use board::BoardCounters;
-pub use peers::{board_name, PeerSpec};
+pub use peers::{board_name, PeersFileEntry};
 pub use wire::{SeqpacketWire, Wire};
 
 use board::{Board, PeerView};
@@ -71,7 +71,7 @@ pub struct NativeConfig {
     /// `XMX_HOSTNAME` (else the system hostname), as `host:board`.
     pub hostname: String,
     /// `XMX_PEERS`: the peers listed in that file.
-    pub peers: Vec<PeerSpec>,
+    pub peers: Vec<PeersFileEntry>,
     /// `XMX_NIC_SPIN_US` (default 0): how long the driver thread polls the
     /// link after traffic before it sleeps.
     pub nic_spin: Duration,
