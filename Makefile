@@ -4,6 +4,8 @@
 #                             library's Open-MX name libopen-mx.so.0 beside it
 #   make install              install what `make` built; honours DESTDIR and PREFIX
 #   make uninstall            remove exactly what `make install` installs
+#   make test                 install the Debian packages the tests need when missing
+#                             (.ci/deps), then run every test binary of the workspace
 #
 # `install` does not build: run `make` first (or point BUILD_DIR at another cargo profile,
 # e.g. BUILD_DIR=target/debug). xmx-frontd (the guest daemon) is installed when it was built.
@@ -39,11 +41,16 @@ UNITS    := xmxd.service xmx-backd.service
 
 D = $(DESTDIR)
 
-.PHONY: all install uninstall check-built
+.PHONY: all install uninstall check-built test
 
 all:
 	$(CARGO) build --release --workspace
 	ln -sf $(LIB) "$(BUILD_DIR)/$(OMXLIB).0"
+
+# --no-fail-fast: a failing test binary does not hide the verdicts of the others.
+test:
+	.ci/deps
+	$(CARGO) test --workspace --no-fail-fast
 
 check-built:
 	@for f in xmx $(DAEMONS) $(LIB); do \

@@ -6,10 +6,10 @@ mod backd_util;
 
 use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
 use xmx_backend::admin::{CountersReport, PeerSpec, Request};
-use xmx_backend::nic::testbed::VethPair;
-use xmx_backend::nic::{NicConfig, PacketSocket};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, Quotas};
 use xmx_hv::DOM0;
+use xmx_nic::testbed::VethPair;
+use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
     QueueSlots, Rndv, Route, SendOp, SendRequest,

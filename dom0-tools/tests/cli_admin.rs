@@ -12,8 +12,20 @@ use xmx_tools::xmxd::control::{ClusterReport, GuestStatus, PeersReport};
 use xmx_tools::xmxd::names;
 use xmxd_util::SimHost;
 
+/// The `xmx` binary (package xmx-lab, the one entry point over the administration
+/// subcommands and the lab), next to this package's xmxd.
+fn xmx_bin() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_xmxd")).with_file_name("xmx");
+    assert!(
+        path.exists(),
+        "{} is missing: run the workspace tests (`make test`) or `cargo build -p xmx-lab` first",
+        path.display()
+    );
+    path
+}
+
 fn xmx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xmx"))
+    Command::new(xmx_bin())
         .args(args)
         .env_remove("XMX_SIM_DIR")
         .env_remove("XMX_SIM_HOST")

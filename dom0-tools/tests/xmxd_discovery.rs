@@ -7,9 +7,9 @@ mod xmxd_util;
 
 use std::time::Duration;
 
-use xmx_backend::nic::testbed::VethPair;
 use xmx_hv::sim::SimPlatform;
 use xmx_hv::{Platform, Xenstore, DOM0, XBT_NULL};
+use xmx_nic::testbed::VethPair;
 use xmx_tools::xmxd::control::{PeersReport, Request};
 use xmx_tools::xmxd::table::Peer;
 use xmx_tools::xmxd::{names, xsnodes, Core, PacketFabric};

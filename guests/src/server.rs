@@ -44,8 +44,9 @@ pub struct ServerConfig {
     pub max_clients: usize,
     /// How long applications get to disconnect when the daemon stops.
     pub drain: Duration,
-    /// First and longest interval between resume probes while suspended.
+    /// First interval between resume probes while suspended.
     pub probe_min: Duration,
+    /// Longest interval between resume probes while suspended.
     pub probe_max: Duration,
 }
 

@@ -31,18 +31,28 @@ pub trait Platform: Send + Sync {
 /// For `sim`, `XMX_SIM_DIR` names the simhv directory and `XMX_DOMID` the domain to attach
 /// as (both required). `linux` opens the real Xen devices of the running domain.
 pub fn from_env() -> Result<Arc<dyn Platform>> {
+    from_env_as(None)
+}
+
+/// As [`from_env`], with `domid` (a daemon's `--domid`) as the simulated domain when
+/// `XMX_DOMID` is not set, so that a daemon need not write its own environment.
+pub fn from_env_as(domid: Option<DomId>) -> Result<Arc<dyn Platform>> {
     let kind = std::env::var("XMX_PLATFORM").unwrap_or_else(|_| "sim".to_string());
     match kind.as_str() {
         "sim" | "" => {
             let dir = std::env::var_os("XMX_SIM_DIR").ok_or_else(|| {
                 Error::Invalid("XMX_PLATFORM=sim needs XMX_SIM_DIR (the simhv directory)".into())
             })?;
-            let domid = std::env::var("XMX_DOMID")
-                .map_err(|_| Error::Invalid("XMX_PLATFORM=sim needs XMX_DOMID".into()))?;
-            let domid: DomId = domid
-                .trim()
-                .parse()
-                .map_err(|_| Error::Invalid(format!("XMX_DOMID={domid:?} is not a domid")))?;
+            let domid: DomId = match (std::env::var("XMX_DOMID"), domid) {
+                (Ok(text), _) => text
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::Invalid(format!("XMX_DOMID={text:?} is not a domid")))?,
+                (Err(_), Some(domid)) => domid,
+                (Err(_), None) => {
+                    return Err(Error::Invalid("XMX_PLATFORM=sim needs XMX_DOMID".into()))
+                }
+            };
             Ok(Arc::new(crate::sim::SimPlatform::attach(dir, domid)?))
         }
         "linux" => Ok(Arc::new(crate::linux::LinuxPlatform::open()?)),

@@ -4,7 +4,8 @@
 //! values and layouts ([`abi`], `include/myriexpress.h`) and MX's symbol
 //! versions. Underneath, each endpoint drives the sans-IO protocol core
 //! (`xmx-mx`) over a [`transport`]: the loopback between the endpoints of one
-//! process now, the native engine and the Xen frontend later.
+//! process, the MX engine (`xmx-engine`) on an AF_PACKET interface (`xmx-nic`)
+//! in native mode, or a guest's shared rings to the dom0 backend under Xen.
 //!
 //! - [`runtime`]: `mx_init` to `mx_finalize`, open endpoints, the background
 //!   progression thread.

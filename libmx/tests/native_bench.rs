@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::{build, lib_dir, our_include, scratch, OPEN_MX_INCLUDE};
 use twohost::TwoHosts;
-use xmx_backend::nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
 
 const OPEN_MX_TESTS: &str = "/work/ref/xen2mx/tests/mx";
 

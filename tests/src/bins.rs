@@ -55,7 +55,7 @@ pub fn cluster_programs() -> PathBuf {
     ] {
         program(name, package);
     }
-    program("xmx", "xmx-tools")
+    program("xmx", "xmx-lab")
 }
 
 /// The directory holding the freshest `libmyriexpress.so`: `deps/` first,

@@ -177,7 +177,7 @@ impl Tap {
     /// Starts capturing what the host sends through `ifname` (its port in
     /// namespace `netns`).
     pub fn start(netns: &str, ifname: &str) -> Tap {
-        let fd = xmx_backend::nic::netns::run_in(netns, || raw_socket(ifname))
+        let fd = xmx_nic::netns::run_in(netns, || raw_socket(ifname))
             .expect("entering the fabric namespace")
             .expect("capture socket");
         let stop = Arc::new(AtomicBool::new(false));

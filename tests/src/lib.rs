@@ -6,6 +6,9 @@
 //! ([`cprog`]) as the guests' applications ([`app`]), a tap on the hosts'
 //! links ([`capture`]) and, where the kernel has no `netem`, an impairing
 //! relay ([`relay`]).
+// The workspace warns of undocumented public items; this crate's fields and variants
+// are not all documented yet.
+#![allow(missing_docs)]
 
 pub mod app;
 pub mod bins;

@@ -81,7 +81,7 @@ pub fn parse_got(line: &str) -> Option<(usize, usize, u32, bool)> {
 }
 
 fn xmx_ok(args: &[&str]) -> Result<String, String> {
-    let o = Command::new(program("xmx", "xmx-tools"))
+    let o = Command::new(program("xmx", "xmx-lab"))
         .args(args)
         .env_remove("XMX_XMXD_SOCKET")
         .output()

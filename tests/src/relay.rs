@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xmx_backend::nic::{NicConfig, PacketSocket};
+use xmx_nic::{NicConfig, PacketSocket};
 
 /// What the link does to the frames a host sends.
 #[derive(Clone, Copy, Debug, PartialEq)]

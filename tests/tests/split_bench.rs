@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use xmx_backend::nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
-use xmx_backend::nic::testbed::VethPair;
+use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::testbed::VethPair;
 use xmx_tests::app::App;
 use xmx_tests::cluster::{exclusive, netns_cmd, unavailable, SimCluster};
 use xmx_tests::cprog::{self, parse_pingpong, PingpongLine};

@@ -43,7 +43,7 @@ stack_dom0=(xmx-backd xmxd xmx)
 stack_domu=(xmx-frontd libmyriexpress.so)
 if [ -n "$stack" ]; then
     for f in "${stack_dom0[@]}" "${stack_domu[@]}"; do
-        [ -f "$stack/$f" ] || die "$stack/$f does not exist (cargo build -p xmx-backend -p xmx-tools -p xmx-guests -p xmx-libmx)"
+        [ -f "$stack/$f" ] || die "$stack/$f does not exist (cargo build -p xmx-backend -p xmx-tools -p xmx-lab -p xmx-guests -p xmx-libmx)"
     done
 fi
 

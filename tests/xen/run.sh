@@ -83,7 +83,7 @@ if [ $build = 1 ]; then
         mx | mx-link)
             if [ -z "$stack" ]; then
                 log "building the xmx stack (debug)"
-                (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-backend -p xmx-tools -p xmx-guests -p xmx-libmx) ||
+                (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-backend -p xmx-tools -p xmx-lab -p xmx-guests -p xmx-libmx) ||
                     die "cargo build of the xmx stack failed"
                 stack=$workspace/target/debug
             fi
@@ -91,7 +91,7 @@ if [ $build = 1 ]; then
     esac
     if [ ${#bins[@]} = 0 ] && [ -z "${XMX_XEN_BINS:-}" ] && [ -z "$stack" ]; then
         log "building xmx-hv-conformance"
-        (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-hv --bin xmx-hv-conformance) ||
+        (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-hv --features runner --bin xmx-hv-conformance) ||
             die "cargo build of xmx-hv-conformance failed"
         bins=("$workspace/target/debug/xmx-hv-conformance")
     fi

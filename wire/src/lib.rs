@@ -7,13 +7,19 @@
 //!   with its producer/consumer halves.
 //! - [`msg`]: the versioned xmx request/response messages that travel in the rings.
 //! - [`xenbus`]: xenbus states and the xenstore key names of the `xmx` device.
+//! - [`peer_view`]: the xenstore format of a guest's peer view (written by xmxd, read by
+//!   libmyriexpress).
 //!
 //! No I/O happens here. Every parser takes untrusted bytes and returns a value or
 //! an [`Error`]; none panics or reads past its buffer.
+// The workspace warns of undocumented public items; this crate's fields and variants
+// are not all documented yet.
+#![allow(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod msg;
 pub mod mxoe;
+pub mod peer_view;
 pub mod ring;
 pub mod xenbus;
 

@@ -12,9 +12,9 @@ use std::time::Duration;
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use tracing_subscriber::EnvFilter;
-use xmx_backend::engine::EngineConfig;
-use xmx_backend::nic::{NicConfig, PacketSocket};
 use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
+use xmx_engine::EngineConfig;
+use xmx_nic::{NicConfig, PacketSocket};
 
 /// The dom0 backend of the xmx split driver.
 #[derive(Debug, Parser)]
@@ -96,12 +96,9 @@ fn run(args: Args) -> Result<(), String> {
     signals
         .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
-    if std::env::var_os("XMX_DOMID").is_none() {
-        // Single-threaded still: nothing reads the environment concurrently.
-        std::env::set_var("XMX_DOMID", args.domid.to_string());
-    }
 
-    let platform = xmx_hv::platform::from_env().map_err(|e| format!("platform: {e}"))?;
+    let platform =
+        xmx_hv::platform::from_env_as(Some(args.domid)).map_err(|e| format!("platform: {e}"))?;
     if platform.domid() != args.domid {
         return Err(format!(
             "the platform says this is domain {}, --domid says {}",

@@ -8,8 +8,8 @@ use crate::admin::{
     snake_case, CountersReport, EngineCountersReport, GuestCountersReport, GuestReport,
     NicCountersReport, Reply, ReplyError, Request,
 };
-use crate::engine::{ClusterId, DropReason, NicCounters, PeerEntry};
 use crate::xenbus::toolstack::{self, DeviceSpec};
+use xmx_engine::{ClusterId, DropReason, NicCounters, PeerEntry};
 
 fn nic_report(c: &NicCounters) -> NicCountersReport {
     NicCountersReport {

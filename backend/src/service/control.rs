@@ -20,7 +20,7 @@ use xmx_wire::ring::SharedMem;
 
 use super::guest::{Connection, EndpointConn, EndpointCounters, RegionConn};
 use super::quota::Quotas;
-use crate::engine::{EndpointConfig, Engine, EngineError, MemoryArea, RegionHandle};
+use xmx_engine::{EndpointConfig, Engine, EngineError, MemoryArea, RegionHandle};
 
 /// Session ids for new endpoints: unpredictable, never 0.
 pub(crate) struct SessionIds {

@@ -12,9 +12,9 @@ use super::guest::{Connection, DeviceKey};
 use super::memory::GrantMemory;
 use super::quota::Usage;
 use super::{control, Backend, BackendError, WATCH_BACKEND, WATCH_FRONTEND_PREFIX, WATCH_RELEASE};
-use crate::engine::{ClusterId, GuestConfig};
 use crate::xenbus::toolstack::{in_transaction, DeviceSpec};
 use crate::xenbus::{step, Step};
+use xmx_engine::{ClusterId, GuestConfig};
 
 /// One device the backend found under its xenstore directory.
 pub(crate) struct Device {

@@ -11,7 +11,7 @@ use xmx_wire::ring::RingError;
 use super::memory::GrantMemory;
 use super::quota::Usage;
 use crate::admin::EndpointCountersReport;
-use crate::engine::{GuestId, RegionHandle};
+use xmx_engine::{GuestId, RegionHandle};
 
 /// A device, by guest domain and device index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

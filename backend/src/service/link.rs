@@ -1,12 +1,12 @@
 //! The backend's way to the wire: frames in and out of the physical interface.
 //!
 //! The service loop needs a pollable descriptor, a non-blocking batched receive and a
-//! queued transmit with an explicit flush: [`crate::nic::PacketSocket`] offers exactly that,
+//! queued transmit with an explicit flush: [`xmx_nic::PacketSocket`] offers exactly that,
 //! and tests can put any other frame carrier behind the same trait.
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use crate::nic::{NicError, PacketSocket};
+use xmx_nic::{NicError, PacketSocket};
 
 /// A carrier of MXoE frames for the service loop.
 pub trait FrameLink: Send {

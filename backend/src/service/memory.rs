@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use xmx_wire::ring::SharedMem;
 
-use crate::engine::{checked_range, GuestMemory, MemoryArea, MemoryError};
+use xmx_engine::{checked_range, GuestMemory, MemoryArea, MemoryError};
 
 /// A window of mapped guest memory.
 #[derive(Debug, Clone)]
@@ -114,7 +114,7 @@ impl GuestMemory for GrantMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::RegionHandle;
+    use xmx_engine::RegionHandle;
 
     #[test]
     fn windows_are_bounded_and_offset() {

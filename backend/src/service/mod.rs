@@ -38,7 +38,7 @@
 //!
 //! Rings copy each request out of shared memory before it is decoded. A slot that does not
 //! decode, a producer index no correct peer could write, or a request the engine refuses as
-//! a [`Violation`](crate::engine::Violation) disconnects that guest only: its device goes
+//! a [`Violation`](xmx_engine::Violation) disconnects that guest only: its device goes
 //! Closing, everything it shared is unmapped, its ports are closed, and it goes Closed.
 
 mod commands;
@@ -64,9 +64,9 @@ use xmx_wire::ring::RingError;
 
 use crate::admin::server::{AdminServer, Dispatch};
 use crate::admin::{BackendCounters, Reply, ReplyError, Request};
-use crate::engine::{Engine, EngineConfig};
 use control::{ControlCtx, SessionIds};
 use devices::Device;
+use xmx_engine::{Engine, EngineConfig};
 
 pub use guest::DeviceKey;
 pub use link::FrameLink;

@@ -83,11 +83,8 @@ fn run(args: Args) -> Result<(), String> {
     signals
         .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
-    if std::env::var_os("XMX_DOMID").is_none() {
-        // Single-threaded still: nothing reads the environment concurrently.
-        std::env::set_var("XMX_DOMID", args.domid.to_string());
-    }
-    let platform = xmx_hv::platform::from_env().map_err(|e| format!("platform: {e}"))?;
+    let platform =
+        xmx_hv::platform::from_env_as(Some(args.domid)).map_err(|e| format!("platform: {e}"))?;
     let fabric = if args.iface == "none" {
         tracing::warn!("no interface: this host's guests only");
         None

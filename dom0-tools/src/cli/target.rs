@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use xmx_backend::admin::AdminClient;
 
-use crate::sim::cluster::{self, ClusterState};
+use crate::simstate::{self as cluster, ClusterState};
 use crate::xmxd::{self, ControlClient};
 
 /// Where xmxd listens.

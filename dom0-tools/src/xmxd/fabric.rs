@@ -170,7 +170,7 @@ impl PacketFabric {
     /// Open interface `ifname` of network namespace `netns` (a name under /run/netns or a
     /// path); the socket stays in that namespace whichever thread uses it.
     pub fn open_in_netns(netns: &str, ifname: &str) -> io::Result<PacketFabric> {
-        xmx_backend::nic::netns::run_in(netns, || PacketFabric::open(ifname))
+        xmx_nic::netns::run_in(netns, || PacketFabric::open(ifname))
             .map_err(|e| io::Error::other(e.to_string()))?
     }
 

@@ -22,7 +22,7 @@ use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::xs::wire::{INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, Platform, Xenstore};
 use xmx_wire::mxoe::Mac;
-use xmx_wire::xenbus;
+use xmx_wire::{peer_view, xenbus};
 
 use super::announce::EntryRepr;
 use super::backend::BackendLink;
@@ -35,7 +35,7 @@ use super::error::{Error, Result};
 use super::fabric::PacketFabric;
 use super::names::{self, DEFAULT_CLUSTER};
 use super::state::StateStore;
-use super::table::{self, Claim, PeerTable};
+use super::table::{self, Claim, FabricTable};
 use super::xsnodes;
 
 /// How xmxd runs.
@@ -119,7 +119,7 @@ pub struct Core {
     discovery: Discovery,
     fabric: Option<PacketFabric>,
     backend: BackendLink,
-    table: PeerTable,
+    table: FabricTable,
     generation: u64,
     /// The index (and claim age) each MAC last held in the table.
     remembered: HashMap<Mac, (u16, u32)>,
@@ -159,7 +159,7 @@ impl Core {
             discovery,
             fabric,
             backend,
-            table: PeerTable::default(),
+            table: FabricTable::default(),
             generation: 0,
             remembered: HashMap::new(),
             published: HashMap::new(),
@@ -170,7 +170,7 @@ impl Core {
     // ----- read access -----
 
     /// The current peer table.
-    pub fn table(&self) -> &PeerTable {
+    pub fn table(&self) -> &FabricTable {
         &self.table
     }
 
@@ -605,7 +605,7 @@ impl Core {
                 Some(me) => self
                     .table
                     .visible_to(me.cluster_id)
-                    .map(|p| (p.index, format!("{} {}", p.mac, p.hostname)))
+                    .map(|p| (p.index, peer_view::entry_value(p.mac, &p.hostname)))
                     .collect(),
                 None => BTreeMap::new(),
             };
@@ -642,7 +642,7 @@ impl Core {
 
     /// Claim an index for every local guest `table` left unplaced, recording it in the
     /// state and in `claims`. True if any was claimed.
-    fn claim_indices(&mut self, table: &PeerTable, claims: &mut [Claim]) -> bool {
+    fn claim_indices(&mut self, table: &FabricTable, claims: &mut [Claim]) -> bool {
         let held: HashMap<Mac, u16> = self.remembered.iter().map(|(m, (i, _))| (*m, *i)).collect();
         let mut claimed = false;
         for c in table.unplaced.iter().filter(|c| c.local) {

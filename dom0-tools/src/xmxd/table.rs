@@ -76,7 +76,7 @@ pub struct Conflict {
 
 /// The computed table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PeerTable {
+pub struct FabricTable {
     /// Placed peers in index order.
     pub peers: Vec<Peer>,
     /// Guests announced without a usable index (none claimed yet, or a lost claim).
@@ -95,8 +95,8 @@ fn conflict(c: &Claim, reason: String) -> Conflict {
 }
 
 /// The table every host computes from the same claims (see the module documentation).
-pub fn compute(claims: &[Claim]) -> PeerTable {
-    let mut table = PeerTable::default();
+pub fn compute(claims: &[Claim]) -> FabricTable {
+    let mut table = FabricTable::default();
 
     // 1. One MAC, one entry: the lowest announcing host keeps it.
     let mut by_mac: BTreeMap<Mac, &Claim> = BTreeMap::new();
@@ -193,7 +193,7 @@ fn duplicate_reason(kept: &Claim, dropped: &Claim) -> String {
     }
 }
 
-impl PeerTable {
+impl FabricTable {
     /// The entry of `mac`, if placed.
     pub fn by_mac(&self, mac: Mac) -> Option<&Peer> {
         self.peers.iter().find(|p| p.mac == mac)
@@ -266,7 +266,7 @@ mod tests {
         }
     }
 
-    fn indices(t: &PeerTable) -> Vec<(u16, String)> {
+    fn indices(t: &FabricTable) -> Vec<(u16, String)> {
         t.peers.iter().map(|p| (p.index, p.guest.clone())).collect()
     }
 

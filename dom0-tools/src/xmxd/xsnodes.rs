@@ -46,7 +46,7 @@ pub fn clusters_dir(toolstack: DomId) -> String {
 
 /// Where the peers guest `domu` may see are published.
 pub fn peers_dir(toolstack: DomId, domu: DomId) -> String {
-    format!("{}/peers/{domu}", root(toolstack))
+    xmx_wire::peer_view::view_dir(toolstack, domu)
 }
 
 /// The name node of domain `domid`.

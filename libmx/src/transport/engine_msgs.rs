@@ -518,7 +518,7 @@ mod tests {
     use super::*;
     use std::collections::VecDeque;
     use std::time::Instant;
-    use xmx_backend::engine::{
+    use xmx_engine::{
         ClusterId, EndpointConfig, Engine, EngineConfig, GuestConfig, GuestEvent, GuestId,
         GuestMemory, InMemoryGuest, MemoryArea, PeerEntry, RegionHandle,
     };

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use xmx_mx::{Config, Frame, NackType, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::peers::PeerTable;
+use super::peers::PeerDirectory;
 use super::rcache::RegCache;
 use super::{refusal, BoardInfo, OpenError, Port, PullProgress, RawPort, Regions, Transport};
 use crate::abi::MxReturn;
@@ -79,7 +79,7 @@ struct RawMailbox {
 /// The loopback board and its registry of open endpoints.
 pub struct Loopback {
     hostname: Mutex<String>,
-    peers: RwLock<PeerTable>,
+    peers: RwLock<PeerDirectory>,
     ports: RwLock<HashMap<u8, Arc<Mailbox>>>,
     raws: Mutex<Vec<Arc<RawMailbox>>>,
     next_raw: std::sync::atomic::AtomicU64,
@@ -96,7 +96,7 @@ impl Loopback {
     /// A board of its own (tests use several to stay apart).
     pub fn new() -> Arc<Self> {
         let hostname = format!("{}:0", system_hostname());
-        let mut peers = PeerTable::default();
+        let mut peers = PeerDirectory::default();
         // The table is empty: the board takes index 0 (SELF_PEER).
         let _ = peers.add(LOOPBACK_NIC_ID, Some(&hostname));
         Arc::new_cyclic(|me| Loopback {

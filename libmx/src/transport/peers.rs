@@ -17,13 +17,13 @@ struct Peer {
 /// NIC id <-> peer index <-> hostname. Indexes are stable while a peer
 /// stays in the table.
 #[derive(Clone, Debug, Default)]
-pub struct PeerTable {
+pub struct PeerDirectory {
     slots: Vec<Option<Peer>>,
     by_nic: HashMap<u64, u16>,
     by_name: HashMap<String, u64>,
 }
 
-impl PeerTable {
+impl PeerDirectory {
     /// Adds a peer, or renames it if present; returns its index.
     pub fn add(&mut self, nic_id: u64, hostname: Option<&str>) -> MxResult<u16> {
         let index = match self.by_nic.get(&nic_id) {
@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn add_rename_remove_reuse() {
-        let mut t = PeerTable::default();
+        let mut t = PeerDirectory::default();
         assert_eq!(t.add(0xa, Some("a:0")).unwrap(), 0);
         assert_eq!(t.add(0xb, None).unwrap(), 1);
         assert_eq!(t.add(0xa, Some("alpha:0")).unwrap(), 0);

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xmx_backend::nic::testbed::VethPair;
-use xmx_backend::nic::{NicConfig, PacketSocket};
+use xmx_nic::testbed::VethPair;
+use xmx_nic::{NicConfig, PacketSocket};
 
 use crate::common::lib_dir;
 

@@ -100,14 +100,13 @@ pub const HEADER_LEN: usize = 8;
 /// A grant reference, as carried in messages and info pages.
 pub type GrantRef = u32;
 
-/// MX TINY messages carry at most this many bytes.
-pub const TINY_MAX: usize = 32;
-/// MX SMALL messages carry at most this many bytes; the inline capacity of a slot.
-pub const SMALL_MAX: usize = 128;
-/// MX MEDIUM messages carry at most this many bytes.
-pub const MEDIUM_MAX: usize = 32 * 1024;
-/// A MEDIUM fragment, and a send- or receive-queue slot, holds this many bytes.
-pub const MEDIUM_FRAG_MAX: usize = 4096;
+// The MX size limits are MXoE's (one definition, in `mxoe`), under the names the ring
+// messages use: SMALL_MAX is also the inline capacity of a slot, MEDIUM_FRAG_MAX the size of
+// a send- or receive-queue slot.
+pub use crate::mxoe::{
+    MEDIUM_FRAG_LEN_MAX as MEDIUM_FRAG_MAX, MEDIUM_MSG_LEN_MAX as MEDIUM_MAX,
+    SMALL_MSG_LEN_MAX as SMALL_MAX, TINY_MSG_LEN_MAX as TINY_MAX,
+};
 /// A MEDIUM message has at most this many fragments.
 pub const MEDIUM_FRAGS_MAX: usize = MEDIUM_MAX / MEDIUM_FRAG_MAX;
 

@@ -161,6 +161,11 @@ pub enum MessageClass {
 }
 
 impl MessageClass {
+    /// The class of a message of `len` bytes held in memory ([`MessageClass::for_length`]).
+    pub const fn of(len: usize) -> Self {
+        Self::for_length(len as u64)
+    }
+
     /// The class MX uses for a message of `len` bytes.
     pub const fn for_length(len: u64) -> Self {
         if len <= TINY_MSG_LEN_MAX as u64 {

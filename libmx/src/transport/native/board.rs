@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
-use xmx_backend::engine::{
+use xmx_engine::{
     EndpointConfig, Engine, EngineConfig, GuestConfig, GuestEvent, GuestId, PeerEntry, PeerTable,
     RegionHandle,
 };

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use xmx_backend::engine::{checked_range, GuestMemory, MemoryArea, MemoryError, RegionHandle};
+use xmx_engine::{checked_range, GuestMemory, MemoryArea, MemoryError, RegionHandle};
 use xmx_wire::msg::MEDIUM_FRAG_MAX;
 
 use crate::segments::Segments;

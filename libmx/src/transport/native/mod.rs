@@ -2,7 +2,7 @@
 //! this process, without Xen.
 //!
 //! The process is one MX board on the interface `XMX_IFACE`: one engine
-//! ([`xmx_backend::engine`]) serving one virtual NIC whose board address is
+//! ([`xmx_engine`]) serving one virtual NIC whose board address is
 //! the interface's MAC, on a [`PacketSocket`]. Endpoints reach the engine
 //! through in-process queues: a frame the protocol core emits becomes the
 //! engine's send request at once, in the calling thread; an event the engine
@@ -35,9 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xmx_backend::engine::EngineConfig;
-use xmx_backend::nic::{NicConfig, PacketSocket};
+use xmx_engine::EngineConfig;
 use xmx_mx::Config;
+use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::mxoe::Mac;
 
 use super::{BoardInfo, OpenError, Port, RawPort, Transport};
@@ -46,7 +46,7 @@ use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 
 pub use board::BoardCounters;
-pub use peers::{board_name, PeerSpec};
+pub use peers::{board_name, PeersFileEntry};
 pub use wire::{SeqpacketWire, Wire};
 
 use board::{Board, PeerView};
@@ -71,7 +71,7 @@ pub struct NativeConfig {
     /// `XMX_HOSTNAME` (else the system hostname), as `host:board`.
     pub hostname: String,
     /// `XMX_PEERS`: the peers listed in that file.
-    pub peers: Vec<PeerSpec>,
+    pub peers: Vec<PeersFileEntry>,
     /// `XMX_NIC_SPIN_US` (default 0): how long the driver thread polls the
     /// link after traffic before it sleeps.
     pub nic_spin: Duration,
@@ -373,7 +373,7 @@ impl Native {
     fn discover<T>(
         &self,
         only: Option<Mac>,
-        find: impl Fn(&xmx_backend::engine::PeerTable) -> Option<T>,
+        find: impl Fn(&xmx_engine::PeerTable) -> Option<T>,
     ) -> Option<T> {
         const REASK: Duration = Duration::from_millis(100);
         let deadline = Instant::now() + self.shared.config.discovery_wait;

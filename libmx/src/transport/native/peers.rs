@@ -15,7 +15,7 @@
 //! board 0.
 
 use serde::Deserialize;
-use xmx_backend::engine::{ClusterId, PeerEntry};
+use xmx_engine::{ClusterId, PeerEntry};
 use xmx_wire::mxoe::{Mac, HOSTNAME_LEN_MAX};
 
 /// Every native peer is in one virtual cluster: isolation is a matter for
@@ -25,7 +25,7 @@ pub const CLUSTER: ClusterId = ClusterId(0);
 /// One entry of the `XMX_PEERS` file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PeerSpec {
+pub struct PeersFileEntry {
     /// Peer index to use, if fixed.
     #[serde(default)]
     pub index: Option<u16>,
@@ -37,7 +37,7 @@ pub struct PeerSpec {
 }
 
 /// Parses the content of an `XMX_PEERS` file.
-pub fn parse_specs(text: &str) -> Result<Vec<PeerSpec>, String> {
+pub fn parse_specs(text: &str) -> Result<Vec<PeersFileEntry>, String> {
     serde_json::from_str(text).map_err(|e| format!("peer list: {e}"))
 }
 
@@ -72,7 +72,7 @@ fn free_index(entries: &[PeerEntry]) -> Option<u16> {
 pub fn initial_table(
     own: Mac,
     own_name: &str,
-    specs: &[PeerSpec],
+    specs: &[PeersFileEntry],
 ) -> Result<Vec<PeerEntry>, String> {
     check_hostname(own_name)?;
     let mut entries: Vec<PeerEntry> = Vec::new();
@@ -179,8 +179,8 @@ mod tests {
 
     const OWN: Mac = Mac([2, 0, 0, 0, 0, 1]);
 
-    fn spec(index: Option<u16>, mac: &str, hostname: Option<&str>) -> PeerSpec {
-        PeerSpec {
+    fn spec(index: Option<u16>, mac: &str, hostname: Option<&str>) -> PeersFileEntry {
+        PeersFileEntry {
             index,
             mac: mac.into(),
             hostname: hostname.map(Into::into),

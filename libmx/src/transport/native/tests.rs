@@ -18,7 +18,7 @@ const MAC_B: Mac = Mac([2, 0, 0, 0, 0xb, 2]);
 const IDX_A: u16 = 0;
 const IDX_B: u16 = 1;
 
-fn config(name: &str, peers: Vec<PeerSpec>) -> NativeConfig {
+fn config(name: &str, peers: Vec<PeersFileEntry>) -> NativeConfig {
     NativeConfig {
         iface: "test".into(),
         hostname: board_name(name),
@@ -33,8 +33,8 @@ fn config(name: &str, peers: Vec<PeerSpec>) -> NativeConfig {
     }
 }
 
-fn spec(index: u16, mac: Mac, hostname: Option<&str>) -> PeerSpec {
-    PeerSpec {
+fn spec(index: u16, mac: Mac, hostname: Option<&str>) -> PeersFileEntry {
+    PeersFileEntry {
         index: Some(index),
         mac: mac.to_string(),
         hostname: hostname.map(Into::into),

@@ -8,7 +8,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use xmx_backend::nic::PacketSocket;
+use xmx_nic::PacketSocket;
 use xmx_wire::mxoe::Mac;
 
 /// A link carrying MXoE frames.

@@ -10,33 +10,18 @@
 use std::sync::{Condvar, Mutex, RwLock};
 use std::time::Instant;
 
-use xmx_backend::engine::{ClusterId, PeerEntry, PeerTable};
+use xmx_engine::{ClusterId, PeerEntry, PeerTable};
 use xmx_hv::{Error as HvError, Xenstore, XBT_NULL};
-use xmx_wire::mxoe::Mac;
 
-/// The directory holding guest `domid`'s view, published by `toolstack`.
-pub fn view_dir(toolstack: u16, domid: u16) -> String {
-    format!("/local/domain/{toolstack}/xmx/peers/{domid}")
-}
+pub use xmx_wire::peer_view::view_dir;
 
 /// One node of the view: its name (the index) and value (`"<mac> <hostname>"`).
 pub fn parse_entry(name: &str, value: &str) -> Result<PeerEntry, String> {
-    let index: u16 = name
-        .trim()
-        .parse()
-        .map_err(|_| format!("peer index {name:?} is not a number below 65536"))?;
-    let value = value.trim_end_matches('\0').trim();
-    let (mac, hostname) = value.split_once(' ').unwrap_or((value, ""));
-    let mac: Mac = mac
-        .parse()
-        .map_err(|e| format!("peer {index}: MAC {mac:?}: {e}"))?;
-    if !mac.is_unicast() {
-        return Err(format!("peer {index}: {mac} is not a unicast address"));
-    }
+    let e = xmx_wire::peer_view::parse_entry(name, value)?;
     Ok(PeerEntry {
-        index,
-        mac,
-        hostname: hostname.trim().to_owned(),
+        index: e.index,
+        mac: e.mac,
+        hostname: e.hostname,
         // The view holds one cluster: the guest's own.
         cluster: ClusterId(0),
     })
@@ -155,6 +140,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
+    use xmx_wire::mxoe::Mac;
 
     fn node(name: &str, value: &str) -> (String, String) {
         (name.to_owned(), value.to_owned())

@@ -1,0 +1,433 @@
+//! NACKs for closed endpoints, bad endpoints, stale sessions and bad regions; CONNECT,
+//! lib acks (TRUC) and host discovery.
+
+mod engine_util;
+
+use engine_util::*;
+use xmx_engine::{DropReason, EngineConfig, MemoryArea, RegionHandle};
+use xmx_wire::msg::{
+    ConnectReply, ConnectRequest, DoneStatus, Event, EventBody, Liback, NackKind, Pull, Route,
+    SendOp, SendRequest,
+};
+use xmx_wire::mxoe::{ConnectData, NackType, PacketRepr, PacketType, HOST_QUERY_MAGIC};
+
+fn nack_test(route: Route, kind: NackKind, wire_type: NackType) {
+    let mut tb = Testbed::with_config(EngineConfig {
+        endpoints_per_guest: 8,
+        ..EngineConfig::default()
+    });
+    tb.send(1, tiny(1, route, 77, b"anyone?")).unwrap();
+    tb.pump();
+    assert!(tb.take_events(3).is_empty());
+    let nacks = frames_of(&tb, PacketType::NackLib);
+    assert_eq!(nacks.len(), 1);
+    let repr = nacks[0].parse();
+    assert_eq!(repr.head.src, tb.guest(3).mac);
+    assert_eq!(repr.head.dst, tb.guest(1).mac);
+    let PacketRepr::NackLib(n) = repr.packet else {
+        unreachable!()
+    };
+    assert_eq!(n.nack_type, wire_type);
+    assert_eq!(n.src_endpoint, route.endpoint);
+    assert_eq!(n.dst_endpoint, EP);
+    assert_eq!(n.lib_seqnum, 77);
+    assert_eq!(n.dst_src_peer_index, tb.guest(3).peer_index);
+    assert_eq!(
+        tb.take_events(1),
+        vec![
+            send_done(1, 7),
+            Event {
+                tag: 0,
+                body: EventBody::RecvNack {
+                    from: Route {
+                        peer_index: tb.guest(3).peer_index,
+                        endpoint: route.endpoint,
+                        session_id: 0
+                    },
+                    kind,
+                    seqnum: 77
+                }
+            }
+        ]
+    );
+    let c = tb.engines[1]
+        .guest(tb.guest(3).id)
+        .unwrap()
+        .counters()
+        .clone();
+    assert_eq!(c.nacks_sent, 1);
+}
+
+#[test]
+fn closed_endpoint_is_nacked() {
+    let tb = Testbed::new();
+    let route = Route {
+        endpoint: 5,
+        ..tb.route(3)
+    };
+    nack_test(route, NackKind::EndpointClosed, NackType::EndpointClosed);
+}
+
+#[test]
+fn endpoint_beyond_the_limit_is_nacked_as_bad() {
+    let tb = Testbed::new();
+    let route = Route {
+        endpoint: 200,
+        ..tb.route(3)
+    };
+    nack_test(route, NackKind::BadEndpoint, NackType::BadEndpoint);
+}
+
+#[test]
+fn stale_session_is_nacked() {
+    let tb = Testbed::new();
+    let route = Route {
+        session_id: 0xdead,
+        ..tb.route(3)
+    };
+    nack_test(route, NackKind::BadSession, NackType::BadSession);
+}
+
+#[test]
+fn closing_an_endpoint_turns_traffic_into_nacks() {
+    let mut tb = Testbed::new();
+    let g3 = tb.guest(3);
+    tb.engines[1].close_endpoint(g3.id, EP).unwrap();
+    let route = tb.route(3);
+    tb.send(1, tiny(1, route, 3, b"late")).unwrap();
+    tb.pump();
+    let PacketRepr::NackLib(n) = packet(&frames_of(&tb, PacketType::NackLib)[0]) else {
+        unreachable!()
+    };
+    assert_eq!(n.nack_type, NackType::EndpointClosed);
+}
+
+#[test]
+fn acks_to_closed_endpoints_are_dropped_without_nack() {
+    let mut tb = Testbed::new();
+    let route = Route {
+        endpoint: 9,
+        ..tb.route(3)
+    };
+    let ack = Liback {
+        lib_seqnum: 4,
+        send_seq: 5,
+        acknum: 6,
+        resent: false,
+    };
+    tb.send(
+        1,
+        SendRequest {
+            tag: 1,
+            route,
+            op: SendOp::Liback(ack),
+        },
+    )
+    .unwrap();
+    tb.pump();
+    assert_eq!(tb.wire.len(), 1, "the TRUC only");
+    let c = tb.engines[1]
+        .guest(tb.guest(3).id)
+        .unwrap()
+        .counters()
+        .clone();
+    assert_eq!(c.drops(DropReason::EndpointClosed), 1);
+    assert_eq!(c.nacks_sent, 0);
+}
+
+#[test]
+fn lib_acks_are_delivered() {
+    let mut tb = Testbed::new();
+    let route = tb.route(3);
+    let ack = Liback {
+        lib_seqnum: 4,
+        send_seq: 5,
+        acknum: 6,
+        resent: true,
+    };
+    tb.send(
+        1,
+        SendRequest {
+            tag: 1,
+            route,
+            op: SendOp::Liback(ack),
+        },
+    )
+    .unwrap();
+    tb.pump();
+    let PacketRepr::Truc(t) = packet(&tb.wire[0]) else {
+        unreachable!()
+    };
+    assert_eq!(t.session, tb.guest(3).session);
+    assert_eq!(t.liback.session_id, tb.guest(3).session);
+    let ev = tb.take_events(3);
+    assert_eq!(
+        ev[0].body,
+        EventBody::RecvLiback {
+            from: Route {
+                peer_index: tb.guest(1).peer_index,
+                endpoint: EP,
+                session_id: 0
+            },
+            ack
+        }
+    );
+}
+
+#[test]
+fn connect_request_and_reply_carry_the_backends_sessions() {
+    let mut tb = Testbed::new();
+    let (g1, g3) = (tb.guest(1), tb.guest(3));
+    // The requester does not know the target's session yet.
+    let route = Route {
+        session_id: 0,
+        ..tb.route(3)
+    };
+    let request = ConnectRequest {
+        seqnum: 0,
+        target_recv_seqnum_start: 10,
+        app_key: 0x1234,
+        connect_seqnum: 2,
+    };
+    tb.send(
+        1,
+        SendRequest {
+            tag: 1,
+            route,
+            op: SendOp::ConnectRequest(request),
+        },
+    )
+    .unwrap();
+    tb.pump();
+    let PacketRepr::Connect(c) = packet(&tb.wire[0]) else {
+        unreachable!()
+    };
+    assert_eq!(c.src_dst_peer_index, g3.peer_index);
+    let ConnectData::Request(r) = c.data else {
+        unreachable!()
+    };
+    assert_eq!(r.src_session_id, g1.session, "filled by the backend");
+    let ev = tb.take_events(3);
+    assert_eq!(
+        ev[0].body,
+        EventBody::RecvConnectRequest {
+            from: Route {
+                peer_index: g1.peer_index,
+                endpoint: EP,
+                session_id: g1.session
+            },
+            request
+        }
+    );
+
+    let reply = ConnectReply {
+        seqnum: 0,
+        target_recv_seqnum_start: 20,
+        connect_seqnum: 2,
+        status: 0,
+    };
+    let back = tb.route(1);
+    tb.send(
+        3,
+        SendRequest {
+            tag: 2,
+            route: back,
+            op: SendOp::ConnectReply(reply),
+        },
+    )
+    .unwrap();
+    tb.pump();
+    let ev = tb.take_events(1);
+    assert_eq!(ev.len(), 2);
+    assert_eq!(ev[0], send_done(1, 0));
+    assert_eq!(
+        ev[1].body,
+        EventBody::RecvConnectReply {
+            from: Route {
+                peer_index: g3.peer_index,
+                endpoint: EP,
+                session_id: g3.session
+            },
+            reply,
+            target_session_id: g1.session
+        }
+    );
+}
+
+#[test]
+fn connect_to_a_closed_endpoint_is_nacked() {
+    let mut tb = Testbed::new();
+    let route = Route {
+        endpoint: 3,
+        ..tb.route(4)
+    };
+    let request = ConnectRequest {
+        seqnum: 0,
+        target_recv_seqnum_start: 1,
+        app_key: 1,
+        connect_seqnum: 1,
+    };
+    tb.send(
+        2,
+        SendRequest {
+            tag: 1,
+            route,
+            op: SendOp::ConnectRequest(request),
+        },
+    )
+    .unwrap();
+    tb.pump();
+    let ev = tb.take_events(2);
+    assert!(matches!(
+        ev[1].body,
+        EventBody::RecvNack {
+            kind: NackKind::EndpointClosed,
+            seqnum: 0,
+            ..
+        }
+    ));
+}
+
+fn pull_from_3(tb: &mut Testbed, route: Route, remote_region: u8, remote_offset: u32, length: u32) {
+    let pull = Pull {
+        length,
+        local_region: 2,
+        local_offset: 0,
+        remote_region,
+        remote_region_seqnum: 0,
+        remote_offset,
+    };
+    tb.send(
+        1,
+        SendRequest {
+            tag: 8,
+            route,
+            op: SendOp::Pull(pull),
+        },
+    )
+    .unwrap();
+}
+
+fn pull_done(status: DoneStatus) -> Event {
+    pull_done_after(status, 0)
+}
+
+fn pull_done_after(status: DoneStatus, length: u32) -> Event {
+    Event {
+        tag: 8,
+        body: EventBody::PullDone { status, length },
+    }
+}
+
+#[test]
+fn pulls_of_bad_regions_are_nacked_by_the_data_owner() {
+    let mut tb = Testbed::new();
+    tb.region(1, 2, 1, vec![0; 100_000]);
+    tb.region(3, 4, 2, vec![0; 50_000]);
+    let route = tb.route(3);
+
+    // Unknown region.
+    pull_from_3(&mut tb, route, 9, 0, 40_000);
+    tb.pump();
+    // Both blocks were requested at once: each is refused, the second refusal finds the
+    // pull already failed.
+    let mcp = frames_of(&tb, PacketType::NackMcp);
+    assert_eq!(mcp.len(), 2);
+    let g1 = tb.guest(1).id;
+    let c = tb.engines[0].guest(g1).unwrap().counters().clone();
+    assert_eq!(c.drops(DropReason::StalePull), 1);
+    let PacketRepr::NackMcp(n) = packet(&mcp[0]) else {
+        unreachable!()
+    };
+    assert_eq!(n.nack_type, NackType::BadRdmaWindow);
+    assert_eq!(mcp[0].parse().head.src, tb.guest(3).mac);
+    assert_eq!(tb.take_events(1), vec![pull_done(DoneStatus::BadRegion)]);
+
+    // Known region, range past its end: the first block (up to the first 32 KiB boundary
+    // of the remote layout) is served, the second is refused.
+    pull_from_3(&mut tb, route, 4, 100, 50_000);
+    tb.pump();
+    assert_eq!(
+        tb.take_events(1),
+        vec![pull_done_after(DoneStatus::BadRegion, 32768 - 100)]
+    );
+
+    // Bad session, closed endpoint.
+    let stale = Route {
+        session_id: 1,
+        ..route
+    };
+    pull_from_3(&mut tb, stale, 4, 0, 10);
+    tb.pump();
+    assert_eq!(tb.take_events(1), vec![pull_done(DoneStatus::BadSession)]);
+    let closed = Route {
+        endpoint: 1,
+        ..route
+    };
+    pull_from_3(&mut tb, closed, 4, 0, 10);
+    tb.pump();
+    assert_eq!(
+        tb.take_events(1),
+        vec![pull_done(DoneStatus::EndpointClosed)]
+    );
+
+    assert_eq!(tb.engines[0].guest(g1).unwrap().outstanding_pulls(), 0);
+    assert_eq!(tb.engines[0].poll_timeout(), None);
+}
+
+#[test]
+fn deregistering_the_sink_region_aborts_the_pull() {
+    let mut tb = Testbed::new();
+    tb.region(1, 2, 1, vec![0; 100_000]);
+    tb.region(3, 4, 2, vec![7; 100_000]);
+    let route = tb.route(3);
+    pull_from_3(&mut tb, route, 4, 0, 100_000);
+    // Requests are queued, nothing answered yet.
+    let g1 = tb.guest(1).id;
+    assert_eq!(
+        tb.engines[0].deregister_region(g1, EP, 2).unwrap(),
+        RegionHandle(1)
+    );
+    assert_eq!(tb.take_events(1), vec![pull_done(DoneStatus::Aborted)]);
+    tb.pump();
+    // The replies find no pull.
+    assert!(tb.take_events(1).is_empty());
+    let c = tb.engines[0].guest(g1).unwrap().counters().clone();
+    assert!(c.drops(DropReason::StalePull) > 0);
+    assert_eq!(
+        tb.guest(1)
+            .mem
+            .area(MemoryArea::Region(RegionHandle(1)))
+            .unwrap(),
+        vec![0; 100_000]
+    );
+}
+
+#[test]
+fn host_queries_are_answered_for_guests_of_the_cluster() {
+    let mut tb = Testbed::new();
+    let (g1, g3, g6) = (tb.guest(1), tb.guest(3), tb.guest(6));
+    let now = tb.now;
+    tb.engines[0].host_query(now, g1.id, g3.mac).unwrap();
+    tb.pump();
+    let types: Vec<PacketType> = tb.wire.iter().map(|f| f.ptype()).collect();
+    assert_eq!(types, vec![PacketType::HostQuery, PacketType::HostReply]);
+    let PacketRepr::HostReply(r) = packet(&tb.wire[1]) else {
+        unreachable!()
+    };
+    assert_eq!(r.magic, HOST_QUERY_MAGIC);
+    assert_eq!(r.hostname, b"guest3:0\0");
+    let reply = tb.engines[0].poll_host_reply().unwrap();
+    assert_eq!(reply.guest, g1.id);
+    assert_eq!(reply.from, g3.mac);
+    assert_eq!(reply.hostname, b"guest3:0");
+    assert_eq!(reply.reverse_index, g1.peer_index);
+    assert!(tb.engines[0].poll_host_reply().is_none());
+
+    // Guest 6 is in cluster 2: it does not answer guest 1.
+    tb.engines[0].host_query(now, g1.id, g6.mac).unwrap();
+    tb.pump();
+    assert!(tb.engines[0].poll_host_reply().is_none());
+    let c = tb.engines[1].guest(g6.id).unwrap().counters().clone();
+    assert_eq!(c.drops(DropReason::CrossCluster), 1);
+}

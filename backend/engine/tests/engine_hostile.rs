@@ -1,0 +1,410 @@
+//! Hostile guests and a hostile wire: every bad request is a Violation that changes
+//! nothing, quotas refuse excess, random input never panics, and other guests' traffic
+//! keeps flowing.
+
+mod engine_util;
+
+use engine_util::*;
+use proptest::prelude::*;
+use xmx_engine::{EngineConfig, GuestId, Violation};
+use xmx_wire::msg::{
+    ConnectReply, ConnectRequest, ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback,
+    MediumSend, MsgInfo, Notify, Pull, QueueSlots, Rndv, Route, SendOp, SendRequest,
+};
+use xmx_wire::mxoe::{FrameRepr, HeadRepr, PacketRepr, TinyRepr, HEAD_LEN};
+
+fn req(route: Route, op: SendOp) -> SendRequest {
+    SendRequest { tag: 99, route, op }
+}
+
+fn medium(length: u32, slots: &[u16]) -> SendOp {
+    SendOp::Medium(MediumSend {
+        info: MsgInfo::default(),
+        length,
+        sendq_slots: QueueSlots::new(slots).unwrap(),
+    })
+}
+
+fn rndv(region_id: u8, region_offset: u32, length: u32) -> SendOp {
+    SendOp::Rndv(Rndv {
+        info: MsgInfo::default(),
+        length,
+        region_id,
+        region_seqnum: 0,
+        region_offset,
+    })
+}
+
+fn pull(local_region: u8, local_offset: u32, length: u32) -> SendOp {
+    SendOp::Pull(Pull {
+        length,
+        local_region,
+        local_offset,
+        remote_region: 2,
+        remote_region_seqnum: 0,
+        remote_offset: 0,
+    })
+}
+
+/// Guest 1 on host 0 with region 1 of 100 000 bytes; guest 3 with region 2.
+fn testbed() -> Testbed {
+    let mut tb = Testbed::new();
+    tb.region(1, 1, 1, vec![1; 100_000]);
+    tb.region(3, 2, 2, vec![3; 100_000]);
+    tb
+}
+
+/// Output of host 0 so far: events and frames waiting.
+fn footprint(tb: &mut Testbed) -> (usize, usize) {
+    tb.collect_events();
+    (tb.events.len(), tb.engines[0].pending_transmits())
+}
+
+#[test]
+fn each_violation_is_reported_and_changes_nothing() {
+    let mut tb = testbed();
+    let to3 = tb.route(3);
+    let cases: Vec<(SendRequest, Violation)> = vec![
+        (
+            req(
+                Route {
+                    peer_index: 6,
+                    ..to3
+                },
+                medium(10, &[0]),
+            ),
+            Violation::BadPeerIndex {
+                peer_index: 6,
+                table_len: 6,
+            },
+        ),
+        (
+            req(to3, medium(4097, &[0])),
+            Violation::BadLength {
+                class: "medium",
+                length: 4097,
+            },
+        ),
+        (
+            req(to3, medium(40_000, &[0; 8])),
+            Violation::BadLength {
+                class: "medium",
+                length: 40_000,
+            },
+        ),
+        (
+            req(to3, medium(5000, &[1, SENDQ_SLOTS])),
+            Violation::BadSendQueueSlot {
+                slot: SENDQ_SLOTS,
+                slots: SENDQ_SLOTS,
+            },
+        ),
+        (req(to3, rndv(7, 0, 10)), Violation::BadRegion(7)),
+        (
+            req(to3, rndv(1, 99_990, 11)),
+            Violation::RegionRange {
+                region: 1,
+                offset: 99_990,
+                length: 11,
+                region_len: 100_000,
+            },
+        ),
+        (
+            req(to3, pull(1, u32::MAX, u32::MAX)),
+            Violation::RegionRange {
+                region: 1,
+                offset: u64::from(u32::MAX),
+                length: u64::from(u32::MAX),
+                region_len: 100_000,
+            },
+        ),
+        (req(to3, pull(2, 0, 1)), Violation::BadRegion(2)),
+        (
+            req(
+                to3,
+                SendOp::ConnectReply(ConnectReply {
+                    status: 5,
+                    ..Default::default()
+                }),
+            ),
+            Violation::BadConnectStatus(5),
+        ),
+    ];
+    for (request, violation) in cases {
+        let before = footprint(&mut tb);
+        assert_eq!(tb.send(1, request), Err(violation), "{request:?}");
+        assert_eq!(footprint(&mut tb), before, "{request:?} changed something");
+    }
+    let now = tb.now;
+    let g1 = tb.guest(1).id;
+    assert_eq!(
+        tb.engines[0].handle_send(now, g1, 3, &tiny(1, to3, 1, b"x")),
+        Err(Violation::EndpointNotOpen(3))
+    );
+    assert_eq!(
+        tb.engines[0].handle_send(now, GuestId(77), EP, &tiny(1, to3, 1, b"x")),
+        Err(Violation::UnknownGuest(GuestId(77)))
+    );
+    assert_eq!(
+        tb.engines[0].release_recvq_slot(g1, EP, 0),
+        Err(Violation::BadRecvQueueSlot { slot: 0 }),
+        "a slot never handed out"
+    );
+    assert_eq!(
+        tb.engines[0].release_recvq_slot(g1, EP, 9999),
+        Err(Violation::BadRecvQueueSlot { slot: 9999 })
+    );
+    assert_eq!(tb.engines[0].guest(g1).unwrap().outstanding_pulls(), 0);
+}
+
+#[test]
+fn unsupported_wire_offsets_complete_with_an_error() {
+    let mut tb = Testbed::new();
+    tb.region(1, 1, 1, vec![0; 200_000]);
+    let to3 = tb.route(3);
+    tb.send(1, req(to3, rndv(1, 70_000, 10))).unwrap();
+    tb.pump();
+    assert!(tb.wire.is_empty());
+    assert_eq!(
+        tb.take_events(1),
+        vec![Event {
+            tag: 99,
+            body: EventBody::Error {
+                code: ErrorCode::Unsupported
+            }
+        }]
+    );
+}
+
+#[test]
+fn quotas_refuse_excess_pulls_without_disconnecting() {
+    let mut tb = Testbed::with_config(EngineConfig {
+        max_pulls_per_guest: 2,
+        ..EngineConfig::default()
+    });
+    tb.region(1, 1, 1, vec![0; 100_000]);
+    let to3 = tb.route(3);
+    for _ in 0..3 {
+        tb.send(1, req(to3, pull(1, 0, 1000))).unwrap();
+    }
+    assert_eq!(
+        tb.take_events(1),
+        vec![Event {
+            tag: 99,
+            body: EventBody::Error {
+                code: ErrorCode::NoResources
+            }
+        }]
+    );
+    let g1 = tb.guest(1).id;
+    let nic = tb.engines[0].guest(g1).unwrap();
+    assert_eq!(nic.counters().quota_refusals, 1);
+    assert_eq!(nic.outstanding_pulls(), 2);
+}
+
+#[test]
+fn region_quota_is_per_guest() {
+    let mut tb = Testbed::with_config(EngineConfig {
+        max_regions_per_guest: 1,
+        ..EngineConfig::default()
+    });
+    tb.region(1, 1, 1, vec![0; 10]);
+    let g1 = tb.guest(1).id;
+    let refused = tb.engines[0].register_region(g1, EP, 2, xmx_engine::RegionHandle(2), 10);
+    assert_eq!(refused, Err(xmx_engine::EngineError::Quota("regions")));
+    // Guest 2 has its own quota.
+    tb.region(2, 1, 1, vec![0; 10]);
+}
+
+fn route_strategy() -> impl Strategy<Value = Route> {
+    (
+        0u16..8,
+        0u8..3,
+        prop_oneof![Just(0x5e55_0003u32), any::<u32>()],
+    )
+        .prop_map(|(peer_index, endpoint, session_id)| Route {
+            peer_index,
+            endpoint,
+            session_id,
+        })
+}
+
+fn info_strategy() -> impl Strategy<Value = MsgInfo> {
+    (any::<u16>(), any::<u16>(), any::<u64>()).prop_map(|(seqnum, piggyack, match_info)| MsgInfo {
+        seqnum,
+        piggyack,
+        match_info,
+    })
+}
+
+fn offset_strategy() -> impl Strategy<Value = u32> {
+    prop_oneof![0u32..5000, 95_000u32..105_000, any::<u32>()]
+}
+
+fn op_strategy() -> impl Strategy<Value = SendOp> {
+    prop_oneof![
+        (
+            info_strategy(),
+            proptest::collection::vec(any::<u8>(), 0..=128)
+        )
+            .prop_map(|(info, d)| {
+                SendOp::Tiny(InlineMsg {
+                    info,
+                    data: InlineData::new(&d).unwrap(),
+                })
+            }),
+        (
+            info_strategy(),
+            proptest::collection::vec(any::<u8>(), 0..=128)
+        )
+            .prop_map(|(info, d)| {
+                SendOp::Small(InlineMsg {
+                    info,
+                    data: InlineData::new(&d).unwrap(),
+                })
+            }),
+        (
+            info_strategy(),
+            0u32..40_000,
+            proptest::collection::vec(0u16..12, 1..=8)
+        )
+            .prop_map(|(info, length, slots)| SendOp::Medium(MediumSend {
+                info,
+                length,
+                sendq_slots: QueueSlots::new(&slots).unwrap(),
+            })),
+        (info_strategy(), any::<u32>(), 0u8..4, offset_strategy()).prop_map(
+            |(info, length, region_id, region_offset)| SendOp::Rndv(Rndv {
+                info,
+                length,
+                region_id,
+                region_seqnum: 0,
+                region_offset,
+            })
+        ),
+        (
+            prop_oneof![0u32..200_000, any::<u32>()],
+            0u8..4,
+            offset_strategy(),
+            0u8..4,
+            offset_strategy()
+        )
+            .prop_map(
+                |(length, local_region, local_offset, remote_region, remote_offset)| {
+                    SendOp::Pull(Pull {
+                        length,
+                        local_region,
+                        local_offset,
+                        remote_region,
+                        remote_region_seqnum: 0,
+                        remote_offset,
+                    })
+                }
+            ),
+        (any::<u16>(), any::<u32>(), any::<u8>()).prop_map(|(seqnum, app_key, connect_seqnum)| {
+            SendOp::ConnectRequest(ConnectRequest {
+                seqnum,
+                target_recv_seqnum_start: seqnum,
+                app_key,
+                connect_seqnum,
+            })
+        }),
+        (any::<u16>(), any::<u8>()).prop_map(|(seqnum, status)| SendOp::ConnectReply(
+            ConnectReply {
+                seqnum,
+                target_recv_seqnum_start: seqnum,
+                connect_seqnum: 1,
+                status,
+            }
+        )),
+        (any::<u16>(), any::<u32>(), 0u8..4).prop_map(|(seqnum, total_length, region_id)| {
+            SendOp::Notify(Notify {
+                seqnum,
+                piggyack: seqnum,
+                total_length,
+                region_id,
+                region_seqnum: 0,
+            })
+        }),
+        (any::<u16>(), any::<u32>(), any::<bool>()).prop_map(|(s, acknum, resent)| {
+            SendOp::Liback(Liback {
+                lib_seqnum: s,
+                send_seq: s,
+                acknum,
+                resent,
+            })
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn random_requests_never_panic_and_spare_other_guests(
+        requests in proptest::collection::vec((route_strategy(), op_strategy()), 1..24),
+    ) {
+        let mut tb = testbed();
+        for (i, (route, op)) in requests.into_iter().enumerate() {
+            let request = SendRequest { tag: i as u32, route, op };
+            let before = footprint(&mut tb);
+            if tb.send(1, request).is_err() {
+                prop_assert_eq!(footprint(&mut tb), before);
+            }
+            tb.pump();
+            if i % 5 == 0 {
+                tb.fire_timers();
+                tb.pump();
+            }
+        }
+        // Guest 2, co-located with the hostile guest 1, still reaches guest 3.
+        tb.collect_events();
+        tb.events.clear();
+        let to3 = tb.route(3);
+        tb.send(2, tiny(500, to3, 1, b"still here")).unwrap();
+        tb.pump();
+        prop_assert_eq!(tb.take_events(2), vec![send_done(500, 10)]);
+        let got: Vec<Event> = tb.take_events(3);
+        let from_2 = got.iter().any(|e| matches!(
+            e.body,
+            EventBody::RecvTiny { from, msg } if from.peer_index == 1 && msg.data.as_slice() == b"still here"
+        ));
+        prop_assert!(from_2, "{:?}", got);
+    }
+
+    #[test]
+    fn random_packets_from_the_wire_never_panic(
+        ptype in prop_oneof![Just(3u8), Just(4), 35u8..=45, any::<u8>()],
+        body in proptest::collection::vec(any::<u8>(), 0..200),
+        big in any::<bool>(),
+    ) {
+        let mut tb = testbed();
+        let (g1, g3) = (tb.guest(1), tb.guest(3));
+        let head = HeadRepr { dst: g3.mac, src: g1.mac, dst_src_peer_index: 0 };
+        let mut frame = FrameRepr {
+            head,
+            packet: PacketRepr::Tiny(TinyRepr { header: Default::default(), data: b"" }),
+        }
+        .to_vec()
+        .unwrap();
+        frame.truncate(HEAD_LEN);
+        frame.push(ptype);
+        frame.extend_from_slice(&body);
+        if big {
+            frame.resize(HEAD_LEN + 4200, 0xa5);
+        }
+        let now = tb.now;
+        tb.engines[1].handle_frame(now, &frame);
+        tb.pump();
+        tb.fire_timers();
+        // Whatever happened, guest 3 still receives.
+        tb.collect_events();
+        tb.events.clear();
+        let to3 = tb.route(3);
+        tb.send(1, tiny(7, to3, 1, b"ok")).unwrap();
+        tb.pump();
+        let ev = tb.take_events(3);
+        let received = ev.iter().any(|e| matches!(e.body, EventBody::RecvTiny { .. }));
+        prop_assert!(received, "{:?}", ev);
+    }
+}

@@ -1,0 +1,354 @@
+//! LARGE messages: RNDV, then the receiver's engine pulls the data block by block
+//! (PULL / PULL_REPLY) into the receiver's region; NOTIFY ends it. Between hosts and
+//! between co-located guests, clean and under seeded loss.
+
+mod engine_util;
+
+use engine_util::*;
+use xmx_engine::{DropReason, EngineConfig};
+use xmx_wire::msg::{DoneStatus, Event, EventBody, Notify, Pull, Rndv, SendOp, SendRequest};
+use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, PULL_LEN, PULL_REPLY_LEN};
+
+const SENDER_REGION: u8 = 1;
+const RECEIVER_REGION: u8 = 2;
+
+/// One LARGE transfer from guest 1 to guest `to`, returning the testbed after RNDV and the
+/// Pull request were handed over (nothing pumped after the Pull).
+struct Large {
+    tb: Testbed,
+    to: u32,
+    data: Vec<u8>,
+    local_offset: u32,
+}
+
+impl Large {
+    fn start(
+        config: EngineConfig,
+        to: u32,
+        length: usize,
+        remote_offset: u32,
+        local_offset: u32,
+    ) -> Self {
+        let mut tb = Testbed::with_config(config);
+        let data = pattern(length, 0x5a);
+        let mut sender_region = vec![0u8; remote_offset as usize + length + 7];
+        sender_region[remote_offset as usize..][..length].copy_from_slice(&data);
+        tb.region(1, SENDER_REGION, 100, sender_region);
+        tb.region(
+            to,
+            RECEIVER_REGION,
+            200,
+            vec![0u8; local_offset as usize + length],
+        );
+
+        let rndv = Rndv {
+            info: info(40),
+            length: length as u32,
+            region_id: SENDER_REGION,
+            region_seqnum: 3,
+            region_offset: remote_offset,
+        };
+        let route = tb.route(to);
+        tb.send(
+            1,
+            SendRequest {
+                tag: 1,
+                route,
+                op: SendOp::Rndv(rndv),
+            },
+        )
+        .unwrap();
+        tb.pump();
+        assert_eq!(tb.take_events(1), vec![send_done(1, 0)]);
+        let ev = tb.take_events(to);
+        assert_eq!(ev.len(), 1);
+        let EventBody::RecvRndv { from, rndv: got } = ev[0].body else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(got, rndv);
+        assert_eq!(from.peer_index, tb.guest(1).peer_index);
+
+        // The receiver's library matched the message and asks to pull it.
+        let pull = Pull {
+            length: length as u32,
+            local_region: RECEIVER_REGION,
+            local_offset,
+            remote_region: got.region_id,
+            remote_region_seqnum: got.region_seqnum,
+            remote_offset: got.region_offset,
+        };
+        let back = tb.route(1);
+        tb.send(
+            to,
+            SendRequest {
+                tag: 2,
+                route: back,
+                op: SendOp::Pull(pull),
+            },
+        )
+        .unwrap();
+        Large {
+            tb,
+            to,
+            data,
+            local_offset,
+        }
+    }
+
+    /// The receiver's PULL_DONE, once it arrived.
+    fn pull_done(&mut self) -> Option<Event> {
+        self.tb.collect_events();
+        let id = self.tb.guest(self.to).id;
+        let pos = self.tb.events.iter().position(|e| e.guest == id)?;
+        Some(self.tb.events.remove(pos).event)
+    }
+
+    /// Check the received bytes, then NOTIFY the sender.
+    fn finish(&mut self) {
+        let got = self.tb.region_bytes(self.to, 200);
+        let start = self.local_offset as usize;
+        assert!(
+            got[..start].iter().all(|&b| b == 0),
+            "nothing written before the offset"
+        );
+        assert!(got[start..] == self.data[..], "received bytes differ");
+        let notify = Notify {
+            seqnum: 41,
+            piggyack: 40,
+            total_length: self.data.len() as u32,
+            region_id: SENDER_REGION,
+            region_seqnum: 3,
+        };
+        let back = self.tb.route(1);
+        self.tb
+            .send(
+                self.to,
+                SendRequest {
+                    tag: 3,
+                    route: back,
+                    op: SendOp::Notify(notify),
+                },
+            )
+            .unwrap();
+        self.tb.pump();
+        assert_eq!(self.tb.take_events(self.to), vec![send_done(3, 0)]);
+        let ev = self.tb.take_events(1);
+        assert_eq!(ev.len(), 1);
+        let EventBody::RecvNotify { notify: got, .. } = ev[0].body else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(got, notify);
+    }
+}
+
+fn success(length: usize) -> Event {
+    Event {
+        tag: 2,
+        body: EventBody::PullDone {
+            status: DoneStatus::Success,
+            length: length as u32,
+        },
+    }
+}
+
+/// A clean transfer; checks every PULL and PULL_REPLY frame on the wire.
+fn transfer(to: u32, length: usize, remote_offset: u32, local_offset: u32) {
+    let mut l = Large::start(
+        EngineConfig::default(),
+        to,
+        length,
+        remote_offset,
+        local_offset,
+    );
+    let before = l.tb.wire.len();
+    l.tb.pump();
+    assert_eq!(l.pull_done(), Some(success(length)));
+    let local = l.tb.guest(to).host == l.tb.guest(1).host;
+    let frames = &l.tb.wire[before..];
+    if local {
+        assert!(frames.is_empty(), "co-located pulls never touch the wire");
+    } else {
+        let replies: Vec<_> = frames
+            .iter()
+            .filter(|f| f.ptype() == PacketType::PullReply)
+            .collect();
+        let pulls: Vec<_> = frames
+            .iter()
+            .filter(|f| f.ptype() == PacketType::Pull)
+            .collect();
+        assert_eq!(pulls.len() + replies.len(), frames.len());
+        let in_frame = remote_offset as usize % 4096;
+        assert_eq!(replies.len(), (in_frame + length).div_ceil(4096));
+        assert_eq!(pulls.len(), (in_frame + length).div_ceil(32768));
+        let mut total = 0;
+        for f in &replies {
+            let PacketRepr::PullReply(r) = packet(f) else {
+                unreachable!()
+            };
+            assert!(r.data.len() <= 4096);
+            assert_eq!(
+                f.parse().buffer_len(),
+                HEAD_LEN + PULL_REPLY_LEN + r.data.len()
+            );
+            assert_eq!(f.parse().head.src, l.tb.guest(1).mac);
+            let off = r.msg_offset as usize;
+            assert_eq!(r.data, &l.data[off..off + r.data.len()]);
+            total += r.data.len();
+        }
+        assert_eq!(total, length);
+        for f in &pulls {
+            let PacketRepr::Pull(p) = packet(f) else {
+                unreachable!()
+            };
+            assert_eq!(f.parse().buffer_len(), HEAD_LEN + PULL_LEN);
+            assert_eq!(f.bytes.len(), 60);
+            assert!(p.replies() <= 8);
+            assert_eq!(p.session, l.tb.guest(1).session);
+            assert_eq!(p.total_length as usize, length);
+            assert_eq!(u32::from(p.pulled_rdma_offset), remote_offset);
+            assert_eq!(f.parse().head.src, l.tb.guest(to).mac);
+        }
+    }
+    l.finish();
+    assert_eq!(l.tb.engine(to).poll_timeout(), None, "no pull left");
+}
+
+#[test]
+fn large_just_past_medium_between_hosts() {
+    transfer(3, 32 * 1024 + 1024, 0, 0);
+}
+
+#[test]
+fn large_with_unaligned_offsets_between_hosts() {
+    transfer(3, 32 * 1024 + 1024, 100, 7);
+    transfer(3, 200_000, 4095, 1);
+}
+
+#[test]
+fn large_1mib_between_hosts() {
+    transfer(3, 1 << 20, 0, 0);
+}
+
+#[test]
+fn large_16mib_between_hosts() {
+    transfer(4, 16 << 20, 12, 0);
+}
+
+#[test]
+fn large_co_located() {
+    transfer(2, 32 * 1024 + 1024, 0, 0);
+    transfer(2, 1 << 20, 300, 5);
+    transfer(2, 16 << 20, 0, 0);
+}
+
+#[test]
+fn pull_survives_random_loss() {
+    for seed in [1u64, 7, 42, 1234] {
+        let length = (1 << 20) + 333;
+        let mut l = Large::start(EngineConfig::default(), 3, length, 64, 0);
+        let mut rng = Rng::new(seed);
+        let mut done = None;
+        for _ in 0..10_000 {
+            l.tb.pump_with(|f| {
+                matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.chance(15)
+            });
+            done = l.pull_done();
+            if done.is_some() {
+                break;
+            }
+            assert!(l.tb.fire_timers(), "a pull in progress has a deadline");
+        }
+        assert_eq!(done, Some(success(length)), "seed {seed}");
+        assert!(
+            !l.tb.lost.is_empty(),
+            "seed {seed}: the loss pattern dropped frames"
+        );
+        let c = l.tb.engines[1]
+            .guest(l.tb.guest(3).id)
+            .unwrap()
+            .counters()
+            .clone();
+        assert!(c.pull_rerequests > 0);
+        assert_eq!(c.pulls_done, 1);
+        l.finish();
+    }
+}
+
+#[test]
+fn pull_survives_lost_replies_only_via_early_rerequest_and_timeouts() {
+    // Lose exactly the 3rd reply of the transfer: the later blocks complete first.
+    let length = 4 * 32768;
+    let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    let mut replies = 0;
+    l.tb.pump_with(|f| {
+        if f.ptype() == PacketType::PullReply {
+            replies += 1;
+            return replies == 3;
+        }
+        false
+    });
+    assert_eq!(
+        l.pull_done(),
+        Some(success(length)),
+        "re-requested without a timeout"
+    );
+    assert_eq!(l.tb.lost.len(), 1);
+    l.finish();
+}
+
+#[test]
+fn pull_aborts_after_the_retry_limit_under_total_loss() {
+    let config = EngineConfig {
+        pull_retries_max: 3,
+        ..EngineConfig::default()
+    };
+    let mut l = Large::start(config, 3, 100_000, 0, 0);
+    let mut rounds = 0;
+    let done = loop {
+        l.tb.pump_with(|f| f.ptype() == PacketType::Pull);
+        if let Some(done) = l.pull_done() {
+            break done;
+        }
+        assert!(l.tb.fire_timers());
+        rounds += 1;
+        assert!(rounds < 100);
+    };
+    assert_eq!(
+        done,
+        Event {
+            tag: 2,
+            body: EventBody::PullDone {
+                status: DoneStatus::Timeout,
+                length: 0
+            }
+        }
+    );
+    assert_eq!(rounds, 4, "three retransmissions, then the abort");
+    // 4 blocks at the start and each retransmission.
+    assert_eq!(l.tb.lost.len(), 4 * 4);
+    assert!(l.tb.wire.iter().all(|f| f.ptype() != PacketType::PullReply));
+    assert_eq!(l.tb.engines[1].poll_timeout(), None);
+    let g3 = l.tb.guest(3).id;
+    let c = l.tb.engines[1].guest(g3).unwrap().counters().clone();
+    assert_eq!((c.pulls_failed, c.pull_rerequests), (1, 12));
+    assert_eq!(l.tb.engines[1].guest(g3).unwrap().outstanding_pulls(), 0);
+}
+
+#[test]
+fn stale_and_foreign_replies_are_dropped() {
+    let length = 50_000;
+    let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    l.tb.pump();
+    assert_eq!(l.pull_done(), Some(success(length)));
+    // Replay every reply: the pull is gone, so they are stale and change nothing.
+    let replies: Vec<_> = frames_of(&l.tb, PacketType::PullReply);
+    let now = l.tb.now;
+    for f in &replies {
+        l.tb.engines[1].handle_frame(now, &f.bytes);
+    }
+    let g3 = l.tb.guest(3).id;
+    let c = l.tb.engines[1].guest(g3).unwrap().counters().clone();
+    assert_eq!(c.drops(DropReason::StalePull), replies.len() as u64);
+    assert!(l.tb.take_events(3).is_empty());
+    l.finish();
+}

@@ -1,0 +1,223 @@
+//! TINY, SMALL and MEDIUM messages between guests on two hosts and between co-located
+//! guests: frames on the wire, events, and bytes in the receiver's queue.
+
+mod engine_util;
+
+use engine_util::*;
+use xmx_engine::MemoryArea;
+use xmx_wire::msg::{medium_frags, EventBody, MediumSend, QueueSlots, Route, SendOp, SendRequest};
+use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, MEDIUM_LEN, MSG_LEN};
+
+#[test]
+fn tiny_to_a_remote_guest() {
+    let mut tb = Testbed::new();
+    let route = tb.route(3);
+    tb.send(1, tiny(11, route, 7, b"hello")).unwrap();
+    tb.pump();
+
+    assert_eq!(tb.wire.len(), 1);
+    let frame = &tb.wire[0];
+    let repr = frame.parse();
+    assert_eq!(repr.head.src, tb.guest(1).mac);
+    assert_eq!(repr.head.dst, tb.guest(3).mac);
+    assert_eq!(repr.buffer_len(), HEAD_LEN + MSG_LEN + 5);
+    assert_eq!(frame.bytes.len(), 60, "padded to the Ethernet minimum");
+    let PacketRepr::Tiny(t) = repr.packet else {
+        panic!("not a TINY: {repr:?}")
+    };
+    assert_eq!(t.data, b"hello");
+    assert_eq!(t.header.session, tb.guest(3).session);
+    assert_eq!((t.header.src_endpoint, t.header.dst_endpoint), (EP, EP));
+    assert_eq!(t.header.lib_seqnum, 7);
+    assert_eq!(t.header.match_info, info(7).match_info);
+
+    assert_eq!(tb.take_events(1), vec![send_done(11, 5)]);
+    let ev = tb.take_events(3);
+    assert_eq!(ev.len(), 1);
+    let EventBody::RecvTiny { from, msg } = ev[0].body else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(
+        from,
+        Route {
+            peer_index: tb.guest(1).peer_index,
+            endpoint: EP,
+            session_id: 0
+        }
+    );
+    assert_eq!(msg.info, info(7));
+    assert_eq!(msg.data.as_slice(), b"hello");
+}
+
+#[test]
+fn small_remote_and_co_located_give_the_same_events() {
+    let data: Vec<u8> = pattern(100, 3);
+    let mut tb = Testbed::new();
+
+    let to_remote = tb.route(3);
+    tb.send(1, small(1, to_remote, 9, &data)).unwrap();
+    tb.pump();
+    assert_eq!(tb.wire.len(), 1);
+    assert_eq!(tb.wire[0].ptype(), PacketType::Small);
+    assert_eq!(tb.wire[0].bytes.len(), HEAD_LEN + MSG_LEN + 100);
+    let remote = tb.take_events(3);
+
+    let to_local = tb.route(2);
+    tb.send(1, small(2, to_local, 9, &data)).unwrap();
+    tb.pump();
+    assert_eq!(
+        tb.wire.len(),
+        1,
+        "co-located delivery puts nothing on the wire"
+    );
+    let local = tb.take_events(2);
+
+    assert_eq!(remote.len(), 1);
+    assert_eq!(
+        local, remote,
+        "same event whether the frame crossed the wire or not"
+    );
+    let EventBody::RecvSmall { msg, .. } = local[0].body else {
+        panic!("{local:?}")
+    };
+    assert_eq!(msg.data.as_slice(), &data[..]);
+    assert_eq!(
+        tb.take_events(1),
+        vec![send_done(1, 100), send_done(2, 100)]
+    );
+    let c = tb.engines[0]
+        .guest(tb.guest(1).id)
+        .unwrap()
+        .counters()
+        .clone();
+    assert_eq!((c.tx_frames, c.local_frames), (1, 1));
+}
+
+fn medium(tag: u32, route: Route, seqnum: u16, length: u32, slots: &[u16]) -> SendRequest {
+    SendRequest {
+        tag,
+        route,
+        op: SendOp::Medium(MediumSend {
+            info: info(seqnum),
+            length,
+            sendq_slots: QueueSlots::new(slots).unwrap(),
+        }),
+    }
+}
+
+/// Send a MEDIUM of `length` bytes from guest 1 to guest `to`; check the frames and the
+/// reassembled bytes in the receiver's queue.
+fn medium_roundtrip(to: u32, length: u32) {
+    let mut tb = Testbed::new();
+    let data = pattern(length as usize, length as u8);
+    let frags = medium_frags(length);
+    // Fragments in reverse slot order, to check slots are honoured.
+    let slots: Vec<u16> = (0..frags as u16).rev().collect();
+    let sender = tb.guest(1);
+    for (i, &slot) in slots.iter().enumerate() {
+        let start = i * 4096;
+        let end = (start + 4096).min(data.len());
+        sender
+            .mem
+            .write_at(
+                MemoryArea::SendQueue { endpoint: EP },
+                u64::from(slot) * 4096,
+                &data[start..end],
+            )
+            .unwrap();
+    }
+    let route = tb.route(to);
+    tb.send(1, medium(5, route, 3, length, &slots)).unwrap();
+    tb.pump();
+
+    let local = tb.guest(to).host == sender.host;
+    let wire = frames_of(&tb, PacketType::Medium);
+    assert_eq!(wire.len(), if local { 0 } else { frags });
+    for (i, f) in wire.iter().enumerate() {
+        let PacketRepr::Medium(m) = packet(f) else {
+            unreachable!()
+        };
+        assert_eq!(usize::from(m.frag_seqnum), i);
+        assert_eq!(u32::from(m.msg_length), length);
+        let frag_len = (length as usize - i * 4096).min(4096);
+        assert_eq!(m.data.len(), frag_len);
+        assert_eq!(f.parse().buffer_len(), HEAD_LEN + MEDIUM_LEN + frag_len);
+        assert_eq!(m.data, &data[i * 4096..i * 4096 + frag_len]);
+    }
+    assert_eq!(tb.take_events(1), vec![send_done(5, length)]);
+
+    let events = tb.take_events(to);
+    assert_eq!(events.len(), frags);
+    let receiver = tb.guest(to);
+    let recvq = receiver
+        .mem
+        .area(MemoryArea::RecvQueue { endpoint: EP })
+        .unwrap();
+    let mut got = vec![0u8; length as usize];
+    let mut seen = vec![false; frags];
+    for ev in &events {
+        let EventBody::RecvMedium { from, frag } = ev.body else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(from.peer_index, sender.peer_index);
+        assert_eq!(frag.info, info(3));
+        assert_eq!(frag.length, length);
+        assert_eq!(frag.frag_pipeline, 12);
+        let i = usize::from(frag.frag_seqnum);
+        assert!(!seen[i]);
+        seen[i] = true;
+        let slot = usize::from(frag.recvq_slot) * 4096;
+        let n = usize::from(frag.frag_length);
+        got[i * 4096..i * 4096 + n].copy_from_slice(&recvq[slot..slot + n]);
+    }
+    assert_eq!(got, data, "bytes reassembled from the receive queue");
+
+    // Slots come back through the engine; a slot not taken is a violation.
+    let engine = tb.engine(to);
+    for ev in &events {
+        let EventBody::RecvMedium { frag, .. } = ev.body else {
+            unreachable!()
+        };
+        engine
+            .release_recvq_slot(receiver.id, EP, frag.recvq_slot)
+            .unwrap();
+    }
+    assert_eq!(
+        engine.guest(receiver.id).unwrap().free_recvq_slots(EP),
+        Some(usize::from(RECVQ_SLOTS))
+    );
+}
+
+#[test]
+fn medium_one_to_eight_fragments_remote() {
+    for length in [129, 4096, 4097, 8192, 12_000, 20_480, 28_673, 32_768] {
+        medium_roundtrip(3, length);
+    }
+}
+
+#[test]
+fn medium_one_to_eight_fragments_co_located() {
+    for length in [129, 4097, 16_385, 32_768] {
+        medium_roundtrip(2, length);
+    }
+}
+
+#[test]
+fn medium_fragments_beyond_free_recvq_slots_are_dropped() {
+    let mut tb = Testbed::new();
+    let route = tb.route(3);
+    // Three 8-fragment messages need 24 slots; the queue has 16.
+    for tag in 0..3 {
+        tb.send(
+            1,
+            medium(tag, route, tag as u16, 32_768, &[0, 1, 2, 3, 4, 5, 6, 7]),
+        )
+        .unwrap();
+    }
+    tb.pump();
+    let received = tb.take_events(3).len();
+    assert_eq!(received, usize::from(RECVQ_SLOTS));
+    let g3 = tb.guest(3);
+    let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
+    assert_eq!(c.drops(xmx_engine::DropReason::RecvQueueFull), 8);
+}
