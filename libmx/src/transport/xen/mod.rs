@@ -32,7 +32,8 @@
 //! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
 //! hostname lookup waits for the peer view to name it),
 //! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
-//! device to connect).
+//! device to connect), `XMX_LINGER_MS` (default 0: how long a closed
+//! endpoint still answers resent frames with acks, after the last one).
 
 mod driver;
 pub mod link;
@@ -101,6 +102,9 @@ pub struct XenConfig {
     pub discovery_wait: Duration,
     /// `XMX_CONNECT_TIMEOUT_MS`: how long opening waits for the device.
     pub connect_timeout: Duration,
+    /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
+    /// frames, after the last one.
+    pub linger: Duration,
 }
 
 impl XenConfig {
@@ -135,6 +139,7 @@ impl XenConfig {
             connect_timeout: Duration::from_millis(
                 number("XMX_CONNECT_TIMEOUT_MS")?.unwrap_or(10_000),
             ),
+            linger: Duration::from_millis(number("XMX_LINGER_MS")?.unwrap_or(0)),
         })
     }
 }
@@ -412,6 +417,10 @@ impl Transport for Xen {
             max_endpoints: b.max_endpoints.min(256),
             numa_node: u32::MAX,
         }]
+    }
+
+    fn close_linger(&self) -> Duration {
+        self.shared.config.linger
     }
 
     fn tune(&self, config: Config) -> Config {
