@@ -33,8 +33,8 @@ pub struct Impairment {
     pub reorder: f64,
     /// Delay of every other frame.
     pub delay: Duration,
-    /// A window during which the link is down (every frame from the host
-    /// lost), counted from the relay's start.
+    /// `(period, length)`: the link goes down (every frame lost, both ways)
+    /// for `length` at the end of every `period` since the relay started.
     pub down: Option<(Duration, Duration)>,
 }
 
@@ -258,9 +258,10 @@ fn relay(
         let mut from_host = Vec::new();
         host.recv(|f| from_host.push(f.to_vec()));
         let mut out = Vec::new();
-        let down = imp.down.is_some_and(|(from, len)| {
-            let t = now.saturating_duration_since(started);
-            t >= from && t < from + len
+        let down = imp.down.is_some_and(|(period, len)| {
+            let t = now.saturating_duration_since(started).as_nanos();
+            let period = period.as_nanos().max(1);
+            t % period >= period.saturating_sub(len.as_nanos())
         });
         for f in from_host {
             s.from_host += 1;

@@ -13,6 +13,7 @@
 //! applications as their `RUST_LOG` (their output shows when one fails).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use xmx_tests::app::{App, Finished};
 use xmx_tests::cluster::{exclusive, skipped, SimCluster};
@@ -208,5 +209,103 @@ fn c_programs_on_impaired_links() {
             s.lost > 0 && s.duplicated > 0 && s.reordered > 0,
             "h{h}'s link was impaired: {s:?}"
         );
+    }
+}
+
+/// One row of the wider matrix: an impairment of both links, and the
+/// timeouts that let the programs ride it out.
+struct MatrixRow {
+    what: &'static str,
+    imp: Impairment,
+    /// The backends' pull retransmission timeout (a pull fails after ten
+    /// of them without progress: they must outlast an outage).
+    pull_timeout_ms: &'static str,
+    /// How long a closed endpoint lingers: past the resends that cross an
+    /// outage.
+    linger_ms: &'static str,
+}
+
+const MATRIX: [MatrixRow; 4] = [
+    MatrixRow {
+        what: "loss 1%, duplicates 1%, reordering 1%, delay 1 ms",
+        imp: Impairment {
+            loss: 0.01,
+            duplicate: 0.01,
+            reorder: 0.01,
+            delay: Duration::from_millis(1),
+            down: None,
+        },
+        pull_timeout_ms: "20",
+        linger_ms: "300",
+    },
+    MatrixRow {
+        what: "loss 10%, duplicates 5%, reordering 10%, delay 1 ms",
+        imp: Impairment {
+            loss: 0.10,
+            duplicate: 0.05,
+            reorder: 0.10,
+            delay: Duration::from_millis(1),
+            down: None,
+        },
+        pull_timeout_ms: "20",
+        linger_ms: "300",
+    },
+    MatrixRow {
+        what: "loss 5%, duplicates 2%, reordering 25%, delay 10 ms",
+        imp: Impairment {
+            loss: 0.05,
+            duplicate: 0.02,
+            reorder: 0.25,
+            delay: Duration::from_millis(10),
+            down: None,
+        },
+        pull_timeout_ms: "40",
+        linger_ms: "500",
+    },
+    MatrixRow {
+        what: "loss 2%, delay 2 ms, the link down for 1 s every 7 s",
+        imp: Impairment {
+            loss: 0.02,
+            duplicate: 0.01,
+            reorder: 0.02,
+            delay: Duration::from_millis(2),
+            down: Some((Duration::from_secs(7), Duration::from_secs(1))),
+        },
+        pull_timeout_ms: "250",
+        linger_ms: "3000",
+    },
+];
+
+/// The wider matrix of impairments, every program pair in every placement
+/// on each (the programs check that every message arrives once, in order,
+/// byte for byte, and that every send succeeds). Minutes long: run by hand,
+/// `cargo test -p xmx-tests --test split_programs impaired_link_matrix --
+/// --ignored --nocapture`, or many times by tests/scripts/soak-impaired.
+#[test]
+#[ignore = "a soak of several minutes; run by hand"]
+fn impaired_link_matrix() {
+    if skipped("impaired_link_matrix") {
+        return;
+    }
+    let _one = exclusive();
+    let seed = relay_seed();
+    for row in &MATRIX {
+        println!("matrix: {}", row.what);
+        let c = SimCluster::up("smatrix", &[("XMX_PULL_TIMEOUT_MS", row.pull_timeout_ms)]);
+        let dir = tempfile::tempdir().unwrap();
+        let programs = build_all(dir.path());
+        let fabric = c.fabric_netns();
+        let relays: Vec<ImpairedPort> = (0..2)
+            .map(|h| ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, row.imp, seed))
+            .collect();
+        let env = [
+            ("XMX_RESEND_DELAY_US", "20000"),
+            ("MX_ZOMBIE_SEND", "0"),
+            ("XMX_LINGER_MS", row.linger_ms),
+        ];
+        run_all(&c, &programs, &env);
+        for (h, r) in relays.iter().enumerate() {
+            println!("matrix: {}: relay of h{h}: {:?}", row.what, r.stats());
+        }
     }
 }

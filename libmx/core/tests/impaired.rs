@@ -235,6 +235,64 @@ fn outstanding(s: &mut Sim, count: u64, what: &str) {
     settle(s, what);
 }
 
+/// Both sides at once: each connects to the other and sends `count`
+/// messages of random classes (LARGE ones too) while receiving the other's,
+/// posting some receives before the messages arrive and some after; each
+/// closes once it has everything it was sent and its own sends completed.
+fn both_ways(s: &mut Sim, seed: u64, count: u64, what: &str) {
+    let mut r = Rng::new(seed ^ 0x2a7);
+    let mut size = || match r.below(10) {
+        0..=3 => r.below(33) as usize,
+        4..=5 => r.below(129) as usize,
+        6..=8 => r.below(MEDIUM_MAX as u64 + 1) as usize,
+        _ => MEDIUM_MAX + 1 + r.below(100_000) as usize,
+    };
+    assert_eq!(s.connect(0, 1, KEY), Status::Success, "{what}: connect");
+    assert_eq!(s.connect(1, 0, KEY), Status::Success, "{what}: back");
+    let msgs: [Vec<Vec<u8>>; 2] = [0, 1].map(|n| {
+        (0..count)
+            .map(|i| bytes(seed ^ (n << 32) ^ i, size()))
+            .collect()
+    });
+    let now = s.now;
+    let mut recvs: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for n in 0..2 {
+        for _ in 0..count / 2 {
+            recvs[n].push(s.nodes[n].ep.post_recv(now, 0, 0, 200_000).unwrap().0);
+        }
+    }
+    let mut sends: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..count as usize {
+        for n in 0..2 {
+            let id = send(s, n, 1 - n, i as u64 | (n as u64) << 16, &msgs[n][i]);
+            sends[n].push(id);
+        }
+        // Let some of it travel before the next ones.
+        let end = s.now + Duration::from_micros(300);
+        s.run_until(end, |_| false);
+    }
+    let now = s.now;
+    for n in 0..2 {
+        while recvs[n].len() < count as usize {
+            recvs[n].push(s.nodes[n].ep.post_recv(now, 0, 0, 200_000).unwrap().0);
+        }
+    }
+    for n in 0..2 {
+        let from = 1 - n;
+        for (i, &id) in recvs[n].clone().iter().enumerate() {
+            let tag = i as u64 | (from as u64) << 16;
+            expect_recv(s, n, id, tag, &msgs[from][i], what);
+        }
+    }
+    for n in 0..2 {
+        for &id in &sends[n].clone() {
+            expect_send(s, n, id, what);
+        }
+        s.close(n, LINGER);
+    }
+    settle(s, what);
+}
+
 /// After both sides closed: nothing is left pending and no completion was
 /// left unclaimed.
 fn settle(s: &mut Sim, what: &str) {
@@ -276,6 +334,14 @@ fn first_large_rounds_on_impaired_schedules() {
 #[test]
 fn streams_on_impaired_schedules() {
     each_schedule(2_000, 150, |s, what| stream(s, 150, what));
+}
+
+#[test]
+fn both_ways_on_impaired_schedules() {
+    each_schedule(4_000, 150, |s, what| {
+        let seed = s.rng.clone().next_u64();
+        both_ways(s, seed, 40, what)
+    });
 }
 
 #[test]
