@@ -281,6 +281,8 @@ impl Endpoint {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Calls blocked on the endpoint return now, not after the settling.
+        self.doorbell.ring_local();
         self.settle_before_close();
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.requests.clear();
