@@ -55,7 +55,7 @@ fn build_all(dir: &Path) -> Vec<(PathBuf, &'static str)> {
         .iter()
         .filter(|(name, _)| {
             only.as_deref()
-                .map_or(true, |o| o.split(',').any(|n| n == *name))
+                .is_none_or(|o| o.split(',').any(|n| n == *name))
         })
         .map(|(name, line)| (cprog::build(name, dir), *line))
         .collect()
@@ -263,13 +263,13 @@ const MATRIX: [MatrixRow; 4] = [
         linger_ms: "500",
     },
     MatrixRow {
-        what: "loss 2%, delay 2 ms, the link down for 1 s every 7 s",
+        what: "loss 2%, delay 2 ms, the link down for 1 s every 5 s",
         imp: Impairment {
             loss: 0.02,
             duplicate: 0.01,
             reorder: 0.02,
             delay: Duration::from_millis(2),
-            down: Some((Duration::from_secs(7), Duration::from_secs(1))),
+            down: Some((Duration::from_secs(5), Duration::from_secs(1))),
         },
         pull_timeout_ms: "250",
         linger_ms: "3000",

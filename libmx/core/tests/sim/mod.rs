@@ -107,6 +107,9 @@ impl Node {
     }
 }
 
+/// A scripted loss: given the sending host and the frame, whether to lose it.
+pub type LoseFn = Box<dyn FnMut(u16, &Frame<Vec<u8>>) -> bool>;
+
 struct InFlight {
     to: PeerAddr,
     frame: Frame<Vec<u8>>,
@@ -135,7 +138,7 @@ pub struct Sim {
     pub trace: bool,
     /// Decides, for each frame a host sends, whether the channel loses it
     /// (on top of the random losses): scripted losses.
-    pub lose: Option<Box<dyn FnMut(u16, &Frame<Vec<u8>>) -> bool>>,
+    pub lose: Option<LoseFn>,
 }
 
 impl Sim {
