@@ -581,6 +581,7 @@ mod tests {
             ("XMX_TOOLSTACK_DOMID", "3"),
             ("XMX_RESEND_DELAY_US", "20000"),
             ("XMX_DISCOVERY_MS", "250"),
+            ("XMX_LINGER_MS", "300"),
         ]))
         .unwrap();
         assert_eq!(c.socket, PathBuf::from("/tmp/f.sock"));
@@ -589,9 +590,13 @@ mod tests {
         assert_eq!(c.resend_delay, Some(Duration::from_millis(20)));
         assert_eq!(c.discovery_wait, Duration::from_millis(250));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.linger, Duration::from_millis(300));
+        let quiet = XenConfig::from_lookup(with(&[])).unwrap();
+        assert_eq!(quiet.linger, Duration::ZERO, "no linger unless asked");
         for bad in [
             ("XMX_TOOLSTACK_DOMID", "70000"),
             ("XMX_ACK_DELAY_US", "soon"),
+            ("XMX_LINGER_MS", "long"),
         ] {
             assert!(XenConfig::from_lookup(with(&[bad])).is_err(), "{bad:?}");
         }
