@@ -217,8 +217,8 @@ fn c_programs_on_impaired_links() {
 struct MatrixRow {
     what: &'static str,
     imp: Impairment,
-    /// The backends' pull retransmission timeout (a pull fails after ten
-    /// of them without progress: they must outlast an outage).
+    /// The backends' pull retransmission timeout (consecutive ones back
+    /// off, so that ten of them outlast an outage).
     pull_timeout_ms: &'static str,
     /// How long a closed endpoint lingers: past the resends that cross an
     /// outage.
@@ -271,7 +271,7 @@ const MATRIX: [MatrixRow; 4] = [
             delay: Duration::from_millis(2),
             down: Some((Duration::from_secs(5), Duration::from_secs(1))),
         },
-        pull_timeout_ms: "250",
+        pull_timeout_ms: "20",
         linger_ms: "3000",
     },
 ];
