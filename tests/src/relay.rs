@@ -6,6 +6,11 @@
 //! the test relays MXoE frames between it and a new veth whose other end joins
 //! the bridge, losing, duplicating, delaying and reordering those coming from
 //! the host (netem's way: a reordered frame skips the delay the others wait).
+//!
+//! The impairment is drawn from a seeded generator: [`relay_seed`] picks a
+//! fresh seed per run (printed) unless `XMX_RELAY_SEED` names one, so a run
+//! that failed can be replayed with the same losses, duplicates and
+//! reorderings (the same decisions for the same sequence of frames).
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
@@ -28,6 +33,9 @@ pub struct Impairment {
     pub reorder: f64,
     /// Delay of every other frame.
     pub delay: Duration,
+    /// `(period, length)`: the link goes down (every frame lost, both ways)
+    /// for `length` at the end of every `period` since the relay started.
+    pub down: Option<(Duration, Duration)>,
 }
 
 impl Impairment {
@@ -37,6 +45,7 @@ impl Impairment {
         duplicate: 0.01,
         reorder: 0.05,
         delay: Duration::from_millis(1),
+        down: None,
     };
 
     /// The same as `tc netem` arguments.
@@ -68,6 +77,32 @@ pub struct RelayStats {
     pub duplicated: u64,
     /// Sent ahead of the delayed ones.
     pub reordered: u64,
+    /// Lost while the link was down.
+    pub down_lost: u64,
+}
+
+/// The environment variable that replays a run's impairments.
+pub const SEED_ENV: &str = "XMX_RELAY_SEED";
+
+/// The seed of this run's relays: `XMX_RELAY_SEED` (decimal or `0x` hex)
+/// if set, else a fresh one from the clock and the process id. Printed
+/// either way, so that a failure names the seed that replays it.
+pub fn relay_seed() -> u64 {
+    let given = std::env::var(SEED_ENV).ok().and_then(|v| {
+        let v = v.trim();
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    });
+    let seed = given.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Rng(nanos ^ u64::from(std::process::id()) << 32).next()
+    });
+    println!("relay seed {seed:#x} (replay with {SEED_ENV}={seed:#x})");
+    seed
 }
 
 /// A deterministic generator (SplitMix64): a run's impairments do not
@@ -116,8 +151,16 @@ pub struct ImpairedPort {
 
 impl ImpairedPort {
     /// Relays port `port` (host `index`'s end in fabric namespace `netns`,
-    /// on bridge `br0`) through `imp`, seeded by `index`.
-    pub fn start(netns: &str, port: &str, index: usize, mtu: u32, imp: Impairment) -> ImpairedPort {
+    /// on bridge `br0`) through `imp`, its generator seeded by `seed` and
+    /// `index` (see [`relay_seed`]).
+    pub fn start(
+        netns: &str,
+        port: &str,
+        index: usize,
+        mtu: u32,
+        imp: Impairment,
+        seed: u64,
+    ) -> ImpairedPort {
         let relay_if = format!("xr{index}a");
         let bridge_if = format!("xr{index}b");
         let mtu = mtu.to_string();
@@ -150,7 +193,7 @@ impl ImpairedPort {
         let bridge_end = PacketSocket::open_in_netns(netns, &relay_if, cfg)
             .expect("relay socket towards the bridge");
         let (stop, stats) = (p.stop.clone(), p.stats.clone());
-        let seed = 0x786d_7820_6e65_7465 ^ index as u64;
+        let seed = Rng(seed ^ index as u64).next();
         p.thread = Some(
             std::thread::Builder::new()
                 .name(format!("relay-{port}"))
@@ -206,6 +249,7 @@ fn relay(
     stats: &Mutex<RelayStats>,
 ) {
     let mut rng = Rng(seed);
+    let started = Instant::now();
     let mut delayed: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     let fds = [host.fd().as_raw_fd(), bridge.fd().as_raw_fd()];
     while !stop.load(Ordering::SeqCst) {
@@ -214,8 +258,17 @@ fn relay(
         let mut from_host = Vec::new();
         host.recv(|f| from_host.push(f.to_vec()));
         let mut out = Vec::new();
+        let down = imp.down.is_some_and(|(period, len)| {
+            let t = now.saturating_duration_since(started).as_nanos();
+            let period = period.as_nanos().max(1);
+            t % period >= period.saturating_sub(len.as_nanos())
+        });
         for f in from_host {
             s.from_host += 1;
+            if down {
+                s.down_lost += 1;
+                continue;
+            }
             if rng.chance(imp.loss) {
                 s.lost += 1;
                 continue;
@@ -246,8 +299,13 @@ fn relay(
         let _ = bridge.flush();
         let mut to_host = 0;
         bridge.recv(|f| {
-            to_host += 1;
-            let _ = host.send(f);
+            // A link that is down loses both ways.
+            if down {
+                s.down_lost += 1;
+            } else {
+                to_host += 1;
+                let _ = host.send(f);
+            }
         });
         if to_host > 0 {
             let _ = host.flush();
@@ -260,6 +318,7 @@ fn relay(
             total.lost += s.lost;
             total.duplicated += s.duplicated;
             total.reordered += s.reordered;
+            total.down_lost += s.down_lost;
         }
         let wait = delayed.front().map_or(Duration::from_millis(100), |d| {
             d.0.saturating_duration_since(Instant::now())

@@ -24,8 +24,15 @@ const BYSTANDER: [(&str, &str); 3] = [
     ("BULK_HOLD", "1"),
 ];
 const BYSTANDER_COUNT: usize = 24;
-/// The victim's stream.
-const VICTIM: [(&str, &str); 2] = [("BULK_COUNT", "6"), ("BULK_SIZE", "16777216")];
+/// The victim's stream; its receiver, too, holds the last message back: by
+/// then every transfer before it is over and the last one waits, its window
+/// lent, so the fault strikes a stream in a known state (struck in the
+/// middle of a pull, the receiver would see its receive fail and exit).
+const VICTIM: [(&str, &str); 3] = [
+    ("BULK_COUNT", "6"),
+    ("BULK_SIZE", "16777216"),
+    ("BULK_HOLD", "1"),
+];
 /// How long the backend may take to let go.
 const RELEASE: Duration = Duration::from_secs(20);
 
@@ -116,7 +123,8 @@ fn a_killed_application_leaves_nothing_mapped() {
     let before = idle(&c, victim);
 
     let (by_rx, by_tx) = stream(&c, &bin, 1, &BYSTANDER);
-    let (v_rx, v_tx) = stream(&c, &bin, 0, &VICTIM);
+    let (mut v_rx, v_tx) = stream(&c, &bin, 0, &VICTIM);
+    v_rx.wait_line(Duration::from_secs(60), |l| l == "holding");
     let busy = lending(&c, victim, &before);
     assert!(v_tx.kill_program("bulk"), "the sender runs");
     let killed = v_tx.finish();
@@ -132,7 +140,7 @@ fn a_killed_application_leaves_nothing_mapped() {
         before.victim_mapped,
         c.domain_state(0, DOM0).mappings_held
     );
-    // The receiver waits for a message that will not come.
+    // The receiver holds before a message that will not come.
     assert!(v_rx.kill_program("bulk"), "the receiver still waits");
     drop(v_rx.finish());
 

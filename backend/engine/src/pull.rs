@@ -10,7 +10,10 @@
 //! ones requested. When a later block completes while an older one still misses frames, a
 //! frame was probably lost, so the older blocks are requested again (once per timeout).
 //! When nothing arrives for a timeout, every incomplete block is requested again; after
-//! too many consecutive timeouts the pull fails.
+//! too many consecutive timeouts the pull fails. Consecutive timeouts back off (each waits
+//! twice the one before, up to [`PULL_BACKOFF_MAX`]), as the library's resends do: a lost
+//! frame costs one timeout, while a link down for a while or a peer starved of CPU is
+//! waited for rather than taken for dead after a few short timeouts.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -21,6 +24,9 @@ use super::memory::RegionHandle;
 
 const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
 const BLOCK: u32 = PULL_BLOCK_LEN_MAX as u32;
+
+/// The longest wait between two re-requests of a pull that makes no progress.
+pub(crate) const PULL_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Blocks are tracked in a `u32` mask of block positions.
 pub(crate) const BLOCKS_IN_FLIGHT_MAX: usize = 32;
@@ -329,12 +335,20 @@ impl Pull {
         if self.retries > retries_max {
             return TimeoutOutcome::Abort;
         }
-        self.deadline = deadline_after(now, timeout);
+        self.deadline = deadline_after(now, backed_off(timeout, self.retries));
         self.rerequested = 0;
         let incomplete =
             (0..self.blocks.len()).filter(|&i| self.blocks.get(i).is_some_and(|b| b.missing != 0));
         TimeoutOutcome::Rerequest(incomplete.fold(0, |m, i| m | 1 << i))
     }
+}
+
+/// The wait after the `retries`-th consecutive timeout: `timeout` doubled that many
+/// times, up to [`PULL_BACKOFF_MAX`] (never below `timeout`).
+fn backed_off(timeout: Duration, retries: u32) -> Duration {
+    let cap = PULL_BACKOFF_MAX.max(timeout);
+    let factor = 1u32 << retries.min(16);
+    timeout.saturating_mul(factor).min(cap)
 }
 
 /// `now + timeout`, with the timeout capped so the sum cannot overflow.
@@ -564,12 +578,49 @@ mod tests {
             p.on_timeout(now, TIMEOUT, 2),
             TimeoutOutcome::Rerequest(0b101)
         );
-        assert_eq!(p.deadline, now + TIMEOUT);
+        assert_eq!(p.deadline, now + 2 * TIMEOUT, "the next timeout backs off");
         assert_eq!(
             p.on_timeout(now, TIMEOUT, 2),
             TimeoutOutcome::Rerequest(0b101)
         );
         assert_eq!(p.on_timeout(now, TIMEOUT, 2), TimeoutOutcome::Abort);
+    }
+
+    /// A link down for a second: with a 20 ms timeout and ten retries, the pull used to
+    /// give up after 200 ms of silence; backing off, it outlasts the outage and its
+    /// first reply afterwards starts the count again.
+    #[test]
+    fn timeouts_back_off_so_a_pull_outlasts_an_outage() {
+        let timeout = Duration::from_millis(20);
+        let mut p = pull(3 * 32768, 0, 4);
+        let start = Instant::now();
+        let mut now = start;
+        let mut waits = Vec::new();
+        while now < start + Duration::from_secs(1) {
+            let TimeoutOutcome::Rerequest(_) = p.on_timeout(now, timeout, 10) else {
+                panic!("gave up after {:?} of silence", now - start);
+            };
+            waits.push(p.deadline - now);
+            now = p.deadline;
+        }
+        let ms: Vec<u128> = waits.iter().map(|w| w.as_millis()).collect();
+        assert_eq!(
+            ms,
+            [40, 80, 160, 320, 640],
+            "still pulling after {:?}",
+            now - start
+        );
+        let first = replies(&p, 0)[0];
+        let a = p.check_reply(first.0, first.1, first.2).unwrap();
+        p.record_reply(a, first.2, now, timeout);
+        assert_eq!(p.deadline, now + timeout, "progress: short timeouts again");
+        assert_eq!(
+            p.on_timeout(p.deadline, timeout, 10),
+            TimeoutOutcome::Rerequest(0b111)
+        );
+        let long = Duration::from_secs(3);
+        assert_eq!(backed_off(long, 5), long, "never below the timeout");
+        assert_eq!(backed_off(timeout, u32::MAX), PULL_BACKOFF_MAX);
     }
 
     #[test]

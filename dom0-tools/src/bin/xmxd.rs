@@ -45,9 +45,13 @@ struct Args {
     #[arg(long)]
     backend_socket: Option<String>,
     /// Milliseconds between two announcements of this host's guests; others forget us
-    /// after four silent intervals.
+    /// after four silent intervals, unless `--ttl-ms` says otherwise.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     announce_ms: u64,
+    /// Milliseconds other hosts keep this host's guests without news from it [default:
+    /// four announcement intervals].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    ttl_ms: Option<u64>,
 }
 
 fn host_name() -> String {
@@ -94,6 +98,9 @@ fn run(args: Args) -> Result<(), String> {
     let mut cfg = Config::new(&args.hostname.unwrap_or_else(host_name), &args.state_dir);
     cfg.toolstack = args.domid;
     cfg.discovery = DiscoveryConfig::every(Duration::from_millis(args.announce_ms));
+    if let Some(ttl) = args.ttl_ms {
+        cfg.discovery.ttl = Duration::from_millis(ttl);
+    }
     cfg.settle = cfg.discovery.interval;
     cfg.control_socket = Some(args.control.unwrap_or_else(xmxd::default_control_socket));
     cfg.backend_socket = match args.backend_socket.as_deref() {

@@ -116,6 +116,9 @@ pub(crate) struct Partner {
     /// Frames ahead of `next_match_recv_seq`, sorted by seqnum then fragment.
     pub early: Vec<EarlyFrame>,
     pub ack: AckNeed,
+    /// When the last sequenced frame of the current connection arrived
+    /// (new or resent): how long a closed endpoint lingers counts from it.
+    pub last_heard: Option<Instant>,
 }
 
 impl Partner {
@@ -140,6 +143,7 @@ impl Partner {
             partials: VecDeque::new(),
             early: Vec::new(),
             ack: AckNeed::None,
+            last_heard: None,
         }
     }
 

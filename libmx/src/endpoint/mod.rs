@@ -36,8 +36,6 @@ pub use unexp::UnexpHandler;
 const SEQ_BITS: u32 = 40;
 /// Frames taken in per progress round, so timers and sends keep their turn.
 const FRAMES_PER_ROUND: usize = 256;
-/// Longest a closing endpoint waits for its partners to settle.
-const CLOSE_SETTLE_MAX: Duration = Duration::from_secs(3);
 
 /// Splits a request token into endpoint handle and request number.
 pub fn split_token(token: usize) -> (u32, u64) {
@@ -294,20 +292,25 @@ impl Endpoint {
         Failure::new(MxReturn::BadEndpoint, "the endpoint is closed")
     }
 
-    /// `mx_close_endpoint`: the port closes (peers' frames are refused from
-    /// now on), pending requests are dropped, blocked calls return.
+    /// `mx_close_endpoint`: pending requests are dropped, blocked calls
+    /// return, and the port closes (peers' frames are refused from then
+    /// on) once the endpoint lingered, if its transport asks for that.
     pub fn close(&self) {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Calls blocked on the endpoint return now, not after the settling.
+        self.doorbell.ring_local();
         self.settle_before_close();
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.port = None;
         st.requests.clear();
         st.links.clear();
         st.done.clear();
         st.waiting_large.clear();
+        st.core.close(runtime::now());
         drop(st);
+        self.linger();
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).port = None;
         self.deadline.store(u64::MAX, Ordering::SeqCst);
         self.doorbell.ring_local();
         tracing::debug!(handle = self.handle, "endpoint closed");
@@ -322,11 +325,7 @@ impl Endpoint {
     fn settle_before_close(&self) {
         let limit = {
             let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.core
-                .config()
-                .resend_delay
-                .saturating_mul(3)
-                .min(CLOSE_SETTLE_MAX)
+            st.core.settle_limit()
         };
         let until = std::time::Instant::now() + limit;
         let _attending = self.doorbell.attend();
@@ -362,6 +361,36 @@ impl Endpoint {
     pub fn invalidate_registrations(&self, addr: usize, len: usize) {
         if !self.closed.load(Ordering::SeqCst) {
             self.regions.invalidate(addr, len);
+        }
+    }
+
+    /// The closed endpoint keeps its port for the transport's
+    /// [linger](Transport::close_linger) after the last frame a partner
+    /// sent it, answering what partners resend with acks (see
+    /// [`xmx_mx::Endpoint::close`]): the ack that ended an exchange may have
+    /// been lost, and a partner that resends into a closed port reads the
+    /// refusal as a failed send although its message was delivered.
+    fn linger(&self) {
+        let linger = self.transport.close_linger();
+        let _attending = self.doorbell.attend();
+        loop {
+            let seen = self.doorbell.generation();
+            let until = {
+                let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                self.progress(&mut st);
+                let until = st.core.linger_until(linger).map(runtime::to_std);
+                if until.is_some_and(|t| t > std::time::Instant::now()) {
+                    // Make sure the next arrival rings the doorbell.
+                    if st.port.as_mut().is_some_and(|p| p.before_sleep()) {
+                        continue;
+                    }
+                }
+                until
+            };
+            match until {
+                Some(t) if t > std::time::Instant::now() => self.doorbell.sleep(seen, Some(t)),
+                _ => return,
+            }
         }
     }
 

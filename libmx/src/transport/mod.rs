@@ -90,6 +90,12 @@ pub trait Transport: Send + Sync {
     fn tune(&self, config: Config) -> Config {
         config
     }
+    /// How long a closed endpoint keeps its port to answer what partners
+    /// resend (see [`crate::endpoint::Endpoint::close`]); zero for a
+    /// transport that loses nothing or lingers by itself.
+    fn close_linger(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// Opens endpoint `endpoint` (or the first free one) of board `board`;
     /// arrivals for it ring `doorbell`.
     fn open(

@@ -33,6 +33,11 @@ const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the simulated hosts' xmxd announce their guests: often, so a cluster settles
 /// within a second.
 const XMXD_ANNOUNCE_MS: u64 = 200;
+/// How long a simulated host keeps the others' guests without news: four announcements
+/// (800 ms) were too short on a loaded machine or an impaired link, where a starved
+/// xmxd or a few lost announcements made a host forget its peers in the middle of a
+/// transfer ("NIC not in the peer table").
+const XMXD_TTL_MS: u64 = 10_000;
 
 /// What `xmx sim up` builds.
 #[derive(Debug, Clone)]
@@ -329,6 +334,8 @@ fn start_dom0_daemons(
             backd_socket.display().to_string(),
             "--announce-ms".into(),
             XMXD_ANNOUNCE_MS.to_string(),
+            "--ttl-ms".into(),
+            XMXD_TTL_MS.to_string(),
         ],
         &env,
         &xmxd_socket,

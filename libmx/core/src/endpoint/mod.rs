@@ -14,6 +14,7 @@
 //! `next_timeout`.
 
 mod ack;
+mod close;
 mod connect;
 mod recv;
 mod send;
@@ -269,6 +270,8 @@ pub struct Endpoint {
     /// where nothing changes between two asks; scanning every pending
     /// request each time showed in profiles.
     timer_cache: OnceLock<Option<Instant>>,
+    /// [`Endpoint::close`] was called: only resent frames are answered.
+    closed: bool,
 }
 impl Endpoint {
     /// An endpoint with index `index` on its NIC, session id `session` (the
@@ -290,6 +293,7 @@ impl Endpoint {
             next_request: 1,
             next_inbound: 1,
             timer_cache: OnceLock::new(),
+            closed: false,
         }
     }
 
@@ -731,6 +735,18 @@ impl Endpoint {
             return;
         }
         let src = frame.source();
+        if self.closed {
+            match &frame.body {
+                Body::Message(m) if m.session == self.session => {
+                    self.on_sequenced_closed(now, src, m.seqnum)
+                }
+                Body::Notify(n) if n.session == self.session => {
+                    self.on_sequenced_closed(now, src, n.seqnum)
+                }
+                _ => tracing::trace!(?src, "frame for a closed endpoint dropped"),
+            }
+            return;
+        }
         match &frame.body {
             Body::Message(m) => self.on_message(now, src, m),
             Body::Notify(n) => self.on_notify_frame(now, src, n),

@@ -150,6 +150,7 @@ impl Endpoint {
         let Some(p) = self.partners.get_mut(&src) else {
             return;
         };
+        p.last_heard = Some(now);
         match p.arrival(s.seqnum()) {
             Arrival::InWindow => {
                 self.process_in_window(now, src, s);

@@ -11,7 +11,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use xmx_mx::{Body, Endpoint, Event, Frame, Instant, PeerAddr, RdmaWindow, Status};
+use xmx_mx::frame::Nack;
+use xmx_mx::{Body, Endpoint, Event, Frame, Instant, NackType, PeerAddr, RdmaWindow, Status};
 
 /// splitmix64: small, seedable, good enough to pick losses and delays.
 #[derive(Clone, Debug)]
@@ -77,6 +78,18 @@ pub struct Node {
     pub events: Vec<Event>,
     /// Frames this node emitted, by kind, for assertions.
     pub sent_frames: u64,
+    /// Closed with this linger: its port stays open while
+    /// [`Endpoint::linger_until`] lies ahead; afterwards the NIC refuses
+    /// what arrives for it, as the engine does.
+    pub closed: Option<Duration>,
+}
+
+impl Node {
+    /// Whether the port is closed for good at `now`.
+    fn port_closed(&self, now: Instant) -> bool {
+        self.closed
+            .is_some_and(|l| !matches!(self.ep.linger_until(l), Some(t) if t > now))
+    }
 }
 
 impl Node {
@@ -93,6 +106,9 @@ impl Node {
         taken
     }
 }
+
+/// A scripted loss: given the sending host and the frame, whether to lose it.
+pub type LoseFn = Box<dyn FnMut(u16, &Frame<Vec<u8>>) -> bool>;
 
 struct InFlight {
     to: PeerAddr,
@@ -120,6 +136,9 @@ pub struct Sim {
     pub auto_pull: bool,
     /// Print every frame and event (debugging aid).
     pub trace: bool,
+    /// Decides, for each frame a host sends, whether the channel loses it
+    /// (on top of the random losses): scripted losses.
+    pub lose: Option<LoseFn>,
 }
 
 impl Sim {
@@ -138,6 +157,7 @@ impl Sim {
             pulled: HashMap::new(),
             auto_pull: true,
             trace: false,
+            lose: None,
         }
     }
 
@@ -148,6 +168,7 @@ impl Sim {
             ep,
             events: Vec::new(),
             sent_frames: 0,
+            closed: None,
         });
         self.nodes.len() - 1
     }
@@ -213,7 +234,11 @@ impl Sim {
             println!("{:?} host {src_host} sends {:?}", self.now, frame);
         }
         let to = frame.destination();
-        if self.blackhole || self.rng.chance(self.channel.loss) {
+        let scripted = self
+            .lose
+            .as_mut()
+            .is_some_and(|lose| lose(src_host, &frame));
+        if scripted || self.blackhole || self.rng.chance(self.channel.loss) {
             self.dropped += 1;
             return;
         }
@@ -245,6 +270,47 @@ impl Sim {
                 },
             );
         }
+    }
+
+    /// Closes node `node`'s endpoint, its port lingering for up to
+    /// `linger` after the last frame it heard (as the library does), then
+    /// closed for good: the NIC refuses messages, NOTIFYs and connects for
+    /// it with `ENDPT_CLOSED`.
+    ///
+    /// First, as the library does, the endpoint waits (for at most its
+    /// settle limit) until its NOTIFYs are acked and its held sends left.
+    pub fn close(&mut self, node: usize, linger: Duration) {
+        let settle = self.now + self.nodes[node].ep.settle_limit();
+        self.run_until(settle, |s| {
+            let ep = &s.nodes[node].ep;
+            ep.unacked_notifies() + ep.held_sends() == 0
+        });
+        let now = self.now;
+        let n = &mut self.nodes[node];
+        n.ep.close(now);
+        n.closed = Some(linger);
+    }
+
+    fn refuse_for_closed(&mut self, node: usize, frame: &Frame<Vec<u8>>) {
+        self.dropped += 1;
+        let lib_seqnum = match &frame.body {
+            Body::Message(m) => m.seqnum,
+            Body::Notify(n) => n.seqnum,
+            Body::ConnectRequest(_) => xmx_mx::Seqnum::from_raw(0),
+            _ => return,
+        };
+        let n = &self.nodes[node];
+        let nack = Frame {
+            peer_index: frame.peer_index,
+            dst_endpoint: frame.src_endpoint,
+            src_endpoint: n.ep.index(),
+            body: Body::Nack(Nack {
+                nack_type: NackType::EndpointClosed.to_wire(),
+                lib_seqnum,
+            }),
+        };
+        let host = n.host;
+        self.submit(host, nack);
     }
 
     /// Injects a frame as if `from` had sent it.
@@ -281,6 +347,9 @@ impl Sim {
                 continue;
             };
             match self.node_at(f.to) {
+                Some(i) if self.nodes[i].port_closed(now) => {
+                    self.refuse_for_closed(i, &f.frame);
+                }
                 Some(i) => {
                     self.delivered += 1;
                     self.nodes[i].ep.handle_frame(now, f.frame.as_borrowed());

@@ -32,7 +32,8 @@
 //! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
 //! hostname lookup waits for the peer view to name it),
 //! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
-//! device to connect).
+//! device to connect), `XMX_LINGER_MS` (default 0: how long a closed
+//! endpoint still answers resent frames with acks, after the last one).
 
 mod driver;
 pub mod link;
@@ -101,6 +102,9 @@ pub struct XenConfig {
     pub discovery_wait: Duration,
     /// `XMX_CONNECT_TIMEOUT_MS`: how long opening waits for the device.
     pub connect_timeout: Duration,
+    /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
+    /// frames, after the last one.
+    pub linger: Duration,
 }
 
 impl XenConfig {
@@ -135,6 +139,7 @@ impl XenConfig {
             connect_timeout: Duration::from_millis(
                 number("XMX_CONNECT_TIMEOUT_MS")?.unwrap_or(10_000),
             ),
+            linger: Duration::from_millis(number("XMX_LINGER_MS")?.unwrap_or(0)),
         })
     }
 }
@@ -414,6 +419,10 @@ impl Transport for Xen {
         }]
     }
 
+    fn close_linger(&self) -> Duration {
+        self.shared.config.linger
+    }
+
     fn tune(&self, config: Config) -> Config {
         let c = &self.shared.config;
         Config {
@@ -572,6 +581,7 @@ mod tests {
             ("XMX_TOOLSTACK_DOMID", "3"),
             ("XMX_RESEND_DELAY_US", "20000"),
             ("XMX_DISCOVERY_MS", "250"),
+            ("XMX_LINGER_MS", "300"),
         ]))
         .unwrap();
         assert_eq!(c.socket, PathBuf::from("/tmp/f.sock"));
@@ -580,9 +590,13 @@ mod tests {
         assert_eq!(c.resend_delay, Some(Duration::from_millis(20)));
         assert_eq!(c.discovery_wait, Duration::from_millis(250));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.linger, Duration::from_millis(300));
+        let quiet = XenConfig::from_lookup(with(&[])).unwrap();
+        assert_eq!(quiet.linger, Duration::ZERO, "no linger unless asked");
         for bad in [
             ("XMX_TOOLSTACK_DOMID", "70000"),
             ("XMX_ACK_DELAY_US", "soon"),
+            ("XMX_LINGER_MS", "long"),
         ] {
             assert!(XenConfig::from_lookup(with(&[bad])).is_err(), "{bad:?}");
         }
