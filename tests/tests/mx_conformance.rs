@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use xmx_backend::nic::testbed::VethPair;
+use xmx_nic::testbed::VethPair;
 use xmx_tests::app::App;
 use xmx_tests::bins::lib_dir;
 use xmx_tests::cluster::{exclusive, netns_cmd, skipped, unavailable, SimCluster};
 use xmx_tests::cprog;
-use xmx_tests::relay::{ImpairedPort, Impairment};
+use xmx_tests::relay::{relay_seed, ImpairedPort, Impairment};
 
 /// Programs with a passive and an active side, and what the active side
 /// prints once every check held.
@@ -274,8 +274,9 @@ fn conformance_on_impaired_links() {
     } else {
         netem(0, false);
         println!("no netem: links impaired by a relay on each host's port");
+        let seed = relay_seed();
         for h in 0..2 {
-            relays.push(ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, imp));
+            relays.push(ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, imp, seed));
         }
     }
     between_guests(&c, &programs, &env, "impaired links, ");
