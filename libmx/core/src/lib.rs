@@ -29,7 +29,7 @@ pub mod status;
 pub mod time;
 
 pub use class::{MessageClass, MEDIUM_MAX, SMALL_MAX, TINY_MAX};
-pub use config::Config;
+pub use config::{Config, DEFAULT_RESEND_DELAY};
 pub use endpoint::{
     Endpoint, EndpointAddr, Error, Event, ProbeInfo, PullNeeded, RecvDone, RequestId,
 };

@@ -89,9 +89,9 @@ pub struct NativeConfig {
     /// `XMX_DISCOVERY_MS` (default 1000): how long a hostname lookup waits
     /// for HOST_REPLY answers.
     pub discovery_wait: Duration,
-    /// `XMX_LINGER_MS` (default 0): how long a closed endpoint still repeats
-    /// its last acks to peers that resend (see `board`); `mx_finalize` waits
-    /// for the lingering endpoints.
+    /// `XMX_LINGER_MS` (default one and a half resend delays): how long a
+    /// closed endpoint still repeats its last acks to peers that resend (see
+    /// `board`); `mx_finalize` waits for the lingering endpoints.
     pub linger: Duration,
 }
 
@@ -133,6 +133,7 @@ impl NativeConfig {
                 })
                 .transpose()
         };
+        let resend_delay = number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros);
         Ok(NativeConfig {
             iface,
             hostname,
@@ -140,10 +141,13 @@ impl NativeConfig {
             nic_spin: Duration::from_micros(number("XMX_NIC_SPIN_US")?.unwrap_or(0)),
             qdisc_bypass: number("XMX_QDISC_BYPASS")?.unwrap_or(1) != 0,
             ack_delay: number("XMX_ACK_DELAY_US")?.map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
-            resend_delay: number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros),
+            resend_delay,
             pull_timeout: number("XMX_PULL_TIMEOUT_MS")?.map(Duration::from_millis),
             discovery_wait: Duration::from_millis(number("XMX_DISCOVERY_MS")?.unwrap_or(1000)),
-            linger: Duration::from_millis(number("XMX_LINGER_MS")?.unwrap_or(0)),
+            linger: number("XMX_LINGER_MS")?.map_or_else(
+                || super::default_close_linger(resend_delay),
+                Duration::from_millis,
+            ),
         })
     }
 

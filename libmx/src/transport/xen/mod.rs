@@ -32,8 +32,8 @@
 //! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
 //! hostname lookup waits for the peer view to name it),
 //! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
-//! device to connect), `XMX_LINGER_MS` (default 0: how long a closed
-//! endpoint still answers resent frames with acks, after the last one).
+//! device to connect), `XMX_LINGER_MS` (default one and a half resend delays: how long a
+//! closed endpoint still answers resent frames with acks, after the last one).
 
 mod driver;
 pub mod link;
@@ -130,16 +130,20 @@ impl XenConfig {
                 u16::try_from(d).map_err(|_| format!("XMX_TOOLSTACK_DOMID={d}: not a domain id"))?
             }
         };
+        let resend_delay = number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros);
         Ok(XenConfig {
             socket,
             toolstack,
             ack_delay: number("XMX_ACK_DELAY_US")?.map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
-            resend_delay: number("XMX_RESEND_DELAY_US")?.map(Duration::from_micros),
+            resend_delay,
             discovery_wait: Duration::from_millis(number("XMX_DISCOVERY_MS")?.unwrap_or(1000)),
             connect_timeout: Duration::from_millis(
                 number("XMX_CONNECT_TIMEOUT_MS")?.unwrap_or(10_000),
             ),
-            linger: Duration::from_millis(number("XMX_LINGER_MS")?.unwrap_or(0)),
+            linger: number("XMX_LINGER_MS")?.map_or_else(
+                || super::default_close_linger(resend_delay),
+                Duration::from_millis,
+            ),
         })
     }
 }
@@ -591,8 +595,14 @@ mod tests {
         assert_eq!(c.discovery_wait, Duration::from_millis(250));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
         assert_eq!(c.linger, Duration::from_millis(300));
+        // A closed endpoint outlasts its partner's first resend by default,
+        // so the ack of a message whose last ack was lost is not a refusal.
         let quiet = XenConfig::from_lookup(with(&[])).unwrap();
-        assert_eq!(quiet.linger, Duration::ZERO, "no linger unless asked");
+        assert_eq!(quiet.linger, Duration::from_millis(750));
+        let fast = XenConfig::from_lookup(with(&[("XMX_RESEND_DELAY_US", "20000")])).unwrap();
+        assert_eq!(fast.linger, Duration::from_millis(30));
+        let off = XenConfig::from_lookup(with(&[("XMX_LINGER_MS", "0")])).unwrap();
+        assert_eq!(off.linger, Duration::ZERO);
         for bad in [
             ("XMX_TOOLSTACK_DOMID", "70000"),
             ("XMX_ACK_DELAY_US", "soon"),
