@@ -769,8 +769,17 @@ impl Core {
                 tracing::info!(cluster = %name, ?moved, "cluster deleted");
                 json!({ "moved": moved })
             }
-            Request::ClusterAdd { name, guest } => {
+            Request::ClusterAdd { name, guest, new } => {
                 let guest = self.resolve_guest(&guest)?;
+                let running = self.runs_here(&guest);
+                // A name nobody knows is far more often a typo than a guest prepared
+                // ahead of its first start: recording it silently would look like a move.
+                if !new && !running && !self.knows_guest(&guest) {
+                    return Err(Error::NotFound(format!(
+                        "guest {guest}: no domain of that name runs on this host and no host \
+                         knows it (to record it before it starts, ask again with --new)"
+                    )));
+                }
                 let moved = self.store.state.set_guest_cluster(&guest, &name)?;
                 // A guest put in a cluster wants xmx.
                 let g = self.store.state.guest_entry(&guest)?;
@@ -780,7 +789,7 @@ impl Core {
                     tracing::info!(%guest, cluster = %name, "guest moved");
                     self.evaluate_guests(&[guest]);
                 }
-                serde_json::Value::Null
+                json!({ "running": running })
             }
             Request::ClusterRemove { name, guest } => {
                 let guest = self.resolve_guest(&guest)?;
@@ -853,6 +862,24 @@ impl Core {
         }
         names::check_guest_name(guest)?;
         Ok(guest.to_owned())
+    }
+
+    /// Whether a domain of guest `guest` runs on this host.
+    fn runs_here(&self, guest: &str) -> bool {
+        self.domains.values().any(|d| {
+            d.name
+                .as_deref()
+                .is_some_and(|n| names::base_name(n) == guest)
+        })
+    }
+
+    /// Whether guest `guest` is recorded here or announced by another host.
+    fn knows_guest(&self, guest: &str) -> bool {
+        self.store.state.guests.contains_key(guest)
+            || self
+                .discovery
+                .hosts()
+                .any(|(_, h)| h.entries.iter().any(|e| e.guest == guest))
     }
 
     /// Re-evaluate the running domains of these guests.
