@@ -126,7 +126,24 @@ pub struct Core {
     /// What each attached guest was last shown of the table, in xenstore.
     published: HashMap<DomId, BTreeMap<u16, String>>,
     settle_at: Option<Instant>,
+    /// Set while the fabric socket reports errors (link down, interface gone).
+    fabric_fault: Option<FabricFault>,
 }
+
+/// The fabric socket failed: xmxd keeps serving its own host, checks the interface again
+/// after `retry` (doubling up to [`FABRIC_RETRY_MAX`]) and is back on the first frame
+/// the link carries again either way.
+#[derive(Debug, Clone, Copy)]
+struct FabricFault {
+    since: Instant,
+    check_at: Instant,
+    retry: Duration,
+    errors: u64,
+}
+
+/// First and longest wait between two looks at a failed fabric interface.
+const FABRIC_RETRY_MIN: Duration = Duration::from_millis(100);
+const FABRIC_RETRY_MAX: Duration = Duration::from_secs(5);
 
 impl Core {
     fn new(platform: &dyn Platform, fabric: Option<PacketFabric>, cfg: Config) -> Result<Core> {
@@ -164,6 +181,7 @@ impl Core {
             remembered: HashMap::new(),
             published: HashMap::new(),
             settle_at,
+            fabric_fault: None,
         })
     }
 
@@ -680,7 +698,13 @@ impl Core {
         let now = Instant::now();
         let mut changed = false;
         let discovery = &mut self.discovery;
-        fabric.recv_all(|frame| changed |= discovery.handle_frame(now, frame))?;
+        match fabric.recv_all(|frame| changed |= discovery.handle_frame(now, frame)) {
+            Ok(0) => {}
+            Ok(_) => self.fabric_works(now),
+            // The link went down, the interface vanished, the kernel ran short of
+            // buffers: none of it is this host's fault, and its guests still need xmxd.
+            Err(e) => self.fabric_failed(now, &e),
+        }
         if changed {
             // A domain here without a record may be a guest the fabric just told us about
             // (migrating in).
@@ -705,6 +729,7 @@ impl Core {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        self.check_fabric(now);
         let mut changed = self.discovery.handle_timeout(now);
         if self.settle_at.is_some_and(|at| now >= at) {
             self.settle_at = None;
@@ -718,12 +743,79 @@ impl Core {
     }
 
     fn transmit(&mut self) {
+        let mut sent = false;
         while let Some(frame) = self.discovery.poll_transmit() {
             if let Some(f) = &self.fabric {
-                if let Err(e) = f.send(&frame) {
-                    tracing::debug!(error = %e, "discovery frame not sent");
+                match f.send(&frame) {
+                    Ok(()) => sent = true,
+                    Err(e) => tracing::debug!(error = %e, "discovery frame not sent"),
                 }
             }
+        }
+        if sent {
+            self.fabric_works(Instant::now());
+        }
+    }
+
+    /// The fabric socket reported `error`: note it, and look at the interface soon.
+    fn fabric_failed(&mut self, now: Instant, error: &std::io::Error) {
+        match &mut self.fabric_fault {
+            Some(f) => {
+                f.errors += 1;
+                tracing::debug!(%error, "fabric still failing");
+            }
+            None => {
+                tracing::warn!(%error, "fabric link failed; serving this host's guests and retrying");
+                self.fabric_fault = Some(FabricFault {
+                    since: now,
+                    check_at: now + FABRIC_RETRY_MIN,
+                    retry: FABRIC_RETRY_MIN,
+                    errors: 1,
+                });
+            }
+        }
+    }
+
+    /// A frame went out or came in: a failed link is back.
+    fn fabric_works(&mut self, now: Instant) {
+        if let Some(f) = self.fabric_fault.take() {
+            tracing::info!(
+                down_ms = now.saturating_duration_since(f.since).as_millis() as u64,
+                errors = f.errors,
+                "fabric link back"
+            );
+            // The others may have missed our news while the link was down, and we theirs.
+            self.discovery.reannounce(now);
+        }
+    }
+
+    /// While the link fails: is the interface a new one (deleted and created again)? Then
+    /// open a socket on it; otherwise the socket resumes by itself when the link is up.
+    fn check_fabric(&mut self, now: Instant) {
+        let (Some(fault), Some(fabric)) = (&mut self.fabric_fault, &self.fabric) else {
+            return;
+        };
+        if now < fault.check_at {
+            return;
+        }
+        fault.retry = (fault.retry * 2).min(FABRIC_RETRY_MAX);
+        fault.check_at = now + fault.retry;
+        match fabric.reopen_if_replaced() {
+            Ok(None) => {}
+            Ok(Some(fresh)) => {
+                if fresh.mac() != self.discovery.me() {
+                    // Our identity on the fabric stays what the others know.
+                    tracing::warn!(old = %self.discovery.me(), new = %fresh.mac(),
+                        "the re-created interface has another MAC; announcing with the old one");
+                }
+                tracing::info!(
+                    iface = fresh.ifname(),
+                    "fabric interface re-created; socket reopened"
+                );
+                self.fabric = Some(fresh);
+                self.discovery.reannounce(now);
+            }
+            Err(e) => tracing::debug!(error = %e, "fabric interface not reopened"),
         }
     }
 
@@ -732,6 +824,7 @@ impl Core {
             Some(self.discovery.poll_timeout()),
             self.settle_at,
             self.backend.poll_timeout(),
+            self.fabric_fault.map(|f| f.check_at),
         ]
         .into_iter()
         .flatten()
@@ -1202,17 +1295,15 @@ impl Stopper {
 }
 
 fn run_loop(shared: &Shared, stop: &AtomicBool, wake: &EventFd) -> Result<()> {
-    let (xs_fd, fabric_fd) = {
-        let core = shared.lock();
-        (
-            core.xs.watch_fd(),
-            core.fabric.as_ref().map(PacketFabric::raw_fd),
-        )
-    };
+    let xs_fd = shared.lock().xs.watch_fd();
     while !stop.load(Ordering::Acquire) {
-        let next = shared.with(|core| -> Result<Instant> {
+        // The fabric socket may have been opened again (a re-created interface).
+        let (next, fabric_fd) = shared.with(|core| -> Result<(Instant, Option<RawFd>)> {
             core.step()?;
-            Ok(core.poll_timeout())
+            Ok((
+                core.poll_timeout(),
+                core.fabric.as_ref().map(PacketFabric::raw_fd),
+            ))
         })?;
         let left = next.saturating_duration_since(Instant::now());
         let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
