@@ -209,6 +209,11 @@ impl Core {
             .is_some_and(|d| d.attached.is_some())
     }
 
+    /// Whether the fabric socket is failing (link down, interface gone) right now.
+    pub fn fabric_failing(&self) -> bool {
+        self.fabric_fault.is_some()
+    }
+
     /// Names of the remote hosts heard from.
     pub fn remote_hosts(&self) -> Vec<String> {
         self.discovery
