@@ -18,6 +18,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use serde_json::json;
 use xmx_backend::admin::Reply;
+use xmx_backend::service::LinkFault;
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::xs::wire::{INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, Platform, Xenstore};
@@ -126,24 +127,11 @@ pub struct Core {
     /// What each attached guest was last shown of the table, in xenstore.
     published: HashMap<DomId, BTreeMap<u16, String>>,
     settle_at: Option<Instant>,
-    /// Set while the fabric socket reports errors (link down, interface gone).
-    fabric_fault: Option<FabricFault>,
+    /// Set while the fabric socket reports errors (link down, interface gone): xmxd keeps
+    /// serving its own host, looks at the interface again with a bounded backoff, and is
+    /// back on the first frame the link carries again.
+    fabric_fault: Option<LinkFault>,
 }
-
-/// The fabric socket failed: xmxd keeps serving its own host, checks the interface again
-/// after `retry` (doubling up to [`FABRIC_RETRY_MAX`]) and is back on the first frame
-/// the link carries again either way.
-#[derive(Debug, Clone, Copy)]
-struct FabricFault {
-    since: Instant,
-    check_at: Instant,
-    retry: Duration,
-    errors: u64,
-}
-
-/// First and longest wait between two looks at a failed fabric interface.
-const FABRIC_RETRY_MIN: Duration = Duration::from_millis(100);
-const FABRIC_RETRY_MAX: Duration = Duration::from_secs(5);
 
 impl Core {
     fn new(platform: &dyn Platform, fabric: Option<PacketFabric>, cfg: Config) -> Result<Core> {
@@ -771,12 +759,7 @@ impl Core {
             }
             None => {
                 tracing::warn!(%error, "fabric link failed; serving this host's guests and retrying");
-                self.fabric_fault = Some(FabricFault {
-                    since: now,
-                    check_at: now + FABRIC_RETRY_MIN,
-                    retry: FABRIC_RETRY_MIN,
-                    errors: 1,
-                });
+                self.fabric_fault = Some(LinkFault::new(now));
             }
         }
     }
@@ -785,7 +768,7 @@ impl Core {
     fn fabric_works(&mut self, now: Instant) {
         if let Some(f) = self.fabric_fault.take() {
             tracing::info!(
-                down_ms = now.saturating_duration_since(f.since).as_millis() as u64,
+                down_ms = f.lasted(now).as_millis() as u64,
                 errors = f.errors,
                 "fabric link back"
             );
@@ -800,11 +783,9 @@ impl Core {
         let (Some(fault), Some(fabric)) = (&mut self.fabric_fault, &self.fabric) else {
             return;
         };
-        if now < fault.check_at {
+        if !fault.due(now) {
             return;
         }
-        fault.retry = (fault.retry * 2).min(FABRIC_RETRY_MAX);
-        fault.check_at = now + fault.retry;
         match fabric.reopen_if_replaced() {
             Ok(None) => {}
             Ok(Some(fresh)) => {
