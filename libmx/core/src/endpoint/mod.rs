@@ -577,6 +577,19 @@ impl Endpoint {
         self.cleanup_partner(peer, Status::EndpointUnreachable, true);
     }
 
+    /// The endpoint lost its way to the network for good (its backend or its
+    /// guest daemon is gone): every pending send and connect, and every
+    /// receive in progress, completes with `status` now instead of after the
+    /// retry budget. Posted receives that matched nothing stay posted, as MX
+    /// leaves them until they are cancelled.
+    pub fn abandon_all(&mut self, status: Status) {
+        self.timers_changed();
+        let peers: Vec<PeerAddr> = self.partners.keys().copied().collect();
+        for peer in peers {
+            self.cleanup_partner(peer, status, true);
+        }
+    }
+
     /// The next frame to send, if any. Acks that must go out now are emitted
     /// here, after the frames already queued.
     pub fn poll_transmit(&mut self) -> Option<Frame<Vec<u8>>> {
