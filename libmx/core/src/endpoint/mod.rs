@@ -269,6 +269,10 @@ pub struct Endpoint {
     /// where nothing changes between two asks; scanning every pending
     /// request each time showed in profiles.
     timer_cache: OnceLock<Option<Instant>>,
+    /// Sequenced messages a NACK refused, not yet believed: the refusal's
+    /// status and when it takes effect unless the message is acked first
+    /// (see `on_nack`).
+    refusals: BTreeMap<RequestId, (Status, Instant)>,
 }
 impl Endpoint {
     /// An endpoint with index `index` on its NIC, session id `session` (the
@@ -290,6 +294,7 @@ impl Endpoint {
             next_request: 1,
             next_inbound: 1,
             timer_cache: OnceLock::new(),
+            refusals: BTreeMap::new(),
         }
     }
 
@@ -651,7 +656,12 @@ impl Endpoint {
                     }) => (retx.map(|r| r.next_resend), *deadline),
                     Request::Recv(_) => (None, None),
                 };
-                retx_at.into_iter().chain(deadline).for_each(&mut consider);
+                let refused = self.refusals.get(id).map(|r| r.1);
+                retx_at
+                    .into_iter()
+                    .chain(deadline)
+                    .chain(refused)
+                    .for_each(&mut consider);
             }
         }
         next
@@ -662,6 +672,9 @@ impl Endpoint {
     /// whose retry budget or deadline ran out.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.timers_changed();
+        if !self.refusals.is_empty() {
+            self.apply_refusals(now);
+        }
         let peers: Vec<PeerAddr> = self.partners.keys().copied().collect();
         for peer in peers {
             if self.partner_expired(now, peer) {
