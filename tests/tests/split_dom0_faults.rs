@@ -8,7 +8,9 @@
 //! - g0 of h0 loses its xmx-frontd (SIGKILL): its sender fails with a clear
 //!   status within 5 s, and g1's stream completes;
 //! - g0 of h1, the receiver, is destroyed: g0's sender fails within the
-//!   request timeout it set, and g1's stream completes.
+//!   request timeout it set, and g1's stream completes;
+//! - h0's xmxd is killed (SIGKILL): its supervisor starts it again, as
+//!   systemd's `Restart=on-failure` does, and both streams complete.
 //!
 //! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
 //! otherwise.
@@ -66,8 +68,22 @@ fn ended(rx: App, tx: App) {
     assert_eq!(got, want, "{out}");
 }
 
-/// The pid of daemon `name` of host `host`, from the cluster's state file.
+/// The pid of daemon `name` of host `host`: the child of its supervisor,
+/// whose pid the cluster's state file holds.
 fn daemon_pid(c: &SimCluster, host: usize, name: &str) -> i32 {
+    supervisor_child(c, host, name).unwrap_or_else(|| panic!("{name} of h{host} runs no daemon"))
+}
+
+/// The daemon its supervisor runs now, if any.
+fn supervisor_child(c: &SimCluster, host: usize, name: &str) -> Option<i32> {
+    let supervisor = supervisor_pid(c, host, name);
+    std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next()?.parse().ok())
+}
+
+/// The pid of the supervisor of daemon `name` of host `host`.
+fn supervisor_pid(c: &SimCluster, host: usize, name: &str) -> i32 {
     let path = Path::new("/run/xmx").join(c.name()).join("cluster.json");
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).expect("the cluster's state")).unwrap();
@@ -198,4 +214,49 @@ fn a_destroyed_receiver_times_the_sender_out_within_its_bound() {
     v_rx.kill_program("bulk");
     drop(v_rx.finish());
     completed(by.0, by.1);
+}
+
+#[test]
+fn a_killed_xmxd_is_restarted_and_the_streams_complete() {
+    if skipped("a_killed_xmxd_is_restarted_and_the_streams_complete") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("dxmxd", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let bin = cprog::build("bulk", dir.path());
+
+    let s0 = stream(&c, &bin, 0, &STREAM);
+    let s1 = stream(&c, &bin, 1, &STREAM);
+    let xmxd = daemon_pid(&c, 0, "xmxd");
+    // SAFETY: plain syscall on a daemon of the cluster this test brought up.
+    assert_eq!(unsafe { libc::kill(xmxd, libc::SIGKILL) }, 0);
+    completed(s0.0, s0.1);
+    completed(s1.0, s1.1);
+    // The supervisor starts a new xmxd a second after the kill, and it
+    // answers on its socket with the whole table. Nothing announces another
+    // process's restart: the supervisor's child and the socket are looked
+    // at until both are there, within a bound.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let again = supervisor_child(&c, 0, "xmxd");
+        if again.is_some_and(|p| p != xmxd) {
+            let peers = Command::new(xmx_tests::bins::cluster_programs())
+                .args([
+                    "peers",
+                    "--sim-name",
+                    c.name(),
+                    "--sim-host",
+                    &c.host(0).name,
+                ])
+                .args(["--wait", "4", "--timeout", "10"])
+                .output()
+                .expect("running xmx peers");
+            if peers.status.success() {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "xmxd was not started again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
