@@ -33,10 +33,23 @@ pub struct GuestState {
 pub struct DaemonState {
     /// The program (xmx-simhv, xmx-backd, xmxd, ...).
     pub name: String,
-    /// Its process id.
+    /// The supervisor's pid (the simulated cluster runs each daemon under a
+    /// supervisor that restarts it); [`DaemonState::daemon_pid`] is the
+    /// daemon's own, which changes when it is restarted.
     pub pid: i32,
     /// Its log file.
     pub log: PathBuf,
+}
+
+impl DaemonState {
+    /// The running daemon's own pid: the supervisor's child (the supervisor's pid while
+    /// it has none, between a failure and the restart).
+    pub fn daemon_pid(&self) -> i32 {
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+            .ok()
+            .and_then(|c| c.split_whitespace().next()?.parse().ok())
+            .unwrap_or(self.pid)
+    }
 }
 
 /// One simulated host: a network namespace with its NIC, daemons and guests.

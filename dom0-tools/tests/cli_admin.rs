@@ -170,6 +170,16 @@ fn the_subcommands_drive_a_running_host() {
     assert_eq!(same.generation, report.generation);
     let err = fails(&s.to_xmxd(&["peers", "--wait", "5", "--timeout", "0"]));
     assert!(err.contains("not 5"), "{err}");
+    // A timeout past what the clock represents is no deadline, not a crash.
+    let huge: PeersReport = json(&s.to_xmxd(&[
+        "peers",
+        "--json",
+        "--wait",
+        "2",
+        "--timeout",
+        "18446744073709551615",
+    ]));
+    assert_eq!(huge.peers.len(), 2);
 
     // cluster create / add / list / delete / remove.
     ok(&s.to_xmxd(&["cluster", "create", "red"]));
@@ -177,7 +187,20 @@ fn the_subcommands_drive_a_running_host() {
     assert!(err.contains("exists"), "{err}");
     let err = fails(&s.to_xmxd(&["cluster", "create", "no/slash"]));
     assert!(err.contains("invalid"), "{err}");
-    ok(&s.to_xmxd(&["cluster", "add", "red", "vm2"]));
+    // A guest nobody knows is refused (a typo must not look like a move) and the state
+    // is left as it was; --new records it for its first start.
+    let err = fails(&s.to_xmxd(&["cluster", "add", "red", "vm9"]));
+    assert!(err.contains("not found") && err.contains("--new"), "{err}");
+    let list: Vec<ClusterReport> = json(&s.to_xmxd(&["cluster", "list", "--json"]));
+    assert!(list.iter().all(|c| !c.members.iter().any(|m| m == "vm9")));
+    let text = ok(&s.to_xmxd(&["cluster", "add", "--new", "red", "vm9"]));
+    assert!(
+        text.contains("recorded") && text.contains("starts"),
+        "{text}"
+    );
+    ok(&s.to_xmxd(&["cluster", "remove", "red", "vm9"]));
+    let text = ok(&s.to_xmxd(&["cluster", "add", "red", "vm2"]));
+    assert!(text.contains("vm2 is in cluster red"), "{text}");
     let list: Vec<ClusterReport> = json(&s.to_xmxd(&["cluster", "list", "--json"]));
     let red = list.iter().find(|c| c.name == "red").unwrap();
     assert_eq!(

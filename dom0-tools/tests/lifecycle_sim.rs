@@ -184,6 +184,7 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
     host.call(Request::ClusterAdd {
         name: "blue".into(),
         guest: "web".into(),
+        new: true,
     });
     let cdir = xsnodes::clusters_dir(DOM0);
     assert_eq!(

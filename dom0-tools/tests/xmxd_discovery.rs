@@ -130,6 +130,7 @@ fn two_hosts_agree_on_one_table_and_clusters_split_it() {
     a.call(Request::ClusterAdd {
         name: "blue".into(),
         guest: "a1".into(),
+        new: false,
     });
     let moved = agree(&a, &b, 3, |t| {
         t.iter().any(|p| p.guest == "a1" && p.cluster == "blue")

@@ -35,6 +35,9 @@ pub struct PacketSocket {
     max_frame_len: usize,
     tx_timeout: Duration,
     stats: NicStats,
+    /// What it was opened with, to open it again on a re-created interface.
+    cfg: NicConfig,
+    netns: Option<String>,
 }
 
 // SAFETY: the raw pointers inside `rx`, `tx` and `mapping` refer to the mapping this value
@@ -172,13 +175,52 @@ impl PacketSocket {
             max_frame_len,
             tx_timeout: cfg.tx_timeout,
             stats: NicStats::default(),
+            cfg,
+            netns: None,
         })
     }
 
     /// Open interface `ifname` of network namespace `netns` (a name under /run/netns or a
     /// path). The socket stays in that namespace and may be used from any thread.
     pub fn open_in_netns(netns: &str, ifname: &str, cfg: NicConfig) -> Result<Self> {
-        super::netns::run_in(netns, || Self::open(ifname, cfg))?
+        let mut socket = super::netns::run_in(netns, || Self::open(ifname, cfg))??;
+        socket.netns = Some(netns.to_owned());
+        Ok(socket)
+    }
+
+    /// Take the error the kernel holds for the socket: ENETDOWN once the interface went
+    /// down or away. Until it is taken the socket polls as failed, so a poller that
+    /// ignored it would spin.
+    pub fn take_error(&self) -> Result<Option<io::Error>> {
+        sys::take_socket_error(self.fd.as_fd()).map_err(|source| NicError::Sys {
+            op: "getsockopt(SO_ERROR)",
+            source,
+        })
+    }
+
+    /// A socket on the interface that now bears this one's name, opened as this one was,
+    /// when that is another interface (deleted and created again): this socket is bound
+    /// to the old one and never carries a frame again. `None` while the name still names
+    /// the interface of this socket (down, renamed back, or up again: the kernel resumes
+    /// the socket by itself) or names nothing.
+    pub fn reopen_if_replaced(&self) -> Result<Option<Self>> {
+        let name = self.name.as_str();
+        let lookup = || {
+            let cname = std::ffi::CString::new(name).ok()?;
+            // SAFETY: a NUL-terminated string that outlives the call.
+            Some(unsafe { libc::if_nametoindex(cname.as_ptr()) })
+        };
+        let index = match &self.netns {
+            None => lookup(),
+            Some(ns) => super::netns::run_in(ns, lookup)?,
+        };
+        match index {
+            Some(i) if i != 0 && i != self.info.index => match &self.netns {
+                None => Self::open(&self.name, self.cfg.clone()).map(Some),
+                Some(ns) => Self::open_in_netns(ns, &self.name, self.cfg.clone()).map(Some),
+            },
+            _ => Ok(None),
+        }
     }
 
     /// Queue `frame` in the transmit ring. It leaves at the next [`flush`](Self::flush);

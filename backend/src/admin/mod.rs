@@ -24,8 +24,8 @@
 //!
 //! - `counters`: R = [`CountersReport`]:
 //!   `{"engine":{"rx_frames","rx_malformed","rx_unknown_destination","rx_spoofed_source"},
-//!     "backend":{"rounds","nic_rx_frames","nic_tx_frames","nic_tx_errors","tx_without_link",
-//!                "disconnects"},
+//!     "backend":{"rounds","nic_rx_frames","nic_tx_frames","nic_tx_errors","nic_link_errors",
+//!                "nic_link_reopens","tx_without_link","disconnects"},
 //!     "guests":[{"domid","devid","connected","ctrl_requests","quota_refusals",
 //!                "nic":{"tx_frames","tx_bytes","local_frames","local_bytes","rx_frames",
 //!                       "rx_bytes","nacks_sent","send_errors","pulls_done","pulls_failed",
@@ -200,6 +200,12 @@ pub struct BackendCounters {
     pub nic_tx_frames: u64,
     /// Frames the NIC refused.
     pub nic_tx_errors: u64,
+    /// Errors the link reported (down, interface gone, flush refused).
+    #[serde(default)]
+    pub nic_link_errors: u64,
+    /// Sockets opened again on a re-created interface.
+    #[serde(default)]
+    pub nic_link_reopens: u64,
     /// Frames for the wire dropped because the backend runs without a NIC.
     pub tx_without_link: u64,
     /// Guests disconnected for breaking the protocol.

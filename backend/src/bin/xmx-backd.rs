@@ -28,7 +28,7 @@ struct Args {
     domid: u16,
     /// Microseconds an idle service loop keeps polling (yielding the core between
     /// rounds) before it sleeps.
-    #[arg(long = "spin-us", default_value_t = 200)]
+    #[arg(long = "spin-us", default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     spin_us: u64,
     /// This host's name (guests without a hostname are named after it).
     #[arg(long)]
@@ -51,7 +51,7 @@ struct Args {
     #[arg(long)]
     no_promiscuous: bool,
     /// Milliseconds a pull waits for replies before requesting its blocks again.
-    #[arg(long, env = "XMX_PULL_TIMEOUT_MS", default_value_t = 500)]
+    #[arg(long, env = "XMX_PULL_TIMEOUT_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pull_timeout_ms: u64,
 }
 

@@ -69,7 +69,7 @@ use devices::Device;
 use xmx_engine::{Engine, EngineConfig};
 
 pub use guest::DeviceKey;
-pub use link::FrameLink;
+pub use link::{FrameLink, LinkFault};
 pub use memory::GrantMemory;
 pub use quota::{Quotas, Usage};
 
@@ -248,6 +248,8 @@ pub struct Backend {
     evtchn: Box<dyn EventChannels>,
     engine: Engine,
     link: Option<Box<dyn FrameLink>>,
+    /// Set while the link fails (down, interface gone); see [`link`].
+    link_fault: Option<LinkFault>,
     devices: BTreeMap<DeviceKey, Device>,
     sessions: SessionIds,
     next_region: u64,
@@ -333,6 +335,7 @@ impl Backend {
             evtchn,
             engine,
             link,
+            link_fault: None,
             devices: BTreeMap::new(),
             sessions: SessionIds::new(),
             next_region: 1,
@@ -412,7 +415,14 @@ impl Backend {
                 idle_since = None;
                 continue;
             }
-            let timeout = match self.engine.poll_timeout() {
+            let next = [
+                self.engine.poll_timeout(),
+                self.link_fault.map(|f| f.check_at),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let timeout = match next {
                 None => EpollTimeout::NONE,
                 Some(at) => {
                     let wait = at.saturating_duration_since(Instant::now());
@@ -421,10 +431,20 @@ impl Backend {
                     EpollTimeout::try_from(ms as u64).unwrap_or(EpollTimeout::MAX)
                 }
             };
-            match self.epoll.wait(&mut events, timeout) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            let ready = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => 0,
                 Err(e) => return Err(sys("epoll_wait")(e)),
+            };
+            let link_failed = events.iter().take(ready).any(|e| {
+                e.data() == TOKEN_NIC
+                    && e.events()
+                        .intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP)
+            });
+            if link_failed {
+                self.link_error();
             }
+            self.check_link(Instant::now())?;
             // Level-triggered: the other sources are drained by the round itself.
             let _ = self.wake.read();
             idle_since = None;
@@ -470,7 +490,70 @@ impl Backend {
         };
         let n = link.recv(&mut |frame| engine.handle_frame(now, frame));
         self.counters.nic_rx_frames += n as u64;
+        if n > 0 {
+            self.link_works(now);
+        }
         n > 0
+    }
+
+    /// The link's descriptor polled as failed: take the error (until it is taken the
+    /// descriptor keeps polling so, and the loop would spin) and note the fault.
+    fn link_error(&mut self) {
+        let Some(error) = self.link.as_mut().and_then(|l| l.take_error()) else {
+            return;
+        };
+        self.link_failed(Instant::now(), &error.to_string());
+    }
+
+    fn link_failed(&mut self, now: Instant, error: &str) {
+        self.counters.nic_link_errors += 1;
+        match &mut self.link_fault {
+            Some(f) => {
+                f.errors += 1;
+                tracing::debug!(error, "link still failing");
+            }
+            None => {
+                tracing::warn!(error, "link failed; serving co-located guests and retrying");
+                self.link_fault = Some(LinkFault::new(now));
+            }
+        }
+    }
+
+    /// A frame came in or went out: a failed link is back.
+    fn link_works(&mut self, now: Instant) {
+        if let Some(f) = self.link_fault.take() {
+            tracing::info!(
+                down_ms = f.lasted(now).as_millis() as u64,
+                errors = f.errors,
+                "link back"
+            );
+        }
+    }
+
+    /// While the link fails: open it again if its interface was re-created.
+    fn check_link(&mut self, now: Instant) -> Result<(), BackendError> {
+        let (Some(fault), Some(link)) = (&mut self.link_fault, &mut self.link) else {
+            return Ok(());
+        };
+        if !fault.due(now) {
+            return Ok(());
+        }
+        match link.reopen_if_replaced() {
+            Ok(false) => {}
+            Ok(true) => {
+                // The old descriptor left the epoll set when it was closed.
+                self.epoll
+                    .add(
+                        borrow_raw(link.raw_fd()),
+                        EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_NIC),
+                    )
+                    .map_err(sys("epoll_ctl(nic)"))?;
+                self.counters.nic_link_reopens += 1;
+                tracing::info!("link interface re-created; socket reopened");
+            }
+            Err(e) => tracing::debug!(error = %e, "link not reopened"),
+        }
+        Ok(())
     }
 
     fn transmit(&mut self) -> bool {
@@ -490,9 +573,13 @@ impl Backend {
         }
         if sent > 0 {
             if let Some(link) = &mut self.link {
-                if let Err(e) = link.flush() {
-                    self.counters.nic_tx_errors += 1;
-                    tracing::warn!(error = %e, "NIC flush failed");
+                match link.flush() {
+                    Ok(()) => self.link_works(Instant::now()),
+                    Err(e) => {
+                        self.counters.nic_tx_errors += 1;
+                        // A link that is down fails every flush: one warning per fault.
+                        self.link_failed(Instant::now(), &format!("flush: {e}"));
+                    }
                 }
             }
         }

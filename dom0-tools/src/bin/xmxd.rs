@@ -45,7 +45,8 @@ struct Args {
     #[arg(long)]
     backend_socket: Option<String>,
     /// Milliseconds between two announcements of this host's guests; others forget us
-    /// after four silent intervals, unless `--ttl-ms` says otherwise.
+    /// after four silent intervals (and never sooner than after 8 s), unless `--ttl-ms`
+    /// says otherwise.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     announce_ms: u64,
     /// Milliseconds other hosts keep this host's guests without news from it [default:

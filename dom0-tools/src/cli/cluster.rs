@@ -24,12 +24,16 @@ pub enum ClusterCmd {
         force: bool,
     },
     /// Put GUEST (a guest name, or the domid of a running domain) in cluster NAME; a
-    /// running guest's device is re-attached with its new cluster.
+    /// running guest's device is re-attached with its new cluster. A guest that neither
+    /// runs here nor is known to any host is refused unless --new says it is expected.
     Add {
         #[command(flatten)]
         target: Target,
         name: String,
         guest: String,
+        /// GUEST does not run yet: record it, so that it joins NAME when it starts.
+        #[arg(long)]
+        new: bool,
     },
     /// Take GUEST out of cluster NAME, back to `default`.
     Remove {
@@ -77,12 +81,18 @@ pub(super) fn run(cmd: ClusterCmd) -> Result<i32> {
             target,
             name,
             guest,
+            new,
         } => {
-            target.connect()?.call(&Request::ClusterAdd {
+            let v = target.connect()?.call(&Request::ClusterAdd {
                 name: name.clone(),
                 guest: guest.clone(),
+                new,
             })?;
-            println!("{guest} is in cluster {name}");
+            if v["running"].as_bool() == Some(true) {
+                println!("{guest} is in cluster {name}");
+            } else {
+                println!("{guest} is recorded in cluster {name}; it joins it when it starts");
+            }
         }
         ClusterCmd::Remove {
             target,

@@ -32,10 +32,14 @@ pub struct PeersArgs {
 
 pub(super) fn run(args: &PeersArgs) -> Result<i32> {
     let mut client = args.target.connect()?;
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    // A timeout beyond what the clock can represent means no deadline: keep waiting.
+    let deadline = Instant::now().checked_add(Duration::from_secs(args.timeout));
     let mut after = args.changed_after;
     let report = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None => Duration::MAX,
+        };
         let report: PeersReport = client.call_as(&Request::Peers {
             guest: args.guest.clone(),
             after,

@@ -15,7 +15,10 @@
 //! {"op":"clusters"}                                -> [ClusterReport]
 //! {"op":"cluster-create","name":"blue"}            -> {"id":N}
 //! {"op":"cluster-delete","name":"blue","force":false} -> {"moved":[guest...]}
-//! {"op":"cluster-add","name":"blue","guest":"vm1"} -> null   (guest: a name or a domid)
+//! {"op":"cluster-add","name":"blue","guest":"vm1"} -> {"running":B} (guest: a name or a
+//!                                                     domid; a guest neither running here,
+//!                                                     nor recorded, nor announced by another
+//!                                                     host needs "new":true)
 //! {"op":"cluster-remove","name":"blue","guest":"vm1"} -> null (back to the default cluster)
 //! {"op":"attach","domid":5,"cluster":"blue"}       -> GuestStatus (cluster optional)
 //! {"op":"detach","domid":5}                        -> null
@@ -75,7 +78,14 @@ pub enum Request {
         force: bool,
     },
     /// Put a guest (name or domid) in a cluster.
-    ClusterAdd { name: String, guest: String },
+    ClusterAdd {
+        name: String,
+        guest: String,
+        /// Record a guest no one knows yet (it joins the cluster when it starts); without
+        /// it, such a name is refused as most likely a typo.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        new: bool,
+    },
     /// Take a guest out of a cluster, back to the default one.
     ClusterRemove { name: String, guest: String },
     /// Give a running domain the xmx device.
@@ -339,6 +349,7 @@ mod tests {
                 Request::ClusterAdd {
                     name: "blue".into(),
                     guest: "5".into(),
+                    new: false,
                 },
             ),
             (

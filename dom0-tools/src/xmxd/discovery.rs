@@ -23,12 +23,21 @@ pub struct DiscoveryConfig {
     pub ttl: Duration,
 }
 
+/// Shortest silence after which a host's guests are forgotten, however often it
+/// announces. The interval says how fast news spreads, not how long a host may be silent
+/// for reasons of its own: a link flap, an xmxd restart. Forgetting a host's guests drops
+/// the traffic to them, so a host that announces often must not lose its peers over a
+/// flap of a few seconds. Open-MX never forgets a peer; the default interval (2 s) gives
+/// this value too, so only short intervals are affected.
+pub const MIN_TTL: Duration = Duration::from_secs(8);
+
 impl DiscoveryConfig {
-    /// Announce every `interval`, be forgotten after four silent intervals.
+    /// Announce every `interval`, be forgotten after four silent intervals, and never
+    /// after less than [`MIN_TTL`].
     pub fn every(interval: Duration) -> Self {
         DiscoveryConfig {
             interval,
-            ttl: interval.saturating_mul(4),
+            ttl: interval.saturating_mul(4).max(MIN_TTL),
         }
     }
 }
@@ -146,6 +155,16 @@ impl Discovery {
             Err(e) => tracing::error!(error = %e, "guest list cannot be announced"),
         }
         self.next_announce = now + self.cfg.interval.max(MIN_INTERVAL);
+    }
+
+    /// Ask the others for their lists and announce ours now, as a starting host does:
+    /// after a link failure, each side may have missed the other's news.
+    pub fn reannounce(&mut self, now: Instant) {
+        self.queue(
+            Mac::BROADCAST,
+            &announce::solicitation(&self.host_name, self.ttl_ms()),
+        );
+        self.announce_now(now);
     }
 
     /// Replace this host's guest list; a changed list is announced at once.
@@ -415,9 +434,40 @@ mod tests {
         assert_eq!(a.poll_timeout(), t0 + Duration::from_secs(1));
         assert!(!a.handle_timeout(t0 + Duration::from_secs(1)));
         assert_eq!(kinds(&drain(&mut a)), [Kind::Announce]);
-        assert!(!a.handle_timeout(t0 + Duration::from_millis(3999)));
-        assert!(a.handle_timeout(t0 + Duration::from_secs(4)));
+        assert!(!a.handle_timeout(t0 + MIN_TTL - Duration::from_millis(1)));
+        assert!(a.handle_timeout(t0 + MIN_TTL));
         assert_eq!(a.hosts().count(), 0);
+    }
+
+    #[test]
+    fn a_host_that_announces_often_survives_a_flap_of_seconds() {
+        let t0 = Instant::now();
+        let interval = Duration::from_millis(200);
+        let cfg = DiscoveryConfig::every(interval);
+        assert_eq!(cfg.ttl, MIN_TTL);
+        let mut a = Discovery::new(A, "ha", cfg, 1, t0);
+        let mut b = Discovery::new(B, "hb", cfg, 1, t0);
+        b.set_local(vec![entry("b1", Some(0))], t0);
+        for f in drain(&mut b) {
+            a.handle_frame(t0, &f);
+        }
+        // B's link is down for 2 s: A hears nothing and keeps ticking.
+        let mut t = t0;
+        while t < t0 + Duration::from_secs(2) {
+            t += interval;
+            assert!(!a.handle_timeout(t), "forgotten at {:?}", t - t0);
+            drain(&mut a);
+        }
+        assert_eq!(a.hosts().count(), 1);
+        // Back: B re-announces and is kept from then on.
+        b.reannounce(t);
+        let frames = drain(&mut b);
+        assert_eq!(kinds(&frames), [Kind::Solicit, Kind::Announce]);
+        for f in frames {
+            a.handle_frame(t, &f);
+        }
+        assert!(!a.handle_timeout(t + MIN_TTL - Duration::from_millis(1)));
+        assert_eq!(a.hosts().next().unwrap().1.entries[0].guest, "b1");
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct PacketFabric {
     fd: OwnedFd,
     mac: Mac,
     ifname: String,
+    /// The interface the socket is bound to: a name that later resolves to another index
+    /// names a re-created interface, which this socket no longer sees.
+    ifindex: u32,
+    /// The network namespace the socket was opened in, to open it again there.
+    netns: Option<String>,
 }
 
 fn last_os(op: &str) -> io::Error {
@@ -164,14 +169,48 @@ impl PacketFabric {
             fd,
             mac: Mac(mac),
             ifname: ifname.to_owned(),
+            ifindex: index,
+            netns: None,
         })
     }
 
     /// Open interface `ifname` of network namespace `netns` (a name under /run/netns or a
     /// path); the socket stays in that namespace whichever thread uses it.
     pub fn open_in_netns(netns: &str, ifname: &str) -> io::Result<PacketFabric> {
-        xmx_nic::netns::run_in(netns, || PacketFabric::open(ifname))
-            .map_err(|e| io::Error::other(e.to_string()))?
+        let mut fabric = xmx_nic::netns::run_in(netns, || PacketFabric::open(ifname))
+            .map_err(|e| io::Error::other(e.to_string()))??;
+        fabric.netns = Some(netns.to_owned());
+        Ok(fabric)
+    }
+
+    /// The index the interface's name resolves to now (0: no such interface).
+    fn current_index(&self) -> io::Result<u32> {
+        let cname = std::ffi::CString::new(self.ifname.as_str())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
+        // SAFETY: a NUL-terminated string that outlives the call; no other memory is passed.
+        let lookup = || unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        match &self.netns {
+            None => Ok(lookup()),
+            Some(ns) => xmx_nic::netns::run_in(ns, lookup)
+                .map_err(|e| io::Error::other(e.to_string())),
+        }
+    }
+
+    /// A socket on the interface that now bears this one's name, if that is another
+    /// interface than the one this socket is bound to (deleted and created again). A
+    /// renamed or merely downed interface keeps its index: this socket stays valid and
+    /// hears it again once the link is up, so `None` is the answer then, as it is while
+    /// no interface bears the name.
+    pub fn reopen_if_replaced(&self) -> io::Result<Option<PacketFabric>> {
+        let index = self.current_index()?;
+        if index == 0 || index == self.ifindex {
+            return Ok(None);
+        }
+        let fresh = match &self.netns {
+            None => PacketFabric::open(&self.ifname)?,
+            Some(ns) => PacketFabric::open_in_netns(ns, &self.ifname)?,
+        };
+        Ok(Some(fresh))
     }
 
     /// The interface's MAC: this host's identity on the fabric.

@@ -9,7 +9,7 @@
 //!
 //! - it has a wish node `/local/domain/0/xmx/guests/<domid>` (written by the xl hook or
 //!   `xmx attach`; its value names a cluster, or is empty), or
-//! - its name is recorded in xmxd's state with auto-attach (`xmx cluster add`, an earlier
+//! - its name is recorded in xmxd's state with auto-attach (`xmx cluster add [--new]`, an earlier
 //!   wish), or
 //! - another host announces a guest of that name (it is migrating here: see below).
 //!

@@ -18,6 +18,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use serde_json::json;
 use xmx_backend::admin::Reply;
+use xmx_backend::service::LinkFault;
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::xs::wire::{INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, Platform, Xenstore};
@@ -126,6 +127,10 @@ pub struct Core {
     /// What each attached guest was last shown of the table, in xenstore.
     published: HashMap<DomId, BTreeMap<u16, String>>,
     settle_at: Option<Instant>,
+    /// Set while the fabric socket reports errors (link down, interface gone): xmxd keeps
+    /// serving its own host, looks at the interface again with a bounded backoff, and is
+    /// back on the first frame the link carries again.
+    fabric_fault: Option<LinkFault>,
 }
 
 impl Core {
@@ -164,6 +169,7 @@ impl Core {
             remembered: HashMap::new(),
             published: HashMap::new(),
             settle_at,
+            fabric_fault: None,
         })
     }
 
@@ -189,6 +195,11 @@ impl Core {
         self.domains
             .get(&domid)
             .is_some_and(|d| d.attached.is_some())
+    }
+
+    /// Whether the fabric socket is failing (link down, interface gone) right now.
+    pub fn fabric_failing(&self) -> bool {
+        self.fabric_fault.is_some()
     }
 
     /// Names of the remote hosts heard from.
@@ -680,7 +691,13 @@ impl Core {
         let now = Instant::now();
         let mut changed = false;
         let discovery = &mut self.discovery;
-        fabric.recv_all(|frame| changed |= discovery.handle_frame(now, frame))?;
+        match fabric.recv_all(|frame| changed |= discovery.handle_frame(now, frame)) {
+            Ok(0) => {}
+            Ok(_) => self.fabric_works(now),
+            // The link went down, the interface vanished, the kernel ran short of
+            // buffers: none of it is this host's fault, and its guests still need xmxd.
+            Err(e) => self.fabric_failed(now, &e),
+        }
         if changed {
             // A domain here without a record may be a guest the fabric just told us about
             // (migrating in).
@@ -705,6 +722,7 @@ impl Core {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        self.check_fabric(now);
         let mut changed = self.discovery.handle_timeout(now);
         if self.settle_at.is_some_and(|at| now >= at) {
             self.settle_at = None;
@@ -718,12 +736,72 @@ impl Core {
     }
 
     fn transmit(&mut self) {
+        let mut sent = false;
         while let Some(frame) = self.discovery.poll_transmit() {
             if let Some(f) = &self.fabric {
-                if let Err(e) = f.send(&frame) {
-                    tracing::debug!(error = %e, "discovery frame not sent");
+                match f.send(&frame) {
+                    Ok(()) => sent = true,
+                    Err(e) => tracing::debug!(error = %e, "discovery frame not sent"),
                 }
             }
+        }
+        if sent {
+            self.fabric_works(Instant::now());
+        }
+    }
+
+    /// The fabric socket reported `error`: note it, and look at the interface soon.
+    fn fabric_failed(&mut self, now: Instant, error: &std::io::Error) {
+        match &mut self.fabric_fault {
+            Some(f) => {
+                f.errors += 1;
+                tracing::debug!(%error, "fabric still failing");
+            }
+            None => {
+                tracing::warn!(%error, "fabric link failed; serving this host's guests and retrying");
+                self.fabric_fault = Some(LinkFault::new(now));
+            }
+        }
+    }
+
+    /// A frame went out or came in: a failed link is back.
+    fn fabric_works(&mut self, now: Instant) {
+        if let Some(f) = self.fabric_fault.take() {
+            tracing::info!(
+                down_ms = f.lasted(now).as_millis() as u64,
+                errors = f.errors,
+                "fabric link back"
+            );
+            // The others may have missed our news while the link was down, and we theirs.
+            self.discovery.reannounce(now);
+        }
+    }
+
+    /// While the link fails: is the interface a new one (deleted and created again)? Then
+    /// open a socket on it; otherwise the socket resumes by itself when the link is up.
+    fn check_fabric(&mut self, now: Instant) {
+        let (Some(fault), Some(fabric)) = (&mut self.fabric_fault, &self.fabric) else {
+            return;
+        };
+        if !fault.due(now) {
+            return;
+        }
+        match fabric.reopen_if_replaced() {
+            Ok(None) => {}
+            Ok(Some(fresh)) => {
+                if fresh.mac() != self.discovery.me() {
+                    // Our identity on the fabric stays what the others know.
+                    tracing::warn!(old = %self.discovery.me(), new = %fresh.mac(),
+                        "the re-created interface has another MAC; announcing with the old one");
+                }
+                tracing::info!(
+                    iface = fresh.ifname(),
+                    "fabric interface re-created; socket reopened"
+                );
+                self.fabric = Some(fresh);
+                self.discovery.reannounce(now);
+            }
+            Err(e) => tracing::debug!(error = %e, "fabric interface not reopened"),
         }
     }
 
@@ -732,6 +810,7 @@ impl Core {
             Some(self.discovery.poll_timeout()),
             self.settle_at,
             self.backend.poll_timeout(),
+            self.fabric_fault.map(|f| f.check_at),
         ]
         .into_iter()
         .flatten()
@@ -769,8 +848,17 @@ impl Core {
                 tracing::info!(cluster = %name, ?moved, "cluster deleted");
                 json!({ "moved": moved })
             }
-            Request::ClusterAdd { name, guest } => {
+            Request::ClusterAdd { name, guest, new } => {
                 let guest = self.resolve_guest(&guest)?;
+                let running = self.runs_here(&guest);
+                // A name nobody knows is far more often a typo than a guest prepared
+                // ahead of its first start: recording it silently would look like a move.
+                if !new && !running && !self.knows_guest(&guest) {
+                    return Err(Error::NotFound(format!(
+                        "guest {guest}: no domain of that name runs on this host and no host \
+                         knows it (to record it before it starts, ask again with --new)"
+                    )));
+                }
                 let moved = self.store.state.set_guest_cluster(&guest, &name)?;
                 // A guest put in a cluster wants xmx.
                 let g = self.store.state.guest_entry(&guest)?;
@@ -780,7 +868,7 @@ impl Core {
                     tracing::info!(%guest, cluster = %name, "guest moved");
                     self.evaluate_guests(&[guest]);
                 }
-                serde_json::Value::Null
+                json!({ "running": running })
             }
             Request::ClusterRemove { name, guest } => {
                 let guest = self.resolve_guest(&guest)?;
@@ -853,6 +941,24 @@ impl Core {
         }
         names::check_guest_name(guest)?;
         Ok(guest.to_owned())
+    }
+
+    /// Whether a domain of guest `guest` runs on this host.
+    fn runs_here(&self, guest: &str) -> bool {
+        self.domains.values().any(|d| {
+            d.name
+                .as_deref()
+                .is_some_and(|n| names::base_name(n) == guest)
+        })
+    }
+
+    /// Whether guest `guest` is recorded here or announced by another host.
+    fn knows_guest(&self, guest: &str) -> bool {
+        self.store.state.guests.contains_key(guest)
+            || self
+                .discovery
+                .hosts()
+                .any(|(_, h)| h.entries.iter().any(|e| e.guest == guest))
     }
 
     /// Re-evaluate the running domains of these guests.
@@ -1175,17 +1281,15 @@ impl Stopper {
 }
 
 fn run_loop(shared: &Shared, stop: &AtomicBool, wake: &EventFd) -> Result<()> {
-    let (xs_fd, fabric_fd) = {
-        let core = shared.lock();
-        (
-            core.xs.watch_fd(),
-            core.fabric.as_ref().map(PacketFabric::raw_fd),
-        )
-    };
+    let xs_fd = shared.lock().xs.watch_fd();
     while !stop.load(Ordering::Acquire) {
-        let next = shared.with(|core| -> Result<Instant> {
+        // The fabric socket may have been opened again (a re-created interface).
+        let (next, fabric_fd) = shared.with(|core| -> Result<(Instant, Option<RawFd>)> {
             core.step()?;
-            Ok(core.poll_timeout())
+            Ok((
+                core.poll_timeout(),
+                core.fabric.as_ref().map(PacketFabric::raw_fd),
+            ))
         })?;
         let left = next.saturating_duration_since(Instant::now());
         let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;

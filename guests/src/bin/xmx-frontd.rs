@@ -38,13 +38,13 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     devid: u32,
     /// Seconds to wait for the toolstack to create the device.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     device_timeout: u64,
     /// Seconds a control request may wait for the backend.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     ctrl_timeout: u64,
     /// Milliseconds applications get to disconnect when the daemon stops.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     drain_ms: u64,
     /// Keep no region registered across messages (published as feature-rcache=0).
     #[arg(long)]

@@ -8,6 +8,13 @@ pub const DEFAULT_ACK_DELAY: Duration = Duration::from_micros(15_625);
 pub const DEFAULT_RESEND_DELAY: Duration = Duration::from_millis(500);
 /// Open-MX's default resend budget (`OMX_RESENDS_MAX`, MX's `MX_MAX_RETRIES`).
 pub const DEFAULT_MAX_RETRIES: u32 = 1000;
+/// Longest wait between two retransmissions by default: Open-MX's constant resend
+/// delay, so the default budget is Open-MX's too. 1000 resends at 2 per second fail a
+/// request to a silent partner after about 500 s (8 minutes and 20 s), which is the
+/// default bound of every send and connect; `mx_set_request_timeout` (or
+/// [`Config::request_timeout`]) sets a shorter one. A backoff to seconds would stretch the
+/// same budget to half an hour.
+pub const DEFAULT_RESEND_DELAY_MAX: Duration = DEFAULT_RESEND_DELAY;
 /// Open-MX acks immediately once this many messages wait for an ack
 /// (`OMX_NOTACKED_MAX`, MX's `MX_IMM_ACK`).
 pub const DEFAULT_IMM_ACK_THRESHOLD: u16 = 4;
@@ -68,7 +75,7 @@ impl Default for Config {
             imm_ack_threshold: DEFAULT_IMM_ACK_THRESHOLD,
             resend_delay: DEFAULT_RESEND_DELAY,
             resend_backoff: 2,
-            resend_delay_max: Duration::from_secs(2),
+            resend_delay_max: DEFAULT_RESEND_DELAY_MAX,
             max_retries: DEFAULT_MAX_RETRIES,
             request_timeout: None,
             rendezvous_timeout: None,
@@ -172,6 +179,8 @@ mod tests {
         assert_eq!(c.imm_ack_threshold, 4);
         assert_eq!(c.ack_delay, Duration::from_secs(1) / 64);
         assert_eq!(c.effective_send_window(), DEFAULT_SEND_WINDOW);
+        // A silent partner is given up after 1001 waits of 500 ms, as in Open-MX.
+        assert_eq!(c.retry_budget(), Duration::from_millis(500_500));
     }
 
     #[test]

@@ -792,7 +792,9 @@ fn refused_messages_free_the_send_window() {
         .map(|i| s.nodes[0].ep.send(now, to, i, b"old").unwrap().0)
         .collect();
     assert_eq!(s.nodes[0].ep.held_sends() as u64, n - window);
-    let limit = now + Duration::from_secs(1);
+    // Each window's refusals are believed a resend delay after their NACKs.
+    let rounds = (n / window + 1) as u32;
+    let limit = now + Duration::from_secs(1) + s.nodes[0].ep.config().resend_delay * rounds;
     assert!(s.run_until(limit, |s| s.nodes[0].events.len() as u64 >= n));
     let done = send_statuses(&mut s, 0);
     assert_eq!(

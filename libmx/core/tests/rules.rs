@@ -306,7 +306,12 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
             lib_seqnum: seq,
         }),
     };
+    // A NACK takes effect once no ack contradicted it for a resend delay.
+    let confirm = Config::default().resend_delay;
     p.a.handle_frame(p.now, nack(2, sent[1].1).as_borrowed());
+    assert!(events(&mut p.a).is_empty(), "believed before confirmation");
+    let now = p.at(confirm.as_millis() as u64);
+    p.a.handle_timeout(now);
     assert_eq!(
         events(&mut p.a),
         vec![Event::SendDone {
@@ -320,6 +325,8 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
         p.now,
         nack(1, Seqnum::new(2, sent[0].1.seq())).as_borrowed(),
     );
+    let now = p.at(confirm.as_millis() as u64);
+    p.a.handle_timeout(now);
     assert!(
         events(&mut p.a).is_empty(),
         "unknown type and other session ignored"
@@ -327,6 +334,8 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
     p.a.handle_frame(p.now, nack(1, sent[0].1).as_borrowed());
     p.a.handle_frame(p.now, nack(3, sent[2].1).as_borrowed());
     p.a.handle_frame(p.now, nack(3, sent[2].1).as_borrowed());
+    let now = p.at(confirm.as_millis() as u64);
+    p.a.handle_timeout(now);
     assert_eq!(
         events(&mut p.a),
         vec![
@@ -343,6 +352,57 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
         ]
     );
     assert_eq!(p.a.pending_requests(), 0);
+}
+
+#[test]
+fn a_forged_nack_does_not_end_a_send_its_partner_acks() {
+    let mut p = Pair::new(Config::default());
+    let (id, frames) = p.a_sends(1, b"data");
+    let seq = message(&frames[0]).seqnum;
+    // The message is lost on the way; a third party that guessed its seqnum
+    // forges B's refusal (NACK_LIB carries no session to check).
+    let forged = Frame {
+        peer_index: B.peer_index,
+        dst_endpoint: A.endpoint,
+        src_endpoint: B.endpoint,
+        body: Body::<Vec<u8>>::Nack(Nack {
+            nack_type: 2,
+            lib_seqnum: seq,
+        }),
+    };
+    p.a.handle_frame(p.now, forged.as_borrowed());
+    assert!(
+        events(&mut p.a).is_empty(),
+        "the send ended on a NACK alone"
+    );
+    // A resends at once to confirm the refusal; the real B is alive and
+    // acks the message.
+    p.a.handle_timeout(p.now);
+    let probe = drain(&mut p.a);
+    assert_eq!(probe.len(), 1);
+    assert_eq!(message(&probe[0]).seqnum, seq);
+    p.b.post_recv(p.now, 1, u64::MAX, 16).unwrap();
+    deliver(&mut p.b, p.now, A, &probe);
+    p.b.flush_acks();
+    let acks = drain(&mut p.b);
+    deliver(&mut p.a, p.now, B, &acks);
+    let now = p.at(2 * Config::default().resend_delay.as_millis() as u64);
+    p.a.handle_timeout(now);
+    assert_eq!(
+        events(&mut p.a),
+        vec![Event::SendDone {
+            id,
+            status: Status::Success,
+            xfer_length: 4
+        }]
+    );
+    let got = events(&mut p.b);
+    let done = recv_done(&got);
+    assert_eq!(done.len(), 1, "{got:?}");
+    assert_eq!(
+        (done[0].status, &done[0].data[..]),
+        (Status::Success, &b"data"[..])
+    );
 }
 
 #[test]

@@ -474,6 +474,14 @@ impl Endpoint {
                 st.core.handle_timeout(now);
                 work = true;
             }
+            if let Some(why) = st.port.as_ref().and_then(|p| p.gone()) {
+                // Nothing will carry a frame again: waiting out the retry
+                // budget would only hide that for minutes.
+                if st.core.pending_requests() > 0 {
+                    tracing::debug!(why, "endpoint lost; its requests fail");
+                    st.core.abandon_all(Status::Aborted);
+                }
+            }
             while let Some((id, result)) = st.regions.completed_pull() {
                 self.finish_pull(st, now, id, result);
                 work = true;

@@ -143,6 +143,12 @@ pub trait Port: Send {
     fn before_sleep(&mut self) -> bool {
         false
     }
+    /// Why the endpoint can never reach the network again (its backend or
+    /// guest daemon is gone, and nothing re-opened it), if so: pending
+    /// requests then fail at once rather than after the retry budget.
+    fn gone(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// How a pull started by [`Regions::pull`] goes on.

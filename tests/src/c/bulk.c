@@ -6,7 +6,8 @@
  *   bulk -d HOST -e EID    send: prints "sent I" per message
  * With BULK_HOLD=1 the receiver prints "holding" before the last message and
  * waits for a line on its standard input: the stream is in progress until
- * the test lets it end.
+ * the test lets it end. BULK_TIMEOUT_MS sets each send's request timeout
+ * (mx_set_request_timeout): a silent receiver fails it within that bound.
  */
 
 #include "xmx_test.h"
@@ -18,6 +19,7 @@ static uint32_t env_u32(const char *name, uint32_t dflt) {
 
 static void active(mx_endpoint_t ep, struct test_opts *o) {
   uint32_t count = env_u32("BULK_COUNT", 4), size = env_u32("BULK_SIZE", 1 << 20);
+  uint32_t timeout_ms = env_u32("BULK_TIMEOUT_MS", 0);
   mx_endpoint_addr_t peer = test_connect(ep, o->host, o->remote_eid);
   unsigned char *buf = malloc(size ? size : 1);
   EXPECT(buf, "memory");
@@ -26,6 +28,8 @@ static void active(mx_endpoint_t ep, struct test_opts *o) {
     mx_segment_t seg = {buf, size};
     mx_request_t r;
     CHECK(mx_isend(ep, &seg, 1, peer, i, NULL, &r));
+    if (timeout_ms)
+      CHECK(mx_set_request_timeout(ep, r, timeout_ms));
     mx_status_t s = test_wait(ep, &r);
     EXPECT(s.code == MX_STATUS_SUCCESS, "send %u: %s", i, mx_strstatus(s.code));
     printf("sent %u\n", i);

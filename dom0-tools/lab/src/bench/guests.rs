@@ -319,7 +319,7 @@ impl GuestBed {
                                 .is_some_and(|g| d.name == format!("xmx-frontd-{}", g.name))
                     });
                 if wanted {
-                    out.push((role, d.pid));
+                    out.push((role, d.daemon_pid()));
                 }
             }
         }

@@ -249,8 +249,40 @@ fn domain_env(host: &HostState, domid: DomId) -> Vec<(String, String)> {
     ]
 }
 
-/// Start `bin` as a daemon of host `i`, record it, and wait for `ready` (its socket) to
-/// appear.
+/// The supervisor of a simulated daemon, a POSIX shell running `"$@"` as systemd runs a
+/// unit with `Restart=on-failure`, `RestartSec=1`, `StartLimitIntervalSec=60` and
+/// `StartLimitBurst=5` (dom0-tools/systemd): a daemon that fails (non-zero exit, killed
+/// by a signal) is started again a second later, unless it failed five times within a
+/// minute; one that exits with 0 stays stopped. SIGTERM or SIGINT to the supervisor stops
+/// the daemon and then the supervisor.
+const SUPERVISOR: &str = r#"
+child=
+trap 'test -n "$child" && kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM INT
+starts=
+while :; do
+  "$@" &
+  child=$!
+  wait "$child"
+  rc=$?
+  test "$rc" -eq 0 && exit 0
+  now=$(date +%s)
+  recent=
+  n=0
+  for t in $starts; do
+    if [ $((now - t)) -lt 60 ]; then recent="$recent $t"; n=$((n + 1)); fi
+  done
+  starts="$recent $now"
+  if [ "$n" -ge 4 ]; then
+    echo "supervisor: $1 failed 5 times within 60 s (status $rc); left stopped" >&2
+    exit "$rc"
+  fi
+  echo "supervisor: $1 failed (status $rc); starting it again in 1 s" >&2
+  sleep 1
+done
+"#;
+
+/// Start `bin` as a daemon of host `i` under [`SUPERVISOR`], record it (the
+/// supervisor's pid), and wait for `ready` (its socket) to appear.
 fn start_daemon(
     state: &mut ClusterState,
     i: usize,
@@ -266,7 +298,20 @@ fn start_daemon(
         .join(&host.name)
         .join("logs")
         .join(format!("{daemon}.log"));
-    let pid = spawn_in_ns(&host.netns, bin, args, env, &log)?;
+    if !bin.exists() {
+        bail!(
+            "{} not found (build the workspace first: cargo build --release)",
+            bin.display()
+        );
+    }
+    let mut supervised = vec![
+        "-c".to_string(),
+        SUPERVISOR.to_string(),
+        "xmx-supervise".to_string(),
+        bin.display().to_string(),
+    ];
+    supervised.extend_from_slice(args);
+    let pid = spawn_in_ns(&host.netns, Path::new("/bin/sh"), &supervised, env, &log)?;
     state.hosts[i].daemons.push(DaemonState {
         name: daemon.into(),
         pid,
@@ -482,7 +527,7 @@ pub fn status(state: &ClusterState) -> serde_json::Value {
             let daemons: Vec<_> = h
                 .daemons
                 .iter()
-                .map(|d| serde_json::json!({"name": d.name, "pid": d.pid, "alive": wait::alive(d.pid), "log": d.log}))
+                .map(|d| serde_json::json!({"name": d.name, "pid": d.pid, "daemon_pid": d.daemon_pid(), "alive": wait::alive(d.pid), "log": d.log}))
                 .collect();
             let live = SimAdmin::connect(&h.simhv_dir).and_then(|a| a.list()).ok();
             serde_json::json!({

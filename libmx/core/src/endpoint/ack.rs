@@ -154,23 +154,76 @@ impl Endpoint {
                     break;
                 }
             }
-            if let Some((pos, id)) = found {
-                tracing::debug!(?src, ?id, %status, "send refused by the peer");
-                if let Some(p) = self.partners.get_mut(&src) {
-                    p.non_acked.remove(pos);
+            if let Some((_, id)) = found {
+                // MXoE's NACK_LIB names a seqnum and nothing else: no session,
+                // nothing a third party on the fabric could not forge from a
+                // captured or guessed seqnum. Believed at once, a spoofed one
+                // aborts another endpoint's send. So a NACK only arms a
+                // confirmation: the message is retransmitted now, and the
+                // refusal takes effect one resend delay later unless the
+                // partner acks the message meanwhile. A partner that really
+                // refuses it (closed, reopened) never acks it and the send
+                // fails after that delay, as Open-MX fails it; a live partner
+                // acks the retransmission and the forged NACK is forgotten.
+                // A forger would have to suppress the real partner's acks,
+                // which only a host on the path can.
+                if !self.refusals.contains_key(&id) {
+                    tracing::debug!(?src, ?id, %status, "send refused by the peer; confirming");
+                    let confirm_at = now + self.config.resend_delay;
+                    self.refusals.insert(id, (status, confirm_at));
+                    self.resend_now(id, now);
                 }
-                self.finish_sequenced(id, status);
-                self.release_throttled(now, src);
                 return;
             }
         }
         // Connects carry no seqnum; any pending one is equivalent to another.
+        // A refused connect fails at once: it has no session to lose yet,
+        // and the application may simply connect again.
         let Some(p) = self.partners.get_mut(&src) else {
             return;
         };
         if !p.connects.is_empty() {
             let id = p.connects.remove(0);
             self.complete_connect(id, status, None);
+        }
+    }
+
+    /// Retransmits sequenced request `id` at the next timeout, now.
+    fn resend_now(&mut self, id: RequestId, now: Instant) {
+        match self.requests.get_mut(&id) {
+            Some(Request::Send(SendReq { retx: Some(r), .. }))
+            | Some(Request::Recv(RecvReq {
+                state: RecvState::Notifying { retx: Some(r), .. },
+                ..
+            })) => r.next_resend = now,
+            _ => {}
+        }
+    }
+
+    /// Fails the messages whose refusal was not contradicted by an ack in
+    /// time; forgets refusals of messages that were acked (or ended) since.
+    pub(super) fn apply_refusals(&mut self, now: Instant) {
+        let requests = &self.requests;
+        self.refusals.retain(|id, _| requests.contains_key(id));
+        let due: Vec<(RequestId, Status)> = self
+            .refusals
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(id, (status, _))| (*id, *status))
+            .collect();
+        for (id, status) in due {
+            self.refusals.remove(&id);
+            let peer = self.partners.iter().find_map(|(peer, p)| {
+                let pos = p.non_acked.iter().position(|x| *x == id)?;
+                Some((*peer, pos))
+            });
+            let Some((peer, pos)) = peer else { continue };
+            tracing::debug!(?peer, ?id, %status, "send refused by the peer, confirmed");
+            if let Some(p) = self.partners.get_mut(&peer) {
+                p.non_acked.remove(pos);
+            }
+            self.finish_sequenced(id, status);
+            self.release_throttled(now, peer);
         }
     }
 }

@@ -272,6 +272,10 @@ pub struct Endpoint {
     timer_cache: OnceLock<Option<Instant>>,
     /// [`Endpoint::close`] was called: only resent frames are answered.
     closed: bool,
+    /// Sequenced messages a NACK refused, not yet believed: the refusal's
+    /// status and when it takes effect unless the message is acked first
+    /// (see `on_nack`).
+    refusals: BTreeMap<RequestId, (Status, Instant)>,
 }
 impl Endpoint {
     /// An endpoint with index `index` on its NIC, session id `session` (the
@@ -294,6 +298,7 @@ impl Endpoint {
             next_inbound: 1,
             timer_cache: OnceLock::new(),
             closed: false,
+            refusals: BTreeMap::new(),
         }
     }
 
@@ -581,6 +586,19 @@ impl Endpoint {
         self.cleanup_partner(peer, Status::EndpointUnreachable, true);
     }
 
+    /// The endpoint lost its way to the network for good (its backend or its
+    /// guest daemon is gone): every pending send and connect, and every
+    /// receive in progress, completes with `status` now instead of after the
+    /// retry budget. Posted receives that matched nothing stay posted, as MX
+    /// leaves them until they are cancelled.
+    pub fn abandon_all(&mut self, status: Status) {
+        self.timers_changed();
+        let peers: Vec<PeerAddr> = self.partners.keys().copied().collect();
+        for peer in peers {
+            self.cleanup_partner(peer, status, true);
+        }
+    }
+
     /// The next frame to send, if any. Acks that must go out now are emitted
     /// here, after the frames already queued.
     pub fn poll_transmit(&mut self) -> Option<Frame<Vec<u8>>> {
@@ -642,7 +660,12 @@ impl Endpoint {
                     }) => (retx.map(|r| r.next_resend), *deadline),
                     Request::Recv(_) => (None, None),
                 };
-                retx_at.into_iter().chain(deadline).for_each(&mut consider);
+                let refused = self.refusals.get(id).map(|r| r.1);
+                retx_at
+                    .into_iter()
+                    .chain(deadline)
+                    .chain(refused)
+                    .for_each(&mut consider);
             }
         }
         next
@@ -653,6 +676,9 @@ impl Endpoint {
     /// whose retry budget or deadline ran out.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.timers_changed();
+        if !self.refusals.is_empty() {
+            self.apply_refusals(now);
+        }
         let peers: Vec<PeerAddr> = self.partners.keys().copied().collect();
         for peer in peers {
             if self.partner_expired(now, peer) {

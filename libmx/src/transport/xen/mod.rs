@@ -216,10 +216,15 @@ impl Shared {
         let notices = match lock(&self.client).poll_notices() {
             Ok(n) => n,
             Err(e) => {
-                tracing::warn!(%e, "the guest daemon is gone");
+                // The daemon held the device and re-opens endpoints after a
+                // backend restart: without it nothing will, so the endpoints
+                // are lost and their requests fail now, not in minutes.
+                tracing::warn!(%e, "the guest daemon is gone; failing the endpoints' requests");
                 self.daemon_gone.store(true, Ordering::SeqCst);
                 for ep in self.endpoints() {
                     lock(&ep.link).set_down();
+                    let _ = ep.lost.set("the guest daemon xmx-frontd is gone");
+                    ep.mailbox.ring();
                 }
                 return;
             }
@@ -237,6 +242,7 @@ impl Shared {
                     tracing::warn!(endpoint, %reason, "endpoint lost");
                     if let Some(ep) = lock(&self.endpoints).get(&endpoint).cloned() {
                         lock(&ep.link).lose();
+                        let _ = ep.lost.set("the backend lost the endpoint");
                         ep.mailbox.ring();
                     }
                 }
@@ -473,6 +479,7 @@ impl Transport for Xen {
             index,
             mailbox: Mailbox::new(doorbell),
             link: Mutex::new(link),
+            lost: std::sync::OnceLock::new(),
         });
         lock(&self.shared.endpoints).insert(index, ep.clone());
         self.shared.kick();

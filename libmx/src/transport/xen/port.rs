@@ -1,6 +1,6 @@
 //! An endpoint's port and regions on the Xen transport.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
@@ -25,6 +25,9 @@ pub struct EndpointShared {
     pub mailbox: Mailbox,
     /// The rings and requests.
     pub link: Mutex<Link>,
+    /// Why the endpoint is lost for good, once it is (the daemon is gone, or
+    /// could not re-open it); read on every progress without the link's lock.
+    pub lost: OnceLock<&'static str>,
 }
 
 /// An open endpoint of a guest.
@@ -96,6 +99,10 @@ impl Port for XenPort {
 
     fn regions(&self) -> Arc<dyn Regions> {
         self.regions.clone()
+    }
+
+    fn gone(&self) -> Option<&'static str> {
+        self.ep.lost.get().copied()
     }
 }
 
