@@ -32,6 +32,7 @@ pub use class::{MessageClass, MEDIUM_MAX, SMALL_MAX, TINY_MAX};
 pub use config::{Config, DEFAULT_RESEND_DELAY};
 pub use endpoint::{
     Endpoint, EndpointAddr, Error, Event, ProbeInfo, PullNeeded, RecvDone, RequestId,
+    CLOSE_SETTLE_MAX,
 };
 pub use frame::{Body, Frame, PeerAddr, RdmaWindow};
 pub use seqnum::Seqnum;

@@ -35,6 +35,8 @@ use crate::seqnum::Seqnum;
 use crate::status::{ConnectStatus, NackType, Status};
 use crate::time::Instant;
 
+pub use close::CLOSE_SETTLE_MAX;
+
 /// Names a request (connect, send or receive) for its whole life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RequestId(pub u64);
