@@ -144,3 +144,11 @@ fn threads_share_an_endpoint() {
 fn large_reply_without_connecting_back() {
     program("reply_large");
 }
+
+/// An MPI transport's use of MX: a context id, an unexpected handler that
+/// posts receives for control packets, LARGE and small messages of one
+/// match info received in arrival order, exchanges in both directions.
+#[test]
+fn mpi_transport_pattern() {
+    assert!(program("mpi_pattern").contains("received 4 rounds in arrival order"));
+}

@@ -169,3 +169,13 @@ fn an_interface_selects_native_by_default() {
     passed("passive side", &passive);
     passed("active side", &active);
 }
+
+/// Unexpected LARGE messages keep their place in the queue while later
+/// small ones of the same match info arrive (the pull is not instantaneous
+/// here, unlike on loopback).
+#[test]
+fn mpi_transport_pattern() {
+    if let Some((p, _)) = across("mpi_pattern", "nmp") {
+        assert!(p.contains("received 4 rounds in arrival order"));
+    }
+}

@@ -31,11 +31,10 @@ pub mod time;
 pub use class::{MessageClass, MEDIUM_MAX, SMALL_MAX, TINY_MAX};
 pub use config::Config;
 pub use endpoint::{
-    Endpoint, EndpointAddr, Error, Event, ProbeInfo, PullNeeded, RecvDone, RequestId,
+    Endpoint, EndpointAddr, Error, Event, InboundId, ProbeInfo, PullNeeded, RecvDone, RequestId,
+    UnexpectedArrival,
 };
 pub use frame::{Body, Frame, PeerAddr, RdmaWindow};
 pub use seqnum::Seqnum;
 pub use status::{ConnectStatus, NackType, Status};
 pub use time::Instant;
-
-pub(crate) use endpoint::InboundId;

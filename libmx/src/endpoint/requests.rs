@@ -179,9 +179,6 @@ impl Endpoint {
             r.segs = segs;
             r.match_info = match_info;
             let seq = ep.new_request(st, r);
-            if ep.take_stored(st, now, seq, match_info, match_mask) {
-                return Ok(ep.token(seq));
-            }
             let capacity = st.requests[&seq].segs.len();
             let id = st
                 .core
@@ -191,7 +188,6 @@ impl Endpoint {
                 r.core = Some(id);
             }
             st.links.insert(id, Link::Request(seq));
-            ep.repost_sentinel(st, now);
             Ok(ep.token(seq))
         })
     }
@@ -415,9 +411,6 @@ impl Endpoint {
     }
 
     fn probe_now(&self, st: &mut State, match_info: u64, match_mask: u64) -> Option<MxStatus> {
-        if let Some(s) = self.probe_stored(st, match_info, match_mask) {
-            return Some(s);
-        }
         let p = st.core.probe(match_info, match_mask).ok()??;
         Some(MxStatus {
             code: Status::Success.code(),
