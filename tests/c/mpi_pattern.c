@@ -222,6 +222,14 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
     EXPECT(result == 1, "the messages sent before the control packet are queued");
     EXPECT(s.msg_length == lengths[0], "the first queued message has %u bytes, not %u",
            s.msg_length, lengths[0]);
+    /* MPI takes a probed message's size from xfer_length. */
+    EXPECT(s.code == MX_STATUS_SUCCESS && s.match_info == DIRECT(1) &&
+               s.xfer_length == lengths[0],
+           "iprobe status: %s, match %llx, xfer_length %u", mx_strstatus(s.code),
+           (unsigned long long)s.match_info, s.xfer_length);
+    CHECK(mx_probe(ep, MX_INFINITE, DIRECT(1), FULL_MASK, &s, &result));
+    EXPECT(result == 1 && s.msg_length == lengths[0] && s.xfer_length == lengths[0],
+           "probe status: %u bytes, xfer_length %u", s.msg_length, s.xfer_length);
     if (round == 0)
       peer = test_connect_back(ep, &s);
     struct incoming in;

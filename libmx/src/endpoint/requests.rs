@@ -417,7 +417,9 @@ impl Endpoint {
             source: self.addr_of(p.source.peer, p.source.session).encode(),
             match_info: p.match_info,
             msg_length: p.msg_length,
-            xfer_length: 0,
+            // As MX reports it: what a receive of the whole message would
+            // take (MPI sizes a probed message by it).
+            xfer_length: p.msg_length,
             context: std::ptr::null_mut(),
         })
     }
