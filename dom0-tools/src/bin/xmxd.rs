@@ -48,6 +48,10 @@ struct Args {
     /// after four silent intervals.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     announce_ms: u64,
+    /// Milliseconds the other hosts keep our guests without news from us [default: four
+    /// announcement intervals].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    ttl_ms: Option<u64>,
 }
 
 fn host_name() -> String {
@@ -97,6 +101,9 @@ fn run(args: Args) -> Result<(), String> {
     let mut cfg = Config::new(&args.hostname.unwrap_or_else(host_name), &args.state_dir);
     cfg.toolstack = args.domid;
     cfg.discovery = DiscoveryConfig::every(Duration::from_millis(args.announce_ms));
+    if let Some(ttl) = args.ttl_ms {
+        cfg.discovery.ttl = Duration::from_millis(ttl).max(cfg.discovery.interval);
+    }
     cfg.settle = cfg.discovery.interval;
     cfg.control_socket = Some(args.control.unwrap_or_else(xmxd::default_control_socket));
     cfg.backend_socket = match args.backend_socket.as_deref() {

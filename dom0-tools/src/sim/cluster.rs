@@ -35,6 +35,11 @@ const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the simulated hosts' xmxd announce their guests: often, so a cluster settles
 /// within a second.
 const XMXD_ANNOUNCE_MS: u64 = 200;
+/// How long the simulated hosts keep each other's guests without an announcement. All
+/// hosts share the machine's cores: under load (MPI ranks poll without sleeping) an xmxd
+/// can go unscheduled for longer than four 200 ms intervals, and a host that forgot its
+/// peers' guests shrinks every peer table under running applications.
+const XMXD_TTL_MS: u64 = 10_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GuestState {
@@ -428,6 +433,8 @@ fn start_dom0_daemons(
             backd_socket.display().to_string(),
             "--announce-ms".into(),
             XMXD_ANNOUNCE_MS.to_string(),
+            "--ttl-ms".into(),
+            XMXD_TTL_MS.to_string(),
         ],
         &env,
         &xmxd_socket,
