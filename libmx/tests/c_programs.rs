@@ -170,3 +170,11 @@ fn bad_arguments_get_mx_error_codes() {
 fn mx_internals_for_open_mpi() {
     assert!(program("mx_internals").contains("mx__regcache_clean checked"));
 }
+
+/// An MPI transport's use of MX: a context id, an unexpected handler that
+/// posts receives for control packets, LARGE and small messages of one
+/// match info received in arrival order, exchanges in both directions.
+#[test]
+fn mpi_transport_pattern() {
+    assert!(program("mpi_pattern").contains("received 4 rounds in arrival order"));
+}

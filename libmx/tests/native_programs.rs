@@ -202,3 +202,13 @@ fn mx_internals_for_open_mpi() {
         .expect("running mx_internals");
     assert!(passed("mx_internals", &o).contains("mx__regcache_clean checked"));
 }
+
+/// Unexpected LARGE messages keep their place in the queue while later
+/// small ones of the same match info arrive (the pull is not instantaneous
+/// here, unlike on loopback).
+#[test]
+fn mpi_transport_pattern() {
+    if let Some((p, _)) = across("mpi_pattern", "nmp") {
+        assert!(p.contains("received 4 rounds in arrival order"));
+    }
+}

@@ -1,8 +1,8 @@
 /*
  * An unexpected-message handler: called for messages no receive matches,
  * in order; it may post a receive and continue, drop the message, or leave
- * it queued for a later receive. (A LARGE message reaches the handler once
- * its data is in: after later small messages may have been matched.)
+ * it queued for a later receive. A LARGE message is shown when it arrives,
+ * without data: it is pulled once a receive takes it.
  */
 
 #include "xmx_test.h"

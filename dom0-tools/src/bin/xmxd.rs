@@ -100,7 +100,7 @@ fn run(args: Args) -> Result<(), String> {
     cfg.toolstack = args.domid;
     cfg.discovery = DiscoveryConfig::every(Duration::from_millis(args.announce_ms));
     if let Some(ttl) = args.ttl_ms {
-        cfg.discovery.ttl = Duration::from_millis(ttl);
+        cfg.discovery.ttl = Duration::from_millis(ttl).max(cfg.discovery.interval);
     }
     cfg.settle = cfg.discovery.interval;
     cfg.control_socket = Some(args.control.unwrap_or_else(xmxd::default_control_socket));

@@ -31,12 +31,10 @@ pub mod time;
 pub use class::{MessageClass, MEDIUM_MAX, SMALL_MAX, TINY_MAX};
 pub use config::{Config, DEFAULT_RESEND_DELAY};
 pub use endpoint::{
-    Endpoint, EndpointAddr, Error, Event, ProbeInfo, PullNeeded, RecvDone, RequestId,
-    CLOSE_SETTLE_MAX,
+    Endpoint, EndpointAddr, Error, Event, InboundId, ProbeInfo, PullNeeded, RecvDone, RequestId,
+    UnexpectedArrival, CLOSE_SETTLE_MAX,
 };
 pub use frame::{Body, Frame, PeerAddr, RdmaWindow};
 pub use seqnum::Seqnum;
 pub use status::{ConnectStatus, NackType, Status};
 pub use time::Instant;
-
-pub(crate) use endpoint::InboundId;

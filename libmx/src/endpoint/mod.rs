@@ -63,8 +63,6 @@ pub(crate) enum Link {
     Request(u64),
     /// An eager send the application was told is complete.
     Zombie,
-    /// The catch-all receive of the unexpected handler.
-    Sentinel,
     /// Nobody wants this completion any more.
     Discard,
 }
@@ -559,11 +557,12 @@ impl Endpoint {
                 }
                 _ => {}
             },
-            Event::RecvDone(done) => match st.links.remove(&done.id) {
-                Some(Link::Request(seq)) => self.finish_recv(st, seq, done),
-                Some(Link::Sentinel) => self.unexp_arrived(st, now, done),
-                _ => {}
-            },
+            Event::RecvDone(done) => {
+                if let Some(Link::Request(seq)) = st.links.remove(&done.id) {
+                    self.finish_recv(st, seq, done);
+                }
+            }
+            Event::Unexpected(arrival) => self.unexp_arrived(st, arrival),
             Event::PullNeeded(p) => match st.links.get(&p.id).copied() {
                 Some(Link::Request(seq)) => {
                     let Some(r) = st.requests.get(&seq) else {
@@ -577,7 +576,6 @@ impl Endpoint {
                         self.finish_pull(st, now, p.id, result);
                     }
                 }
-                Some(Link::Sentinel) => self.unexp_large_arrived(st, now, p),
                 _ => {
                     // Dropped receive: tell the sender nothing was taken.
                     let _ = st.core.pull_done(now, p.id, Status::Aborted);

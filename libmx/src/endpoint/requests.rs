@@ -179,9 +179,6 @@ impl Endpoint {
             r.segs = segs;
             r.match_info = match_info;
             let seq = ep.new_request(st, r);
-            if ep.take_stored(st, now, seq, match_info, match_mask) {
-                return Ok(ep.token(seq));
-            }
             let capacity = st.requests[&seq].segs.len();
             let id = st
                 .core
@@ -191,7 +188,6 @@ impl Endpoint {
                 r.core = Some(id);
             }
             st.links.insert(id, Link::Request(seq));
-            ep.repost_sentinel(st, now);
             Ok(ep.token(seq))
         })
     }
@@ -415,16 +411,15 @@ impl Endpoint {
     }
 
     fn probe_now(&self, st: &mut State, match_info: u64, match_mask: u64) -> Option<MxStatus> {
-        if let Some(s) = self.probe_stored(st, match_info, match_mask) {
-            return Some(s);
-        }
         let p = st.core.probe(match_info, match_mask).ok()??;
         Some(MxStatus {
             code: Status::Success.code(),
             source: self.addr_of(p.source.peer, p.source.session).encode(),
             match_info: p.match_info,
             msg_length: p.msg_length,
-            xfer_length: 0,
+            // As MX reports it: what a receive of the whole message would
+            // take (MPI sizes a probed message by it).
+            xfer_length: p.msg_length,
             context: std::ptr::null_mut(),
         })
     }

@@ -41,9 +41,10 @@ pub use close::CLOSE_SETTLE_MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RequestId(pub u64);
 
-/// Names a message being received.
+/// Names a message being received (matched or not); an
+/// [`Event::Unexpected`] gives it to the application.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct InboundId(pub(crate) u64);
+pub struct InboundId(pub(crate) u64);
 
 /// A connected remote endpoint as the application sees it: where it is and
 /// which incarnation (session) of it we talk to.
@@ -132,6 +133,25 @@ pub enum Event {
     RecvDone(RecvDone),
     /// A receive needs its LARGE data pulled.
     PullNeeded(PullNeeded),
+    /// A message matched no posted receive and joined the unexpected queue
+    /// (reported only after [`Endpoint::set_unexpected_events`]).
+    Unexpected(UnexpectedArrival),
+}
+
+/// A message that joined the unexpected queue, in arrival order: what MX
+/// shows an unexpected handler. It stays queued, in its place, until a
+/// receive takes it ([`Endpoint::post_recv`] or
+/// [`Endpoint::receive_unexpected`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnexpectedArrival {
+    /// The queued message.
+    pub id: InboundId,
+    /// Who sent it.
+    pub source: EndpointAddr,
+    /// Its match info.
+    pub match_info: u64,
+    /// Its length as sent.
+    pub msg_length: u32,
 }
 
 /// An unexpected message, as `probe` reports it.
@@ -261,6 +281,8 @@ pub struct Endpoint {
     inbound: BTreeMap<InboundId, Inbound>,
     matcher: Matcher<RequestId, InboundId>,
     unexpected_bytes: usize,
+    /// Whether arrivals into the unexpected queue are reported.
+    report_unexpected: bool,
     /// Partners that may owe an ack (a superset; pruned when scanned).
     ack_pending: BTreeSet<PeerAddr>,
     transmits: VecDeque<Frame<Vec<u8>>>,
@@ -293,6 +315,7 @@ impl Endpoint {
             inbound: BTreeMap::new(),
             matcher: Matcher::new(),
             unexpected_bytes: 0,
+            report_unexpected: false,
             ack_pending: BTreeSet::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -483,6 +506,79 @@ impl Endpoint {
             self.settle(now, iid);
         }
         Ok(id)
+    }
+
+    /// Reports (or stops reporting) every message that joins the unexpected
+    /// queue with an [`Event::Unexpected`], for MX's unexpected handlers.
+    /// Turning it on first reports the messages queued already, in queue
+    /// order: a handler registered after traffic began still sees every
+    /// message no receive took.
+    pub fn set_unexpected_events(&mut self, on: bool) {
+        if on && !self.report_unexpected {
+            let queued: Vec<InboundId> = self.matcher.unexpected().map(|(_, &id)| id).collect();
+            for id in queued {
+                if let Some(inb) = self.inbound.get(&id) {
+                    let arrival = UnexpectedArrival {
+                        id,
+                        source: self.addr_of(inb.source),
+                        match_info: inb.match_info,
+                        msg_length: inb.msg_length,
+                    };
+                    self.events.push_back(Event::Unexpected(arrival));
+                }
+            }
+        }
+        self.report_unexpected = on;
+    }
+
+    /// Whether message `id` is still in the unexpected queue.
+    pub fn is_unexpected(&self, id: InboundId) -> bool {
+        self.inbound.get(&id).is_some_and(|inb| inb.recv.is_none())
+    }
+
+    /// The data of unexpected message `id` if it is still queued and
+    /// whole (a TINY, SMALL or fully reassembled MEDIUM message).
+    pub fn unexpected_data(&self, id: InboundId) -> Option<&[u8]> {
+        match self.inbound.get(&id) {
+            Some(Inbound {
+                recv: None,
+                content: Content::Whole(data),
+                ..
+            }) => Some(data),
+            _ => None,
+        }
+    }
+
+    /// Posts a receive of up to `capacity` bytes for exactly the unexpected
+    /// message `id`, wherever it stands in the queue (an unexpected handler
+    /// that drops the message it was shown). Completes like
+    /// [`post_recv`](Self::post_recv); `None` if `id` is no longer queued.
+    pub fn receive_unexpected(
+        &mut self,
+        now: Instant,
+        id: InboundId,
+        capacity: usize,
+    ) -> Option<RequestId> {
+        self.timers_changed();
+        let iid = self
+            .matcher
+            .remove_unexpected(|&u| u == id)
+            .into_iter()
+            .next()?;
+        let rid = self.alloc_request();
+        self.requests.insert(
+            rid,
+            Request::Recv(RecvReq {
+                capacity,
+                state: RecvState::Posted,
+            }),
+        );
+        if let Some(inb) = self.inbound.get_mut(&iid) {
+            self.unexpected_bytes -= inb.stored_len();
+            inb.recv = Some(rid);
+        }
+        self.settle(now, iid);
+        Some(rid)
     }
 
     /// Withdraws a posted receive that has not matched yet. Returns whether it

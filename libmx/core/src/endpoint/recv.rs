@@ -295,6 +295,15 @@ impl Endpoint {
             }
             None => {
                 self.unexpected_bytes += inb.stored_len();
+                if self.report_unexpected {
+                    let source = self.addr_of(src);
+                    self.events.push_back(Event::Unexpected(UnexpectedArrival {
+                        id: iid,
+                        source,
+                        match_info: m.match_info,
+                        msg_length,
+                    }));
+                }
                 self.inbound.insert(iid, inb);
                 self.matcher.push_unexpected(m.match_info, iid);
             }
