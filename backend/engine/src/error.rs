@@ -14,14 +14,6 @@ pub enum Violation {
     /// The request came from an endpoint that is not open.
     #[error("endpoint {0} is not open")]
     EndpointNotOpen(u8),
-    /// The peer index is beyond the peer table.
-    #[error("peer index {peer_index} beyond the peer table ({table_len} entries)")]
-    BadPeerIndex {
-        /// The index asked for.
-        peer_index: u16,
-        /// Entries in the table.
-        table_len: usize,
-    },
     /// A message longer than its class allows, or a MEDIUM whose fragments do not match
     /// its length.
     #[error("bad {class} length {length}")]
