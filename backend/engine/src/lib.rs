@@ -205,7 +205,7 @@ impl Ctx<'_> {
                 link.counters.tx_frames += 1;
                 link.counters.tx_bytes += len;
                 link.tx_bytes_queued += buf.len();
-                self.out.tx.push_back((link.id, buf));
+                self.out.tx.push(link.id, buf);
             }
             Path::Local => {
                 link.counters.local_frames += 1;
@@ -543,7 +543,9 @@ impl Engine {
 
     /// The next frame to put on the NIC.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let (guest, bytes) = self.out.tx.pop_front()?;
+        let guests = &self.guests;
+        let weight = |g: GuestId| guests.get(&g).map_or(1, |n| n.link.weight);
+        let (guest, bytes) = self.out.tx.pop(weight)?;
         if let Some(nic) = self.guests.get_mut(&guest) {
             nic.link.tx_bytes_queued = nic.link.tx_bytes_queued.saturating_sub(bytes.len());
         }
@@ -645,8 +647,8 @@ impl Engine {
         }
     }
 
-    /// Set a guest's weight (at least 1): its share of the pull budget against the other
-    /// guests' while they all pull.
+    /// Set a guest's weight (at least 1): its share of the pull budget and of the
+    /// transmit queue against the other guests' while they all pull or send.
     pub fn set_guest_weight(&mut self, guest: GuestId, weight: u32) -> Result<(), EngineError> {
         let nic = self
             .guests

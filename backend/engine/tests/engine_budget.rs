@@ -413,3 +413,37 @@ fn weighted_guests_get_shares_of_the_budget_in_proportion() {
         );
     }
 }
+
+#[test]
+fn weighted_senders_share_the_transmit_queue_in_proportion() {
+    let weights = [1u32, 1, 2, 4];
+    let mut h = Hosts::new(config(4 * 256), 4, 1 << 20);
+    for (i, &w) in weights.iter().enumerate() {
+        h.b.set_guest_weight(GuestId(2000 + i as u32), w).unwrap();
+    }
+    for i in 0..4 {
+        h.start_pull(i);
+    }
+    // Every PULL reaches B before B sends anything: all four senders have a backlog.
+    while let Some(t) = h.a.poll_transmit() {
+        h.b.handle_frame(h.now, &t.bytes);
+        h.a.recycle(t);
+    }
+    assert_eq!(h.b.pending_transmits(), 4 * 256);
+    let mut sent: HashMap<Mac, u64> = HashMap::new();
+    for _ in 0..400 {
+        let t = h.b.poll_transmit().unwrap();
+        let repr = FrameRepr::parse(&t.bytes).unwrap();
+        *sent.entry(repr.head.src).or_default() += t.bytes.len() as u64;
+        h.b.recycle(t);
+    }
+    let total: u64 = sent.values().sum();
+    for (i, &w) in weights.iter().enumerate() {
+        let got = sent[&mac(1, i as u16)] as f64 / total as f64;
+        let want = f64::from(w) / 8.0;
+        assert!(
+            (got / want - 1.0).abs() <= 0.10,
+            "sender {i} (weight {w}): {got:.3} of the bytes, {want:.3} expected"
+        );
+    }
+}
