@@ -128,6 +128,14 @@ impl PullBudget {
         self.in_flight = self.in_flight.saturating_sub(frames);
     }
 
+    /// Forget the waiting pulls of a closed endpoint, so a later pull reusing a handle
+    /// is not served twice per turn (their frames were released already).
+    pub fn forget_endpoint(&mut self, guest: GuestId, endpoint: u8) {
+        if let Some(turn) = self.turns.get_mut(&guest) {
+            turn.pulls.retain(|k| k.endpoint != endpoint);
+        }
+    }
+
     /// Forget a guest that left (its pulls released their frames already).
     pub fn remove_guest(&mut self, guest: GuestId) {
         self.turns.remove(&guest);

@@ -373,6 +373,7 @@ impl Engine {
             nic.usage.pull_bytes = nic.usage.pull_bytes.saturating_sub(u64::from(pull.total()));
             self.budget.release(pull.held_frames());
         }
+        self.budget.forget_endpoint(guest, endpoint);
         self.out.purge_events(guest, Some(endpoint));
         self.regrant();
         Ok(())

@@ -447,3 +447,36 @@ fn weighted_senders_share_the_transmit_queue_in_proportion() {
         );
     }
 }
+
+#[test]
+fn closing_an_endpoint_or_removing_a_guest_gives_its_frames_to_waiting_pulls() {
+    let mut h = Hosts::new(config(64), 3, 1 << 20);
+    h.start_pull(0);
+    h.start_pull(1);
+    h.start_pull(2);
+    assert_eq!(
+        h.a.pull_frames_in_flight(),
+        64,
+        "pull 0 holds the whole budget"
+    );
+    assert_eq!(h.a.pull_frames_granted(puller(1)), 0, "pull 1 waits");
+    h.a.close_endpoint(puller(0), EP).unwrap();
+    assert_eq!(h.a.pull_frames_in_flight(), 64);
+    assert_eq!(
+        h.a.pull_frames_granted(puller(1)) + h.a.pull_frames_granted(puller(2)),
+        64,
+        "the closed endpoint's frames went to the waiting pulls"
+    );
+    h.a.remove_guest(puller(1)).unwrap();
+    assert_eq!(h.a.pull_frames_granted(puller(2)), 64);
+    // Replies for the closed and removed guests' blocks are dropped; pull 2 completes.
+    h.done.insert(puller(0), DoneStatus::Aborted);
+    h.done.insert(puller(1), DoneStatus::Aborted);
+    h.run(13, |_| false);
+    assert_eq!(h.done.get(&puller(2)), Some(&DoneStatus::Success));
+    let got = h.sinks[2]
+        .area(MemoryArea::Region(RegionHandle(REGION_HANDLE)))
+        .unwrap();
+    assert!(got == data_of(2, 1 << 20));
+    assert_eq!(h.a.pull_frames_in_flight(), 0);
+}
