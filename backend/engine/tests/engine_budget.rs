@@ -358,7 +358,7 @@ fn lost_replies_are_requested_again_within_the_budget() {
         matches!(
             FrameRepr::parse(f).unwrap().packet,
             PacketRepr::PullReply(_)
-        ) && n % 37 == 0
+        ) && n.is_multiple_of(37)
     });
     h.check_data();
     assert!(h.lost > 0);
