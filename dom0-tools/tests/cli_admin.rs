@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use xmx_backend::admin::CountersReport;
-use xmx_tools::xmxd::control::{ClusterReport, GuestStatus, PeersReport};
+use xmx_tools::xmxd::control::{ClusterReport, GuestStatus, PeersReport, QosReport};
 use xmx_tools::xmxd::names;
 use xmxd_util::SimHost;
 
@@ -90,6 +90,7 @@ fn every_admin_subcommand_has_help() {
         vec!["cluster", "remove", "--help"],
         vec!["cluster", "list", "--help"],
         vec!["counters", "--help"],
+        vec!["qos", "--help"],
     ] {
         let out = ok(&args);
         assert!(out.contains("Usage"), "{args:?}: {out}");
@@ -250,4 +251,83 @@ fn the_subcommands_drive_a_running_host() {
     assert!(err.contains("is it running"), "{err}");
     let err = fails(&["counters", "--backd-socket", "/nonexistent/backd.sock"]);
     assert!(err.contains("is it running"), "{err}");
+}
+
+#[test]
+fn qos_weights_follow_the_guests_name_and_reach_the_backend() {
+    use xmx_hv::{Error, XBT_NULL};
+    use xmx_wire::xenbus::{self, keys};
+    use xmxd_util::{eventually, read, Frontend};
+
+    let mut host = SimHost::start("h0");
+    host.start_xmxd(None, Duration::from_millis(100));
+    let s = Sockets::of(&host);
+    let vm1 = host.create("vm1");
+    let d1 = vm1.to_string();
+    ok(&s.to_xmxd(&["attach", &d1]));
+    let mut front = Frontend::new(&host.hv_dir(), vm1);
+    front.connect();
+    let weight_of = |domid: u16| -> Option<u32> {
+        let c: CountersReport = json(&["counters", "--json", "--backd-socket", &s.backd]);
+        let g = c.guests.into_iter().find(|g| g.domid == domid)?;
+        g.nic.map(|n| n.weight)
+    };
+
+    let q: QosReport = json(&s.to_xmxd(&["qos", "vm1", "--json"]));
+    assert_eq!(
+        (q.guest.as_str(), q.weight, q.domains.clone()),
+        ("vm1", 1, vec![vm1])
+    );
+    assert_eq!(weight_of(vm1), Some(1));
+
+    // By domid or by name; kept by name in dom0's tree, copied to the running device.
+    let q: QosReport = json(&s.to_xmxd(&["qos", &d1, "4", "--json"]));
+    assert_eq!((q.guest.as_str(), q.weight), ("vm1", 4));
+    let xs0 = host.dom0_xs();
+    let record = "/local/domain/0/xmx/qos/vm1";
+    assert_eq!(read(xs0.as_ref(), record).as_deref(), Some("4"));
+    let device = xenbus::key_path(&xenbus::backend_dir(0, vm1, 0), keys::QOS_WEIGHT);
+    assert_eq!(read(xs0.as_ref(), &device).as_deref(), Some("4"));
+    eventually("the backend applies weight 4", || weight_of(vm1) == Some(4));
+    let text = ok(&["counters", "--backd-socket", &s.backd]);
+    assert!(text.contains("WEIGHT"), "{text}");
+
+    // The guest can change neither its record nor its device's copy.
+    for path in [record, device.as_str()] {
+        assert!(
+            matches!(
+                front.xs.write(XBT_NULL, path, b"1000"),
+                Err(Error::Denied(_))
+            ),
+            "{path}"
+        );
+    }
+    assert!(matches!(
+        front.xs.read(XBT_NULL, record),
+        Err(Error::Denied(_))
+    ));
+
+    // Bad weights and unknown guests are refused, the weight unchanged.
+    for bad in ["0", "1001"] {
+        let err = fails(&s.to_xmxd(&["qos", "vm1", bad]));
+        assert!(err.contains("invalid") || err.contains("1000"), "{err}");
+    }
+    let err = fails(&s.to_xmxd(&["qos", "4000", "2"]));
+    assert!(err.contains("not found"), "{err}");
+    assert_eq!(read(xs0.as_ref(), record).as_deref(), Some("4"));
+
+    // A new domain of the same name gets the weight when its device is attached.
+    drop(front);
+    host.destroy(vm1);
+    let again = host.create("vm1");
+    ok(&s.to_xmxd(&["attach", &again.to_string()]));
+    let device = xenbus::key_path(&xenbus::backend_dir(0, again, 0), keys::QOS_WEIGHT);
+    eventually("the weight follows the name", || {
+        read(xs0.as_ref(), &device).as_deref() == Some("4")
+    });
+    let text = ok(&s.to_xmxd(&["qos", "vm1"]));
+    assert!(
+        text.contains("weight 4") && text.contains(&again.to_string()),
+        "{text}"
+    );
 }

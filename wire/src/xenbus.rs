@@ -151,6 +151,8 @@ pub mod keys {
     pub const CLUSTER: &str = "cluster";
     /// Backend: the guest's MX hostname.
     pub const HOSTNAME: &str = "hostname";
+    /// Backend: the guest's quality-of-service weight (1 if absent), set by dom0.
+    pub const QOS_WEIGHT: &str = "qos-weight";
     /// Backend: endpoints the guest may open.
     pub const MAX_ENDPOINTS: &str = "max-endpoints";
     /// Backend: regions each endpoint may register.

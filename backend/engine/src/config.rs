@@ -9,8 +9,13 @@ pub struct EngineConfig {
     /// Endpoint indices a guest may open (at most 256). A frame for an index at or beyond
     /// it is refused with `BAD_ENDPT`, one for a closed index below it with `ENDPT_CLOSED`.
     pub endpoints_per_guest: u16,
-    /// PULL blocks a pull keeps requested at once (Open-MX keeps 4).
+    /// Most PULL blocks one pull keeps requested at once (at most 32; Open-MX keeps 4):
+    /// what a lone pull gets when the budget has room.
     pub pull_blocks_in_flight: usize,
+    /// PULL_REPLY frames all pulls of all guests may have requested and not yet retired
+    /// (at least one block of 8). Keep it below the NIC's receive ring so a burst of
+    /// replies cannot overflow it.
+    pub pull_frame_budget: u32,
     /// How long a pull waits without any new reply before requesting its blocks again.
     pub pull_retransmit_timeout: Duration,
     /// Consecutive retransmissions without progress after which a pull fails.
@@ -38,7 +43,8 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             endpoints_per_guest: 256,
-            pull_blocks_in_flight: 4,
+            pull_blocks_in_flight: 32,
+            pull_frame_budget: 512,
             pull_retransmit_timeout: Duration::from_millis(500),
             pull_retries_max: 10,
             max_pulls_per_guest: 256,

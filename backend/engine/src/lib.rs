@@ -54,6 +54,7 @@
 //! no message for this yet; the daemon may equally release a slot when the application
 //! consumes the event that carried it, as Open-MX ties the two).
 
+mod budget;
 mod config;
 mod error;
 mod host;
@@ -81,6 +82,7 @@ pub use output::{GuestEvent, HostReply, Transmit};
 pub use peers::{PeerEntry, PeerTable};
 pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
+use budget::{PullBudget, PullKey};
 use output::{Output, Path};
 use vnic::{Endpoint, Link, Region, Usage};
 
@@ -130,6 +132,10 @@ pub struct Engine {
     counters: EngineCounters,
     /// Bounce buffer for data read out of guest memory (a whole MEDIUM message).
     scratch: Vec<u8>,
+    /// PULL_REPLY frames in flight, all guests together.
+    budget: PullBudget,
+    /// The latest time a data-path call brought, for grants made on the control path.
+    last_now: Option<Instant>,
 }
 
 /// The parts of the engine a handler needs besides the guest it works for.
@@ -139,6 +145,7 @@ pub(crate) struct Ctx<'a> {
     pub local: &'a HashMap<Mac, (GuestId, ClusterId)>,
     pub out: &'a mut Output,
     pub scratch: &'a mut Vec<u8>,
+    pub budget: &'a mut PullBudget,
 }
 
 impl Ctx<'_> {
@@ -198,7 +205,7 @@ impl Ctx<'_> {
                 link.counters.tx_frames += 1;
                 link.counters.tx_bytes += len;
                 link.tx_bytes_queued += buf.len();
-                self.out.tx.push_back((link.id, buf));
+                self.out.tx.push(link.id, buf);
             }
             Path::Local => {
                 link.counters.local_frames += 1;
@@ -213,6 +220,7 @@ impl Ctx<'_> {
 impl Engine {
     /// An engine serving no guest yet, with an empty peer table.
     pub fn new(config: EngineConfig) -> Self {
+        let budget = PullBudget::new(config.pull_frame_budget);
         let out = Output::new(
             config.buffer_pool_size,
             config.max_tx_frames,
@@ -227,6 +235,8 @@ impl Engine {
             out,
             counters: EngineCounters::default(),
             scratch: vec![0; MEDIUM_MSG_LEN_MAX],
+            budget,
+            last_now: None,
         }
     }
 
@@ -246,6 +256,7 @@ impl Engine {
                 local: &self.local,
                 out: &mut self.out,
                 scratch: &mut self.scratch,
+                budget: &mut self.budget,
             },
         ))
     }
@@ -278,6 +289,7 @@ impl Engine {
                     counters: NicCounters::default(),
                     reverse_index: HashMap::new(),
                     tx_bytes_queued: 0,
+                    weight: 1,
                 },
                 memory: guest.memory,
                 endpoints: HashMap::new(),
@@ -297,6 +309,15 @@ impl Engine {
             .ok_or(EngineError::UnknownGuest(guest))?;
         self.local.remove(&nic.link.mac);
         self.out.purge_events(guest, None);
+        let held: u32 = nic
+            .endpoints
+            .values()
+            .flat_map(|ep| ep.pulls.iter())
+            .map(|p| p.held_frames())
+            .sum();
+        self.budget.release(held);
+        self.budget.remove_guest(guest);
+        self.regrant();
         tracing::info!(guest = guest.0, "guest detached");
         Ok(nic)
     }
@@ -350,8 +371,11 @@ impl Engine {
         for pull in ep.pulls.iter() {
             nic.usage.pulls = nic.usage.pulls.saturating_sub(1);
             nic.usage.pull_bytes = nic.usage.pull_bytes.saturating_sub(u64::from(pull.total()));
+            self.budget.release(pull.held_frames());
         }
+        self.budget.forget_endpoint(guest, endpoint);
         self.out.purge_events(guest, Some(endpoint));
+        self.regrant();
         Ok(())
     }
 
@@ -422,6 +446,7 @@ impl Engine {
                 xmx_wire::msg::DoneStatus::Aborted,
             );
         }
+        self.regrant();
         Ok(region.handle)
     }
 
@@ -475,7 +500,7 @@ impl Engine {
         request: &xmx_wire::msg::SendRequest,
     ) -> Result<(), Violation> {
         let result = self.send_request(now, guest, endpoint, request);
-        self.drain_loopback(now);
+        self.settle(now);
         result
     }
 
@@ -483,7 +508,7 @@ impl Engine {
     pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
         self.counters.rx_frames += 1;
         self.receive(now, frame, Path::Wire);
-        self.drain_loopback(now);
+        self.settle(now);
     }
 
     /// Let time pass: pulls without progress for a timeout request their blocks again or
@@ -495,7 +520,7 @@ impl Engine {
                 rdma::on_timeouts(&mut ctx, nic, now);
             }
         }
-        self.drain_loopback(now);
+        self.settle(now);
     }
 
     /// When [`Engine::handle_timeout`] should next run, if anything waits for time.
@@ -504,13 +529,24 @@ impl Engine {
             .values()
             .flat_map(|nic| nic.endpoints.values())
             .flat_map(|ep| ep.pulls.iter())
+            .filter(|p| p.has_blocks())
             .map(|p| p.deadline)
             .min()
     }
 
+    /// Budget freed on the control path goes to waiting pulls at once, timed by the
+    /// latest data-path call (none yet: nothing can wait for it).
+    fn regrant(&mut self) {
+        if let Some(now) = self.last_now {
+            self.settle(now);
+        }
+    }
+
     /// The next frame to put on the NIC.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let (guest, bytes) = self.out.tx.pop_front()?;
+        let guests = &self.guests;
+        let weight = |g: GuestId| guests.get(&g).map_or(1, |n| n.link.weight);
+        let (guest, bytes) = self.out.tx.pop(weight)?;
         if let Some(nic) = self.guests.get_mut(&guest) {
             nic.link.tx_bytes_queued = nic.link.tx_bytes_queued.saturating_sub(bytes.len());
         }
@@ -542,7 +578,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let (nic, mut ctx) = self.split(guest).ok_or(EngineError::UnknownGuest(guest))?;
         host::send_query(&mut ctx, &mut nic.link, dst);
-        self.drain_loopback(now);
+        self.settle(now);
         Ok(())
     }
 
@@ -556,12 +592,86 @@ impl Engine {
         self.out.tx.len()
     }
 
-    /// Process frames sent to co-located guests until none is left.
-    fn drain_loopback(&mut self, now: Instant) {
-        while let Some(buf) = self.out.loopback.pop_front() {
+    /// Grant free budget to waiting pulls, and process frames sent to co-located guests,
+    /// until neither is left.
+    fn settle(&mut self, now: Instant) {
+        self.last_now = Some(now);
+        loop {
+            self.dispatch_pulls(now);
+            let Some(buf) = self.out.loopback.pop_front() else {
+                return;
+            };
             self.receive(now, &buf, Path::Local);
             self.out.recycle(buf);
         }
+    }
+
+    /// Request blocks of waiting pulls while the budget has room, in the order its
+    /// weighted round hands them out.
+    fn dispatch_pulls(&mut self, now: Instant) {
+        let timeout = self.config.pull_retransmit_timeout;
+        loop {
+            let guests = &self.guests;
+            let weight = |g: GuestId| guests.get(&g).map_or(1, |n| n.link.weight);
+            let Some(key) = self.budget.next_grant(weight) else {
+                return;
+            };
+            let PullKey {
+                guest,
+                endpoint,
+                handle,
+            } = key;
+            let Some((nic, mut ctx)) = self.split(guest) else {
+                continue;
+            };
+            let Some(ep) = nic.endpoints.get_mut(&endpoint) else {
+                continue;
+            };
+            let Some(pull) = ep.pulls.get_mut(handle) else {
+                continue;
+            };
+            pull.queued = false;
+            let idle = !pull.has_blocks();
+            let Some((position, frames)) = pull.grow() else {
+                continue;
+            };
+            if idle {
+                // Its retransmit timer starts with its first requested block.
+                pull.deadline = pull::deadline_after(now, timeout);
+            }
+            if pull.wants_block() {
+                pull.queued = true;
+                ctx.budget.enqueue(key);
+            }
+            ctx.budget.charge(guest, frames);
+            rdma::request_blocks(&mut ctx, &mut nic.link, ep, endpoint, handle, 1 << position);
+        }
+    }
+
+    /// Set a guest's weight (at least 1): its share of the pull budget and of the
+    /// transmit queue against the other guests' while they all pull or send.
+    pub fn set_guest_weight(&mut self, guest: GuestId, weight: u32) -> Result<(), EngineError> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        nic.link.weight = weight.max(1);
+        Ok(())
+    }
+
+    /// PULL_REPLY frames the engine's pulls may have in flight, all guests together.
+    pub fn pull_frame_budget(&self) -> u32 {
+        self.budget.frames_max()
+    }
+
+    /// Frames of the budget held by requested blocks now.
+    pub fn pull_frames_in_flight(&self) -> u32 {
+        self.budget.in_flight()
+    }
+
+    /// Frames of the budget granted to a guest since it was added.
+    pub fn pull_frames_granted(&self, guest: GuestId) -> u64 {
+        self.budget.granted(guest)
     }
 }
 

@@ -50,10 +50,78 @@ pub(crate) enum Path {
     Local,
 }
 
+/// Bytes a guest of weight 1 may send per visit of the transmit round: a whole
+/// jumbo frame, so every frame leaves on its guest's first visit.
+const TX_QUANTUM: u64 = 9018;
+
+/// One guest's frames waiting for the NIC, and its turn in the round.
+#[derive(Debug, Default)]
+struct GuestTx {
+    frames: VecDeque<Vec<u8>>,
+    deficit: u64,
+    visited: bool,
+}
+
+/// Frames waiting for the NIC, one queue per guest, taken by deficit round robin over
+/// bytes in proportion to the guests' weights. A guest's own frames keep their order.
+#[derive(Debug, Default)]
+pub(crate) struct TxQueues {
+    guests: HashMap<GuestId, GuestTx>,
+    round: VecDeque<GuestId>,
+    len: usize,
+}
+
+impl TxQueues {
+    /// Frames waiting, all guests together.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn push(&mut self, guest: GuestId, frame: Vec<u8>) {
+        let q = self.guests.entry(guest).or_default();
+        if q.frames.is_empty() {
+            self.round.push_back(guest);
+        }
+        q.frames.push_back(frame);
+        self.len += 1;
+    }
+
+    /// The next frame in the weighted round.
+    pub fn pop(&mut self, weight: impl Fn(GuestId) -> u32) -> Option<(GuestId, Vec<u8>)> {
+        // Each visit either sends or ends the guest's turn after adding at least a whole
+        // frame's worth to its deficit, so this ends.
+        loop {
+            let guest = *self.round.front()?;
+            let q = self.guests.entry(guest).or_default();
+            let Some(len) = q.frames.front().map(|f| f.len() as u64) else {
+                self.guests.remove(&guest);
+                self.round.pop_front();
+                continue;
+            };
+            if !q.visited {
+                q.visited = true;
+                q.deficit += u64::from(weight(guest).max(1)) * TX_QUANTUM;
+            }
+            if q.deficit >= len {
+                q.deficit -= len;
+                let frame = q.frames.pop_front()?;
+                self.len -= 1;
+                if q.frames.is_empty() {
+                    self.guests.remove(&guest);
+                    self.round.pop_front();
+                }
+                return Some((guest, frame));
+            }
+            q.visited = false;
+            self.round.rotate_left(1);
+        }
+    }
+}
+
 pub(crate) struct Output {
     pool: Vec<Vec<u8>>,
     pool_size: usize,
-    pub tx: VecDeque<(GuestId, Vec<u8>)>,
+    pub tx: TxQueues,
     max_tx_frames: usize,
     pub loopback: VecDeque<Vec<u8>>,
     events: VecDeque<GuestEvent>,
@@ -73,7 +141,7 @@ impl Output {
         Output {
             pool: Vec::new(),
             pool_size,
-            tx: VecDeque::new(),
+            tx: TxQueues::default(),
             max_tx_frames,
             loopback: VecDeque::new(),
             events: VecDeque::new(),
@@ -163,6 +231,42 @@ mod tests {
                 length: 0,
             },
         }
+    }
+
+    #[test]
+    fn transmit_is_shared_by_weight_and_keeps_each_guests_order() {
+        let mut tx = TxQueues::default();
+        let weights = [1u32, 1, 2, 4];
+        for g in 0..4u32 {
+            for i in 0..400u32 {
+                let mut frame = vec![0u8; 4200];
+                frame[..4].copy_from_slice(&i.to_be_bytes());
+                tx.push(GuestId(g), frame);
+            }
+        }
+        let mut sent = [0u32; 4];
+        for _ in 0..800 {
+            let (g, frame) = tx.pop(|g| weights[g.0 as usize]).unwrap();
+            let i = u32::from_be_bytes(frame[..4].try_into().unwrap());
+            assert_eq!(i, sent[g.0 as usize], "a guest's frames keep their order");
+            sent[g.0 as usize] += 1;
+        }
+        for (g, w) in weights.iter().enumerate() {
+            let want = 800.0 * f64::from(*w) / 8.0;
+            let got = f64::from(sent[g]);
+            assert!(
+                (got / want - 1.0).abs() <= 0.1,
+                "guest {g}: {got} frames, {want} expected"
+            );
+        }
+        assert_eq!(tx.len(), 1600 - 800);
+        // Alone, a guest of weight 1 takes every frame in turn.
+        let mut lone = TxQueues::default();
+        for _ in 0..10 {
+            lone.push(GuestId(9), vec![0; 9018]);
+        }
+        assert_eq!((0..10).filter(|_| lone.pop(|_| 1).is_some()).count(), 10);
+        assert!(lone.pop(|_| 1).is_none());
     }
 
     #[test]

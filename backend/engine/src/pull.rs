@@ -5,9 +5,10 @@
 //! bytes of the *remote* region's layout: frame 0 starts at the remote offset and ends at
 //! the next 4096 boundary, later frames are whole. A block is at most 8 frames; the first
 //! block is shortened by the remote offset so later blocks start on a frame boundary.
-//! Several blocks stay requested at once; each arriving reply clears one bit of its
-//! block's bitmap. When the oldest block is complete, completed blocks are retired and new
-//! ones requested. When a later block completes while an older one still misses frames, a
+//! Several blocks stay requested at once, as many as the engine's frame budget grants
+//! (see `budget`), up to the pull's own limit; each arriving reply clears one bit of its
+//! block's bitmap. When the oldest block is complete, completed blocks are retired and
+//! their frames go back to the budget, which grants new blocks. When a later block completes while an older one still misses frames, a
 //! frame was probably lost, so the older blocks are requested again (once per timeout).
 //! When nothing arrives for a timeout, every incomplete block is requested again; after
 //! too many consecutive timeouts the pull fails. Consecutive timeouts back off (each waits
@@ -99,6 +100,8 @@ pub(crate) struct Requests {
     pub blocks: u32,
     /// True if they were requested before (a frame was probably lost).
     pub again: bool,
+    /// Frames of the blocks that retired, to give back to the budget.
+    pub released_frames: u32,
 }
 
 /// What a timeout leads to.
@@ -129,25 +132,27 @@ pub(crate) struct Pull {
     next_frame_index: u32,
     requested_frames: u32,
     blocks: VecDeque<Block>,
-    blocks_in_flight: usize,
+    blocks_max: usize,
+    /// True while the pull waits in the budget's queue for a block.
+    pub queued: bool,
     rerequested: usize,
     retries: u32,
     received: u64,
 }
 
 impl Pull {
-    /// A pull of `total` bytes, with its first blocks laid out (not yet requested: see
-    /// [`Pull::initial_requests`]).
+    /// A pull of `total` bytes with no block laid out yet: [`Pull::grow`] lays them out
+    /// as the budget grants them, up to `blocks_max` at once.
     pub fn new(
         tag: u32,
         source: PullSource,
         sink: PullSink,
         total: u32,
-        blocks_in_flight: usize,
+        blocks_max: usize,
         deadline: Instant,
     ) -> Self {
         let first_frame_offset = (u64::from(source.offset) % FRAME) as u16;
-        let mut pull = Pull {
+        Pull {
             tag,
             source,
             sink,
@@ -160,17 +165,12 @@ impl Pull {
             next_frame_index: 0,
             requested_frames: 0,
             blocks: VecDeque::new(),
-            blocks_in_flight: blocks_in_flight.clamp(1, BLOCKS_IN_FLIGHT_MAX),
+            blocks_max: blocks_max.clamp(1, BLOCKS_IN_FLIGHT_MAX),
+            queued: false,
             rerequested: 0,
             retries: 0,
             received: 0,
-        };
-        if total > 0 {
-            let first = (BLOCK - u32::from(first_frame_offset)).min(total);
-            pull.append_block(first, first_frame_offset);
-            pull.fill_blocks();
         }
-        pull
     }
 
     /// Bytes to pull.
@@ -188,9 +188,35 @@ impl Pull {
         self.unrequested == 0 && self.blocks.is_empty()
     }
 
-    /// Blocks to request when the pull starts.
-    pub fn initial_requests(&self) -> u32 {
-        mask_of(0..self.blocks.len())
+    /// True if the pull has data left to lay out and room for another block.
+    pub fn wants_block(&self) -> bool {
+        self.unrequested > 0 && self.blocks.len() < self.blocks_max
+    }
+
+    /// True if some block is requested (only then can the pull time out).
+    pub fn has_blocks(&self) -> bool {
+        !self.blocks.is_empty()
+    }
+
+    /// Frames of the blocks laid out and not retired: what the pull holds of the budget.
+    pub fn held_frames(&self) -> u32 {
+        self.requested_frames
+    }
+
+    /// Lay out the next block if the pull wants one; returns its position and frames.
+    pub fn grow(&mut self) -> Option<(usize, u32)> {
+        if !self.wants_block() {
+            return None;
+        }
+        let before = self.requested_frames;
+        if self.next_frame_index == 0 {
+            // The first block ends at the first block boundary of the remote layout.
+            let first = (BLOCK - u32::from(self.first_frame_offset)).min(self.unrequested);
+            self.append_block(first, self.first_frame_offset);
+        } else {
+            self.append_block(BLOCK.min(self.unrequested), 0);
+        }
+        Some((self.blocks.len() - 1, self.requested_frames - before))
     }
 
     fn append_block(&mut self, length: u32, first_frame_offset: u16) {
@@ -206,16 +232,6 @@ impl Pull {
         self.requested_frames += frames;
         self.next_frame_index += frames;
         self.unrequested -= length;
-    }
-
-    /// Lay out new whole blocks while there is room and data left; returns the positions
-    /// of the new blocks.
-    fn fill_blocks(&mut self) -> u32 {
-        let first_new = self.blocks.len();
-        while self.blocks.len() < self.blocks_in_flight && self.unrequested > 0 {
-            self.append_block(BLOCK.min(self.unrequested), 0);
-        }
-        mask_of(first_new..self.blocks.len())
     }
 
     /// The PULL frame body requesting the block at position `block`.
@@ -279,7 +295,8 @@ impl Pull {
         })
     }
 
-    /// Record an accepted reply whose data was written; returns the blocks to request.
+    /// Record an accepted reply whose data was written; returns the blocks to request
+    /// again and the frames retired blocks give back.
     pub fn record_reply(
         &mut self,
         reply: AcceptedReply,
@@ -307,20 +324,24 @@ impl Pull {
                 return Requests {
                     blocks,
                     again: true,
+                    released_frames: 0,
                 };
             }
             return Requests::default();
         }
+        let mut released_frames = 0;
         while self.blocks.front().is_some_and(|b| b.missing == 0) {
             if let Some(b) = self.blocks.pop_front() {
                 self.frame_index += b.frames;
                 self.requested_frames -= b.frames;
+                released_frames += b.frames;
                 self.rerequested = self.rerequested.saturating_sub(1);
             }
         }
         Requests {
-            blocks: self.fill_blocks(),
+            blocks: 0,
             again: false,
+            released_frames,
         }
     }
 
@@ -331,6 +352,11 @@ impl Pull {
         timeout: Duration,
         retries_max: u32,
     ) -> TimeoutOutcome {
+        if self.blocks.is_empty() {
+            // Waiting for the budget is no failure of the peer's.
+            self.deadline = deadline_after(now, timeout);
+            return TimeoutOutcome::Rerequest(0);
+        }
         self.retries += 1;
         if self.retries > retries_max {
             return TimeoutOutcome::Abort;
@@ -355,10 +381,6 @@ fn backed_off(timeout: Duration, retries: u32) -> Duration {
 pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Instant {
     const CAP: Duration = Duration::from_secs(24 * 3600);
     now.checked_add(timeout.min(CAP)).unwrap_or(now)
-}
-
-fn mask_of(range: std::ops::Range<usize>) -> u32 {
-    range.fold(0, |m, i| m | 1 << i)
 }
 
 /// The block positions set in `mask`.
@@ -448,7 +470,18 @@ mod tests {
             handle: RegionHandle(1),
             offset: 100,
         };
-        Pull::new(7, source, sink, total, in_flight, Instant::now())
+        let mut p = Pull::new(7, source, sink, total, in_flight, Instant::now());
+        grow_all(&mut p);
+        p
+    }
+
+    /// Lay out every block the pull wants (an unlimited budget); their positions.
+    fn grow_all(p: &mut Pull) -> u32 {
+        let mut mask = 0;
+        while let Some((pos, _)) = p.grow() {
+            mask |= 1 << pos;
+        }
+        mask
     }
 
     /// Every (frame seqnum, msg offset, length) a sender answers `req` with.
@@ -498,7 +531,8 @@ mod tests {
         let b3 = p.request(3, 1).unwrap();
         assert_eq!(b3.block_length as u32, 100_000 - 31768 - 2 * 32768);
         assert!(p.request(4, 1).is_none());
-        assert_eq!(p.initial_requests(), 0b1111);
+        assert_eq!(p.held_frames(), (1000u32 + 100_000).div_ceil(4096));
+        assert!(!p.wants_block());
         assert_eq!(b0.src_magic, pull_magic(1));
         assert_eq!(magic_endpoint(b0.src_magic), Some(1));
     }
@@ -507,7 +541,7 @@ mod tests {
     fn in_order_replies_complete_the_pull() {
         let total = 5 * 32768 + 17;
         let mut p = pull(total, 0, 2);
-        let mut requests: VecDeque<PullRepr> = mask_positions(p.initial_requests())
+        let mut requests: VecDeque<PullRepr> = mask_positions(0b11)
             .map(|i| p.request(i, 1).unwrap())
             .collect();
         let mut frames = 0;
@@ -515,9 +549,13 @@ mod tests {
             for r in replies_for(&req) {
                 let a = p.check_reply(r.0, r.1, r.2).unwrap();
                 assert_eq!(a.sink_offset, 100 + u64::from(r.1));
+                let held = p.held_frames();
                 let next = p.record_reply(a, r.2, Instant::now(), TIMEOUT);
                 assert!(!next.again);
-                requests.extend(mask_positions(next.blocks).map(|i| p.request(i, 1).unwrap()));
+                assert_eq!(p.held_frames(), held - next.released_frames);
+                let new = grow_all(&mut p);
+                requests.extend(mask_positions(new).map(|i| p.request(i, 1).unwrap()));
+                assert!(p.held_frames() <= 2 * 8);
                 frames += 1;
             }
         }

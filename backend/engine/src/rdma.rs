@@ -10,6 +10,7 @@ use xmx_wire::mxoe::{
     PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
 };
 
+use super::budget::PullKey;
 use super::memory::MemoryArea;
 use super::output::Path;
 use super::pull::{
@@ -79,7 +80,7 @@ pub(crate) fn start_pull(
         offset: u64::from(p.local_offset),
     };
     let deadline = deadline_after(s.now, ctx.config.pull_retransmit_timeout);
-    let pull = Pull::new(
+    let mut pull = Pull::new(
         s.tag,
         source,
         sink,
@@ -87,7 +88,7 @@ pub(crate) fn start_pull(
         ctx.config.pull_blocks_in_flight,
         deadline,
     );
-    let first = pull.initial_requests();
+    pull.queued = true;
     let Some(handle) = ep.pulls.insert(pull) else {
         link.counters.quota_refusals += 1;
         ctx.refuse(link, s.endpoint, s.tag, ErrorCode::NoResources);
@@ -95,11 +96,16 @@ pub(crate) fn start_pull(
     };
     usage.pulls += 1;
     usage.pull_bytes += u64::from(p.length);
-    request_blocks(ctx, link, ep, s.endpoint, handle, first);
+    // Its blocks are requested as the budget grants them (Engine::dispatch_pulls).
+    ctx.budget.enqueue(PullKey {
+        guest: link.id,
+        endpoint: s.endpoint,
+        handle,
+    });
 }
 
 /// Send the PULL requests for the blocks at the positions set in `mask`.
-fn request_blocks(
+pub(crate) fn request_blocks(
     ctx: &mut Ctx,
     link: &mut Link,
     ep: &mut Endpoint,
@@ -131,6 +137,8 @@ pub(crate) fn finish_pull(
     let Some(pull) = ep.pulls.remove(handle) else {
         return;
     };
+    // A queued key of a finished pull is skipped when its turn comes.
+    ctx.budget.release(pull.held_frames());
     usage.pulls = usage.pulls.saturating_sub(1);
     usage.pull_bytes = usage.pull_bytes.saturating_sub(u64::from(pull.total()));
     if status == DoneStatus::Success {
@@ -212,6 +220,15 @@ pub(crate) fn on_pull_reply(
     }
     let timeout = ctx.config.pull_retransmit_timeout;
     let next = pull.record_reply(accepted, reply.data.len(), now, timeout);
+    ctx.budget.release(next.released_frames);
+    if next.released_frames > 0 && pull.wants_block() && !pull.queued {
+        pull.queued = true;
+        ctx.budget.enqueue(PullKey {
+            guest: link.id,
+            endpoint,
+            handle,
+        });
+    }
     if pull.is_complete() {
         finish_pull(
             ctx,
@@ -265,7 +282,7 @@ pub(crate) fn on_timeouts(ctx: &mut Ctx, nic: &mut VirtualNic, now: Instant) {
             let Some(pull) = ep.pulls.get_mut(handle) else {
                 continue;
             };
-            if pull.deadline > now {
+            if pull.deadline > now || !pull.has_blocks() {
                 continue;
             }
             match pull.on_timeout(now, timeout, retries_max) {

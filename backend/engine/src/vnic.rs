@@ -143,6 +143,8 @@ pub(crate) struct Link {
     pub reverse_index: HashMap<Mac, u16>,
     /// Bytes of this guest's frames waiting in the transmit queue.
     pub tx_bytes_queued: usize,
+    /// Its share of the pull budget against other guests' (dom0's QoS weight, >= 1).
+    pub weight: u32,
 }
 
 /// Resources a guest holds, checked against the per-guest quotas.
@@ -259,6 +261,11 @@ impl VirtualNic {
     /// The hostname HOST_REPLY announces for it.
     pub fn hostname(&self) -> &str {
         &self.link.hostname
+    }
+
+    /// Its QoS weight (see [`Engine::set_guest_weight`](super::Engine::set_guest_weight)).
+    pub fn weight(&self) -> u32 {
+        self.link.weight
     }
 
     /// Its counters.

@@ -29,7 +29,8 @@
 //!     "guests":[{"domid","devid","connected","ctrl_requests","quota_refusals",
 //!                "nic":{"tx_frames","tx_bytes","local_frames","local_bytes","rx_frames",
 //!                       "rx_bytes","nacks_sent","send_errors","pulls_done","pulls_failed",
-//!                       "retransmits","quota_refusals","total_drops","drops":{REASON:N}},
+//!                       "retransmits","quota_refusals","total_drops","drops":{REASON:N},
+//!                       "weight","pull_frames_granted"},
 //!                "endpoints":[{"endpoint","send_requests","events","event_drops",
 //!                              "notifications","backlog"}]}]}`
 //!   (`nic` is null while the guest is not connected; `retransmits` counts PULL blocks
@@ -229,6 +230,16 @@ pub struct NicCountersReport {
     pub quota_refusals: u64,
     pub total_drops: u64,
     pub drops: BTreeMap<String, u64>,
+    /// The guest's QoS weight (its share of the pull budget and of transmit).
+    #[serde(default = "default_qos_weight")]
+    pub weight: u32,
+    /// PULL_REPLY frames of the host's budget granted to the guest's pulls.
+    #[serde(default)]
+    pub pull_frames_granted: u64,
+}
+
+fn default_qos_weight() -> u32 {
+    1
 }
 
 /// Counters of one open endpoint.

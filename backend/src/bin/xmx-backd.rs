@@ -106,6 +106,7 @@ fn run(args: Args) -> Result<(), String> {
             args.domid
         ));
     }
+    let mut pull_frame_budget = EngineConfig::default().pull_frame_budget;
     let link: Option<Box<dyn FrameLink>> = if args.iface == "none" {
         tracing::warn!("no interface: only co-located guests can talk");
         None
@@ -117,6 +118,9 @@ fn run(args: Args) -> Result<(), String> {
         let sock =
             PacketSocket::open(&args.iface, cfg).map_err(|e| format!("{}: {e}", args.iface))?;
         tracing::info!(iface = %args.iface, mac = %sock.mac(), mtu = sock.mtu(), "NIC open");
+        // Half the receive ring: the other half is for every other frame that arrives
+        // while a burst of replies waits to be read.
+        pull_frame_budget = u32::try_from(sock.rx_ring_frames() / 2).unwrap_or(u32::MAX);
         Some(Box::new(sock))
     };
     let cfg = BackendConfig {
@@ -131,6 +135,7 @@ fn run(args: Args) -> Result<(), String> {
         control_socket: Some(args.control.unwrap_or_else(default_control_socket)),
         engine: EngineConfig {
             pull_retransmit_timeout: Duration::from_millis(args.pull_timeout_ms.max(1)),
+            pull_frame_budget,
             ..EngineConfig::default()
         },
     };

@@ -9,10 +9,13 @@ use crate::admin::{
     NicCountersReport, Reply, ReplyError, Request,
 };
 use crate::xenbus::toolstack::{self, DeviceSpec};
-use xmx_engine::{ClusterId, DropReason, NicCounters, PeerEntry};
+use xmx_engine::{ClusterId, DropReason, PeerEntry, VirtualNic};
 
-fn nic_report(c: &NicCounters) -> NicCountersReport {
+fn nic_report(nic: &VirtualNic, pull_frames_granted: u64) -> NicCountersReport {
+    let c = nic.counters();
     NicCountersReport {
+        weight: nic.weight(),
+        pull_frames_granted,
         tx_frames: c.tx_frames,
         tx_bytes: c.tx_bytes,
         local_frames: c.local_frames,
@@ -116,7 +119,7 @@ impl Backend {
                     quota_refusals: d.quota_refusals,
                     nic: conn
                         .and_then(|c| self.engine.guest(c.guest))
-                        .map(|nic| nic_report(nic.counters())),
+                        .map(|nic| nic_report(nic, self.engine.pull_frames_granted(nic.id()))),
                     endpoints: conn
                         .map(|c| c.endpoints.iter().map(|(i, ep)| ep.report(*i)).collect())
                         .unwrap_or_default(),

@@ -12,7 +12,7 @@ use super::guest::{Connection, DeviceKey};
 use super::memory::GrantMemory;
 use super::quota::Usage;
 use super::{control, Backend, BackendError, WATCH_BACKEND, WATCH_FRONTEND_PREFIX, WATCH_RELEASE};
-use crate::xenbus::toolstack::{in_transaction, DeviceSpec};
+use crate::xenbus::toolstack::{self, in_transaction, DeviceSpec};
 use crate::xenbus::{step, Step};
 use xmx_engine::{ClusterId, GuestConfig};
 
@@ -143,6 +143,7 @@ impl Backend {
             (Some(false), true) => self.remove_device(key),
             (Some(true), false) => self.create_device(key),
             (Some(true), true) => {
+                self.apply_qos_weight(key);
                 let broken = self.devices.get(&key).is_some_and(|d| d.spec.is_none());
                 // The toolstack may have fixed the values. Our own writes to a refused
                 // device land here too: only values that now read well start it again.
@@ -152,6 +153,31 @@ impl Backend {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Give a connected guest the QoS weight dom0 wrote in its backend directory; a value
+    /// that does not read well leaves the weight it has.
+    fn apply_qos_weight(&mut self, key: DeviceKey) {
+        let Some(guest) = self
+            .devices
+            .get(&key)
+            .and_then(|d| d.conn.as_ref())
+            .map(|c| c.guest)
+        else {
+            return;
+        };
+        let bdir = xenbus::backend_dir(self.domid, key.domu, key.devid);
+        match toolstack::read_qos_weight(self.xs.as_ref(), &bdir) {
+            Ok(weight) => {
+                let before = self.engine.guest(guest).map(|n| n.weight());
+                if self.engine.set_guest_weight(guest, weight).is_ok() && before != Some(weight) {
+                    tracing::info!(domu = key.domu, devid = key.devid, weight, "QoS weight set");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(domu = key.domu, devid = key.devid, error = %e, "QoS weight refused")
+            }
         }
     }
 
@@ -310,6 +336,7 @@ impl Backend {
                         d.conn = Some(conn);
                         d.last_error = None;
                     }
+                    self.apply_qos_weight(key);
                     self.set_state(key, XenbusState::Connected);
                     tracing::info!(domu = key.domu, devid = key.devid, "guest connected");
                 }

@@ -21,6 +21,56 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 /// Times a conflicting transaction is retried before giving up.
 const TX_ATTEMPTS: usize = 16;
 
+/// Largest quality-of-service weight: a guest's share of the host's pull budget and
+/// transmit queue is its weight over the sum of the active guests' weights.
+pub const QOS_WEIGHT_MAX: u32 = 1000;
+
+/// A weight as dom0 writes it: a decimal number from 1 to [`QOS_WEIGHT_MAX`].
+pub fn parse_qos_weight(text: &str) -> Result<u32> {
+    match text.trim().parse::<u32>() {
+        Ok(w) if (1..=QOS_WEIGHT_MAX).contains(&w) => Ok(w),
+        _ => Err(Error::Invalid(format!(
+            "QoS weight {:?}: a number from 1 to {QOS_WEIGHT_MAX}",
+            text.trim()
+        ))),
+    }
+}
+
+/// A device's QoS weight from its backend directory (1 if none was set).
+pub fn read_qos_weight(xs: &dyn Xenstore, backend_dir: &str) -> Result<u32> {
+    match xs.read(
+        xmx_hv::XBT_NULL,
+        &xenbus::key_path(backend_dir, keys::QOS_WEIGHT),
+    ) {
+        Ok(raw) => parse_qos_weight(String::from_utf8_lossy(&raw).trim_end_matches('\0')),
+        Err(Error::NotFound(_)) => Ok(1),
+        Err(e) => Err(e),
+    }
+}
+
+/// Set the QoS weight of device `devid` of `domu`, served by backend domain `backend`
+/// (the directory inherits its owner's permissions: the guest may only read it).
+pub fn write_qos_weight(
+    xs: &dyn Xenstore,
+    backend: DomId,
+    domu: DomId,
+    devid: u32,
+    weight: u32,
+) -> Result<()> {
+    parse_qos_weight(&weight.to_string())?;
+    let bdir = xenbus::backend_dir(backend, domu, devid);
+    in_transaction(xs, |tx| {
+        if !exists(xs, tx, &bdir)? {
+            return Err(Error::NotFound(bdir.clone()));
+        }
+        xs.write(
+            tx,
+            &xenbus::key_path(&bdir, keys::QOS_WEIGHT),
+            weight.to_string().as_bytes(),
+        )
+    })
+}
+
 /// What dom0 decides about a guest's xmx device: never chosen by the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {

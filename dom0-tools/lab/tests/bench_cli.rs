@@ -198,7 +198,7 @@ fn unknown_setups_are_refused() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown setup \"infiniband\""), "{stderr}");
     assert!(
-        stderr.contains("known setups: shm, afpacket, tcp, native"),
+        stderr.contains("known setups: shm, afpacket, afpacket-mx, tcp, native"),
         "{stderr}"
     );
     assert!(out.stdout.is_empty());

@@ -83,6 +83,7 @@ fn quick_run_measures_every_guest_setup() {
         [
             "shm",
             "afpacket",
+            "afpacket-mx",
             "tcp",
             "native",
             "guest-remote",
@@ -146,6 +147,7 @@ fn quick_run_measures_every_guest_setup() {
         .collect();
     for wanted in [
         "native/afpacket",
+        "native/afpacket-mx",
         "guest-remote/native",
         "guest-remote/tcp",
         "guest-local/shm",

@@ -58,10 +58,12 @@ pub(super) fn run(args: &CountersArgs) -> Result<i32> {
                     n.total_drops.to_string(),
                     n.retransmits.to_string(),
                     (n.quota_refusals + g.quota_refusals).to_string(),
+                    n.weight.to_string(),
                 ]),
                 None => {
                     row.extend(vec!["-".to_string(); 7]);
                     row.push(g.quota_refusals.to_string());
+                    row.push("-".to_string());
                 }
             }
             row
@@ -80,6 +82,7 @@ pub(super) fn run(args: &CountersArgs) -> Result<i32> {
             "DROPS",
             "RETRANSMITS",
             "QUOTA_REFUSALS",
+            "WEIGHT",
         ],
         &rows,
     );

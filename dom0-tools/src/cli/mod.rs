@@ -1,11 +1,12 @@
 //! The administration subcommands of `xmx`: `peers`, `attach`, `detach`, `cluster`,
-//! `counters`. They talk to the local xmxd (and, for `counters`, to `xmx-backd`) over their
+//! `counters`, `qos`. They talk to the local xmxd (and, for `counters`, to `xmx-backd`) over their
 //! control sockets; `--json` prints what the daemons answered, for scripts.
 
 mod cluster;
 mod counters;
 mod guest;
 mod peers;
+mod qos;
 mod target;
 
 use anyhow::Result;
@@ -31,6 +32,10 @@ pub enum AdminCmd {
     /// Traffic counters per guest and endpoint, from the backend: frames, bytes, drops,
     /// retransmits, quota refusals.
     Counters(counters::CountersArgs),
+    /// A guest's quality-of-service weight (default 1): its share of its host's pull
+    /// budget and transmit queue while other guests are busy. Kept by name in dom0's
+    /// xenstore; guests cannot change it.
+    Qos(qos::QosArgs),
 }
 
 /// Run one administration subcommand; returns the process exit code.
@@ -41,6 +46,7 @@ pub fn run(cmd: AdminCmd) -> Result<i32> {
         AdminCmd::Detach(a) => guest::detach(&a),
         AdminCmd::Cluster { cmd } => cluster::run(cmd),
         AdminCmd::Counters(a) => counters::run(&a),
+        AdminCmd::Qos(a) => qos::run(&a),
     }
 }
 

@@ -22,6 +22,7 @@
 //! {"op":"cluster-remove","name":"blue","guest":"vm1"} -> null (back to the default cluster)
 //! {"op":"attach","domid":5,"cluster":"blue"}       -> GuestStatus (cluster optional)
 //! {"op":"detach","domid":5}                        -> null
+//! {"op":"qos","guest":"vm1","weight":4}            -> QosReport (weight optional: read)
 //! ```
 
 use std::io::BufReader;
@@ -96,6 +97,22 @@ pub enum Request {
     },
     /// Take the xmx device away from a running domain.
     Detach { domid: DomId },
+    /// Set (or read) a guest's QoS weight (guest: a name or a domid).
+    Qos {
+        guest: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        weight: Option<u32>,
+    },
+}
+
+/// Reply of `qos`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosReport {
+    /// The guest's name (its weight follows the name across restarts and migrations).
+    pub guest: String,
+    pub weight: u32,
+    /// Domains of this host running the guest now, whose backend applies the weight.
+    pub domains: Vec<DomId>,
 }
 
 /// Reply of `status`.
@@ -364,6 +381,13 @@ mod tests {
                 Request::Attach {
                     domid: 5,
                     cluster: None,
+                },
+            ),
+            (
+                r#"{"op":"qos","guest":"vm1","weight":4}"#,
+                Request::Qos {
+                    guest: "vm1".into(),
+                    weight: Some(4),
                 },
             ),
         ];

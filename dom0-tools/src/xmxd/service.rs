@@ -28,8 +28,8 @@ use xmx_wire::{peer_view, xenbus};
 use super::announce::EntryRepr;
 use super::backend::BackendLink;
 use super::control::{
-    ClusterReport, ControlServer, Dispatch, GuestStatus, PeersReport, Request, StatusReport,
-    MAX_WAIT,
+    ClusterReport, ControlServer, Dispatch, GuestStatus, PeersReport, QosReport, Request,
+    StatusReport, MAX_WAIT,
 };
 use super::discovery::{Discovery, DiscoveryConfig};
 use super::error::{Error, Result};
@@ -490,6 +490,13 @@ impl Core {
         match result {
             Ok(()) => {
                 tracing::info!(domid, guest = %want.guest, mac = %want.mac, cluster = want.cluster, "xmx device attached");
+                // The weight follows the guest's name onto whichever domain runs it.
+                let weight = xsnodes::read_qos(self.xs.as_ref(), ts, &want.guest).and_then(|w| {
+                    toolstack::write_qos_weight(self.xs.as_ref(), ts, domid, DEVID, w)
+                });
+                if let Err(e) = weight {
+                    tracing::warn!(domid, error = %e, "copying the QoS weight");
+                }
                 if let Some(d) = self.domains.get_mut(&domid) {
                     d.attached = Some(want);
                 }
@@ -908,6 +915,29 @@ impl Core {
                     .map(|n| names::base_name(&n).to_owned())
                     .and_then(|n| self.guest_status(&n));
                 json!(status)
+            }
+            Request::Qos { guest, weight } => {
+                let guest = self.resolve_guest(&guest)?;
+                let ts = self.cfg.toolstack;
+                if let Some(w) = weight {
+                    xsnodes::write_qos(self.xs.as_ref(), ts, &guest, w)?;
+                    tracing::info!(%guest, weight = w, "QoS weight recorded");
+                }
+                let weight = xsnodes::read_qos(self.xs.as_ref(), ts, &guest)?;
+                let domains: Vec<DomId> = self
+                    .domains
+                    .iter()
+                    .filter(|(_, d)| d.attached.as_ref().is_some_and(|a| a.guest == guest))
+                    .map(|(&id, _)| id)
+                    .collect();
+                for &id in &domains {
+                    toolstack::write_qos_weight(self.xs.as_ref(), ts, id, DEVID, weight)?;
+                }
+                json!(QosReport {
+                    guest,
+                    weight,
+                    domains
+                })
             }
             Request::Detach { domid } => {
                 let Some(d) = self.domains.get(&domid) else {

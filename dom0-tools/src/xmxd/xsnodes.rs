@@ -9,6 +9,9 @@
 //!                                            when the domain goes
 //!     clusters/<name>/id = "<id>"            mirror of the clusters in xmxd's state
 //!     clusters/<name>/members/<guest> = "<mac>"
+//!     qos/<guest> = "<weight>"               a guest's QoS weight by name (`xmx qos`),
+//!                                            copied into its device's backend directory
+//!                                            (`qos-weight`) whenever it runs here
 //!     peers/<domid>/                         owner dom0, readable by domain <domid> only
 //!         <index> = "<mac> <hostname>"       the peers that guest may reach: its cluster's
 //! ```
@@ -47,6 +50,28 @@ pub fn clusters_dir(toolstack: DomId) -> String {
 /// Where the peers guest `domu` may see are published.
 pub fn peers_dir(toolstack: DomId, domu: DomId) -> String {
     xmx_wire::peer_view::view_dir(toolstack, domu)
+}
+
+/// The QoS weight node of a guest, by name.
+pub fn qos_path(toolstack: DomId, guest: &str) -> String {
+    format!("{}/qos/{guest}", root(toolstack))
+}
+
+/// A guest's recorded QoS weight (1 if none, or if the node does not read well).
+pub fn read_qos(xs: &dyn Xenstore, toolstack: DomId, guest: &str) -> Result<u32> {
+    Ok(read_opt(xs, &qos_path(toolstack, guest))?
+        .and_then(|w| xmx_backend::xenbus::toolstack::parse_qos_weight(&w).ok())
+        .unwrap_or(1))
+}
+
+/// Record a guest's QoS weight (checked: 1 to the maximum).
+pub fn write_qos(xs: &dyn Xenstore, toolstack: DomId, guest: &str, weight: u32) -> Result<()> {
+    xmx_backend::xenbus::toolstack::parse_qos_weight(&weight.to_string())?;
+    xs.write(
+        XBT_NULL,
+        &qos_path(toolstack, guest),
+        weight.to_string().as_bytes(),
+    )
 }
 
 /// The name node of domain `domid`.

@@ -182,7 +182,13 @@ pub struct AfPacketChannel {
 impl AfPacketChannel {
     /// Open `ifname` of the calling thread's namespace. The peer's MAC is given (client)
     /// or learnt from the first data frame (server). Waits poll for `spin`, then block.
-    pub fn open(ifname: &str, peer: Option<[u8; 6]>, spin: Duration) -> io::Result<Self> {
+    /// Frames carry up to `payload_max` bytes (default: as many as fit 9000 bytes).
+    pub fn open(
+        ifname: &str,
+        peer: Option<[u8; 6]>,
+        spin: Duration,
+        payload_max: Option<usize>,
+    ) -> io::Result<Self> {
         let cfg = NicConfig {
             min_mtu: 256,
             rx_frames: 1024,
@@ -191,6 +197,7 @@ impl AfPacketChannel {
         };
         let sock = PacketSocket::open(ifname, cfg).map_err(io::Error::other)?;
         let frame_max = FRAME_MAX.min(sock.max_frame_len());
+        let frame_max = payload_max.map_or(frame_max, |p| frame_max.min(HEADER + p.max(1)));
         Ok(Self {
             me: sock.mac().0,
             peer,

@@ -87,6 +87,9 @@ pub struct AgentArgs {
     /// Interface (afpacket).
     #[arg(long)]
     pub iface: Option<String>,
+    /// Payload bytes per frame (afpacket) [default: as much as a 9000-byte frame holds].
+    #[arg(long)]
+    pub frame_payload: Option<usize>,
     /// The server's address (tcp).
     #[arg(long)]
     pub addr: Option<Ipv4Addr>,
@@ -137,7 +140,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
                 ),
                 None => None,
             };
-            let ch = AfPacketChannel::open(iface, peer, spin)
+            let ch = AfPacketChannel::open(iface, peer, spin, args.frame_payload)
                 .with_context(|| format!("opening {iface}"))?;
             if args.role == Role::Server {
                 ready(Some(&xmx_wire::mxoe::Mac(ch.mac()).to_string()));

@@ -467,7 +467,8 @@ pub struct BenchArgs {
     /// of two from 1 B to 16 MiB].
     #[arg(long, value_name = "LIST")]
     pub sizes: Option<String>,
-    /// Setups, comma-separated [default: all]: shm, afpacket, tcp, native, guest-remote,
+    /// Setups, comma-separated [default: all]: shm, afpacket, afpacket-mx (4 KiB payloads,
+    /// MX's data frames), tcp, native, guest-remote,
     /// guest-local, guest-nocache, guest-scaling.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub setups: Vec<String>,

@@ -65,7 +65,12 @@ pub trait Setup {
 pub fn registry() -> Vec<Box<dyn Setup>> {
     vec![
         Box::new(Shm),
-        Box::new(AfPacket),
+        Box::new(AfPacket {
+            frame_payload: None,
+        }),
+        Box::new(AfPacket {
+            frame_payload: Some(MX_FRAME_PAYLOAD),
+        }),
         Box::new(Tcp),
         Box::new(NativeSetup(None)),
         Box::new(GuestSetup {
@@ -212,15 +217,26 @@ impl Setup for Shm {
     }
 }
 
-/// Raw frames over the veth.
-struct AfPacket;
+/// Payload of MXoE's data frames in wire-compatible mode (MEDIUM fragments, PULL_REPLY).
+const MX_FRAME_PAYLOAD: usize = 4096;
+
+/// Raw frames over the veth, as large as the link allows or as MX's data frames.
+struct AfPacket {
+    frame_payload: Option<usize>,
+}
 
 impl Setup for AfPacket {
     fn name(&self) -> &'static str {
-        "afpacket"
+        match self.frame_payload {
+            None => "afpacket",
+            Some(_) => "afpacket-mx",
+        }
     }
     fn description(&self) -> &'static str {
-        "raw AF_PACKET frames over the veth (mmap rings), messages as trains of <= 9000-byte frames"
+        match self.frame_payload {
+            None => "raw AF_PACKET frames over the veth (mmap rings), messages as trains of <= 9000-byte frames",
+            Some(_) => "raw AF_PACKET frames over the veth, messages as trains of 4096-byte payloads (MX's data frames in wire-compatible mode)",
+        }
     }
     fn compare_with(&self) -> &'static [&'static str] {
         &["shm"]
@@ -236,16 +252,27 @@ impl Setup for AfPacket {
         counts: Counts,
     ) -> Result<CellAgents, String> {
         let link = env.link.map_err(str::to_owned)?;
+        let payload = self.frame_payload.map(|p| p.to_string());
+        let payload: Vec<&str> = payload
+            .iter()
+            .flat_map(|p| ["--frame-payload", p])
+            .collect();
         let server = AgentSpec {
             args: with(
-                agent_args(env, "afpacket", "server", test, size, counts),
-                &["--netns", &link.b.netns, "--iface", &link.b.iface],
+                with(
+                    agent_args(env, "afpacket", "server", test, size, counts),
+                    &["--netns", &link.b.netns, "--iface", &link.b.iface],
+                ),
+                &payload,
             ),
             env: vec![],
         };
         let base = with(
-            agent_args(env, "afpacket", "client", test, size, counts),
-            &["--netns", &link.a.netns, "--iface", &link.a.iface],
+            with(
+                agent_args(env, "afpacket", "client", test, size, counts),
+                &["--netns", &link.a.netns, "--iface", &link.a.iface],
+            ),
+            &payload,
         );
         let client = move |mac: Option<String>| {
             let mut args = base;
@@ -324,7 +351,7 @@ impl Setup for NativeSetup {
         "xmx native: libmyriexpress (XMX_TRANSPORT=native), MX engine in-process on the veth"
     }
     fn compare_with(&self) -> &'static [&'static str] {
-        &["afpacket", "shm"]
+        &["afpacket", "afpacket-mx", "shm"]
     }
     fn prepare(&mut self, env: &Env<'_>) -> Result<(), String> {
         let link = env.link.map_err(str::to_owned)?;
@@ -482,7 +509,10 @@ mod tests {
         match &err {
             BenchError::UnknownSetup { name, known } => {
                 assert_eq!(name, "infiniband");
-                assert!(known.starts_with("shm, afpacket, tcp, native"), "{known}");
+                assert!(
+                    known.starts_with("shm, afpacket, afpacket-mx, tcp, native"),
+                    "{known}"
+                );
             }
             other => panic!("{other:?}"),
         }
