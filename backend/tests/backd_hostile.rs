@@ -10,8 +10,8 @@ use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
 use xmx_backend::service::{BackendThread, Quotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
-    CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp,
-    SendRequest, CTRL_SLOT_SIZE, SEND_SLOT_SIZE,
+    CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, Rndv, Route,
+    SendOp, SendRequest, CTRL_SLOT_SIZE, SEND_SLOT_SIZE,
 };
 use xmx_wire::ring::layout;
 use xmx_wire::xenbus::XenbusState;
@@ -179,17 +179,24 @@ fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
     let (host, _backend, mut bystander, mut h) = setup(Quotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(1));
     let mut ep = ep.unwrap();
-    // A TINY to peer 500, beyond the two-entry peer table: the engine calls it a violation.
+    // An RNDV from a region the endpoint never registered: the engine calls it a
+    // violation.
     h.send(
         &mut ep,
         SendRequest {
             tag: 1,
             route: Route {
-                peer_index: 500,
+                peer_index: 0,
                 endpoint: 0,
                 session_id: 0,
             },
-            op: SendOp::Tiny(InlineMsg::default()),
+            op: SendOp::Rndv(Rndv {
+                info: MsgInfo::default(),
+                length: 100_000,
+                region_id: 7,
+                region_seqnum: 0,
+                region_offset: 0,
+            }),
         },
     );
     h.wait_backend_state(XenbusState::Closed);

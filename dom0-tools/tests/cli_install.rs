@@ -94,7 +94,11 @@ fn install_puts_everything_in_place_and_uninstall_takes_it_all_away() {
         "usr/lib/libmyriexpress.so",
         "usr/lib/libmyriexpress.so.0",
         "usr/lib/libmyriexpress.so.0.1.0",
+        // The names binaries linked against Open-MX look for, and its pkg-config name.
+        "usr/lib/libopen-mx.so",
+        "usr/lib/libopen-mx.so.0",
         "usr/lib/pkgconfig/libmyriexpress.pc",
+        "usr/lib/pkgconfig/open-mx.pc",
         "usr/lib/systemd/system/xmx-backd.service",
         "usr/lib/systemd/system/xmxd.service",
         "usr/sbin/xmx-backd",
@@ -123,6 +127,9 @@ fn install_puts_everything_in_place_and_uninstall_takes_it_all_away() {
         got["usr/lib/libmyriexpress.so.0"].1,
         "-> libmyriexpress.so.0.1.0"
     );
+    for open_mx in ["usr/lib/libopen-mx.so", "usr/lib/libopen-mx.so.0"] {
+        assert_eq!(got[open_mx].1, "-> libmyriexpress.so.0.1.0", "{open_mx}");
+    }
     let hook = fs::read_to_string(root().join("dom0-tools/hooks/xmx-hook")).unwrap();
     assert_eq!(got["etc/xen/scripts/xmx-hook"], (0o755, hook));
     let header = fs::read_to_string(root().join("libmx/include/myriexpress.h")).unwrap();

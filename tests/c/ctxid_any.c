@@ -101,8 +101,18 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
                    (void *)(uintptr_t)(0xc000 + k), "control message");
     test_verify(c.buf[k], 10 + k, 100 + k, "control data");
   }
-  /* Every data message waits unexpected: post their receives, the LARGE
-   * one last, in reverse order of sending. */
+  /* Every data message waits unexpected (on a lossy link the last ones may
+   * still be on their way: wait for each, so that all of them went past
+   * the handler); then post their receives, the LARGE one last, in reverse
+   * order of sending. */
+  for (int i = 0; i < NDATA; i++) {
+    uint32_t found = 0;
+    for (int tries = 0; !found && tries < 150; tries++) {
+      mx_status_t ps;
+      CHECK(mx_probe(ep, 200, data_match(i), ~0ull, &ps, &found));
+    }
+    EXPECT(found, "data message %d unexpected within 30 s", i);
+  }
   static unsigned char bufs[NDATA][BIG + 1];
   mx_request_t r[NDATA];
   for (int i = NDATA - 1; i >= 0; i--) {
