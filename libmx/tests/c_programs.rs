@@ -170,3 +170,8 @@ fn bad_arguments_get_mx_error_codes() {
 fn mx_internals_for_open_mpi() {
     assert!(program("mx_internals").contains("mx__regcache_clean checked"));
 }
+
+#[test]
+fn idle_polling_gives_the_core_away() {
+    assert!(program("poll_idle").contains("then found the message"));
+}

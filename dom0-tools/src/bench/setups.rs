@@ -438,7 +438,10 @@ impl Setup for GuestSetup {
         let extra = [
             ("MX_RCACHE", if self.rcache { "1" } else { "0" }.to_owned()),
             ("XMX_SPIN_US", spin_us.to_string()),
-            ("MX_BENCH_POLL", if self.poll { "1" } else { "0" }.to_owned()),
+            (
+                "MX_BENCH_POLL",
+                if self.poll { "1" } else { "0" }.to_owned(),
+            ),
         ]
         .map(|(k, v)| (k.to_owned(), v));
         bed.programs
