@@ -39,6 +39,26 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 pub const LEASE: Duration = Duration::from_millis(1);
 const LEASE_NS: u64 = LEASE.as_nanos() as u64;
 
+/// The longest a nonblocking call (`mx_test`, `mx_iprobe`, ...) that found
+/// nothing sleeps on the doorbell once its application has polled in vain
+/// for the doorbell's spin ([`Doorbell::idle_poll`]). An arrival ends the
+/// nap at once; the bound only caps how late an event nobody rings for (a
+/// completion made by another thread's progress) is seen.
+pub const POLL_NAP: Duration = Duration::from_micros(200);
+
+/// What a nonblocking call that found nothing does before it returns
+/// ([`Doorbell::idle_poll`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollPace {
+    /// Give the core away once (`sched_yield`): whoever holds the next step
+    /// (the backend, the peer, the driver thread) runs now, not at the end
+    /// of the caller's time slice.
+    Yield,
+    /// Nothing moved for the whole spin: sleep on the doorbell, at most
+    /// [`POLL_NAP`], woken by the next arrival.
+    Nap,
+}
+
 /// Something to tell when a doorbell rings while no application thread
 /// waits on it (the background progression thread).
 pub trait Unattended: Send + Sync {
@@ -67,6 +87,9 @@ pub struct Doorbell {
     /// thread looks at the endpoint when the lease ends, unless the
     /// application progressed it first.
     deferred: AtomicBool,
+    /// Since when (runtime nanoseconds) nonblocking calls on the endpoint
+    /// have found nothing and moved nothing; 0 while things move.
+    idle_since: AtomicU64,
     lock: Mutex<()>,
     cond: Condvar,
     spin: Duration,
@@ -94,6 +117,7 @@ impl Doorbell {
             pollers: AtomicUsize::new(0),
             leased_until: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
             lock: Mutex::new(()),
             cond: Condvar::new(),
             spin,
@@ -194,6 +218,42 @@ impl Doorbell {
     /// Whether an application thread polls the endpoint now.
     pub fn polled(&self) -> bool {
         self.pollers.load(Ordering::SeqCst) > 0
+    }
+
+    /// A nonblocking call on the endpoint found what it looked for, or its
+    /// progress moved something: the application's polling is not idle.
+    pub fn poll_moved(&self) {
+        self.idle_since.store(0, Ordering::Relaxed);
+    }
+
+    /// A nonblocking call found nothing and its progress moved nothing
+    /// (`now_ns`: a [`crate::runtime::now`] reading): how the caller gives the
+    /// core away before it returns.
+    ///
+    /// An application that polls in a tight loop (an MPI progress engine
+    /// calling `mx_test`) would otherwise hold its core until the scheduler
+    /// preempts it, and the backend or peer that must make the next step
+    /// waits a time slice (milliseconds) when pollers outnumber cores. Each
+    /// idle call yields, which costs one system call when nobody else wants
+    /// the core; once nothing has moved for the doorbell's spin, calls nap
+    /// on the doorbell instead, as a blocking wait would sleep.
+    pub fn idle_poll(&self, now_ns: u64) -> PollPace {
+        let since = match self.idle_since.load(Ordering::Relaxed) {
+            0 => {
+                // 0 means "not idle": a reading of 0 (the runtime's first
+                // nanosecond) counts as 1.
+                let start = now_ns.max(1);
+                self.idle_since.store(start, Ordering::Relaxed);
+                start
+            }
+            t => t,
+        };
+        let spin_ns = u64::try_from(self.spin.as_nanos()).unwrap_or(u64::MAX);
+        if now_ns.saturating_sub(since) < spin_ns {
+            PollPace::Yield
+        } else {
+            PollPace::Nap
+        }
     }
 
     /// How long a waiter polls before it sleeps.
@@ -377,6 +437,24 @@ mod tests {
         d.ring();
         assert_eq!(c.0.load(Ordering::SeqCst), 5);
         assert_eq!(d.deferred_until(), None);
+    }
+
+    #[test]
+    fn idle_polls_yield_for_the_spin_then_nap_until_something_moves() {
+        let d = Doorbell::new(Duration::from_micros(50), 0, None);
+        let t0 = 1_000_000;
+        assert_eq!(d.idle_poll(t0), PollPace::Yield, "first idle call");
+        assert_eq!(d.idle_poll(t0 + 49_000), PollPace::Yield, "within the spin");
+        assert_eq!(d.idle_poll(t0 + 50_000), PollPace::Nap, "spin over");
+        assert_eq!(d.idle_poll(t0 + 900_000), PollPace::Nap);
+        d.poll_moved();
+        assert_eq!(
+            d.idle_poll(t0 + 1_000_000),
+            PollPace::Yield,
+            "a call that moved something starts the spin again"
+        );
+        assert_eq!(d.idle_poll(t0 + 1_049_000), PollPace::Yield);
+        assert_eq!(d.idle_poll(t0 + 1_050_000), PollPace::Nap);
     }
 
     #[test]

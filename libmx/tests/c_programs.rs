@@ -178,3 +178,10 @@ fn mx_internals_for_open_mpi() {
 fn mpi_transport_pattern() {
     assert!(program("mpi_pattern").contains("received 4 rounds in arrival order"));
 }
+
+/// An application polling with nothing to find gives the core away, and still
+/// finds the message that then arrives.
+#[test]
+fn idle_polling_gives_the_core_away() {
+    assert!(program("poll_idle").contains("then found the message"));
+}

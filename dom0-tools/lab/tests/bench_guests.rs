@@ -88,7 +88,8 @@ fn quick_run_measures_every_guest_setup() {
             "native",
             "guest-remote",
             "guest-local",
-            "guest-nocache"
+            "guest-nocache",
+            "guest-remote-poll"
         ]
     );
     for s in setups

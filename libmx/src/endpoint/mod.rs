@@ -22,7 +22,7 @@ use xmx_mx::{Event, PeerAddr, RdmaWindow, RequestId, Status};
 use crate::abi::{MxEndpointAddr, MxErrorHandler, MxReturn, MxStatus, MX_INFINITE};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};
-use crate::doorbell::Doorbell;
+use crate::doorbell::{Doorbell, PollPace, POLL_NAP};
 use crate::errors::{Failure, MxResult};
 use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
@@ -428,15 +428,62 @@ impl Endpoint {
         &self,
         f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
     ) -> MxResult<T> {
+        self.with_state_moved(f).map(|(r, _)| r)
+    }
+
+    /// [`Self::with_state`], also saying whether progress moved anything.
+    fn with_state_moved<T>(
+        &self,
+        f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
+    ) -> MxResult<(T, bool)> {
         let r = {
             let mut st = self.lock()?;
-            self.progress(&mut st);
+            let mut moved = self.progress(&mut st);
             let r = f(self, &mut st);
-            self.progress(&mut st);
-            r
+            moved |= self.progress(&mut st);
+            r.map(|r| (r, moved))
         };
         self.run_handlers();
         r
+    }
+
+    /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): [`Self::with_state`],
+    /// then, when it found nothing and nothing moved, the caller gives the
+    /// core away as the doorbell's [`PollPace`] says, so an application that
+    /// polls in a loop never starves the backend or peer it waits on.
+    pub(crate) fn poll_state<T>(
+        &self,
+        f: impl FnOnce(&Self, &mut State) -> MxResult<Option<T>>,
+    ) -> MxResult<Option<T>> {
+        let seen = self.doorbell.generation();
+        let (found, moved) = self.with_state_moved(f)?;
+        if found.is_some() || moved || seen != self.doorbell.generation() {
+            self.doorbell.poll_moved();
+            return Ok(found);
+        }
+        match self.doorbell.idle_poll(runtime::now().as_nanos()) {
+            PollPace::Yield => std::thread::yield_now(),
+            PollPace::Nap => self.nap(seen)?,
+        }
+        Ok(None)
+    }
+
+    /// Sleeps on the doorbell at most [`POLL_NAP`] (or until the next timer),
+    /// with the transport asked to ring it at the next arrival.
+    fn nap(&self, seen: u64) -> MxResult<()> {
+        let _attending = self.doorbell.attend();
+        let arrived = {
+            let mut st = self.lock()?;
+            st.port.as_mut().is_some_and(|p| p.before_sleep())
+        };
+        if !arrived {
+            let mut until = std::time::Instant::now() + POLL_NAP;
+            if let Some(timer) = self.next_deadline().map(runtime::to_std) {
+                until = until.min(timer);
+            }
+            self.doorbell.sleep(seen, Some(until));
+        }
+        Ok(())
     }
 
     /// `mx_progress` and the background thread: progress if the endpoint
@@ -455,9 +502,11 @@ impl Endpoint {
     }
 
     /// Moves everything forward: frames in, timers, events, frames out.
-    fn progress(&self, st: &mut State) {
+    /// True if anything moved.
+    fn progress(&self, st: &mut State) -> bool {
         self.doorbell.clear_deferred();
         let now = runtime::now();
+        let mut moved = false;
         loop {
             let mut work = false;
             if let Some(port) = st.port.as_mut() {
@@ -499,6 +548,7 @@ impl Endpoint {
             if !work {
                 break;
             }
+            moved = true;
         }
         let next = st.core.next_timeout();
         self.deadline
@@ -509,6 +559,7 @@ impl Endpoint {
         if std::mem::take(&mut st.completed) {
             self.doorbell.ring_local();
         }
+        moved
     }
 
     fn on_event(&self, st: &mut State, now: xmx_mx::Instant, ev: Event) {

@@ -328,7 +328,7 @@ impl Endpoint {
     /// `mx_test`: the status if the request is complete (it is then freed).
     pub fn test(&self, token: usize) -> MxResult<Option<MxStatus>> {
         let seq = self.seq_of(token)?;
-        self.with_state(|ep, st| {
+        self.poll_state(|ep, st| {
             ep.known(st, seq)?;
             Ok(ep.take_done(st, seq))
         })
@@ -354,7 +354,7 @@ impl Endpoint {
     /// the pair.
     pub fn test_any(&self, match_info: u64, match_mask: u64) -> MxResult<Option<MxStatus>> {
         self.check_mask_only(match_info, match_mask)?;
-        self.with_state(|ep, st| Ok(ep.take_any(st, match_info, match_mask)))
+        self.poll_state(|ep, st| Ok(ep.take_any(st, match_info, match_mask)))
     }
 
     /// `mx_wait_any`.
@@ -380,7 +380,7 @@ impl Endpoint {
 
     /// `mx_ipeek`: the first completed request, left in place.
     pub fn ipeek(&self) -> MxResult<Option<usize>> {
-        self.with_state(|ep, st| Ok(st.done.values().next().map(|&seq| ep.token(seq))))
+        self.poll_state(|ep, st| Ok(st.done.values().next().map(|&seq| ep.token(seq))))
     }
 
     /// `mx_peek`.
@@ -394,7 +394,7 @@ impl Endpoint {
     /// in place.
     pub fn iprobe(&self, match_info: u64, match_mask: u64) -> MxResult<Option<MxStatus>> {
         self.check_match(match_info, match_mask)?;
-        self.with_state(|ep, st| Ok(ep.probe_now(st, match_info, match_mask)))
+        self.poll_state(|ep, st| Ok(ep.probe_now(st, match_info, match_mask)))
     }
 
     /// `mx_probe`.

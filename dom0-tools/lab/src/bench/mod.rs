@@ -468,8 +468,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "LIST")]
     pub sizes: Option<String>,
     /// Setups, comma-separated [default: all]: shm, afpacket, afpacket-mx (4 KiB payloads,
-    /// MX's data frames), tcp, native, guest-remote,
-    /// guest-local, guest-nocache, guest-scaling.
+    /// MX's data frames), tcp, native, guest-remote, guest-local, guest-nocache,
+    /// guest-remote-poll, guest-scaling.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub setups: Vec<String>,
     /// Directory for bench.json, bench.txt and the plots.

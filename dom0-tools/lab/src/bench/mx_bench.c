@@ -13,7 +13,8 @@
  *
  * TEST is pingpong or stream. The server prints "ready" once its endpoint is
  * open. Streams keep up to STREAM_WINDOW sends in flight; every wait spins and
- * blocks inside the library as its settings say.
+ * blocks inside the library as its settings say, or, with MX_BENCH_POLL=1 in
+ * the environment, polls with mx_test in a loop as MPI progress engines do.
  */
 
 #include <fcntl.h>
@@ -78,9 +79,14 @@ static void progress(uint64_t done, uint64_t total) {
   fprintf(stderr, "progress %llu/%llu\n", (unsigned long long)done, (unsigned long long)total);
 }
 
+static int poll_mode;
+
 static void wait_done(mx_endpoint_t ep, mx_request_t *req, mx_status_t *s) {
   uint32_t result = 0;
-  CHECK(mx_wait(ep, req, MX_INFINITE, s, &result));
+  if (poll_mode)
+    while (!result) CHECK(mx_test(ep, req, s, &result));
+  else
+    CHECK(mx_wait(ep, req, MX_INFINITE, s, &result));
   if (!result || s->code != MX_STATUS_SUCCESS) {
     fprintf(stderr, "request failed: %s\n", mx_strstatus(s->code));
     exit(1);
@@ -264,6 +270,8 @@ static void usage(const char *prog) {
 int main(int argc, char **argv) {
   struct opts o = {NULL, NULL, SERVER_EID, -1, 0, 0, 0, 0, 1};
   int c;
+  const char *poll_env = getenv("MX_BENCH_POLL");
+  poll_mode = poll_env && strcmp(poll_env, "1") == 0;
   while ((c = getopt(argc, argv, "il:d:e:t:s:w:n:g:")) != -1) {
     switch (c) {
     case 'i': o.info = 1; break;

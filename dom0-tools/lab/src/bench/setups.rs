@@ -80,6 +80,7 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
             compare: &["native", "tcp"],
             placement: Placement::Remote,
             rcache: true,
+            poll: false,
         }),
         Box::new(GuestSetup {
             name: "guest-local",
@@ -88,6 +89,7 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
             compare: &["shm"],
             placement: Placement::Local,
             rcache: true,
+            poll: false,
         }),
         Box::new(GuestSetup {
             name: "guest-nocache",
@@ -96,6 +98,16 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
             compare: &["guest-remote"],
             placement: Placement::Remote,
             rcache: false,
+            poll: false,
+        }),
+        Box::new(GuestSetup {
+            name: "guest-remote-poll",
+            description:
+                "guest-remote with every waiter spinning (XMX_SPIN_US = 1 s) and both programs polling with mx_test in a loop, as MPI progress engines do",
+            compare: &["guest-remote"],
+            placement: Placement::Remote,
+            rcache: true,
+            poll: true,
         }),
     ]
 }
@@ -389,7 +401,14 @@ struct GuestSetup {
     /// `MX_RCACHE`; with the cache off only LARGE messages are measured
     /// (the cache plays no part in smaller ones).
     rcache: bool,
+    /// Both programs poll with `mx_test` (`MX_BENCH_POLL=1`) and every wait in the
+    /// library spins for [`POLL_SETUP_SPIN_US`] before it blocks: more pollers than
+    /// cores, as on a consolidated host.
+    poll: bool,
 }
+
+/// `XMX_SPIN_US` of the polling setup: long enough that no wait of a cell ever blocks.
+const POLL_SETUP_SPIN_US: u64 = 1_000_000;
 
 impl GuestSetup {
     fn pair(&self) -> BenchPair {
@@ -438,9 +457,18 @@ impl Setup for GuestSetup {
         counts: Counts,
     ) -> Result<CellAgents, String> {
         let bed = env.guests.map_err(str::to_owned)?;
+        let spin_us = if self.poll {
+            POLL_SETUP_SPIN_US
+        } else {
+            env.spin_us
+        };
         let extra = [
             ("MX_RCACHE", if self.rcache { "1" } else { "0" }.to_owned()),
-            ("XMX_SPIN_US", env.spin_us.to_string()),
+            ("XMX_SPIN_US", spin_us.to_string()),
+            (
+                "MX_BENCH_POLL",
+                if self.poll { "1" } else { "0" }.to_owned(),
+            ),
         ]
         .map(|(k, v)| (k.to_owned(), v));
         bed.programs
