@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use backd_util::{eventually, guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
 use xmx_backend::admin::{CountersReport, PeerSpec, Request};
-use xmx_nic::testbed::VethPair;
-use xmx_nic::{NicConfig, PacketSocket};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink};
 use xmx_hv::DOM0;
+use xmx_nic::testbed::VethPair;
+use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
 
 fn start_backend(host: &Host, netns: &str, ifname: &str) -> BackendThread {

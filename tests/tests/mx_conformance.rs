@@ -276,7 +276,14 @@ fn conformance_on_impaired_links() {
         println!("no netem: links impaired by a relay on each host's port");
         let seed = relay_seed();
         for h in 0..2 {
-            relays.push(ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, imp, seed));
+            relays.push(ImpairedPort::start(
+                &fabric,
+                &c.host(h).port,
+                h,
+                9000,
+                imp,
+                seed,
+            ));
         }
     }
     between_guests(&c, &programs, &env, "impaired links, ");

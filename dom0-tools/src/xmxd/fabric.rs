@@ -191,8 +191,9 @@ impl PacketFabric {
         let lookup = || unsafe { libc::if_nametoindex(cname.as_ptr()) };
         match &self.netns {
             None => Ok(lookup()),
-            Some(ns) => xmx_nic::netns::run_in(ns, lookup)
-                .map_err(|e| io::Error::other(e.to_string())),
+            Some(ns) => {
+                xmx_nic::netns::run_in(ns, lookup).map_err(|e| io::Error::other(e.to_string()))
+            }
         }
     }
 

@@ -187,14 +187,17 @@ fn a_chosen_unexpected_message_is_taken_out_of_its_place() {
     assert!(s.pulled.is_empty(), "a dropped LARGE message is not pulled");
     // Its sender learns that nothing was taken.
     let sends = s.nodes[0].take_events(|e| matches!(e, Event::SendDone { .. }));
-    assert!(sends.iter().any(|e| matches!(
-        e,
-        Event::SendDone {
-            status: Status::Success,
-            xfer_length: 0,
-            ..
-        }
-    )), "{sends:?}");
+    assert!(
+        sends.iter().any(|e| matches!(
+            e,
+            Event::SendDone {
+                status: Status::Success,
+                xfer_length: 0,
+                ..
+            }
+        )),
+        "{sends:?}"
+    );
     assert_eq!(s.nodes[1].ep.pending_requests(), 0);
 }
 

@@ -260,6 +260,18 @@ pub fn select(settings: &Settings) -> MxResult<Arc<dyn Transport>> {
     }
 }
 
+/// The linger of a closed endpoint when `XMX_LINGER_MS` does not set one: one
+/// and a half first resend delays after the last frame heard, so the
+/// partner's first resend of a message whose ack was lost still finds the
+/// port and is acked, not refused as if the message had never arrived (TCP's
+/// TIME_WAIT, for the same reason). A close waits that long only after
+/// recent traffic.
+pub(crate) fn default_close_linger(
+    resend_delay: Option<std::time::Duration>,
+) -> std::time::Duration {
+    resend_delay.unwrap_or(xmx_mx::DEFAULT_RESEND_DELAY) * 3 / 2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,16 +314,4 @@ mod tests {
         };
         assert_eq!(refusal(&ack, NackType::BadEndpoint), None);
     }
-}
-
-/// The linger of a closed endpoint when `XMX_LINGER_MS` does not set one: one
-/// and a half first resend delays after the last frame heard, so the
-/// partner's first resend of a message whose ack was lost still finds the
-/// port and is acked, not refused as if the message had never arrived (TCP's
-/// TIME_WAIT, for the same reason). A close waits that long only after
-/// recent traffic.
-pub(crate) fn default_close_linger(
-    resend_delay: Option<std::time::Duration>,
-) -> std::time::Duration {
-    resend_delay.unwrap_or(xmx_mx::DEFAULT_RESEND_DELAY) * 3 / 2
 }
