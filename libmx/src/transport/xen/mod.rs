@@ -213,7 +213,12 @@ impl Shared {
 
     /// Acts on what the guest daemon said.
     fn handle_notices(&self) {
-        let notices = match lock(&self.client).poll_notices() {
+        // The client's guard must be gone before the arms below take endpoint
+        // links: the lock order is link, then client (a guard in the match's
+        // scrutinee would live through the arms and deadlock with an
+        // application thread that holds its link and waits for the client).
+        let polled = lock(&self.client).poll_notices();
+        let notices = match polled {
             Ok(n) => n,
             Err(e) => {
                 // The daemon held the device and re-opens endpoints after a
