@@ -366,6 +366,7 @@ impl FakeGuest {
             event_channel: port,
             info_ref: info.refs()[0],
             pages,
+            resume_session: 0,
         }));
         if rsp.status != xmx_wire::msg::CtrlStatus::Ok {
             self.evtchn.close(port).unwrap();
