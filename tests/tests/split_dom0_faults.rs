@@ -274,7 +274,12 @@ fn a_restarted_backend_recovers_its_guests_and_both_streams_complete() {
     let c = SimCluster::up("dbackd", &[]);
     let dir = tempfile::tempdir().unwrap();
     let bin = cprog::build("bulk", dir.path());
-    let mut streams = [stream(&c, &bin, 0, &STREAM), stream(&c, &bin, 1, &STREAM)];
+    // A send that recovery left behind fails with a clear status within this
+    // bound (the default request timeout is minutes); recovery itself takes
+    // the supervisor's restart delay and a handshake.
+    let mut env = STREAM.to_vec();
+    env.push(("BULK_TIMEOUT_MS", "30000"));
+    let mut streams = [stream(&c, &bin, 0, &env), stream(&c, &bin, 1, &env)];
     for (rx, _) in &mut streams {
         rx.wait_line(Duration::from_secs(60), |l| l == "holding");
     }
