@@ -323,6 +323,7 @@ impl Backend {
             Step::Restart => {
                 if let Some(conn) = self.devices.get_mut(&key).and_then(|d| d.conn.take()) {
                     self.release(conn);
+                    self.forget_sessions(key);
                 }
                 self.publish_init_wait(key);
             }
@@ -433,6 +434,19 @@ impl Backend {
             .collect()
     }
 
+    /// The guest let its endpoints go (or lost them to a close): their sessions are not
+    /// to be resumed. Only a backend that dies or stops leaves them recorded.
+    fn forget_sessions(&self, key: DeviceKey) {
+        let Some(device) = self.devices.get(&key) else {
+            return;
+        };
+        let dir = xenbus::key_path(&device.backend_dir, keys::ENDPOINT_SESSIONS);
+        match self.xs.rm(XBT_NULL, &dir) {
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => tracing::warn!(error = %e, "removing {dir}"),
+        }
+    }
+
     /// Release everything a connection holds: endpoints, regions, ports, mappings.
     pub(super) fn release(&mut self, mut conn: Connection) {
         let endpoints: Vec<u8> = conn.endpoints.keys().copied().collect();
@@ -466,6 +480,7 @@ impl Backend {
         }
         if let Some(conn) = conn {
             self.release(conn);
+            self.forget_sessions(key);
         }
         if let Some(r) = reason {
             self.write_backend(key, &[("error", r)]);

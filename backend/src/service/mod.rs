@@ -293,10 +293,21 @@ fn record_session(xs: &dyn Xenstore, backend_dir: &str, reply: &xmx_wire::msg::C
             &node(endpoint),
             session_id.to_string().as_bytes(),
         ),
-        CtrlReply::EndpointClose { endpoint } => match xs.rm(xmx_hv::XBT_NULL, &node(endpoint)) {
-            Err(xmx_hv::Error::NotFound(_)) => Ok(()),
-            other => other,
-        },
+        CtrlReply::EndpointClose { endpoint } => {
+            let dir = key_path(backend_dir, keys::ENDPOINT_SESSIONS);
+            let removed = match xs.rm(xmx_hv::XBT_NULL, &node(endpoint)) {
+                Err(xmx_hv::Error::NotFound(_)) => Ok(()),
+                other => other,
+            };
+            // The last one takes the directory with it.
+            match xs.directory(xmx_hv::XBT_NULL, &dir) {
+                Ok(left) if left.is_empty() => match xs.rm(xmx_hv::XBT_NULL, &dir) {
+                    Err(xmx_hv::Error::NotFound(_)) => removed,
+                    other => removed.and(other),
+                },
+                _ => removed,
+            }
+        }
         _ => Ok(()),
     };
     if let Err(e) = done {
