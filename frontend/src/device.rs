@@ -15,8 +15,13 @@
 //! the new one is offered through [`Frontend::take_reopened`] to be handed to the
 //! application, which remaps and then lets the daemon [`Frontend::release_retired`] the
 //! old pages. Rings start empty again: send requests in flight at the disconnection get
-//! no completion and the events not yet consumed are lost (MX retransmits above this);
-//! regions are gone and have to be registered again.
+//! no completion and the events not yet consumed are lost (MX retransmits above this).
+//! Each endpoint asks to keep its session, which the backend grants only if it recorded
+//! that session for it (a restarted backend does), so peers' connections stay valid.
+//! When the backend went away on its own (a restart), the regions stay granted and are
+//! registered again under their ids over the same pages (the hand-off says
+//! `regions_kept`), so windows lent to peers stay valid; after a suspend they are gone
+//! and have to be registered again.
 //!
 //! # Detach and re-attach
 //!
