@@ -2,7 +2,7 @@
 
 mod backd_util;
 
-use backd_util::Host;
+use backd_util::{small_endpoint, Host};
 use xmx_backend::admin::{GuestReport, Request};
 use xmx_backend::service::Quotas;
 use xmx_backend::xenbus::toolstack;
@@ -256,4 +256,54 @@ fn attach_writes_both_halves_with_the_toolstack_permissions() {
         toolstack::detach(xs0.as_ref(), DOM0, g.domid, 0),
         Err(xmx_hv::Error::NotFound(_))
     ));
+}
+
+#[test]
+fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
+    let host = Host::start();
+    let backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let a = g.open_endpoint(0, small_endpoint(1)).1.expect("endpoint 0");
+    let b = g.open_endpoint(1, small_endpoint(1)).1.expect("endpoint 1");
+    assert_ne!(a.session, b.session);
+    // The backend goes with both endpoints open; what it recorded stays in xenstore,
+    // as after a crash.
+    backend.stop().unwrap();
+    let _backend = host.start_backend(Quotas::default());
+    // The frontend still says Connected to the backend that is gone: the new one does
+    // not adopt that ring (its endpoints died with the old backend) but closes the
+    // device, so that the frontend starts over.
+    g.wait_backend_state(XenbusState::Closed);
+    g.set_state(XenbusState::Closed);
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    // An endpoint re-opened with its own session keeps it; one claiming another
+    // endpoint's session, or one never given, gets a fresh one.
+    let a2 = g
+        .open_endpoint_resuming(0, small_endpoint(1), a.session)
+        .1
+        .expect("endpoint 0 again");
+    assert_eq!(a2.session, a.session);
+    let b2 = g
+        .open_endpoint_resuming(1, small_endpoint(1), a.session)
+        .1
+        .expect("endpoint 1 again");
+    assert_ne!(b2.session, a.session);
+    assert_ne!(b2.session, b.session);
+    let c = g
+        .open_endpoint_resuming(2, small_endpoint(1), 0x1234_5678)
+        .1
+        .expect("endpoint 2");
+    assert_ne!(c.session, 0x1234_5678);
+    // A frontend that closes lets its endpoints go: nothing is kept for them.
+    g.close();
+    assert_eq!(g.read_backend(keys::ENDPOINT_SESSIONS), None);
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    let a3 = g
+        .open_endpoint_resuming(0, small_endpoint(1), a.session)
+        .1
+        .expect("endpoint 0 after a close");
+    assert_ne!(a3.session, a.session);
 }

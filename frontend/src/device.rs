@@ -15,8 +15,13 @@
 //! the new one is offered through [`Frontend::take_reopened`] to be handed to the
 //! application, which remaps and then lets the daemon [`Frontend::release_retired`] the
 //! old pages. Rings start empty again: send requests in flight at the disconnection get
-//! no completion and the events not yet consumed are lost (MX retransmits above this);
-//! regions are gone and have to be registered again.
+//! no completion and the events not yet consumed are lost (MX retransmits above this).
+//! Each endpoint asks to keep its session, which the backend grants only if it recorded
+//! that session for it (a restarted backend does), so peers' connections stay valid.
+//! When the backend went away on its own (a restart), the regions stay granted and are
+//! registered again under their ids over the same pages (the hand-off says
+//! `regions_kept`), so windows lent to peers stay valid; after a suspend they are gone
+//! and have to be registered again.
 //!
 //! # Detach and re-attach
 //!
@@ -158,6 +163,9 @@ struct EndpointShare {
 /// One registered region's pages.
 struct RegionShare {
     pages: GrantedPages,
+    length: u32,
+    /// The backend domain the pages are granted to.
+    backend_id: DomId,
 }
 
 /// What a request that timed out had shared: the backend may still act on it, so it is
@@ -706,12 +714,15 @@ impl Frontend {
 
     /// The backend let go (or vanished): release the ring, forget what the backend held,
     /// say Closed.
+    /// The regions stay granted: the backend lost them with the connection, and they are
+    /// registered again, under the same ids, when the endpoints are re-opened, so that
+    /// windows the application lent to peers stay valid across a backend restart.
     fn teardown(&mut self) -> Result<()> {
         let was_connected = self.state == XenbusState::Connected;
-        self.release_connection(was_connected)
+        self.release_connection(was_connected, true)
     }
 
-    fn release_connection(&mut self, was_connected: bool) -> Result<()> {
+    fn release_connection(&mut self, was_connected: bool, keep_regions: bool) -> Result<()> {
         if let Some(ctrl) = self.ctrl.take() {
             self.retire_ctrl(ctrl);
         }
@@ -726,8 +737,10 @@ impl Frontend {
         for ep in self.endpoints.values_mut() {
             ep.open_in_backend = false;
             // The backend dropped the regions with the endpoint.
-            for (_, r) in std::mem::take(&mut ep.regions) {
-                end_grants(r.pages, "region");
+            if !keep_regions {
+                for (_, r) in std::mem::take(&mut ep.regions) {
+                    end_grants(r.pages, "region");
+                }
             }
         }
         match self.set_state(XenbusState::Closed) {
@@ -828,7 +841,7 @@ impl Frontend {
                 .find(|i| !self.endpoints.contains_key(i))
                 .ok_or(Error::Exhausted("endpoint"))?,
         };
-        let share = self.share_endpoint(index, geometry, 0)?;
+        let share = self.share_endpoint(index, geometry, 0, 0)?;
         self.endpoints.insert(index, share);
         match self.export_endpoint(index) {
             Ok(h) => Ok(h),
@@ -845,6 +858,7 @@ impl Frontend {
         index: u8,
         geometry: EndpointPages,
         generation: u32,
+        resume_session: u32,
     ) -> Result<EndpointShare> {
         let backend = self.backend_id;
         let pages = Arc::new(self.gnttab.grant_pages(backend, geometry.total(), true)?);
@@ -864,6 +878,7 @@ impl Frontend {
             event_channel: port.port(),
             info_ref: info.refs()[0],
             pages: geometry,
+            resume_session,
         });
         let result = self.call(op);
         // The backend copied the info page out and unmapped it before answering.
@@ -913,6 +928,7 @@ impl Frontend {
             session_id: share.session_id,
             geometry: share.geometry,
             generation: share.generation,
+            regions_kept: false,
             pages: share.pages.export()?,
             port: share.port.handle().export_port(share.port.port())?,
         })
@@ -1007,7 +1023,14 @@ impl Frontend {
         };
         tracing::debug!(endpoint, region_id, pages = nr_pages, "region registered");
         if let Some(share) = self.endpoints.get_mut(&endpoint) {
-            share.regions.insert(region_id, RegionShare { pages });
+            share.regions.insert(
+                region_id,
+                RegionShare {
+                    pages,
+                    length,
+                    backend_id: backend,
+                },
+            );
         }
         Ok(RegionHandoff {
             endpoint,
@@ -1057,15 +1080,18 @@ impl Frontend {
             .map(|(i, _)| *i)
             .collect();
         for index in lost {
-            let Some(old) = self.endpoints.remove(&index) else {
+            let Some(mut old) = self.endpoints.remove(&index) else {
                 continue;
             };
             let generation = old.generation.wrapping_add(1);
-            match self.share_endpoint(index, old.geometry, generation) {
-                Ok(new) => {
+            let regions = std::mem::take(&mut old.regions);
+            match self.share_endpoint(index, old.geometry, generation, old.session_id) {
+                Ok(mut new) => {
+                    let kept = self.register_again(index, regions, &mut new);
                     self.endpoints.insert(index, new);
                     match self.export_endpoint(index) {
-                        Ok(h) => {
+                        Ok(mut h) => {
+                            h.regions_kept = kept;
                             self.reopened.push(h);
                             self.events
                                 .push_back(FrontendEvent::EndpointReopened { endpoint: index });
@@ -1077,6 +1103,9 @@ impl Frontend {
                     }
                 }
                 Err(e) => {
+                    for (_, r) in regions {
+                        end_grants(r.pages, "region");
+                    }
                     tracing::warn!(endpoint = index, error = %e, "re-opening an endpoint");
                     self.events.push_back(FrontendEvent::EndpointLost {
                         endpoint: index,
@@ -1087,6 +1116,78 @@ impl Frontend {
             // The application still maps the old pages until it remaps.
             self.retired.push((index, old.generation, old));
         }
+    }
+
+    /// Register `regions` of re-opened endpoint `index` again, under their ids and over
+    /// the same grants, into `share`. True if every one is back; otherwise none is (the
+    /// application then drops its windows and registers new ones).
+    fn register_again(
+        &mut self,
+        index: u8,
+        regions: BTreeMap<u8, RegionShare>,
+        share: &mut EndpointShare,
+    ) -> bool {
+        let mut failed = false;
+        for (region_id, r) in regions {
+            if failed || r.backend_id != self.backend_id {
+                failed = true;
+                end_grants(r.pages, "region");
+                continue;
+            }
+            match self.register_pages(index, region_id, r.length, &r.pages) {
+                Ok(()) => {
+                    share.regions.insert(region_id, r);
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = index, region_id, error = %e, "registering a region again");
+                    failed = true;
+                    self.dispose(Quarantined::Pages(r.pages));
+                }
+            }
+        }
+        if failed {
+            for (region_id, r) in std::mem::take(&mut share.regions) {
+                let _ = self.call(CtrlOp::RegionDeregister {
+                    endpoint: index,
+                    region_id,
+                });
+                self.dispose(Quarantined::Pages(r.pages));
+            }
+            return false;
+        }
+        if !share.regions.is_empty() {
+            tracing::info!(
+                endpoint = index,
+                regions = share.regions.len(),
+                "regions registered again"
+            );
+        }
+        true
+    }
+
+    /// One REGION_REGISTER of `pages` (granted already) as `region_id` of `endpoint`.
+    fn register_pages(
+        &mut self,
+        endpoint: u8,
+        region_id: u8,
+        length: u32,
+        pages: &GrantedPages,
+    ) -> Result<()> {
+        let packed = pack_info_pages(pages.refs());
+        let mut info = self
+            .gnttab
+            .grant_pages(self.backend_id, packed.len(), false)?;
+        let flat: Vec<u8> = packed.iter().flat_map(|p| p.iter().copied()).collect();
+        write_pages(&mut info, &flat);
+        let result = self.call(CtrlOp::RegionRegister(RegionRegister {
+            endpoint,
+            region_id,
+            first_page_offset: 0,
+            length,
+            info_refs: info.refs().to_vec(),
+        }));
+        self.dispose(Quarantined::Pages(info));
+        result.map(drop)
     }
 
     /// Release the shares of `endpoint` older than `generation` (its application
@@ -1239,7 +1340,7 @@ impl Frontend {
                 self.xs.next_watch_event(Some(left))?;
             }
         }
-        self.release_connection(was_connected)
+        self.release_connection(was_connected, false)
     }
 }
 

@@ -24,6 +24,9 @@ pub struct EndpointHandoff {
     /// Counts the endpoint's (re)openings: 0 at first, +1 at each re-open after the
     /// device reconnected (resume, backend restart).
     pub generation: u32,
+    /// On a re-open: the endpoint's regions are registered again under their ids over the
+    /// same pages, so the application's windows stay valid.
+    pub regions_kept: bool,
     /// Every page of the endpoint, in info-page order.
     pub pages: ExportedPages,
     /// The endpoint's event channel.
@@ -73,6 +76,7 @@ impl EndpointHandoff {
         out.extend_from_slice(&self.geometry.send_queue.to_le_bytes());
         out.extend_from_slice(&self.geometry.recv_queue.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
+        out.push(u8::from(self.regions_kept));
         self.pages.emit(out, fds);
         self.port.emit(out, fds);
     }
@@ -89,6 +93,7 @@ impl EndpointHandoff {
             recv_queue: r.u16()?,
         };
         let generation = r.u32()?;
+        let regions_kept = r.u8()? != 0;
         *buf = r.0;
         check_geometry(&geometry)?;
         let pages = ExportedPages::parse(buf, fds)?;
@@ -105,6 +110,7 @@ impl EndpointHandoff {
             session_id,
             geometry,
             generation,
+            regions_kept,
             pages,
             port,
         })

@@ -10,7 +10,11 @@
 //! - g0 of h1, the receiver, is destroyed: g0's sender fails within the
 //!   request timeout it set, and g1's stream completes;
 //! - h0's xmxd is killed (SIGKILL): its supervisor starts it again, as
-//!   systemd's `Restart=on-failure` does, and both streams complete.
+//!   systemd's `Restart=on-failure` does, and both streams complete;
+//! - h0's xmx-backd is killed (SIGKILL) while both senders wait for their
+//!   last message to be pulled: restarted, it recovers the guests from
+//!   xenstore, their endpoints keep their sessions and windows, and both
+//!   streams complete byte for byte.
 //!
 //! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
 //! otherwise.
@@ -261,73 +265,39 @@ fn a_killed_xmxd_is_restarted_and_the_streams_complete() {
     }
 }
 
-/// What a sender printed when its send failed: MX's name of the status.
-fn failure_status(f: &Finished) -> Option<&'static str> {
-    let text = format!("{}{}", f.stdout, f.stderr);
-    [
-        "Timed out",
-        "Remote endpoint closed",
-        "Aborted",
-        "Bad session",
-    ]
-    .into_iter()
-    .find(|s| text.contains(s))
-}
-
 #[test]
-fn a_killed_backend_ends_every_stream_within_a_bound() {
-    if skipped("a_killed_backend_ends_every_stream_within_a_bound") {
+fn a_restarted_backend_recovers_its_guests_and_both_streams_complete() {
+    if skipped("a_restarted_backend_recovers_its_guests_and_both_streams_complete") {
         return;
     }
     let _one = exclusive();
     let c = SimCluster::up("dbackd", &[]);
     let dir = tempfile::tempdir().unwrap();
     let bin = cprog::build("bulk", dir.path());
-    const BOUND: Duration = Duration::from_secs(10);
-    let bound_ms = BOUND.as_millis().to_string();
+    // A send that recovery left behind fails with a clear status within this
+    // bound (the default request timeout is minutes); recovery itself takes
+    // the supervisor's restart delay and a handshake.
     let mut env = STREAM.to_vec();
-    env.push(("BULK_TIMEOUT_MS", &bound_ms));
-
+    env.push(("BULK_TIMEOUT_MS", "30000"));
     let mut streams = [stream(&c, &bin, 0, &env), stream(&c, &bin, 1, &env)];
     for (rx, _) in &mut streams {
         rx.wait_line(Duration::from_secs(60), |l| l == "holding");
     }
+    // Both senders have lent their last message's window and wait for the
+    // receivers' pulls when h0's backend dies under them.
     let backd = daemon_pid(&c, 0, "xmx-backd");
     // SAFETY: plain syscall on a daemon of the cluster this test brought up.
     assert_eq!(unsafe { libc::kill(backd, libc::SIGKILL) }, 0);
-    let killed_at = Instant::now();
     for (rx, _) in &mut streams {
         rx.send_line("go");
     }
+    // The supervisor starts it again; it recovers the guests' devices from
+    // xenstore, the frontends open their endpoints again with their sessions
+    // and regions, and the libraries' retransmissions finish the streams:
+    // every message received once, byte for byte.
     for (rx, tx) in streams {
-        let tx = tx.finish();
-        let took = killed_at.elapsed();
-        // Either the library's retransmissions carried the stream over the
-        // restart, or the send failed with a clear status within its bound:
-        // never a silent hang.
-        if tx.status.success() {
-            ended_after(rx, tx);
-        } else {
-            let status = failure_status(&tx);
-            assert!(status.is_some(), "no clear status: {tx:?}");
-            assert!(
-                took < BOUND + Duration::from_secs(5),
-                "failed after {took:?}"
-            );
-            println!("{}: {status:?} after {took:?}", tx.what);
-            rx.kill_program("bulk");
-            drop(rx.finish());
-        }
+        ended(rx, tx);
     }
-}
-
-/// [`ended`] for a sender already finished.
-fn ended_after(rx: App, tx: Finished) {
-    let rx = rx.finish();
-    tx.passed();
-    let out = rx.passed();
-    let got: Vec<&str> = out.lines().filter(|l| l.starts_with("received ")).collect();
-    let want: Vec<String> = (0..COUNT).map(|i| format!("received {i}")).collect();
-    assert_eq!(got, want, "{out}");
-    println!("{}: completed", tx.what);
+    let restarted = daemon_pid(&c, 0, "xmx-backd");
+    assert_ne!(restarted, backd, "xmx-backd was not restarted");
 }

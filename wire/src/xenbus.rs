@@ -159,6 +159,9 @@ pub mod keys {
     pub const MAX_REGIONS: &str = "max-regions";
     /// Backend: "1" if co-located guests are served without the wire.
     pub const FEATURE_LOCAL_DELIVERY: &str = "feature-local-delivery";
+    /// Backend: `endpoint-sessions/<endpoint>` holds the session the backend gave each
+    /// open endpoint, so that a restarted backend lets the endpoint keep it.
+    pub const ENDPOINT_SESSIONS: &str = "endpoint-sessions";
 }
 
 /// `/local/domain/<domu>/device/xmx`: where a guest's xmx frontends live.

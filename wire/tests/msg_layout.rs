@@ -99,6 +99,7 @@ fn endpoint_open() {
                 send_queue: 16,
                 recv_queue: 32,
             },
+            resume_session: 0,
         }),
     };
     check_ctrl_request(&bytes, &value);

@@ -157,6 +157,7 @@ fn ctrl_request() -> impl Strategy<Value = CtrlRequest> {
                         send_queue,
                         recv_queue,
                     },
+                    resume_session: event_channel ^ info_ref,
                 })
             },
         );

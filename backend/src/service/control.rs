@@ -222,7 +222,18 @@ fn open_endpoint(
             return Err(CtrlStatus::Malformed);
         }
     };
-    let session = ctx.sessions.next();
+    let session = match conn.resumable.get(&ep) {
+        Some(&kept) if open.resume_session != 0 && kept == open.resume_session => {
+            tracing::info!(
+                domu = conn.domu,
+                endpoint = ep,
+                session = kept,
+                "endpoint keeps its session"
+            );
+            kept
+        }
+        _ => ctx.sessions.next(),
+    };
     let config = EndpointConfig {
         session_id: session,
         send_queue_slots: pages.send_queue,
@@ -249,6 +260,7 @@ fn open_endpoint(
             counters: EndpointCounters::default(),
         },
     );
+    conn.resumable.remove(&ep);
     conn.usage.mapped_pages += total;
     conn.usage.endpoints += 1;
     tracing::info!(

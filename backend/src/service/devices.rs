@@ -1,6 +1,7 @@
 //! The xenstore side of the service: finding devices, following their frontends through the
 //! xenbus states ([`crate::xenbus::step`]), connecting and releasing guests.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use xmx_hv::{Error, WatchEvent, XBT_NULL};
@@ -349,6 +350,7 @@ impl Backend {
             Step::Restart => {
                 if let Some(conn) = self.devices.get_mut(&key).and_then(|d| d.conn.take()) {
                     self.release(conn);
+                    self.forget_sessions(key);
                 }
                 self.publish_init_wait(key);
             }
@@ -359,9 +361,10 @@ impl Backend {
     fn connect(&mut self, key: DeviceKey) -> Result<Connection, String> {
         let device = self.devices.get(&key).ok_or("no such device")?;
         let fdir = device.frontend_dir.clone();
+        let bdir = device.backend_dir.clone();
         // Read again, as netback reads the MAC at connect: the toolstack may have changed
         // the values since the device appeared.
-        let (_, spec) = self.read_spec(key, &device.backend_dir.clone())?;
+        let (_, spec) = self.read_spec(key, &bdir)?;
         if let Some(d) = self.devices.get_mut(&key) {
             d.spec = Some(spec.clone());
         }
@@ -372,6 +375,7 @@ impl Backend {
                 .map_err(|e| format!("{k}: {e}"))?;
             xenbus::parse_u32(&utf8(raw, k)?).map_err(|e| format!("{k}: {e}"))
         };
+        let resumable = self.recorded_sessions(&bdir);
         let ring_ref = read(keys::RING_REF)?;
         let remote_port = read(keys::EVENT_CHANNEL)?;
         let version = read(keys::PROTOCOL_VERSION)?;
@@ -434,8 +438,40 @@ impl Backend {
             endpoints: Default::default(),
             regions: Default::default(),
             usage,
+            resumable,
             failure: None,
         })
+    }
+
+    /// The sessions recorded for a device's endpoints (by a previous run of the backend,
+    /// if it died with them open); unreadable entries are skipped.
+    fn recorded_sessions(&self, backend_dir: &str) -> BTreeMap<u8, u32> {
+        let dir = xenbus::key_path(backend_dir, keys::ENDPOINT_SESSIONS);
+        let Ok(entries) = self.xs.directory(XBT_NULL, &dir) else {
+            return BTreeMap::new();
+        };
+        entries
+            .iter()
+            .filter_map(|e| {
+                let ep = e.parse::<u8>().ok()?;
+                let raw = self.xs.read(XBT_NULL, &xenbus::key_path(&dir, e)).ok()?;
+                let session = xenbus::parse_u32(&utf8(raw, "session").ok()?).ok()?;
+                (session != 0).then_some((ep, session))
+            })
+            .collect()
+    }
+
+    /// The guest let its endpoints go (or lost them to a close): their sessions are not
+    /// to be resumed. Only a backend that dies or stops leaves them recorded.
+    fn forget_sessions(&self, key: DeviceKey) {
+        let Some(device) = self.devices.get(&key) else {
+            return;
+        };
+        let dir = xenbus::key_path(&device.backend_dir, keys::ENDPOINT_SESSIONS);
+        match self.xs.rm(XBT_NULL, &dir) {
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => tracing::warn!(error = %e, "removing {dir}"),
+        }
     }
 
     /// Release everything a connection holds: endpoints, regions, ports, mappings.
@@ -471,6 +507,7 @@ impl Backend {
         }
         if let Some(conn) = conn {
             self.release(conn);
+            self.forget_sessions(key);
         }
         if let Some(r) = reason {
             self.write_backend(key, &[("error", r)]);

@@ -169,6 +169,9 @@ pub(crate) struct Connection {
     /// By (endpoint, region id).
     pub regions: BTreeMap<(u8, u8), RegionConn>,
     pub usage: Usage,
+    /// Sessions this device's endpoints had under a previous run of the backend, as
+    /// recorded in xenstore: an endpoint re-opened with its own keeps it.
+    pub resumable: BTreeMap<u8, u32>,
     /// Set when the guest broke the protocol: it is disconnected at the end of the round.
     pub failure: Option<String>,
 }

@@ -265,6 +265,56 @@ pub struct Backend {
     released: Vec<u16>,
 }
 
+/// Keep in the device's backend directory the session of an endpoint just opened, and
+/// forget that of one just closed: a restarted backend lets a re-opened endpoint keep its
+/// session only if it is the one recorded here (see `EndpointOpen::resume_session`).
+fn record_session(xs: &dyn Xenstore, backend_dir: &str, reply: &xmx_wire::msg::CtrlReply) {
+    use xmx_wire::msg::CtrlReply;
+    use xmx_wire::xenbus::{key_path, keys};
+    let node = |ep: u8| {
+        key_path(
+            &key_path(backend_dir, keys::ENDPOINT_SESSIONS),
+            &ep.to_string(),
+        )
+    };
+    // Only while the device exists: a write must not re-create a removed directory.
+    if xs
+        .read(xmx_hv::XBT_NULL, &key_path(backend_dir, keys::FRONTEND_ID))
+        .is_err()
+    {
+        return;
+    }
+    let done = match *reply {
+        CtrlReply::EndpointOpen {
+            endpoint,
+            session_id,
+        } => xs.write(
+            xmx_hv::XBT_NULL,
+            &node(endpoint),
+            session_id.to_string().as_bytes(),
+        ),
+        CtrlReply::EndpointClose { endpoint } => {
+            let dir = key_path(backend_dir, keys::ENDPOINT_SESSIONS);
+            let removed = match xs.rm(xmx_hv::XBT_NULL, &node(endpoint)) {
+                Err(xmx_hv::Error::NotFound(_)) => Ok(()),
+                other => other,
+            };
+            // The last one takes the directory with it.
+            match xs.directory(xmx_hv::XBT_NULL, &dir) {
+                Ok(left) if left.is_empty() => match xs.rm(xmx_hv::XBT_NULL, &dir) {
+                    Err(xmx_hv::Error::NotFound(_)) => removed,
+                    other => removed.and(other),
+                },
+                _ => removed,
+            }
+        }
+        _ => Ok(()),
+    };
+    if let Err(e) = done {
+        tracing::warn!(error = %e, "recording an endpoint session in {backend_dir}");
+    }
+}
+
 fn borrow_raw(fd: RawFd) -> BorrowedFd<'static> {
     // SAFETY: used only for the duration of an epoll_ctl call, on descriptors owned by
     // handles the Backend holds for its whole life (event channels, xenstore, NIC).
@@ -598,6 +648,7 @@ impl Backend {
             sessions,
             next_region,
             released,
+            xs,
             ..
         } = self;
         let mut work = false;
@@ -626,6 +677,9 @@ impl Backend {
                     next_region,
                 };
                 let rsp = control::serve(&mut ctx, conn, &req);
+                if rsp.status == xmx_wire::msg::CtrlStatus::Ok {
+                    record_session(xs.as_ref(), &device.backend_dir, &rsp.reply);
+                }
                 if rsp.status == xmx_wire::msg::CtrlStatus::Quota {
                     device.quota_refusals += 1;
                 }

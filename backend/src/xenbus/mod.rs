@@ -5,12 +5,15 @@
 //!
 //! 1. publishes what it offers in its directory (`max-endpoints`, `max-regions`,
 //!    `feature-rcache`, `feature-local-delivery`, `protocol-version`) and moves to InitWait;
-//! 2. when the frontend says Initialised (or Connected, after a backend restart), reads
+//! 2. when the frontend says Initialised, reads
 //!    `ring-ref`, `event-channel` and `protocol-version` from the frontend directory, maps the
 //!    control ring, binds the channel and moves to Connected;
 //! 3. when the frontend says Closing or Closed, or its directory vanishes, or the domain dies,
 //!    releases everything the guest shares and moves to Closing, then Closed;
-//! 4. when a closed frontend starts again (Initialising or InitWait, as after a resume or a
+//! 4. when the frontend says Connected to a backend in InitWait (this backend restarted
+//!    under it), closes the device, so that the frontend starts over and opens its
+//!    endpoints again, keeping their sessions (see `EndpointOpen::resume_session`);
+//! 5. when a closed frontend starts again (Initialising or InitWait, as after a resume or a
 //!    migration), goes back to InitWait.
 //!
 //! [`step`] is that decision as a pure function; the daemon does the I/O around it.
@@ -52,9 +55,19 @@ pub fn step(backend: XenbusState, frontend: Option<XenbusState>) -> Step {
             S::Connected => Step::Restart,
             _ => Step::InitWait,
         },
-        Some(S::Initialised) | Some(S::Connected) => {
+        Some(S::Initialised) => {
             if backend == S::InitWait {
                 Step::Connect
+            } else {
+                Step::Stay
+            }
+        }
+        Some(S::Connected) => {
+            if backend == S::InitWait {
+                // Connected to a backend that is gone (this one restarted): its endpoints
+                // died with that backend, so the frontend goes through Closed and opens
+                // them again; adopting its old ring would leave them unserved.
+                Step::Close
             } else {
                 // Connected already, or closed under a frontend that has not noticed yet:
                 // it has to go through Closed/Initialising before we serve it again.
@@ -81,8 +94,10 @@ mod tests {
     }
 
     #[test]
-    fn a_backend_restart_reconnects_a_connected_frontend() {
-        assert_eq!(step(S::InitWait, Some(S::Connected)), Step::Connect);
+    fn a_backend_restart_makes_a_connected_frontend_start_over() {
+        assert_eq!(step(S::InitWait, Some(S::Connected)), Step::Close);
+        assert_eq!(step(S::Closed, Some(S::Connected)), Step::Stay);
+        assert_eq!(step(S::Closed, Some(S::Initialising)), Step::InitWait);
     }
 
     #[test]

@@ -344,6 +344,16 @@ impl FakeGuest {
         index: u8,
         pages: EndpointPages,
     ) -> (CtrlResponse, Option<FakeEndpoint>) {
+        self.open_endpoint_resuming(index, pages, 0)
+    }
+
+    /// [`FakeGuest::open_endpoint`], asking to keep session `resume_session`.
+    pub fn open_endpoint_resuming(
+        &mut self,
+        index: u8,
+        pages: EndpointPages,
+        resume_session: u32,
+    ) -> (CtrlResponse, Option<FakeEndpoint>) {
         let total = pages.total();
         let granted = Arc::new(self.gnttab.grant_pages(DOM0, total, true).unwrap());
         let info = self.gnttab.grant_pages(DOM0, 1, false).unwrap();
@@ -366,6 +376,7 @@ impl FakeGuest {
             event_channel: port,
             info_ref: info.refs()[0],
             pages,
+            resume_session,
         }));
         if rsp.status != xmx_wire::msg::CtrlStatus::Ok {
             self.evtchn.close(port).unwrap();

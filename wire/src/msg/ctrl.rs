@@ -152,6 +152,10 @@ pub struct EndpointOpen {
     pub info_ref: GrantRef,
     /// What the info page lists.
     pub pages: EndpointPages,
+    /// The session the endpoint had before its device reconnected (a backend restart), or
+    /// 0 for a new endpoint. The backend keeps it only if it recorded that very session for
+    /// this endpoint of this device: a guest cannot choose a session, only keep its own.
+    pub resume_session: u32,
 }
 
 /// REGION_REGISTER: grant a memory region for LARGE transfers.
@@ -255,6 +259,7 @@ mod req {
     pub const INFO_REF: usize = 16;
     pub const SEND_QUEUE_PAGES: usize = 20;
     pub const RECV_QUEUE_PAGES: usize = 22;
+    pub const RESUME_SESSION: usize = 24;
     pub const REGION_ID: usize = 9;
     pub const FIRST_PAGE_OFFSET: usize = 10;
     pub const LENGTH: usize = 12;
@@ -280,6 +285,7 @@ impl CtrlRequest {
                         send_queue: u16(buf, req::SEND_QUEUE_PAGES),
                         recv_queue: u16(buf, req::RECV_QUEUE_PAGES),
                     },
+                    resume_session: u32(buf, req::RESUME_SESSION),
                 };
                 open.pages.validate()?;
                 CtrlOp::EndpointOpen(open)
@@ -339,6 +345,7 @@ impl CtrlRequest {
                 set_u32(buf, req::INFO_REF, open.info_ref);
                 set_u16(buf, req::SEND_QUEUE_PAGES, open.pages.send_queue);
                 set_u16(buf, req::RECV_QUEUE_PAGES, open.pages.recv_queue);
+                set_u32(buf, req::RESUME_SESSION, open.resume_session);
             }
             CtrlOp::EndpointClose { endpoint } => set_u8(buf, req::ENDPOINT, *endpoint),
             CtrlOp::RegionRegister(reg) => {

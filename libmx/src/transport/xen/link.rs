@@ -539,13 +539,16 @@ impl Link {
     }
 
     /// Takes the endpoint re-opened after a reconnection: remaps the channel,
-    /// forgets what the backend forgot (slots in flight, windows) and pulls
-    /// again what was being pulled.
+    /// forgets what the backend forgot (slots in flight; windows, unless the
+    /// daemon registered them again) and pulls again what was being pulled. A
+    /// send lent out keeps its window when the daemon kept the regions, so a
+    /// peer's pull of it succeeds once the backend is back.
     pub fn remap(&mut self, client: &mut FrontdClient, h: EndpointHandoff, mailbox: &Mailbox) {
         let Some(channel) = self.channel.as_mut() else {
             return;
         };
         let new_session = h.session_id;
+        let regions_kept = h.regions_kept;
         if let Err(e) = client.remap(channel, h) {
             tracing::warn!(index = self.index, %e, "re-opened endpoint not taken");
             return;
@@ -560,11 +563,21 @@ impl Link {
             );
         }
         self.slots.reset();
-        self.cache.forget_endpoint(self.index);
-        self.lent.clear();
+        if !regions_kept {
+            self.cache.forget_endpoint(self.index);
+            self.lent.clear();
+        }
         self.down = false;
         let sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
         for mut sink in sinks {
+            if regions_kept {
+                // The window is registered again under its id: the pull starts over into it.
+                if let Err(sink) = self.issue(sink, mailbox, client) {
+                    let _ = self.cache.release(client, sink.lease);
+                    mailbox.put_pulls([(sink.id, Err(Status::Aborted))]);
+                }
+                continue;
+            }
             let (addr, len) = (windows::key(&sink.dest).0, sink.length as usize);
             let Some(lease) = self.acquire(client, addr, len) else {
                 mailbox.put_pulls([(sink.id, Err(Status::NoResources))]);
