@@ -528,6 +528,17 @@ impl Endpoint {
                     tracing::debug!(why, "endpoint lost; its requests fail");
                     st.core.abandon_all(Status::Aborted);
                 }
+                // LARGE sends still waiting for a window never reached the
+                // core, and no window will come (registering needs the lost
+                // daemon or backend): they fail too, or their waiters hang.
+                while let Some(seq) = st.waiting_large.pop_front() {
+                    let Some(r) = st.requests.get_mut(&seq) else {
+                        continue;
+                    };
+                    r.code = Status::Aborted;
+                    self.complete(st, seq);
+                    work = true;
+                }
             }
             while let Some((id, result)) = st.regions.completed_pull() {
                 self.finish_pull(st, now, id, result);
