@@ -51,7 +51,7 @@ pub struct BoardInfo {
 }
 
 /// Why a transport refused to open an endpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpenError {
     /// No such board.
     #[error("no board {0}")]
@@ -65,6 +65,12 @@ pub enum OpenError {
     /// Every endpoint id is taken.
     #[error("no free endpoint")]
     NoResources,
+    /// The guest's device is not connected to a backend (not yet, or not any more).
+    #[error("the device is not connected: {0}")]
+    NoDevice(String),
+    /// The guest daemon that opens endpoints could not be reached or failed.
+    #[error("the guest daemon: {0}")]
+    NoDriver(String),
 }
 
 impl From<OpenError> for Failure {
@@ -74,6 +80,8 @@ impl From<OpenError> for Failure {
             OpenError::BadEndpointId(_) => MxReturn::BadEndpointId,
             OpenError::Busy(_) => MxReturn::Busy,
             OpenError::NoResources => MxReturn::NoResources,
+            OpenError::NoDevice(_) => MxReturn::NoDev,
+            OpenError::NoDriver(_) => MxReturn::NoDriver,
         };
         Failure::new(code, format!("opening endpoint: {e}"))
     }

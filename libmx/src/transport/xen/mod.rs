@@ -463,21 +463,7 @@ impl Transport for Xen {
             }
         }
         let opened = lock(&self.shared.client).open_endpoint(endpoint, None);
-        let channel = match opened {
-            Ok(c) => c,
-            Err(FrontError::Refused {
-                status: CtrlStatus::EndpointBusy,
-                ..
-            }) => return Err(OpenError::Busy(endpoint.unwrap_or(0))),
-            Err(FrontError::Invalid(e)) if endpoint.is_some() => {
-                tracing::debug!(%e, "endpoint refused");
-                return Err(OpenError::BadEndpointId(endpoint.map_or(0, u32::from)));
-            }
-            Err(e) => {
-                tracing::warn!(%e, "opening an endpoint");
-                return Err(OpenError::NoResources);
-            }
-        };
+        let channel = opened.map_err(|e| open_refusal(e, endpoint))?;
         let index = channel.endpoint();
         let link = Link::new(channel, self.shared.board.max_regions, rcache);
         let ep = Arc::new(EndpointShared {
@@ -567,9 +553,58 @@ pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
     })
 }
 
+/// The open error an application sees for what the guest daemon answered. It names what
+/// happened: an application that only sees "no free endpoint" cannot tell a full board from a
+/// daemon that is gone or a device without a backend.
+fn open_refusal(e: FrontError, endpoint: Option<u8>) -> OpenError {
+    match e {
+        FrontError::Refused {
+            status: CtrlStatus::EndpointBusy,
+            ..
+        } => OpenError::Busy(endpoint.unwrap_or(0)),
+        FrontError::Invalid(e) if endpoint.is_some() => {
+            tracing::debug!(%e, "endpoint refused");
+            OpenError::BadEndpointId(endpoint.map_or(0, u32::from))
+        }
+        FrontError::Exhausted(_)
+        | FrontError::Refused {
+            status: CtrlStatus::Quota,
+            ..
+        } => OpenError::NoResources,
+        e @ FrontError::NotConnected(_) => OpenError::NoDevice(e.to_string()),
+        e => {
+            tracing::warn!(%e, "opening an endpoint");
+            OpenError::NoDriver(e.to_string())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_refusal_names_what_the_daemon_said() {
+        use xmx_wire::msg::CtrlKind;
+        let busy = FrontError::Refused {
+            op: CtrlKind::EndpointOpen,
+            status: CtrlStatus::EndpointBusy,
+        };
+        assert_eq!(open_refusal(busy, Some(3)), OpenError::Busy(3));
+        let quota = FrontError::Refused {
+            op: CtrlKind::EndpointOpen,
+            status: CtrlStatus::Quota,
+        };
+        assert_eq!(open_refusal(quota, None), OpenError::NoResources);
+        let full = FrontError::Exhausted("endpoint index");
+        assert_eq!(open_refusal(full, None), OpenError::NoResources);
+        let away = open_refusal(FrontError::NotConnected("backend closing".into()), None);
+        assert_eq!(Failure::from(away.clone()).code, MxReturn::NoDev);
+        assert!(away.to_string().contains("backend closing"), "{away}");
+        let gone = open_refusal(FrontError::Closed("xmx-frontd hung up".into()), None);
+        assert_eq!(Failure::from(gone.clone()).code, MxReturn::NoDriver);
+        assert!(gone.to_string().contains("xmx-frontd hung up"), "{gone}");
+    }
 
     fn with(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let env: HashMap<String, String> = pairs
