@@ -25,7 +25,7 @@
 //! - `counters`: R = [`CountersReport`]:
 //!   `{"engine":{"rx_frames","rx_malformed","rx_unknown_destination","rx_spoofed_source"},
 //!     "backend":{"rounds","nic_rx_frames","nic_tx_frames","nic_tx_errors","nic_link_errors",
-//!                "nic_link_reopens","tx_without_link","disconnects"},
+//!                "nic_link_reopens","nic_rx_ring_drops","tx_without_link","disconnects"},
 //!     "guests":[{"domid","devid","connected","ctrl_requests","quota_refusals",
 //!                "nic":{"tx_frames","tx_bytes","local_frames","local_bytes","rx_frames",
 //!                       "rx_bytes","nacks_sent","send_errors","pulls_done","pulls_failed",
@@ -207,6 +207,10 @@ pub struct BackendCounters {
     /// Sockets opened again on a re-created interface.
     #[serde(default)]
     pub nic_link_reopens: u64,
+    /// Frames the kernel dropped before the backend saw them, its receive ring full (on
+    /// the sockets opened since the last reopen, plus those before).
+    #[serde(default)]
+    pub nic_rx_ring_drops: u64,
     /// Frames for the wire dropped because the backend runs without a NIC.
     pub tx_without_link: u64,
     /// Guests disconnected for breaking the protocol.

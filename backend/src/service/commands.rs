@@ -46,7 +46,11 @@ impl Backend {
     /// Answer one control-socket request.
     pub(super) fn answer(&mut self, request: Request) -> Reply {
         let result = match request {
-            Request::Counters => self.counters_report().map(|r| json!(r)),
+            Request::Counters => {
+                let open = self.link.as_mut().map_or(0, |l| l.rx_ring_drops());
+                self.counters.nic_rx_ring_drops = self.rx_ring_drops_closed + open;
+                self.counters_report().map(|r| json!(r))
+            }
             Request::Guests => Ok(json!(self.guests_report())),
             Request::SetPeers { peers } => self.set_peers(peers),
             Request::Attach {

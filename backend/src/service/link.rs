@@ -40,6 +40,11 @@ pub trait FrameLink: Send {
     fn reopen_if_replaced(&mut self) -> Result<bool, NicError> {
         Ok(false)
     }
+    /// Frames the kernel dropped on the way in since the link was opened because its
+    /// receive ring was full: the loss no counter of the engine can see.
+    fn rx_ring_drops(&mut self) -> u64 {
+        0
+    }
 }
 
 impl FrameLink for PacketSocket {
@@ -63,6 +68,16 @@ impl FrameLink for PacketSocket {
         match PacketSocket::take_error(self) {
             Ok(e) => e,
             Err(e) => Some(io::Error::other(e.to_string())),
+        }
+    }
+
+    fn rx_ring_drops(&mut self) -> u64 {
+        match self.stats() {
+            Ok(s) => s.rx_drops,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the socket's drop count");
+                0
+            }
         }
     }
 

@@ -254,6 +254,8 @@ pub struct Backend {
     sessions: SessionIds,
     next_region: u64,
     counters: BackendCounters,
+    /// Ring drops counted by sockets since replaced ([`BackendCounters::nic_rx_ring_drops`]).
+    rx_ring_drops_closed: u64,
     epoll: Epoll,
     wake: Arc<EventFd>,
     stop: Arc<AtomicBool>,
@@ -390,6 +392,7 @@ impl Backend {
             sessions: SessionIds::new(),
             next_region: 1,
             counters: BackendCounters::default(),
+            rx_ring_drops_closed: 0,
             epoll,
             wake: wake.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -588,9 +591,11 @@ impl Backend {
         if !fault.due(now) {
             return Ok(());
         }
+        let dropped_before = link.rx_ring_drops();
         match link.reopen_if_replaced() {
             Ok(false) => {}
             Ok(true) => {
+                self.rx_ring_drops_closed += dropped_before;
                 // The old descriptor left the epoll set when it was closed.
                 self.epoll
                     .add(

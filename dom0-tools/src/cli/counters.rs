@@ -30,11 +30,12 @@ pub(super) fn run(args: &CountersArgs) -> Result<i32> {
     let e = &report.engine;
     let b = &report.backend;
     println!(
-        "wire: {} frames in ({} malformed, {} for no guest, {} spoofed), {} out ({} refused); {} guests disconnected",
+        "wire: {} frames in ({} malformed, {} for no guest, {} spoofed; {} dropped by the kernel, ring full), {} out ({} refused); {} guests disconnected",
         e.rx_frames,
         e.rx_malformed,
         e.rx_unknown_destination,
         e.rx_spoofed_source,
+        b.nic_rx_ring_drops,
         b.nic_tx_frames,
         b.nic_tx_errors,
         b.disconnects
