@@ -8,56 +8,10 @@ mod backd_util;
 use std::process::Command;
 use std::time::Duration;
 
-use backd_util::{eventually, guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, PeerSpec, Request};
-use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink};
-use xmx_hv::DOM0;
+use backd_util::{counters, eventually, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use xmx_backend::service::BackendThread;
 use xmx_nic::testbed::VethPair;
-use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
-
-fn start_backend(host: &Host, netns: &str, ifname: &str) -> BackendThread {
-    let cfg = NicConfig {
-        promiscuous: true,
-        ..NicConfig::default()
-    };
-    let sock = PacketSocket::open_in_netns(netns, ifname, cfg).expect("packet socket");
-    let link: Box<dyn FrameLink> = Box::new(sock);
-    let cfg = BackendConfig {
-        host_name: netns.into(),
-        ..BackendConfig::default()
-    };
-    let backend = Backend::new(&host.attach(DOM0), Some(link), cfg)
-        .unwrap()
-        .spawn()
-        .unwrap();
-    let peers = [(0u16, 1u8), (1, 2)]
-        .iter()
-        .map(|&(index, last)| PeerSpec {
-            index,
-            mac: guest_mac(last).to_string(),
-            hostname: format!("g{last}:0"),
-            cluster: 1,
-        })
-        .collect();
-    backend
-        .control()
-        .call(Request::SetPeers { peers })
-        .into_result()
-        .unwrap();
-    backend
-}
-
-fn counters(backend: &BackendThread) -> CountersReport {
-    serde_json::from_value(
-        backend
-            .control()
-            .call(Request::Counters)
-            .into_result()
-            .unwrap(),
-    )
-    .unwrap()
-}
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("running ip");
@@ -83,8 +37,8 @@ struct Pair {
 fn pair(veth: &VethPair) -> Pair {
     let hosts = [Host::start(), Host::start()];
     let backends = [
-        start_backend(&hosts[0], &veth.ns_a, &veth.if_a),
-        start_backend(&hosts[1], &veth.ns_b, &veth.if_b),
+        hosts[0].start_wire_backend(&veth.ns_a, &veth.if_a),
+        hosts[1].start_wire_backend(&veth.ns_b, &veth.if_b),
     ];
     let mut a = hosts[0].guest("a", 1, 1);
     let mut b = hosts[1].guest("b", 2, 1);

@@ -4,50 +4,12 @@
 
 mod backd_util;
 
-use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, PeerSpec, Request};
-use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, Quotas};
-use xmx_hv::DOM0;
+use backd_util::{counters, small_endpoint, FakeEndpoint, FakeGuest, Host};
 use xmx_nic::testbed::VethPair;
-use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
     QueueSlots, Rndv, Route, SendOp, SendRequest,
 };
-
-fn start_backend(host: &Host, netns: &str, ifname: &str) -> BackendThread {
-    let cfg = NicConfig {
-        promiscuous: true,
-        ..NicConfig::default()
-    };
-    let sock = PacketSocket::open_in_netns(netns, ifname, cfg).expect("packet socket");
-    let link: Box<dyn FrameLink> = Box::new(sock);
-    let dom0 = host.attach(DOM0);
-    let cfg = BackendConfig {
-        host_name: netns.into(),
-        quotas: Quotas::default(),
-        ..BackendConfig::default()
-    };
-    let backend = Backend::new(&dom0, Some(link), cfg)
-        .unwrap()
-        .spawn()
-        .unwrap();
-    let peers = [(0u16, 1u8), (1, 2)]
-        .iter()
-        .map(|&(index, last)| PeerSpec {
-            index,
-            mac: guest_mac(last).to_string(),
-            hostname: format!("g{last}:0"),
-            cluster: 1,
-        })
-        .collect();
-    backend
-        .control()
-        .call(Request::SetPeers { peers })
-        .into_result()
-        .unwrap();
-    backend
-}
 
 fn next_non_completion(g: &FakeGuest, ep: &mut FakeEndpoint) -> EventBody {
     loop {
@@ -69,17 +31,6 @@ fn next_non_completion(g: &FakeGuest, ep: &mut FakeEndpoint) -> EventBody {
     }
 }
 
-fn counters(backend: &BackendThread) -> CountersReport {
-    serde_json::from_value(
-        backend
-            .control()
-            .call(Request::Counters)
-            .into_result()
-            .unwrap(),
-    )
-    .unwrap()
-}
-
 #[test]
 fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
     if !nix::unistd::geteuid().is_root() {
@@ -89,8 +40,8 @@ fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
     let pair = VethPair::create("backd", 9000).expect("veth pair");
     let host1 = Host::start();
     let host2 = Host::start();
-    let backend1 = start_backend(&host1, &pair.ns_a, &pair.if_a);
-    let backend2 = start_backend(&host2, &pair.ns_b, &pair.if_b);
+    let backend1 = host1.start_wire_backend(&pair.ns_a, &pair.if_a);
+    let backend2 = host2.start_wire_backend(&pair.ns_b, &pair.if_b);
     let mut a = host1.guest("a", 1, 1);
     let mut b = host2.guest("b", 2, 1);
     a.connect();

@@ -149,11 +149,6 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
 }
 
 int main(int argc, char **argv) {
-  static mx_param_t p;
-  p.key = MX_PARAM_CONTEXT_ID;
-  p.val.context_id.bits = 1;
-  p.val.context_id.shift = 63;
-  test_open_params = &p;
-  test_open_nparams = 1;
+  test_open_with_context_id(1, 63);
   return test_run(argc, argv, active, passive);
 }

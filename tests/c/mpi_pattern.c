@@ -52,16 +52,6 @@ static mx_unexp_handler_action_t handler(void *context, mx_endpoint_addr_t sourc
   return MX_RECV_CONTINUE;
 }
 
-static mx_endpoint_t open_with_context_id(uint32_t eid) {
-  mx_param_t p;
-  p.key = MX_PARAM_CONTEXT_ID;
-  p.val.context_id.bits = 1;
-  p.val.context_id.shift = 63;
-  mx_endpoint_t ep;
-  CHECK(mx_open_endpoint(MX_ANY_NIC, eid, TEST_KEY, &p, 1, &ep));
-  return ep;
-}
-
 /* Polls mx_test_any on one context until a request completes (at most a
  * minute). */
 static mx_status_t test_any(mx_endpoint_t ep, uint64_t context) {
@@ -247,28 +237,6 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
 }
 
 int main(int argc, char **argv) {
-  struct test_opts o = test_parse(argc, argv);
-  CHECK(mx_init());
-  if (o.listen_eid >= 0) {
-    mx_endpoint_t ep = open_with_context_id((uint32_t)o.listen_eid);
-    passive(ep, &o);
-    CHECK(mx_close_endpoint(ep));
-  } else if (o.host) {
-    mx_endpoint_t ep = open_with_context_id(MX_ANY_ENDPOINT);
-    active(ep, &o);
-    CHECK(mx_close_endpoint(ep));
-  } else {
-    mx_endpoint_t pep = open_with_context_id(PASSIVE_EID);
-    mx_endpoint_t aep = open_with_context_id(ACTIVE_EID);
-    pthread_t t;
-    struct test_thread_arg a = {passive, pep, &o};
-    EXPECT(pthread_create(&t, NULL, test_thread_main, &a) == 0, "thread");
-    active(aep, &o);
-    pthread_join(t, NULL);
-    CHECK(mx_close_endpoint(aep));
-    CHECK(mx_close_endpoint(pep));
-  }
-  CHECK(mx_finalize());
-  printf("PASS %s\n", argv[0]);
-  return 0;
+  test_open_with_context_id(1, 63);
+  return test_run(argc, argv, active, passive);
 }

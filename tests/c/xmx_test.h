@@ -76,6 +76,17 @@ static inline struct test_opts test_parse(int argc, char **argv) {
 static mx_param_t *test_open_params;
 static uint32_t test_open_nparams;
 
+/* Opens test_run's endpoints with a context id of `bits` bits at `shift`, as MPI's
+ * transport does (one bit at shift 63). */
+static inline void test_open_with_context_id(uint8_t bits, uint8_t shift) {
+  static mx_param_t p;
+  p.key = MX_PARAM_CONTEXT_ID;
+  p.val.context_id.bits = bits;
+  p.val.context_id.shift = shift;
+  test_open_params = &p;
+  test_open_nparams = 1;
+}
+
 static inline mx_endpoint_t test_open(uint32_t eid) {
   mx_endpoint_t ep;
   CHECK(mx_open_endpoint(MX_ANY_NIC, eid, TEST_KEY, test_open_params, test_open_nparams, &ep));

@@ -328,3 +328,56 @@ fn relay(
         }
     }
 }
+
+/// Both hosts' links of a two-host simulated cluster impaired alike: by the
+/// kernel's netem where it has one (on the fabric side of each veth, since
+/// the backends' frames bypass the qdiscs of their own side), else by a
+/// relay on each port.
+pub struct ImpairedLinks {
+    relays: Vec<ImpairedPort>,
+}
+
+impl ImpairedLinks {
+    /// Impairs the links of hosts 0 and 1 of `c` with `imp`.
+    pub fn on(c: &crate::cluster::SimCluster, imp: Impairment) -> ImpairedLinks {
+        let fabric = c.fabric_netns();
+        let netem = |h: usize, add: bool| {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &fabric, "tc", "qdisc"])
+                .arg(if add { "add" } else { "del" })
+                .args(["dev", &c.host(h).port, "root", "netem"]);
+            if add {
+                cmd.args(imp.netem_args());
+            }
+            cmd.output().is_ok_and(|o| o.status.success())
+        };
+        if netem(0, true) && netem(1, true) {
+            println!("links impaired by tc netem {}", imp.netem_args().join(" "));
+            return ImpairedLinks { relays: Vec::new() };
+        }
+        netem(0, false);
+        println!(
+            "no netem in this kernel: links impaired by a relay ({})",
+            imp.netem_args().join(" ")
+        );
+        let seed = relay_seed();
+        let relays = (0..2)
+            .map(|h| ImpairedPort::start(&fabric, &c.host(h).port, h, 9000, imp, seed))
+            .collect();
+        ImpairedLinks { relays }
+    }
+
+    /// Asserts that each relay lost, duplicated and reordered frames (the
+    /// run was impaired, not lucky); prints what they did. Nothing to check
+    /// under netem, which keeps no counts.
+    pub fn assert_impaired(&self) {
+        for (h, r) in self.relays.iter().enumerate() {
+            let s = r.stats();
+            println!("relay of h{h}: {s:?}");
+            assert!(
+                s.lost > 0 && s.duplicated > 0 && s.reordered > 0,
+                "h{h}'s link was impaired: {s:?}"
+            );
+        }
+    }
+}

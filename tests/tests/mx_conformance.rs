@@ -22,7 +22,7 @@ use xmx_tests::app::App;
 use xmx_tests::bins::lib_dir;
 use xmx_tests::cluster::{exclusive, netns_cmd, skipped, unavailable, SimCluster};
 use xmx_tests::cprog;
-use xmx_tests::relay::{relay_seed, ImpairedPort, Impairment};
+use xmx_tests::relay::{ImpairedLinks, Impairment};
 
 /// Programs with a passive and an active side, and what the active side
 /// prints once every check held.
@@ -250,49 +250,7 @@ fn conformance_on_impaired_links() {
     let env = [("XMX_RESEND_DELAY_US", "20000"), ("MX_ZOMBIE_SEND", "0")];
     let dir = tempfile::tempdir().unwrap();
     let programs = build_pairs(dir.path());
-    let imp = Impairment::NETEM;
-    let fabric = c.fabric_netns();
-    let netem = |h: usize, add: bool| {
-        let mut cmd = Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            &fabric,
-            "tc",
-            "qdisc",
-            if add { "add" } else { "del" },
-        ])
-        .args(["dev", &c.host(h).port, "root", "netem"]);
-        if add {
-            cmd.args(imp.netem_args());
-        }
-        cmd.output().is_ok_and(|o| o.status.success())
-    };
-    let mut relays = Vec::new();
-    if netem(0, true) && netem(1, true) {
-        println!("links impaired by tc netem {}", imp.netem_args().join(" "));
-    } else {
-        netem(0, false);
-        println!("no netem: links impaired by a relay on each host's port");
-        let seed = relay_seed();
-        for h in 0..2 {
-            relays.push(ImpairedPort::start(
-                &fabric,
-                &c.host(h).port,
-                h,
-                9000,
-                imp,
-                seed,
-            ));
-        }
-    }
+    let links = ImpairedLinks::on(&c, Impairment::NETEM);
     between_guests(&c, &programs, &env, "impaired links, ");
-    for (h, r) in relays.iter().enumerate() {
-        let s = r.stats();
-        println!("relay of h{h}: {s:?}");
-        assert!(
-            s.lost > 0 && s.duplicated > 0 && s.reordered > 0,
-            "h{h}'s link was impaired: {s:?}"
-        );
-    }
+    links.assert_impaired();
 }

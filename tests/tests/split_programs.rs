@@ -18,7 +18,7 @@ use std::time::Duration;
 use xmx_tests::app::{App, Finished};
 use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog;
-use xmx_tests::relay::{relay_seed, ImpairedPort, Impairment};
+use xmx_tests::relay::{relay_seed, ImpairedLinks, ImpairedPort, Impairment};
 
 /// The programs run as pairs, each with a line its active side prints when
 /// every check held.
@@ -158,58 +158,10 @@ fn c_programs_on_impaired_links() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let programs = build_all(dir.path());
-    let imp = Impairment::NETEM;
-    let fabric = c.fabric_netns();
-    // The kernel's netem, if it has one, on both hosts' links: on the
-    // fabric side of each veth, since the backends' frames bypass the
-    // qdiscs of their own side. Else the same done by a relay on each port.
-    let netem = |h: usize, add: bool| {
-        let mut cmd = std::process::Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            &fabric,
-            "tc",
-            "qdisc",
-            if add { "add" } else { "del" },
-        ])
-        .args(["dev", &c.host(h).port, "root", "netem"]);
-        if add {
-            cmd.args(imp.netem_args());
-        }
-        cmd.output().is_ok_and(|o| o.status.success())
-    };
-    let mut relays = Vec::new();
-    if netem(0, true) && netem(1, true) {
-        println!("links impaired by tc netem {}", imp.netem_args().join(" "));
-    } else {
-        netem(0, false);
-        println!(
-            "no netem in this kernel: links impaired by a relay ({})",
-            imp.netem_args().join(" ")
-        );
-        let seed = relay_seed();
-        for h in 0..2 {
-            relays.push(ImpairedPort::start(
-                &fabric,
-                &c.host(h).port,
-                h,
-                9000,
-                imp,
-                seed,
-            ));
-        }
-    }
+    let links = ImpairedLinks::on(&c, Impairment::NETEM);
     run_all(&c, &programs, &env);
     wakeup(&c, dir.path(), &env);
-    for (h, r) in relays.iter().enumerate() {
-        let s = r.stats();
-        println!("relay of h{h}: {s:?}");
-        assert!(
-            s.lost > 0 && s.duplicated > 0 && s.reordered > 0,
-            "h{h}'s link was impaired: {s:?}"
-        );
-    }
+    links.assert_impaired();
 }
 
 /// One row of the wider matrix: an impairment of both links, and the

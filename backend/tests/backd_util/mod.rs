@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xmx_backend::service::{Backend, BackendConfig, BackendThread, Quotas};
+use xmx_backend::admin::{CountersReport, PeerSpec, Request};
+use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, Quotas};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::sim::admin::DomainState;
 use xmx_hv::sim::{SimAdmin, SimPlatform};
@@ -16,6 +17,7 @@ use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, Platform, Port, Xenstore, DOM0, PAGE_SIZE,
     XBT_NULL,
 };
+use xmx_nic::{NicConfig, PacketSocket};
 use xmx_simhv::{Config, Daemon, DaemonHandle};
 use xmx_wire::msg::{
     pack_info_page, pack_info_pages, CtrlFront, CtrlOp, CtrlRequest, CtrlResponse, EndpointOpen,
@@ -84,6 +86,41 @@ impl Host {
         Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap()
     }
 
+    /// A backend in dom0 of this host on its own thread, on interface `ifname` of network
+    /// namespace `netns` (promiscuous, as the daemon opens it), whose peer table holds the
+    /// guests of MAC ending 1 and 2 in cluster 1: the two-host wire tests' set-up.
+    pub fn start_wire_backend(&self, netns: &str, ifname: &str) -> BackendThread {
+        let cfg = NicConfig {
+            promiscuous: true,
+            ..NicConfig::default()
+        };
+        let sock = PacketSocket::open_in_netns(netns, ifname, cfg).expect("packet socket");
+        let link: Box<dyn FrameLink> = Box::new(sock);
+        let cfg = BackendConfig {
+            host_name: netns.into(),
+            ..BackendConfig::default()
+        };
+        let backend = Backend::new(&self.attach(DOM0), Some(link), cfg)
+            .unwrap()
+            .spawn()
+            .unwrap();
+        let peers = [(0u16, 1u8), (1, 2)]
+            .iter()
+            .map(|&(index, last)| PeerSpec {
+                index,
+                mac: guest_mac(last).to_string(),
+                hostname: format!("g{last}:0"),
+                cluster: 1,
+            })
+            .collect();
+        backend
+            .control()
+            .call(Request::SetPeers { peers })
+            .into_result()
+            .unwrap();
+        backend
+    }
+
     /// Create a guest domain and its xmx device 0 as the toolstack does.
     pub fn guest(&self, name: &str, mac_last: u8, cluster: u32) -> FakeGuest {
         let domid = self.create(name);
@@ -106,6 +143,18 @@ impl Drop for Host {
             d.shutdown();
         }
     }
+}
+
+/// What `backend` counts so far.
+pub fn counters(backend: &BackendThread) -> CountersReport {
+    serde_json::from_value(
+        backend
+            .control()
+            .call(Request::Counters)
+            .into_result()
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 /// The board MAC tests give guest `last`.
