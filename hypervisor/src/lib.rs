@@ -17,6 +17,8 @@
 #![allow(missing_docs)]
 
 pub mod conformance;
+#[cfg(feature = "daemon")]
+pub mod daemon;
 pub mod error;
 mod fdframe;
 pub mod handoff;

@@ -10,8 +10,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use nix::sys::signal::{SigSet, Signal};
-use tracing_subscriber::EnvFilter;
 use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
 use xmx_engine::EngineConfig;
 use xmx_nic::{NicConfig, PacketSocket};
@@ -63,39 +61,14 @@ fn default_control_socket() -> PathBuf {
     }
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "xmx".into())
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    xmx_hv::daemon::main(|| run(args))
 }
 
 fn run(args: Args) -> Result<(), String> {
-    // Before any thread exists: the signals are taken by a dedicated thread with sigwait.
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGTERM);
-    signals.add(Signal::SIGINT);
-    signals
-        .thread_block()
-        .map_err(|e| format!("blocking signals: {e}"))?;
+    // Before any thread exists (see block_stop_signals).
+    let signals = xmx_hv::daemon::block_stop_signals()?;
 
     let platform =
         xmx_hv::platform::from_env_as(Some(args.domid)).map_err(|e| format!("platform: {e}"))?;
@@ -125,7 +98,9 @@ fn run(args: Args) -> Result<(), String> {
     };
     let cfg = BackendConfig {
         spin: Duration::from_micros(args.spin_us),
-        host_name: args.hostname.unwrap_or_else(host_name),
+        host_name: args
+            .hostname
+            .unwrap_or_else(xmx_hv::daemon::kernel_host_name),
         quotas: Quotas {
             max_endpoints: args.max_endpoints,
             max_regions_per_endpoint: args.max_regions,

@@ -11,8 +11,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use nix::sys::signal::{SigSet, Signal};
-use tracing_subscriber::EnvFilter;
 use xmx_tools::xmxd::state::DEFAULT_STATE_DIR;
 use xmx_tools::xmxd::{self, discovery::DiscoveryConfig, Config, PacketFabric, Xmxd};
 
@@ -55,39 +53,14 @@ struct Args {
     ttl_ms: Option<u64>,
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "xmx".into())
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    xmx_hv::daemon::main(|| run(args))
 }
 
 fn run(args: Args) -> Result<(), String> {
-    // Before any thread exists: a dedicated thread takes the signals with sigwait.
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGTERM);
-    signals.add(Signal::SIGINT);
-    signals
-        .thread_block()
-        .map_err(|e| format!("blocking signals: {e}"))?;
+    // Before any thread exists (see block_stop_signals).
+    let signals = xmx_hv::daemon::block_stop_signals()?;
     let platform =
         xmx_hv::platform::from_env_as(Some(args.domid)).map_err(|e| format!("platform: {e}"))?;
     let fabric = if args.iface == "none" {
@@ -96,7 +69,12 @@ fn run(args: Args) -> Result<(), String> {
     } else {
         Some(PacketFabric::open(&args.iface).map_err(|e| format!("{}: {e}", args.iface))?)
     };
-    let mut cfg = Config::new(&args.hostname.unwrap_or_else(host_name), &args.state_dir);
+    let mut cfg = Config::new(
+        &args
+            .hostname
+            .unwrap_or_else(xmx_hv::daemon::kernel_host_name),
+        &args.state_dir,
+    );
     cfg.toolstack = args.domid;
     cfg.discovery = DiscoveryConfig::every(Duration::from_millis(args.announce_ms));
     if let Some(ttl) = args.ttl_ms {

@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::signal::{SigSet, Signal};
-use tracing_subscriber::EnvFilter;
+use nix::sys::signal::SigSet;
 use xmx_frontend::{Frontend, FrontendConfig};
 use xmx_guests::{Server, ServerConfig};
 use xmx_wire::msg::EndpointPages;
@@ -75,30 +74,12 @@ fn parse_geometry(s: &str) -> Result<EndpointPages, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    xmx_hv::daemon::main(|| run(args))
 }
 
 fn run(args: Args) -> Result<(), String> {
-    // Before any thread exists, so every thread inherits the mask and only the signal
-    // thread below takes them.
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGTERM);
-    signals.add(Signal::SIGINT);
-    signals
-        .thread_block()
-        .map_err(|e| format!("blocking signals: {e}"))?;
+    // Before any thread exists (see block_stop_signals).
+    let signals = xmx_hv::daemon::block_stop_signals()?;
     let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
         .map_err(|e| format!("eventfd: {e}"))?;
     let stop_writer = stop

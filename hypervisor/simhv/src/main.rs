@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use nix::sys::signal::{SigSet, Signal};
 use nix::unistd::{fork, setsid, ForkResult};
 use xmx_simhv::config::{DEFAULT_GNTTAB_ENTRIES, DEFAULT_MAX_MAPPINGS, DEFAULT_MAX_PORTS};
 use xmx_simhv::{Config, Daemon};
@@ -53,15 +52,6 @@ fn config(args: &Args) -> Config {
         max_ports: args.max_ports,
         ..Config::default()
     }
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 /// Fork into the background. In the parent, wait for the child's verdict and exit;
@@ -115,17 +105,16 @@ fn main() -> ExitCode {
             }
         }
     };
-    init_logging();
+    xmx_hv::daemon::init_logging();
 
-    // Block the stop signals before any thread exists, so every thread inherits the
-    // mask and the main thread alone receives them, synchronously.
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGTERM);
-    signals.add(Signal::SIGINT);
-    if let Err(e) = signals.thread_block() {
-        tracing::error!(error = %e, "blocking signals");
-        return ExitCode::FAILURE;
-    }
+    // Before any thread exists: the main thread alone takes them, synchronously.
+    let signals = match xmx_hv::daemon::block_stop_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
 
     let handle = match Daemon::start(&args.dir, config(&args)) {
         Ok(h) => h,
