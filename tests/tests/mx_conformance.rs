@@ -26,7 +26,7 @@ use xmx_tests::relay::{ImpairedLinks, Impairment};
 
 /// Programs with a passive and an active side, and what the active side
 /// prints once every check held.
-const PAIRS: [(&str, &str); 5] = [
+const PAIRS: [(&str, &str); 6] = [
     ("self_send", "75 messages to itself checked"),
     (
         "zero_issend",
@@ -38,10 +38,11 @@ const PAIRS: [(&str, &str); 5] = [
         "ctxid_any",
         "data and control messages sent with context ids",
     ),
+    ("bibw", "active: 2 rounds of 64 x 524288 bytes each way"),
 ];
 
 /// What the passive sides print once every check held.
-const PASSIVE_LINES: [(&str, &str); 5] = [
+const PASSIVE_LINES: [(&str, &str); 6] = [
     ("self_send", "75 messages to itself checked"),
     ("zero_issend", "PASS"),
     ("class_sizes", "17 sizes x 3 buffers received and checked"),
@@ -50,6 +51,7 @@ const PASSIVE_LINES: [(&str, &str); 5] = [
         "ctxid_any",
         "context ids, handler-posted receives and masked completions checked",
     ),
+    ("bibw", "passive: 2 rounds of 64 x 524288 bytes each way"),
 ];
 
 /// Programs of one process only (no peer).

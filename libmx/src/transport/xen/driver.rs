@@ -93,6 +93,11 @@ pub fn run(shared: Arc<Shared>) {
                 } else {
                     link.take_in_and_arm(&ep.mailbox, &mut reg)
                 };
+                // Pulls held back for room in the send ring go out as the backend
+                // takes requests, which it does not signal: look again soon.
+                if link.has_deferred_pulls() {
+                    timeout_ms = if timeout_ms < 0 { 1 } else { timeout_ms.min(1) };
+                }
                 (n, link.port_fd())
             };
             if delivered > 0 {

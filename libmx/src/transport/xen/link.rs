@@ -10,7 +10,7 @@
 //! MEDIUM fragments are copied out of the receive queue before their event
 //! slot is handed back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,14 @@ pub struct LinkCounters {
     pub pulls: u64,
     /// Re-mappings after a reconnection.
     pub remaps: u64,
+    /// Pull requests held back because the send ring was full, or asked again after the
+    /// backend refused them for lack of room: posted later, never failed for it.
+    pub pulls_deferred: u64,
 }
+
+/// How long a pull the backend keeps refusing for lack of room (its pull quota) is asked
+/// again before its receive fails with that refusal.
+const PULL_REFUSED_MAX: Duration = Duration::from_secs(10);
 
 /// A pull in progress: the receive's buffer and the window the data lands in.
 struct Sink {
@@ -61,6 +68,16 @@ struct Sink {
     source: PeerAddr,
     session: u32,
     window: RdmaWindow,
+    /// When the backend first refused it for lack of room, if it did.
+    refused_since: Option<Instant>,
+}
+
+/// How a pull request fared on the send ring.
+enum PullPost {
+    Posted(u32),
+    /// No room now: the backend is late, not gone.
+    RingFull,
+    Failed,
 }
 
 /// An endpoint's rings and requests; see the module documentation.
@@ -76,6 +93,9 @@ pub struct Link {
     /// Send windows lent to peers, by (region id, seqnum).
     lent: HashMap<(u8, u8), Lease>,
     sinks: HashMap<u32, Sink>,
+    /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
+    /// lack of room), in the order their receives took them.
+    deferred: VecDeque<Sink>,
     generations: [u8; 256],
     max_send_windows: usize,
     /// Send-ring slots when nothing is in flight.
@@ -105,6 +125,7 @@ impl Link {
             cache: RegionCache::new(rcache, CACHE_CAPACITY.min(max_regions.max(1))),
             lent: HashMap::new(),
             sinks: HashMap::new(),
+            deferred: VecDeque::new(),
             generations: [0; 256],
             max_send_windows: max_regions.saturating_sub(PULL_RESERVE).max(1),
             ring_slots,
@@ -254,6 +275,7 @@ impl Link {
     /// `mailbox`, completions free what their request held. Returns how many
     /// things were delivered to the mailbox.
     pub fn take_in(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
+        self.post_deferred();
         let Some(channel) = self.channel.as_mut() else {
             return 0;
         };
@@ -295,7 +317,17 @@ impl Link {
                     frames.push(f);
                 }
                 Inbound::Completed { tag, result } => {
-                    if let Some(sink) = self.sinks.remove(&tag) {
+                    if let Some(mut sink) = self.sinks.remove(&tag) {
+                        // The backend's pull quota is full: the pull is asked again as
+                        // others finish, for a bounded time.
+                        if result == Err(Status::NoResources) {
+                            let since = *sink.refused_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() < PULL_REFUSED_MAX {
+                                self.counters.pulls_deferred += 1;
+                                self.deferred.push_back(sink);
+                                continue;
+                            }
+                        }
                         pulls.push(self.finish_pull(sink, result, reg));
                     } else {
                         self.slots.complete(tag);
@@ -500,6 +532,7 @@ impl Link {
             source,
             session,
             window,
+            refused_since: None,
         };
         match self.issue(sink, mailbox, reg) {
             Ok(()) => PullProgress::Started,
@@ -510,15 +543,43 @@ impl Link {
         }
     }
 
-    /// Posts the PULL of `sink`; gives it back if it could not be posted.
+    /// Posts the PULL of `sink`, or holds it back until the send ring has room; gives it
+    /// back if it cannot be posted at all (no window, link down).
     fn issue(
         &mut self,
         sink: Sink,
-        mailbox: &Mailbox,
-        reg: &mut dyn Registrar,
+        _mailbox: &Mailbox,
+        _reg: &mut dyn Registrar,
     ) -> Result<(), Sink> {
+        // Behind pulls already waiting: receives are pulled in the order they took them.
+        if !self.deferred.is_empty() && !self.down {
+            self.counters.pulls_deferred += 1;
+            self.deferred.push_back(sink);
+            return Ok(());
+        }
+        match self.post_pull(&sink) {
+            PullPost::Posted(tag) => {
+                self.sinks.insert(tag, sink);
+                Ok(())
+            }
+            PullPost::RingFull => {
+                self.counters.pulls_deferred += 1;
+                self.deferred.push_back(sink);
+                Ok(())
+            }
+            PullPost::Failed => Err(sink),
+        }
+    }
+
+    /// One try at posting the PULL request of `sink`, without waiting. Its completion is
+    /// taken in under the link's lock, after the post: the caller records the sink
+    /// under the returned tag before that.
+    fn post_pull(&mut self, sink: &Sink) -> PullPost {
+        if self.down {
+            return PullPost::Failed;
+        }
         let Some(local) = self.cache.window(sink.lease).map(|w| w.region_id()) else {
-            return Err(sink);
+            return PullPost::Failed;
         };
         let tag = self.tag();
         let request = engine_msgs::pull_request(
@@ -529,13 +590,49 @@ impl Link {
             local,
             sink.length,
         );
-        // Its completion is taken in under this lock, after the post: the
-        // sink is in place by then.
-        if !self.push(&request, mailbox, reg) {
-            return Err(sink);
+        let Some(channel) = self.channel.as_mut() else {
+            return PullPost::Failed;
+        };
+        match channel.push(&request) {
+            Ok(()) => {
+                if let Err(e) = channel.flush() {
+                    tracing::warn!(index = self.index, %e, "notifying the backend");
+                }
+                self.counters.posted += 1;
+                PullPost::Posted(tag)
+            }
+            Err(xmx_frontend::Error::Ring(RingError::Full)) => {
+                // Publish what waits, so the backend makes room.
+                let _ = channel.flush();
+                PullPost::RingFull
+            }
+            Err(e) => {
+                tracing::warn!(index = self.index, %e, "pull request not posted");
+                PullPost::Failed
+            }
         }
-        self.sinks.insert(tag, sink);
-        Ok(())
+    }
+
+    /// Posts the pulls held back, in order, while the send ring has room.
+    fn post_deferred(&mut self) {
+        while let Some(sink) = self.deferred.pop_front() {
+            match self.post_pull(&sink) {
+                PullPost::Posted(tag) => {
+                    self.sinks.insert(tag, sink);
+                }
+                PullPost::RingFull | PullPost::Failed => {
+                    // Down: the re-mapping after a reconnection issues it again.
+                    self.deferred.push_front(sink);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether pulls wait for room in the send ring: whoever drives the link looks at it
+    /// again soon rather than sleeping until an event.
+    pub fn has_deferred_pulls(&self) -> bool {
+        !self.deferred.is_empty() && !self.down
     }
 
     /// Takes the endpoint re-opened after a reconnection: remaps the channel,
@@ -568,7 +665,8 @@ impl Link {
             self.lent.clear();
         }
         self.down = false;
-        let sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
+        let mut sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
+        sinks.extend(self.deferred.drain(..));
         for mut sink in sinks {
             if regions_kept {
                 // The window is registered again under its id: the pull starts over into it.
@@ -638,6 +736,7 @@ impl Link {
             "registration cache"
         );
         self.sinks.clear();
+        self.deferred.clear();
         self.lent.clear();
         self.cache.forget_endpoint(self.index);
         self.down = true;
