@@ -43,6 +43,7 @@
 pub mod channel;
 pub mod ctrl;
 pub mod device;
+pub mod direct;
 pub mod error;
 pub mod frontd;
 pub mod handoff;
