@@ -15,6 +15,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
 use xmx_frontend::frontd::FrontdClient;
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, RegionWindow, Registrar};
 use xmx_hv::{DomId, GrantTable};
@@ -787,7 +789,10 @@ impl Registrar for Via<'_> {
         match (&mut self.direct, self.direct_mode) {
             (Some(d), _) => d.deregister(window),
             // The backend forgot the region with the connection; the grants end here.
-            (None, true) => Ok(drop(window)),
+            (None, true) => {
+                drop(window);
+                Ok(())
+            }
             (None, false) => self.outer.deregister(window),
         }
     }
@@ -877,7 +882,16 @@ impl DirectRegistrar<'_> {
             if Instant::now() >= deadline || self.channel.is_disconnected() {
                 return None;
             }
-            std::thread::yield_now();
+            // Sleep until the backend signals (it maps for us meanwhile): spinning here would
+            // take the core it needs. Armed first, so the next event rings; the driver thread
+            // may take that notification, hence the short bound.
+            match self.channel.arm_events() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(index = self.index, %e, "arming the event ring"),
+            }
+            let mut fds = [PollFd::new(self.channel.port_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(1u8));
         }
     }
 }
