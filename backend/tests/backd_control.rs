@@ -5,7 +5,10 @@ mod backd_util;
 use backd_util::{small_endpoint, Host};
 use xmx_backend::service::Quotas;
 use xmx_hv::DOM0;
-use xmx_wire::msg::{CtrlOp, CtrlReply, CtrlStatus, EndpointPages};
+use xmx_wire::msg::{
+    CtrlOp, CtrlReply, CtrlStatus, DirectRegister, DoneStatus, EndpointPages, ErrorCode, EventBody,
+    Route, SendOp, SendRequest,
+};
 
 #[test]
 fn endpoints_and_regions_map_and_unmap_exactly_their_pages() {
@@ -105,4 +108,112 @@ fn an_endpoint_opened_twice_is_busy_and_closing_the_device_releases_everything()
     assert_eq!(host.dom0_mappings(), 0);
     assert_eq!(host.mapped_by_others(g.domid), 0);
     assert_eq!(host.state(DOM0).ports_open, 0);
+}
+
+/// Grant `nr` data pages and the info pages listing `listed` (the data refs unless a hostile
+/// list is given), as an application registering without the daemon does.
+fn grant_direct(
+    g: &backd_util::FakeGuest,
+    nr: usize,
+    listed: Option<&[u32]>,
+) -> (xmx_hv::GrantedPages, xmx_hv::GrantedPages) {
+    let pages = g.gnttab.grant_pages(DOM0, nr, true).unwrap();
+    let refs = listed.map_or_else(|| pages.refs().to_vec(), |l| l.to_vec());
+    let packed = xmx_wire::msg::pack_info_pages(&refs);
+    let info = g.gnttab.grant_pages(DOM0, packed.len(), true).unwrap();
+    for (i, p) in packed.iter().enumerate() {
+        // SAFETY: the info pages are mapped writable here, `packed.len()` pages long, and the
+        // backend has not been told their refs yet.
+        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), info.as_ptr().add(i * 4096), p.len()) };
+    }
+    (pages, info)
+}
+
+fn region_op(
+    g: &backd_util::FakeGuest,
+    ep: &mut backd_util::FakeEndpoint,
+    tag: u32,
+    op: SendOp,
+) -> EventBody {
+    g.send(
+        ep,
+        SendRequest {
+            tag,
+            route: Route::default(),
+            op,
+        },
+    );
+    let ev = g.next_event(ep);
+    g.retire_events(ep);
+    assert_eq!(ev.tag, tag);
+    ev.body
+}
+
+#[test]
+fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_are_refused() {
+    let host = Host::start();
+    let _backend = host.start_backend(Quotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let d = g.domid;
+    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let mut ep = ep.unwrap();
+    let base = host.dom0_mappings();
+
+    // Three data pages: mapped in one batch; the info page is copied, never mapped.
+    let (data, info) = grant_direct(&g, 3, None);
+    let len = 2 * 4096 + 10;
+    let reg = |id, refs: &[u32]| SendOp::Register(DirectRegister::new(id, len, refs).unwrap());
+    let ok = EventBody::SendDone {
+        status: DoneStatus::Success,
+        length: len,
+    };
+    assert_eq!(region_op(&g, &mut ep, 1, reg(4, info.refs())), ok);
+    assert_eq!(host.dom0_mappings(), base + 3);
+    assert_eq!(host.mapped_by_others(d), base + 3);
+
+    // The same id again: refused, nothing more mapped, the guest stays connected.
+    assert_eq!(
+        region_op(&g, &mut ep, 2, reg(4, info.refs())),
+        EventBody::Error {
+            code: ErrorCode::BadRegion
+        }
+    );
+    // An info ref the guest never granted, and info pages listing refs it never granted.
+    assert_eq!(
+        region_op(&g, &mut ep, 3, reg(5, &[60_000])),
+        EventBody::Error {
+            code: ErrorCode::Malformed
+        }
+    );
+    let (_d2, bad_info) = grant_direct(&g, 3, Some(&[u32::MAX, 12_345, 7]));
+    assert_eq!(
+        region_op(&g, &mut ep, 4, reg(6, bad_info.refs())),
+        EventBody::Error {
+            code: ErrorCode::Malformed
+        }
+    );
+    assert_eq!(host.dom0_mappings(), base + 3);
+
+    // Deregistering unmaps it; a second time is refused.
+    let done = EventBody::SendDone {
+        status: DoneStatus::Success,
+        length: 0,
+    };
+    assert_eq!(
+        region_op(&g, &mut ep, 5, SendOp::Deregister { region_id: 4 }),
+        done
+    );
+    assert_eq!(host.dom0_mappings(), base);
+    assert_eq!(
+        region_op(&g, &mut ep, 6, SendOp::Deregister { region_id: 4 }),
+        EventBody::Error {
+            code: ErrorCode::BadRegion
+        }
+    );
+    // The grants end at once: nothing of them is mapped any more.
+    drop((data, info));
+    assert_eq!(host.mapped_by_others(d), base);
+    assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
 }

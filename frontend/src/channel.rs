@@ -437,6 +437,16 @@ impl RegionWindow {
         })
     }
 
+    /// A window over `mem` (pages this process granted itself, see [`crate::direct`]).
+    pub(crate) fn over(endpoint: u8, region_id: u8, length: u32, mem: SharedMem) -> RegionWindow {
+        RegionWindow {
+            endpoint,
+            region_id,
+            length,
+            mem,
+        }
+    }
+
     /// Endpoint of the region.
     pub fn endpoint(&self) -> u8 {
         self.endpoint

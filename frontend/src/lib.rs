@@ -46,6 +46,7 @@ pub mod device;
 pub mod error;
 pub mod frontd;
 pub mod handoff;
+pub mod own_grants;
 pub mod rcache;
 mod shared;
 pub mod xenbus;

@@ -1155,3 +1155,76 @@ fn completion_nack_and_error_events() {
     let nacks: Vec<u8> = NackKind::ALL.iter().map(|s| u8::from(*s)).collect();
     assert_eq!(nacks, vec![1, 2, 3, 4]);
 }
+
+#[test]
+fn send_register_and_deregister() {
+    // 4 MiB + 1 byte: 1025 pages, listed by 2 info pages.
+    let reg = slot(
+        SEND_SLOT_SIZE,
+        &[
+            (0, &[0x19, 0x01, 0, 0, 9, 0, 0, 0]),
+            (16, &[7, 2]),
+            (20, &[0x01, 0x00, 0x40, 0x00]),
+            (24, &[0x11, 0, 0, 0, 0x22, 0, 0, 0]),
+        ],
+    );
+    let value = DirectRegister::new(7, 0x0040_0001, &[0x11, 0x22]).unwrap();
+    assert_eq!(value.nr_pages(), 1025);
+    assert_eq!(value.info_refs(), &[0x11, 0x22]);
+    check_send(
+        &reg,
+        &SendRequest {
+            tag: 9,
+            route: Route::default(),
+            op: SendOp::Register(value),
+        },
+    );
+    let dereg = slot(
+        SEND_SLOT_SIZE,
+        &[(0, &[0x1a, 0x01, 0, 0, 10, 0, 0, 0]), (16, &[7])],
+    );
+    check_send(
+        &dereg,
+        &SendRequest {
+            tag: 10,
+            route: Route::default(),
+            op: SendOp::Deregister { region_id: 7 },
+        },
+    );
+}
+
+#[test]
+fn send_register_is_bounded() {
+    // The info page count must match the length; zero and oversized regions are refused.
+    assert!(DirectRegister::new(1, 4096, &[]).is_err());
+    assert!(DirectRegister::new(1, 4096, &[1, 2]).is_err());
+    assert!(DirectRegister::new(1, 0, &[1]).is_err());
+    let too_big = (REGION_PAGES_MAX as u32 + 1) * PAGE_SIZE as u32;
+    assert!(DirectRegister::new(1, too_big, &[0; 24]).is_err());
+    assert!(DirectRegister::new(1, 4096, &[0; 25]).is_err());
+    // A hostile slot claiming 200 info refs, or refs that do not match the length.
+    let many = slot(
+        SEND_SLOT_SIZE,
+        &[
+            (0, &[0x19, 0x01, 0, 0, 1, 0, 0, 0]),
+            (16, &[0, 200]),
+            (20, &[0, 16, 0, 0]),
+        ],
+    );
+    assert!(matches!(
+        SendRequest::parse(&many),
+        Err(Error::Invalid { .. })
+    ));
+    let mismatch = slot(
+        SEND_SLOT_SIZE,
+        &[
+            (0, &[0x19, 0x01, 0, 0, 1, 0, 0, 0]),
+            (16, &[0, 3]),
+            (20, &[0, 16, 0, 0]),
+        ],
+    );
+    assert!(matches!(
+        SendRequest::parse(&mismatch),
+        Err(Error::Invalid { .. })
+    ));
+}

@@ -193,6 +193,10 @@ impl Engine {
                 ctx.send(link, dst, PacketRepr::Truc(truc));
                 done(&mut ctx, link, 0);
             }
+            SendOp::Register(_) | SendOp::Deregister { .. } => {
+                // Mapping guest memory is the daemon's: it serves these before the engine.
+                ctx.refuse(link, endpoint, tag, ErrorCode::Unsupported);
+            }
             SendOp::Pull(p) => {
                 rdma::start_pull(
                     &mut ctx,

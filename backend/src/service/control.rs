@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use xmx_hv::{EventChannels, GrantTable, MappedPages, PAGE_SIZE};
+use xmx_hv::{CopyPtr, CopySegment, EventChannels, GrantTable, MappedPages, PAGE_SIZE};
 use xmx_wire::msg::{
     unpack_info_page, unpack_info_pages, CtrlOp, CtrlRequest, CtrlResponse, CtrlStatus,
     EndpointOpen, EventFront, RegionRegister, SendBack, INFO_PAGE_SIZE,
@@ -113,41 +113,34 @@ fn engine_status(e: &EngineError) -> CtrlStatus {
     }
 }
 
-/// Copy a whole mapping into private memory.
-fn copy_out(pages: &MappedPages, out: &mut [u8]) {
-    let words = pages.len().min(out.len()) / 8;
-    let base = pages.as_ptr() as *const u64;
-    for (i, chunk) in out.chunks_exact_mut(8).take(words).enumerate() {
-        // SAFETY: `pages` maps `pages.len()` readable bytes at a page-aligned address and
-        // stays mapped while borrowed; i < pages.len() / 8, so the word is inside the
-        // mapping and 8-aligned. The granting domain may write the page at any time, so the
-        // read is volatile and its value is only used from this private copy.
-        let word = unsafe { std::ptr::read_volatile(base.add(i)) };
-        chunk.copy_from_slice(&word.to_ne_bytes());
-    }
-}
-
-/// Map `refs` (info pages) read-only in one call, copy them out and unmap them.
+/// Copy the info pages `refs` into private memory.
 fn read_info_pages(
     ctx: &ControlCtx<'_>,
     conn: &Connection,
     refs: &[u32],
 ) -> Result<Vec<[u8; INFO_PAGE_SIZE]>, CtrlStatus> {
-    let mapped = ctx
-        .gnttab
-        .map(conn.domu, refs, false)
-        .map_err(|e| grant_status(&e))?;
-    let mut flat = vec![0u8; refs.len() * INFO_PAGE_SIZE];
-    copy_out(&mapped, &mut flat);
-    drop(mapped);
-    Ok(flat
-        .chunks_exact(INFO_PAGE_SIZE)
-        .map(|c| {
-            let mut page = [0u8; INFO_PAGE_SIZE];
-            page.copy_from_slice(c);
-            page
+    // One grant copy of every info page into private memory: a single hypervisor call
+    // (mapping, copying and unmapping took two), and the guest can change nothing we read
+    // after the copy.
+    let mut pages = vec![[0u8; INFO_PAGE_SIZE]; refs.len()];
+    let segments: Vec<CopySegment> = refs
+        .iter()
+        .zip(pages.iter_mut())
+        .map(|(&gref, page)| CopySegment {
+            source: CopyPtr::Foreign {
+                domid: conn.domu,
+                gref,
+                offset: 0,
+            },
+            dest: CopyPtr::Local(page.as_mut_ptr()),
+            len: INFO_PAGE_SIZE as u16,
         })
-        .collect())
+        .collect();
+    let results = ctx.gnttab.copy(&segments).map_err(|e| grant_status(&e))?;
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        return Err(grant_status(e));
+    }
+    Ok(pages)
 }
 
 /// `len` bytes at `offset` of a mapping, as ring memory that keeps the mapping alive.
@@ -394,6 +387,58 @@ fn register_region(
         "region registered"
     );
     Ok(())
+}
+
+/// Serve a REGISTER or DEREGISTER an application posted on endpoint `ep`'s send ring (a
+/// region of pages it granted itself, Xen2MX's way: no guest daemon on the path) exactly as
+/// the control ring's REGION_REGISTER / REGION_DEREGISTER, with the same checks and quotas.
+/// Returns its completion (SEND_DONE, or ERROR with the reason), or None if `req` is not a
+/// region request (the engine serves it).
+pub(crate) fn region_request(
+    ctx: &mut ControlCtx<'_>,
+    conn: &mut Connection,
+    ep: u8,
+    req: &xmx_wire::msg::SendRequest,
+) -> Option<xmx_wire::msg::Event> {
+    use xmx_wire::msg::{DoneStatus, ErrorCode, Event, EventBody, SendOp};
+    let result = match &req.op {
+        SendOp::Register(r) => {
+            let reg = RegionRegister {
+                endpoint: ep,
+                region_id: r.region_id,
+                first_page_offset: 0,
+                length: r.length,
+                info_refs: r.info_refs().to_vec(),
+            };
+            register_region(ctx, conn, &reg).map(|()| r.length)
+        }
+        SendOp::Deregister { region_id } => {
+            deregister_region(ctx, conn, ep, *region_id).map(|()| 0)
+        }
+        _ => return None,
+    };
+    let body = match result {
+        Ok(length) => EventBody::SendDone {
+            status: DoneStatus::Success,
+            length,
+        },
+        Err(status) => {
+            tracing::debug!(
+                domu = conn.domu,
+                endpoint = ep,
+                ?status,
+                "region request refused"
+            );
+            EventBody::Error {
+                code: match status {
+                    CtrlStatus::Quota => ErrorCode::NoResources,
+                    CtrlStatus::BadRegion | CtrlStatus::EndpointNotOpen => ErrorCode::BadRegion,
+                    _ => ErrorCode::Malformed,
+                },
+            }
+        }
+    };
+    Some(Event { tag: req.tag, body })
 }
 
 fn deregister_region(

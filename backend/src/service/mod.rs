@@ -710,7 +710,11 @@ impl Backend {
             let budget = cfg.quotas.send_budget_per_round;
             let backlog_max = cfg.quotas.max_event_backlog;
             let mut failure = None;
-            for (&epi, ep) in conn.endpoints.iter_mut() {
+            let indices: Vec<u8> = conn.endpoints.keys().copied().collect();
+            for epi in indices {
+                let Some(ep) = conn.endpoints.get_mut(&epi) else {
+                    continue;
+                };
                 released.clear();
                 match ep.reclaim_events(released) {
                     Ok(n) => work |= n > 0,
@@ -730,6 +734,9 @@ impl Backend {
                 }
                 let mut taken = 0;
                 while taken < budget {
+                    let Some(ep) = conn.endpoints.get_mut(&epi) else {
+                        break;
+                    };
                     let req = match ep.send.next_request() {
                         Ok(Some(req)) => req,
                         Ok(None) => break,
@@ -740,11 +747,33 @@ impl Backend {
                     };
                     taken += 1;
                     ep.counters.send_requests += 1;
+                    if let Some(answer) = control::region_request(
+                        &mut ControlCtx {
+                            engine,
+                            gnttab: gnttab.as_ref(),
+                            evtchn: evtchn.as_ref(),
+                            quotas: &cfg.quotas,
+                            sessions,
+                            next_region,
+                        },
+                        conn,
+                        epi,
+                        &req,
+                    ) {
+                        // Served here (it maps guest memory); answered like any request.
+                        if let Some(ep) = conn.endpoints.get_mut(&epi) {
+                            ep.queue_event(answer, backlog_max);
+                        }
+                        continue;
+                    }
                     if let Err(v) = engine.handle_send(now, guest, epi, &req) {
                         failure = Some(format!("endpoint {epi}: {v}"));
                         break;
                     }
                 }
+                let Some(ep) = conn.endpoints.get_mut(&epi) else {
+                    continue;
+                };
                 if taken > 0 {
                     work = true;
                     ep.send.retire_consumed();

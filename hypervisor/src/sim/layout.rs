@@ -14,7 +14,7 @@ pub const LOCK_FILE: &str = "simhv.lock";
 pub const XENSTORE_SOCK: &str = "xenstore.sock";
 /// Per-domain grant-table and event-channel socket.
 pub const HV_SOCK: &str = "hv.sock";
-/// Per-domain memory file: byte offset = frame * PAGE_SIZE.
+/// Per-domain memory (a link to the daemon's memfd): byte offset = frame * PAGE_SIZE.
 pub const MEM_FILE: &str = "mem";
 /// Per-domain grant table: an array of Xen v1 entries.
 pub const GNTTAB_FILE: &str = "gnttab";

@@ -9,8 +9,11 @@
 //! In detail:
 //! - `DIR/simhv.lock`: `flock`ed by the live daemon; a second daemon on DIR refuses to start.
 //! - `DIR/ready`: written (atomically, holding the daemon's pid) once it serves requests.
-//! - `DIR/dom<N>/mem`: domain N's memory; page `f` of the file is frame `f`. It grows on
-//!   demand up to the domain's memory limit; freed frames are zeroed.
+//! - `DIR/dom<N>/mem`: domain N's memory; page `f` of the file is frame `f`. The memory is
+//!   an anonymous shared-memory file (memfd) held by the daemon, RAM as a guest's is, never
+//!   disk; `mem` is a link to the daemon's descriptor of it (`/proc/<pid>/fd/<n>`), for
+//!   inspection. Clients receive the descriptor over `hv.sock`. It grows on demand up to
+//!   the domain's memory limit; freed frames are zeroed (in runs) before reuse.
 //! - `DIR/dom<N>/gnttab`: domain N's grant table, an array of Xen v1 entries
 //!   `{u16 flags, u16 domid, u32 frame}` little-endian, flags as in Xen's public
 //!   grant_table.h (`GTF_permit_access` 1, `GTF_readonly` 1<<2, `GTF_reading` 1<<3,

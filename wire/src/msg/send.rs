@@ -20,7 +20,18 @@
 //! PULL 0x18
 //! 16 u32 length            21 u8 remote region id   24 u32 local offset
 //! 20 u8  local region id   22 u8 remote region seqnum  28 u32 remote offset
+//!
+//! REGISTER 0x19                          DEREGISTER 0x1a
+//! 16 u8  region id                       16 u8 region id
+//! 17 u8  info refs (1 to 24)
+//! 20 u32 length (the region starts at the first page's byte 0)
+//! 24 u32 x n: grant refs of the info pages listing the region's pages
 //! ```
+//!
+//! REGISTER and DEREGISTER carry no destination (the route is zero). They let an application
+//! register the pages it granted itself (Xen2MX's way: no daemon on the path of a
+//! registration); the backend maps the pages the info pages list in one batch before it takes
+//! the next request of the ring, so a RNDV or PULL posted after a REGISTER finds the region.
 //!
 //! MEDIUM data sits in the endpoint's send queue, one 4096-byte fragment per queue slot; the
 //! request lists the slots in fragment order. The backend answers every request with a
@@ -28,8 +39,9 @@
 
 use super::field::{set_u16, set_u32, set_u64, set_u8, u16, u32, u64, u8};
 use super::{
-    emit_header, parse_bool, parse_header, parse_inline, InlineData, MsgInfo, Route,
-    MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX, TINY_MAX,
+    emit_header, info_pages_for, parse_bool, parse_header, parse_inline, InlineData, MsgInfo,
+    Route, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX, REGION_INFO_REFS_MAX, REGION_PAGES_MAX,
+    SMALL_MAX, TINY_MAX,
 };
 use crate::{Error, Result};
 
@@ -48,6 +60,8 @@ wire_enum! {
         Notify = 0x16,
         Liback = 0x17,
         Pull = 0x18,
+        Register = 0x19,
+        Deregister = 0x1a,
     }
 }
 
@@ -82,6 +96,10 @@ pub(crate) mod off {
     pub const PULL_REMOTE_SEQNUM: usize = 22;
     pub const PULL_LOCAL_OFFSET: usize = 24;
     pub const PULL_REMOTE_OFFSET: usize = 28;
+    pub const REGISTER_REGION: usize = 16;
+    pub const REGISTER_NR_INFO: usize = 17;
+    pub const REGISTER_LENGTH: usize = 20;
+    pub const REGISTER_INFO_REFS: usize = 24;
 }
 
 impl Route {
@@ -466,6 +484,115 @@ impl Pull {
     }
 }
 
+/// Register a region whose pages the application granted itself: the grant refs of the
+/// info pages that list them. Completed by SEND_DONE (the region is mapped) or ERROR.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DirectRegister {
+    /// Region id (what RNDV and PULL name).
+    pub region_id: u8,
+    /// Bytes in the region, from byte 0 of its first page.
+    pub length: u32,
+    nr_info: u8,
+    // Invariant: entries past `nr_info` are zero.
+    info_refs: [u32; REGION_INFO_REFS_MAX],
+}
+
+impl DirectRegister {
+    /// A registration of `length` bytes listed by the info pages `info_refs`; `Invalid` if
+    /// the region is empty, larger than [`REGION_PAGES_MAX`] pages, or the info page count
+    /// does not match its size.
+    pub fn new(region_id: u8, length: u32, info_refs: &[u32]) -> Result<Self> {
+        if info_refs.len() > REGION_INFO_REFS_MAX {
+            return Err(Error::Invalid {
+                field: "register info refs",
+                reason: "more than 24",
+            });
+        }
+        let mut refs = [0u32; REGION_INFO_REFS_MAX];
+        refs[..info_refs.len()].copy_from_slice(info_refs);
+        let r = DirectRegister {
+            region_id,
+            length,
+            nr_info: info_refs.len() as u8,
+            info_refs: refs,
+        };
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// Pages of the region.
+    pub fn nr_pages(&self) -> usize {
+        (self.length as usize).div_ceil(crate::ring::PAGE_SIZE)
+    }
+
+    /// Grant refs of the info pages, in order.
+    pub fn info_refs(&self) -> &[u32] {
+        &self.info_refs[..usize::from(self.nr_info)]
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.length == 0 {
+            return Err(Error::Invalid {
+                field: "register length",
+                reason: "zero",
+            });
+        }
+        if self.nr_pages() > REGION_PAGES_MAX {
+            return Err(Error::Invalid {
+                field: "register length",
+                reason: "more pages than 24 info pages list",
+            });
+        }
+        if usize::from(self.nr_info) != info_pages_for(self.nr_pages()) {
+            return Err(Error::Invalid {
+                field: "register info refs",
+                reason: "count does not match the region size",
+            });
+        }
+        Ok(())
+    }
+
+    fn read(buf: &[u8]) -> Result<Self> {
+        let nr = usize::from(u8(buf, off::REGISTER_NR_INFO));
+        if nr > REGION_INFO_REFS_MAX {
+            return Err(Error::Invalid {
+                field: "register info refs",
+                reason: "more than 24",
+            });
+        }
+        let mut refs = [0u32; REGION_INFO_REFS_MAX];
+        for (i, r) in refs.iter_mut().enumerate().take(nr) {
+            *r = u32(buf, off::REGISTER_INFO_REFS + 4 * i);
+        }
+        DirectRegister::new(
+            u8(buf, off::REGISTER_REGION),
+            u32(buf, off::REGISTER_LENGTH),
+            &refs[..nr],
+        )
+    }
+
+    fn write(&self, buf: &mut [u8]) -> Result<()> {
+        self.validate()?;
+        set_u8(buf, off::REGISTER_REGION, self.region_id);
+        set_u8(buf, off::REGISTER_NR_INFO, self.nr_info);
+        set_u32(buf, off::REGISTER_LENGTH, self.length);
+        for (i, r) in self.info_refs().iter().enumerate() {
+            set_u32(buf, off::REGISTER_INFO_REFS + 4 * i, *r);
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for DirectRegister {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectRegister")
+            .field("region_id", &self.region_id)
+            .field("length", &self.length)
+            .field("info_refs", &self.info_refs())
+            .finish()
+    }
+}
+
 /// What a send request asks the backend to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
@@ -487,6 +614,10 @@ pub enum SendOp {
     Liback(Liback),
     /// Pull a LARGE message's data.
     Pull(Pull),
+    /// Register a region the application granted itself.
+    Register(DirectRegister),
+    /// Deregister a region (its pages are unmapped before the next request is taken).
+    Deregister { region_id: u8 },
 }
 
 impl SendOp {
@@ -502,6 +633,8 @@ impl SendOp {
             SendOp::Notify(_) => SendKind::Notify,
             SendOp::Liback(_) => SendKind::Liback,
             SendOp::Pull(_) => SendKind::Pull,
+            SendOp::Register(_) => SendKind::Register,
+            SendOp::Deregister { .. } => SendKind::Deregister,
         }
     }
 }
@@ -531,6 +664,10 @@ impl SendRequest {
             SendKind::Notify => SendOp::Notify(Notify::read(buf)),
             SendKind::Liback => SendOp::Liback(Liback::read(buf)?),
             SendKind::Pull => SendOp::Pull(Pull::read(buf)),
+            SendKind::Register => SendOp::Register(DirectRegister::read(buf)?),
+            SendKind::Deregister => SendOp::Deregister {
+                region_id: u8(buf, off::REGISTER_REGION),
+            },
         };
         Ok(SendRequest {
             tag,
@@ -550,6 +687,7 @@ impl SendRequest {
                 })
             }
             SendOp::Medium(m) => m.validate()?,
+            SendOp::Register(r) => r.validate()?,
             _ => {}
         }
         emit_header(buf, SEND_SLOT_SIZE, self.op.kind().into(), self.tag)?;
@@ -564,6 +702,8 @@ impl SendRequest {
             SendOp::Notify(n) => n.write(buf),
             SendOp::Liback(a) => a.write(buf),
             SendOp::Pull(p) => p.write(buf),
+            SendOp::Register(r) => r.write(buf)?,
+            SendOp::Deregister { region_id } => set_u8(buf, off::REGISTER_REGION, *region_id),
         }
         Ok(())
     }

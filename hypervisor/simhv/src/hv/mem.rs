@@ -1,19 +1,28 @@
-//! A domain's memory: a file whose page `f` is frame `f`, with a frame allocator.
+//! A domain's memory: an anonymous shared-memory file (memfd) whose page `f` is frame `f`,
+//! with a frame allocator.
 //!
-//! The file grows on demand (sparse) up to the domain's limit and never shrinks, so a
-//! mapping of any frame ever handed out stays backed. Freed frames are zeroed (hole
-//! punched) before reuse, so granted pages always start zeroed. The daemon itself reads
-//! and writes frames with `pread`/`pwrite` only: nothing a client does to the file can
-//! fault the daemon.
+//! The memory is RAM as a guest's is: a memfd, never a file on a disk file system (where
+//! every granted page would be page cache with writeback). The file grows on demand
+//! (sparse) up to the domain's limit and never shrinks, so a mapping of any frame ever
+//! handed out stays backed. Freed frames are zeroed before reuse, so granted pages always
+//! start zeroed: frees are collected and given back to the kernel in runs of consecutive
+//! frames (one hole punch per run, not per page), at the latest before the next
+//! allocation. The daemon itself reads and writes frames with `pread`/`pwrite` only:
+//! nothing a client does to the file can fault the daemon.
+//!
+//! For inspection by the host's user, the domain's directory holds `mem`, a link to the
+//! daemon's descriptor of the file (`/proc/<pid>/fd/<n>`).
 
 use std::collections::BTreeSet;
+use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use nix::fcntl::{fallocate, FallocateFlags};
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use xmx_hv::{Error, Result, PAGE_SIZE};
 
 /// Frames the file grows by at least, to keep `ftruncate` calls rare.
@@ -26,20 +35,35 @@ pub(crate) struct MemFile {
     limit_frames: u32,
     size_frames: u32,
     next_fresh: u32,
+    /// Zeroed frames ready for reuse.
     free: BTreeSet<u32>,
+    /// Freed frames not zeroed yet (see [`MemFile::flush`]).
+    dirty: BTreeSet<u32>,
     in_use: usize,
+    /// Hole punches made (one per run of consecutive freed frames).
+    punches: u64,
 }
 
 impl MemFile {
-    /// Create the (empty) file at `path`, limited to `limit` bytes.
+    /// Create the (empty) memory of a domain, limited to `limit` bytes, and the link to it
+    /// at `path`.
     pub(crate) fn create(path: &Path, limit: u64) -> io::Result<MemFile> {
-        let rw = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
-        let ro = OpenOptions::new().read(true).open(path)?;
+        let name = CString::new(format!(
+            "xmx-simhv:{}",
+            path.parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ))
+        .unwrap_or_default();
+        let fd = memfd_create(&name, MemFdCreateFlag::MFD_CLOEXEC).map_err(io::Error::from)?;
+        let rw = File::from(fd);
+        let link = format!("/proc/self/fd/{}", rw.as_raw_fd());
+        // A second open file description of the same memory, opened read-only: a mapping
+        // made through it can never be writable.
+        let ro = OpenOptions::new().read(true).open(&link)?;
+        let target = format!("/proc/{}/fd/{}", std::process::id(), rw.as_raw_fd());
+        std::os::unix::fs::symlink(target, path)?;
         let limit_frames = (limit / PAGE_SIZE as u64).min(u32::MAX as u64) as u32;
         Ok(MemFile {
             rw,
@@ -48,7 +72,9 @@ impl MemFile {
             size_frames: 0,
             next_fresh: 0,
             free: BTreeSet::new(),
+            dirty: BTreeSet::new(),
             in_use: 0,
+            punches: 0,
         })
     }
 
@@ -80,6 +106,7 @@ impl MemFile {
                 self.limit_frames
             )));
         }
+        self.flush();
         let from_free = count.min(self.free.len());
         let fresh = (count - from_free) as u32;
         let end = self.next_fresh + fresh;
@@ -105,26 +132,68 @@ impl MemFile {
         Ok(frames)
     }
 
-    /// Give a frame back; its contents are zeroed now.
+    /// Give a frame back; it is zeroed by the next [`MemFile::flush`] (which
+    /// [`MemFile::alloc`] makes first).
     pub(crate) fn free(&mut self, frame: u32) {
-        if !self.contains(frame) || self.free.contains(&frame) {
+        if !self.contains(frame) || self.free.contains(&frame) || self.dirty.contains(&frame) {
             tracing::error!(frame, "freeing a frame that is not in use");
             return;
         }
-        let off = frame as i64 * PAGE_SIZE as i64;
+        self.dirty.insert(frame);
+        self.in_use -= 1;
+    }
+
+    /// Zero the frames freed since the last flush, one hole punch per run of consecutive
+    /// frames, and make them available.
+    pub(crate) fn flush(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let dirty: Vec<u32> = std::mem::take(&mut self.dirty).into_iter().collect();
+        let mut i = 0;
+        while i < dirty.len() {
+            let mut run = 1;
+            while i + run < dirty.len() && dirty[i + run - 1] + 1 == dirty[i + run] {
+                run += 1;
+            }
+            self.zero(dirty[i], run as u32);
+            i += run;
+        }
+        self.free.extend(dirty);
+    }
+
+    /// Frames freed and not zeroed yet.
+    pub(crate) fn pending(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Hole punches made so far.
+    #[cfg(test)]
+    pub(crate) fn punches(&self) -> u64 {
+        self.punches
+    }
+
+    fn zero(&mut self, first: u32, count: u32) {
+        let off = first as i64 * PAGE_SIZE as i64;
+        let len = count as i64 * PAGE_SIZE as i64;
+        self.punches += 1;
         let punched = fallocate(
             self.rw.as_raw_fd(),
             FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
             off,
-            PAGE_SIZE as i64,
+            len,
         );
         if punched.is_err() {
-            if let Err(e) = self.rw.write_all_at(&[0u8; PAGE_SIZE], off as u64) {
-                tracing::error!(frame, error = %e, "zeroing a freed frame");
+            let zeros = [0u8; PAGE_SIZE];
+            for f in 0..count as u64 {
+                if let Err(e) = self
+                    .rw
+                    .write_all_at(&zeros, off as u64 + f * PAGE_SIZE as u64)
+                {
+                    tracing::error!(frame = first as u64 + f, error = %e, "zeroing a freed frame");
+                }
             }
         }
-        self.free.insert(frame);
-        self.in_use -= 1;
     }
 
     /// Read `buf.len()` bytes at `offset` of `frame`.
@@ -183,11 +252,59 @@ mod tests {
         m.write(1, 10, b"dirty").unwrap();
         m.free(1);
         assert_eq!(m.in_use(), 2);
+        // Not reusable before it is zeroed; allocating zeroes it first.
+        assert_eq!(m.pending(), 1);
         assert_eq!(m.alloc(2).unwrap(), vec![1, 3]);
         let mut b = [0xffu8; 5];
         m.read(1, 10, &mut b).unwrap();
         assert_eq!(b, [0; 5]);
         assert_eq!(m.in_use(), 4);
+    }
+
+    #[test]
+    fn freed_frames_are_zeroed_one_punch_per_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = MemFile::create(&dir.path().join("mem"), 1 << 20).unwrap();
+        let frames = m.alloc(64).unwrap();
+        for &f in &frames {
+            m.write(f, 0, b"used").unwrap();
+        }
+        // Two runs: 0..20 and 30..50 (freed out of order), and frame 60 alone.
+        for f in (30..50).rev().chain(0..20).chain([60]) {
+            m.free(f);
+        }
+        assert_eq!(m.in_use(), 64 - 41);
+        m.flush();
+        assert_eq!(m.punches(), 3);
+        assert_eq!(m.pending(), 0);
+        let again = m.alloc(41).unwrap();
+        assert_eq!(again.len(), 41);
+        for f in again {
+            let mut b = [0xffu8; 4];
+            m.read(f, 0, &mut b).unwrap();
+            assert_eq!(b, [0; 4], "frame {f} reused without zeroing");
+        }
+        // Freeing twice is refused, whether zeroed already or not.
+        m.free(61);
+        m.free(61);
+        assert_eq!(m.pending(), 1);
+        assert_eq!(m.in_use(), 63);
+    }
+
+    #[test]
+    fn the_memory_is_anonymous_shared_memory_linked_for_inspection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mem");
+        let mut m = MemFile::create(&path, 1 << 20).unwrap();
+        let f = m.alloc(2).unwrap()[1];
+        m.write(f, 5, b"seen").unwrap();
+        let link = std::fs::read_link(&path).unwrap();
+        assert!(link.starts_with("/proc/"), "{}", link.display());
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[f as usize * PAGE_SIZE + 5..][..4], b"seen");
+        // The read-only descriptor cannot be written through.
+        let ro = File::from(m.fd(false).try_clone_to_owned().unwrap());
+        assert!(ro.write_at(b"x", 0).is_err());
     }
 
     #[test]

@@ -179,7 +179,9 @@ impl Hv {
     /// Returns its connections, for the caller to shut down.
     pub(crate) fn remove_domain(&self, domid: DomId) -> Result<Vec<UnixStream>> {
         let mut st = self.lock();
-        st.remove_domain(domid)
+        let streams = st.remove_domain(domid);
+        st.flush_frees();
+        streams
     }
 
     /// Every domain: (domid, name, state).
@@ -268,6 +270,7 @@ impl Hv {
     pub(crate) fn conn_closed(&self, conn: ConnId) {
         let mut st = self.lock();
         st.conn_closed(conn);
+        st.flush_frees();
     }
 
     /// Serve one request of connection `conn`.
@@ -279,7 +282,7 @@ impl Hv {
             .map(|c| c.domid)
             .ok_or_else(|| Error::Closed("the domain of this connection is gone".into()))?;
         let cfg = &self.config;
-        match req {
+        let result = match req {
             Request::Hello => st.hello(domid, cfg),
             Request::GrantAlloc {
                 remote,
@@ -302,7 +305,9 @@ impl Hv {
             } => st.bind(cfg, conn, domid, remote, remote_port),
             Request::EvtchnClose { port } => st.close(conn, domid, port),
             Request::EvtchnStatus { port } => st.port_status(domid, port),
-        }
+        };
+        st.flush_frees();
+        result
     }
 }
 
@@ -395,6 +400,15 @@ impl Domain {
 }
 
 impl HvState {
+    /// Zero the frames freed by the last operation, in runs (see [`MemFile::flush`]).
+    fn flush_frees(&mut self) {
+        for dom in self.domains.values_mut() {
+            if dom.mem.pending() > 0 {
+                dom.mem.flush();
+            }
+        }
+    }
+
     fn domain(&self, domid: DomId) -> Result<&Domain> {
         self.domains
             .get(&domid)

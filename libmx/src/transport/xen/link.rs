@@ -12,12 +12,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
 use xmx_frontend::frontd::FrontdClient;
-use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, Registrar};
+use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, RegionWindow, Registrar};
+use xmx_hv::{DomId, GrantTable};
 use xmx_mx::{PeerAddr, RdmaWindow, RequestId, Status};
-use xmx_wire::msg::SendRequest;
+use xmx_wire::msg::{Route, SendOp, SendRequest};
 use xmx_wire::ring::RingError;
 
 use super::slots::SendSlots;
@@ -103,7 +107,28 @@ pub struct Link {
     /// The backend let the endpoint go; nothing is posted until it is back.
     down: bool,
     counters: LinkCounters,
+    /// Regions per endpoint the backend allows (at most 256).
+    max_regions: usize,
+    /// Set when windows are registered without the guest daemon.
+    own_grants: Option<OwnGrants>,
 }
+
+/// Registration without the guest daemon (Xen2MX's way, see [`xmx_frontend::own_grants`]):
+/// the link grants each window's pages itself and registers them on its own send ring,
+/// waiting for the backend's completion; a deregistration is posted without waiting and
+/// the pages' grants end at once (the hypervisor frees them when the backend unmaps).
+pub struct OwnGrants {
+    gnttab: Arc<dyn GrantTable>,
+    backend: DomId,
+    /// Region ids not in use, lowest last.
+    free_ids: Vec<u8>,
+    /// What arrived on the event ring while a registration waited for its completion; taken
+    /// in before anything newer.
+    stash: Vec<Inbound>,
+}
+
+/// How long a registration waits for the backend's answer.
+const REGISTER_WAIT: Duration = Duration::from_secs(5);
 
 impl Link {
     /// The link of an opened endpoint. `max_regions` is the backend's limit of
@@ -131,7 +156,62 @@ impl Link {
             ring_slots,
             down: false,
             counters: LinkCounters::default(),
+            max_regions,
+            own_grants: None,
         }
+    }
+
+    /// From now on, register windows without the guest daemon: grant their pages through
+    /// `gnttab` to `backend` and register them on the send ring. For an endpoint with no
+    /// window registered yet (the ids are the link's to choose).
+    pub fn register_with_own_grants(&mut self, gnttab: Arc<dyn GrantTable>, backend: DomId) {
+        self.own_grants = Some(OwnGrants {
+            gnttab,
+            backend,
+            free_ids: (0..self.max_regions).rev().map(|i| i as u8).collect(),
+            stash: Vec::new(),
+        });
+    }
+
+    /// Whether windows are registered without the guest daemon.
+    pub fn registers_with_own_grants(&self) -> bool {
+        self.own_grants.is_some()
+    }
+
+    /// The cache and the registrar it uses: `outer` (the daemon), or the link itself when
+    /// it registers with its own grants.
+    fn split<'a>(&'a mut self, outer: &'a mut dyn Registrar) -> (&'a mut RegionCache, Via<'a>) {
+        let index = self.index;
+        let session = self.session;
+        let down = self.down;
+        let own_grants = match (&mut self.own_grants, self.channel.as_mut()) {
+            (Some(d), Some(channel)) if !down => Some(OwnGrantsRegistrar {
+                d,
+                channel,
+                next_tag: &mut self.next_tag,
+                index,
+                session,
+            }),
+            (Some(_), _) => None,
+            (None, _) => {
+                return (
+                    &mut self.cache,
+                    Via {
+                        outer,
+                        own_grants: None,
+                        own_grants_mode: false,
+                    },
+                )
+            }
+        };
+        (
+            &mut self.cache,
+            Via {
+                outer,
+                own_grants,
+                own_grants_mode: true,
+            },
+        )
     }
 
     /// The endpoint index.
@@ -240,6 +320,14 @@ impl Link {
     /// Pushes and publishes one request, waiting a while for room; on failure
     /// whatever the request held is freed. True if it was posted.
     fn push(&mut self, request: &SendRequest, mailbox: &Mailbox, reg: &mut dyn Registrar) -> bool {
+        if self
+            .own_grants
+            .as_ref()
+            .is_some_and(|d| !d.stash.is_empty())
+        {
+            // Events a registration took in while it waited: delivered before more is sent.
+            self.take_in(mailbox, reg);
+        }
         let deadline = Instant::now() + POST_WAIT;
         while let Some(channel) = self.channel.as_mut() {
             match channel.push(request) {
@@ -276,10 +364,14 @@ impl Link {
     /// things were delivered to the mailbox.
     pub fn take_in(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
         self.post_deferred();
-        let Some(channel) = self.channel.as_mut() else {
-            return 0;
+        // What a registration took in while it waited came first.
+        let mut inbound = match self.own_grants.as_mut() {
+            Some(d) => std::mem::take(&mut d.stash),
+            None => Vec::new(),
         };
-        let mut inbound = Vec::new();
+        let Some(channel) = self.channel.as_mut() else {
+            return self.deliver(inbound, mailbox, reg);
+        };
         loop {
             let event = match channel.next_event() {
                 Ok(Some(e)) => e,
@@ -308,6 +400,16 @@ impl Link {
         if let Err(e) = channel.release_events() {
             tracing::warn!(index = self.index, %e, "handing event slots back");
         }
+        self.deliver(inbound, mailbox, reg)
+    }
+
+    /// Frames and finished pulls to `mailbox`; completions free what their request held.
+    fn deliver(
+        &mut self,
+        inbound: Vec<Inbound>,
+        mailbox: &Mailbox,
+        reg: &mut dyn Registrar,
+    ) -> usize {
         let mut frames = Vec::new();
         let mut pulls = Vec::new();
         for i in inbound {
@@ -416,7 +518,8 @@ impl Link {
             }
             Err(s) => Err(s),
         };
-        if let Err(e) = self.cache.release(reg, sink.lease) {
+        let (cache, mut via) = self.split(reg);
+        if let Err(e) = cache.release(&mut via, sink.lease) {
             tracing::warn!(index = self.index, %e, "releasing a pull window");
         }
         (sink.id, outcome)
@@ -426,16 +529,19 @@ impl Link {
     /// now; when registering fails, unused cached windows are dropped and it is
     /// tried once more.
     fn acquire(&mut self, reg: &mut dyn Registrar, addr: usize, len: usize) -> Option<Lease> {
-        match self.cache.acquire(reg, self.index, addr, len) {
+        let index = self.index;
+        let (cache, mut via) = self.split(reg);
+        match cache.acquire(&mut via, index, addr, len) {
             Ok(l) => return Some(l),
             Err(e) => {
                 tracing::debug!(index = self.index, %e, "registering a window; dropping unused ones")
             }
         }
-        if let Err(e) = self.cache.flush(reg) {
-            tracing::warn!(index = self.index, %e, "dropping cached windows");
+        let (cache, mut via) = self.split(reg);
+        if let Err(e) = cache.flush(&mut via) {
+            tracing::warn!(index, %e, "dropping cached windows");
         }
-        match self.cache.acquire(reg, self.index, addr, len) {
+        match cache.acquire(&mut via, index, addr, len) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(index = self.index, %e, len, "no window for a LARGE message");
@@ -466,7 +572,8 @@ impl Link {
                 index = self.index,
                 "LARGE data could not be copied into its window"
             );
-            let _ = self.cache.release(reg, lease);
+            let (cache, mut via) = self.split(reg);
+            let _ = cache.release(&mut via, lease);
             return None;
         }
         let seqnum = self.generations[usize::from(id)].wrapping_add(1);
@@ -482,7 +589,8 @@ impl Link {
     /// The send lending `window` is over.
     pub fn release(&mut self, reg: &mut dyn Registrar, window: RdmaWindow) {
         if let Some(lease) = self.lent.remove(&(window.id, window.seqnum)) {
-            if let Err(e) = self.cache.release(reg, lease) {
+            let (cache, mut via) = self.split(reg);
+            if let Err(e) = cache.release(&mut via, lease) {
                 tracing::warn!(index = self.index, %e, "releasing a send window");
             }
         }
@@ -490,7 +598,8 @@ impl Link {
 
     /// The application's `[addr, addr + len)` is going away.
     pub fn invalidate(&mut self, reg: &mut dyn Registrar, addr: usize, len: usize) {
-        if let Err(e) = self.cache.invalidate(reg, addr, len) {
+        let (cache, mut via) = self.split(reg);
+        if let Err(e) = cache.invalidate(&mut via, addr, len) {
             tracing::warn!(index = self.index, %e, "invalidating cached windows");
         }
     }
@@ -537,7 +646,8 @@ impl Link {
         match self.issue(sink, mailbox, reg) {
             Ok(()) => PullProgress::Started,
             Err(sink) => {
-                let _ = self.cache.release(reg, sink.lease);
+                let (cache, mut via) = self.split(reg);
+                let _ = cache.release(&mut via, sink.lease);
                 PullProgress::Done(Err(Status::Aborted))
             }
         }
@@ -645,7 +755,8 @@ impl Link {
             return;
         };
         let new_session = h.session_id;
-        let regions_kept = h.regions_kept;
+        // The daemon registers again only the regions it registered itself.
+        let regions_kept = h.regions_kept && self.own_grants.is_none();
         if let Err(e) = client.remap(channel, h) {
             tracing::warn!(index = self.index, %e, "re-opened endpoint not taken");
             return;
@@ -663,6 +774,12 @@ impl Link {
         if !regions_kept {
             self.cache.forget_endpoint(self.index);
             self.lent.clear();
+            let max = self.max_regions;
+            if let Some(d) = self.own_grants.as_mut() {
+                // The new backend knows none of the link's regions.
+                d.free_ids = (0..max).rev().map(|i| i as u8).collect();
+                d.stash.clear();
+            }
         }
         self.down = false;
         let mut sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
@@ -671,7 +788,8 @@ impl Link {
             if regions_kept {
                 // The window is registered again under its id: the pull starts over into it.
                 if let Err(sink) = self.issue(sink, mailbox, client) {
-                    let _ = self.cache.release(client, sink.lease);
+                    let (cache, mut via) = self.split(client);
+                    let _ = cache.release(&mut via, sink.lease);
                     mailbox.put_pulls([(sink.id, Err(Status::Aborted))]);
                 }
                 continue;
@@ -683,7 +801,8 @@ impl Link {
             };
             sink.lease = lease;
             if let Err(sink) = self.issue(sink, mailbox, client) {
-                let _ = self.cache.release(client, sink.lease);
+                let (cache, mut via) = self.split(client);
+                let _ = cache.release(&mut via, sink.lease);
                 mailbox.put_pulls([(sink.id, Err(Status::Aborted))]);
             }
         }
@@ -747,5 +866,200 @@ impl Link {
     pub fn lose(&mut self) {
         self.set_down();
         drop(self.close());
+    }
+}
+
+/// The registrar a cache operation of the link uses.
+struct Via<'a> {
+    outer: &'a mut dyn Registrar,
+    own_grants: Option<OwnGrantsRegistrar<'a>>,
+    /// The link registers with its own grants: never through `outer` (the ids are the link's).
+    own_grants_mode: bool,
+}
+
+impl Registrar for Via<'_> {
+    fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
+        match (&mut self.own_grants, self.own_grants_mode) {
+            (Some(d), _) => d.register(endpoint, length),
+            (None, true) => Err(xmx_frontend::Error::NotConnected(
+                "the endpoint is disconnected from its backend".into(),
+            )),
+            (None, false) => self.outer.register(endpoint, length),
+        }
+    }
+
+    fn deregister(&mut self, window: RegionWindow) -> xmx_frontend::Result<()> {
+        match (&mut self.own_grants, self.own_grants_mode) {
+            (Some(d), _) => d.deregister(window),
+            // The backend forgot the region with the connection; the grants end here.
+            (None, true) => {
+                drop(window);
+                Ok(())
+            }
+            (None, false) => self.outer.deregister(window),
+        }
+    }
+}
+
+/// A link registering windows itself, for the length of one cache operation.
+struct OwnGrantsRegistrar<'a> {
+    d: &'a mut OwnGrants,
+    channel: &'a mut EndpointChannel,
+    next_tag: &'a mut u32,
+    index: u8,
+    session: u32,
+}
+
+impl OwnGrantsRegistrar<'_> {
+    fn tag(&mut self) -> u32 {
+        *self.next_tag = self.next_tag.wrapping_add(1);
+        *self.next_tag
+    }
+
+    /// Posts `op`, waiting a while for room; false if it could not be.
+    fn post(&mut self, tag: u32, op: SendOp) -> bool {
+        let request = SendRequest {
+            tag,
+            route: Route::default(),
+            op,
+        };
+        let deadline = Instant::now() + POST_WAIT;
+        loop {
+            match self.channel.push(&request) {
+                Ok(()) => {
+                    if let Err(e) = self.channel.flush() {
+                        tracing::warn!(index = self.index, %e, "notifying the backend");
+                    }
+                    return true;
+                }
+                Err(xmx_frontend::Error::Ring(RingError::Full)) => {
+                    // The backend takes requests whether or not we take events in.
+                    let _ = self.channel.flush();
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+                Err(e) => {
+                    tracing::warn!(index = self.index, %e, "region request not posted");
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Takes events in until the completion of `tag` arrives (what else arrives is kept for
+    /// the link's next take-in), or `REGISTER_WAIT` passes.
+    fn completion(&mut self, tag: u32) -> Option<Result<u32, Status>> {
+        let deadline = Instant::now() + REGISTER_WAIT;
+        loop {
+            let mut found = None;
+            loop {
+                let event = match self.channel.next_event() {
+                    Ok(Some(e)) => e,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(index = self.index, %e, "event ring unusable");
+                        return None;
+                    }
+                };
+                let ch: &EndpointChannel = self.channel;
+                let converted =
+                    engine_msgs::incoming(self.index, self.session, &event, |slot, len| {
+                        let mut buf = vec![0u8; usize::from(len)];
+                        ch.read_recv_queue(slot, 0, &mut buf).ok()?;
+                        Some(buf)
+                    });
+                match converted {
+                    Ok(Inbound::Completed { tag: t, result }) if t == tag => found = Some(result),
+                    Ok(i) => self.d.stash.push(i),
+                    Err(e) => tracing::warn!(index = self.index, %e, "event dropped"),
+                }
+            }
+            if let Err(e) = self.channel.release_events() {
+                tracing::warn!(index = self.index, %e, "handing event slots back");
+            }
+            if found.is_some() {
+                return found;
+            }
+            if Instant::now() >= deadline || self.channel.is_disconnected() {
+                return None;
+            }
+            // Sleep until the backend signals (it maps for us meanwhile): spinning here would
+            // take the core it needs. Armed first, so the next event rings; the driver thread
+            // may take that notification, hence the short bound.
+            match self.channel.arm_events() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(index = self.index, %e, "arming the event ring"),
+            }
+            let mut fds = [PollFd::new(self.channel.port_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(1u8));
+        }
+    }
+}
+
+impl Registrar for OwnGrantsRegistrar<'_> {
+    fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
+        let id = self
+            .d
+            .free_ids
+            .pop()
+            .ok_or(xmx_frontend::Error::Exhausted("region id"))?;
+        let granted = xmx_frontend::own_grants::grant_region(
+            self.d.gnttab.as_ref(),
+            self.d.backend,
+            endpoint,
+            id,
+            length,
+        );
+        let (window, request) = match granted {
+            Ok(g) => g,
+            Err(e) => {
+                self.d.free_ids.push(id);
+                return Err(e);
+            }
+        };
+        let tag = self.tag();
+        if !self.post(tag, SendOp::Register(request)) {
+            self.d.free_ids.push(id);
+            return Err(xmx_frontend::Error::Exhausted("send ring slot"));
+        }
+        match self.completion(tag) {
+            Some(Ok(_)) => Ok(window),
+            Some(Err(status)) => {
+                self.d.free_ids.push(id);
+                Err(xmx_frontend::Error::Invalid(format!(
+                    "the backend refused region {id}: {status}"
+                )))
+            }
+            None => {
+                // It may still be served: deregister it behind it (the ring is in order)
+                // before the id is used again.
+                let tag = self.tag();
+                if self.post(tag, SendOp::Deregister { region_id: id }) {
+                    self.d.free_ids.push(id);
+                }
+                Err(xmx_frontend::Error::NotConnected(format!(
+                    "no answer to registering region {id}"
+                )))
+            }
+        }
+    }
+
+    fn deregister(&mut self, window: RegionWindow) -> xmx_frontend::Result<()> {
+        let id = window.region_id();
+        let tag = self.tag();
+        // Not waited for: a later registration of the id comes after it on the ring.
+        let posted = self.post(tag, SendOp::Deregister { region_id: id });
+        // The grants end now; the pages are freed once the backend unmapped them.
+        drop(window);
+        if posted {
+            self.d.free_ids.push(id);
+            Ok(())
+        } else {
+            // The backend keeps the region until the endpoint closes; its id is not reused.
+            Err(xmx_frontend::Error::Exhausted("send ring slot"))
+        }
     }
 }

@@ -19,7 +19,9 @@
 //!   thread ([`driver`]) rings when the backend signals the event channel.
 //!
 //! Only registering a window goes through the daemon, and with `MX_RCACHE=1`
-//! only on a registration-cache miss. The peer table is the guest's view that
+//! only on a registration-cache miss; with the cache off, a link grants its
+//! windows itself and registers them on its send ring
+//! ([`Link::register_with_own_grants`], `XMX_OWN_GRANTS`). The peer table is the guest's view that
 //! the toolstack publishes in xenstore ([`peers`]).
 //!
 //! When the backend goes away and comes back (restart, suspend and resume),
@@ -164,6 +166,8 @@ pub(crate) struct Shared {
     view: PeerView,
     view_dir: String,
     xs: Option<Box<dyn Xenstore>>,
+    /// Registration without the daemon, for links with the cache off.
+    own_grants: Option<(Arc<dyn xmx_hv::GrantTable>, xmx_hv::DomId)>,
     endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
     wake: EventFd,
     stop: AtomicBool,
@@ -338,6 +342,7 @@ impl Xen {
         let client_fd = client.fd().as_raw_fd();
         let view = PeerView::default();
         let view_dir = peers::view_dir(config.toolstack, board.domid);
+        let platform = xmx_hv::platform::from_env().ok();
         let xs = match xmx_hv::platform::from_env().and_then(|p| p.xenstore()) {
             Ok(xs) => {
                 // The watch fires once at once, and the driver loads the view
@@ -355,6 +360,8 @@ impl Xen {
                 None
             }
         };
+        let own_grants =
+            windows::own_grants_platform(platform.as_deref(), xs.as_deref(), board.domid);
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| format!("eventfd: {e}"))?;
         let shared = Arc::new(Shared {
@@ -365,6 +372,7 @@ impl Xen {
             view,
             view_dir,
             xs,
+            own_grants,
             endpoints: Mutex::new(HashMap::new()),
             wake,
             stop: AtomicBool::new(false),
@@ -465,7 +473,10 @@ impl Transport for Xen {
         let opened = lock(&self.shared.client).open_endpoint(endpoint, None);
         let channel = opened.map_err(|e| open_refusal(e, endpoint))?;
         let index = channel.endpoint();
-        let link = Link::new(channel, self.shared.board.max_regions, rcache);
+        let mut link = Link::new(channel, self.shared.board.max_regions, rcache);
+        if let (false, Some((gnttab, backend))) = (rcache, &self.shared.own_grants) {
+            link.register_with_own_grants(gnttab.clone(), *backend);
+        }
         let ep = Arc::new(EndpointShared {
             index,
             mailbox: Mailbox::new(doorbell),

@@ -86,6 +86,41 @@ impl Registrar for Daemon<'_> {
     }
 }
 
+/// `XMX_OWN_GRANTS`: `0` sends every registration through the guest daemon, as
+/// before registration without it existed (for comparisons); anything else, or unset, lets
+/// links with the cache off register their windows themselves.
+pub const OWN_GRANTS_ENV: &str = "XMX_OWN_GRANTS";
+
+/// What registering without the daemon needs: this process's grant table and the domain
+/// of the device's backend (the frontend's `backend-id` in xenstore). None (registration
+/// goes through the daemon) if either is missing or `XMX_OWN_GRANTS=0`.
+pub fn own_grants_platform(
+    platform: Option<&dyn xmx_hv::Platform>,
+    xs: Option<&dyn xmx_hv::Xenstore>,
+    domid: u16,
+) -> Option<(std::sync::Arc<dyn xmx_hv::GrantTable>, xmx_hv::DomId)> {
+    if std::env::var(OWN_GRANTS_ENV).is_ok_and(|v| v.trim() == "0") {
+        return None;
+    }
+    let path = format!("/local/domain/{domid}/device/xmx/0/backend-id");
+    let backend = xs?
+        .read(xmx_hv::XBT_NULL, &path)
+        .ok()
+        .and_then(|v| String::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<xmx_hv::DomId>().ok());
+    let Some(backend) = backend else {
+        tracing::debug!(%path, "backend domain unknown: windows are registered through the daemon");
+        return None;
+    };
+    match platform?.grant_table() {
+        Ok(gt) => Some((gt, backend)),
+        Err(e) => {
+            tracing::debug!(%e, "no grant table: windows are registered through the daemon");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
