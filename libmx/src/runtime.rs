@@ -319,18 +319,21 @@ impl Background {
                     if !s.rung.is_empty() {
                         break;
                     }
-                    let at = self.wake_at.load(Ordering::SeqCst);
-                    let now_ns = now().as_nanos();
-                    if at <= now_ns {
-                        break;
-                    }
                     if !busy.is_empty() {
-                        // An endpoint was in use: look again shortly.
+                        // An endpoint was in use: look again shortly. Before the
+                        // deadline test: the busy endpoint's own timer is due, and its
+                        // user serves it, so testing it first would rescan at once, in
+                        // a loop, for as long as the application holds the endpoint.
                         let r = self
                             .cond
                             .wait_timeout(s, Duration::from_micros(200))
                             .unwrap_or_else(|e| e.into_inner());
                         s = r.0;
+                        break;
+                    }
+                    let at = self.wake_at.load(Ordering::SeqCst);
+                    let now_ns = now().as_nanos();
+                    if at <= now_ns {
                         break;
                     }
                     s = if at == u64::MAX {
