@@ -49,7 +49,7 @@ pub use board::BoardCounters;
 pub use peers::{board_name, PeersFileEntry};
 pub use wire::{SeqpacketWire, Wire};
 
-use board::{Board, PeerView};
+use board::{Board, Clock, Inbox, PeerView};
 use driver::WakeFd;
 use port::NativePort;
 
@@ -191,10 +191,11 @@ impl Shared {
     /// Runs `f` on the board, pumps the engine, and rings the doorbells of
     /// the endpoints that got something once the lock is released (rung
     /// under the lock, a woken thread would run straight into it).
-    fn run<T>(&self, f: impl FnOnce(&mut Board, Instant) -> T) -> T {
-        let (r, rings) = {
+    fn run<T>(&self, f: impl FnOnce(&mut Board, &mut Clock) -> T) -> T {
+        let mut rings = Vec::new();
+        let r = {
             let mut board = lock(&self.board);
-            self.step(&mut board, f)
+            self.step(&mut board, None, &mut rings, f)
         };
         for m in rings {
             m.ring();
@@ -202,15 +203,21 @@ impl Shared {
         r
     }
 
-    /// As [`Shared::run`] if nobody holds the board, else `None`.
-    fn try_run<T>(&self, f: impl FnOnce(&mut Board, Instant) -> T) -> Option<T> {
-        let (r, rings) = {
+    /// As [`Shared::run`] if nobody holds the board, else `None`; `inbox`'s
+    /// endpoint gets its frames there (see [`Inbox`]).
+    fn try_run<T>(
+        &self,
+        inbox: Option<Inbox<'_>>,
+        f: impl FnOnce(&mut Board, &mut Clock) -> T,
+    ) -> Option<T> {
+        let mut rings = Vec::new();
+        let r = {
             let mut board = match self.board.try_lock() {
                 Ok(b) => b,
                 Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => return None,
             };
-            self.step(&mut board, f)
+            self.step(&mut board, inbox, &mut rings, f)
         };
         for m in rings {
             m.ring();
@@ -221,10 +228,13 @@ impl Shared {
     fn step<T>(
         &self,
         board: &mut Board,
-        f: impl FnOnce(&mut Board, Instant) -> T,
-    ) -> (T, Vec<Arc<crate::transport::mailbox::Mailbox>>) {
-        let r = f(board, Instant::now());
-        board.pump();
+        inbox: Option<Inbox<'_>>,
+        rings: &mut Vec<Arc<crate::transport::mailbox::Mailbox>>,
+        f: impl FnOnce(&mut Board, &mut Clock) -> T,
+    ) -> T {
+        let mut clock = Clock::default();
+        let r = f(board, &mut clock);
+        board.pump(&mut clock, inbox);
         if let Some(t) = board.next_timer() {
             let earlier = match board.driver_wake {
                 Some(w) => t < w,
@@ -235,7 +245,8 @@ impl Shared {
                 self.wake.notify();
             }
         }
-        (r, board.take_rings())
+        board.take_rings(rings);
+        r
     }
 }
 
@@ -364,7 +375,8 @@ impl Native {
     }
 
     fn query(&self, macs: &[Mac]) {
-        self.shared.run(|b, now| {
+        self.shared.run(|b, clock| {
+            let now = clock.now();
             for &m in macs {
                 b.query(now, m);
             }
