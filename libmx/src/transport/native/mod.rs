@@ -3,16 +3,17 @@
 //!
 //! The process is one MX board on the interface `XMX_IFACE`: one engine
 //! ([`xmx_engine`]) serving one virtual NIC whose board address is
-//! the interface's MAC, on a [`PacketSocket`]. Endpoints reach the engine
-//! through in-process queues: a frame the protocol core emits becomes the
-//! engine's send request at once, in the calling thread; an event the engine
-//! produces becomes a frame in the endpoint's mailbox. LARGE data moves
-//! between the wire and the application's buffers directly: the engine's
-//! regions are the application's memory ([`memory`]).
+//! the interface's MAC, on a [`PacketSocket`]. A frame the protocol core
+//! emits becomes the engine's send request at once, in the calling thread.
+//! LARGE data moves between the wire and the application's buffers directly:
+//! the engine's regions are the application's memory ([`memory`]).
 //!
-//! Frames arriving are taken in by whoever gets there first: the
-//! [`driver`] thread (asleep on the socket until then), or an application
-//! thread that polls its endpoint.
+//! Frames arriving are taken in by whoever gets there first: an application
+//! thread that polls its endpoint, which gets that endpoint's frames straight
+//! into its port (one pass from the socket ring through the engine to the
+//! core, no mailbox), or the [`driver`] thread (asleep on the socket until
+//! then), which leaves them in the endpoints' mailboxes and rings their
+//! doorbells.
 //!
 //! One process per interface: the board owns the interface's MAC, and two
 //! boards with one MAC would both take every frame addressed to it.
