@@ -627,6 +627,8 @@ fn frames_reach_the_port_in_order_whichever_thread_takes_them_in() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut got = Vec::new();
     for burst in 0..BURSTS {
+        // Read before the burst leaves, so a ring for it is never missed.
+        let seen = bell_b.generation();
         for k in 0..PER_BURST {
             pa.transmit(tiny(burst * PER_BURST + k));
         }
@@ -635,7 +637,6 @@ fn frames_reach_the_port_in_order_whichever_thread_takes_them_in() {
         // (into the mailbox); odd ones: B polls the link itself (into its
         // inbox). Either may take part of a burst.
         if burst % 2 == 0 {
-            let seen = bell_b.generation();
             bell_b.wait(seen, Some(deadline));
         }
         while got.len() < want {
