@@ -485,12 +485,13 @@ impl Transport for Native {
         let session = random_u32();
         let (index, mailbox) = self
             .shared
-            .run(|b, _| b.open(endpoint, session, doorbell, rcache))?;
+            .run(|b, _| b.open(endpoint, session, doorbell.clone(), rcache))?;
         Ok(Box::new(NativePort::new(
             self.shared.clone(),
             index,
             session,
             mailbox,
+            doorbell,
         )))
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::{Inbox, Shared};
+use crate::doorbell::Doorbell;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
 use crate::transport::mailbox::Mailbox;
@@ -26,10 +27,17 @@ pub struct NativePort {
     regions: Arc<NativeRegions>,
     outgoing: Outgoing,
     inbox: VecDeque<Frame<Vec<u8>>>,
+    doorbell: Arc<Doorbell>,
 }
 
 impl NativePort {
-    pub(super) fn new(shared: Arc<Shared>, index: u8, session: u32, mailbox: Arc<Mailbox>) -> Self {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        index: u8,
+        session: u32,
+        mailbox: Arc<Mailbox>,
+        doorbell: Arc<Doorbell>,
+    ) -> Self {
         let regions = Arc::new(NativeRegions {
             shared: shared.clone(),
             index,
@@ -43,19 +51,32 @@ impl NativePort {
             regions,
             outgoing: Outgoing::default(),
             inbox: VecDeque::new(),
+            doorbell,
         }
     }
 
     /// Takes in what the link holds, this endpoint's frames into the inbox;
     /// `None` if another thread holds the board (it leaves them in the
     /// mailbox).
+    ///
+    /// A poll that got frames moves the doorbell's generation once (not
+    /// the background thread: the polling thread takes them itself), as a
+    /// mailbox's ring did per frame: a wait whose last round took frames in
+    /// goes on polling instead of sleeping while traffic flows, and other
+    /// threads waiting on the endpoint look again.
     fn poll_link(&mut self) -> Option<usize> {
+        let before = self.inbox.len();
         let inbox = Inbox {
             index: self.index,
             frames: &mut self.inbox,
         };
-        self.shared
-            .try_run(Some(inbox), |b, clock| b.receive(clock))
+        let got = self
+            .shared
+            .try_run(Some(inbox), |b, clock| b.receive(clock));
+        if self.inbox.len() > before {
+            self.doorbell.ring_local();
+        }
+        got
     }
 }
 
