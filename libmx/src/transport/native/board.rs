@@ -3,11 +3,16 @@
 //!
 //! Whoever holds the lock moves the engine forward: the driver thread when
 //! frames arrive or timers fall due, an application thread when its endpoint
-//! posts a frame or a pull. After every input the holder [pumps](Board::pump)
-//! the engine's outputs: frames onto the link, events into the endpoints'
-//! mailboxes, host replies into the peer table. Doorbells are rung by the
-//! caller once the lock is released ([`Board::take_rings`]), so a woken
-//! thread does not run straight into the lock.
+//! polls the link or posts a frame or a pull. After every input the holder
+//! [pumps](Board::pump) the engine's outputs: frames onto the link (one
+//! flush per pass), events to the endpoints, host replies into the peer
+//! table. An application thread that polls its own endpoint gets that
+//! endpoint's frames straight into its port's [`Inbox`]: no mailbox, no lock
+//! and no doorbell per frame. Frames for other endpoints, and every frame
+//! the driver thread takes in, go to the endpoints' mailboxes, whose
+//! doorbells the caller rings once the lock is released
+//! ([`Board::take_rings`]), so a woken thread does not run straight into the
+//! lock.
 //!
 //! # Lingering
 //!
@@ -21,7 +26,7 @@
 //! not acknowledged, so their senders learn of the closed endpoint (NACK)
 //! once the linger ends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
@@ -48,6 +53,8 @@ pub const GUEST: GuestId = GuestId(0);
 /// Send-queue slots per endpoint: one MEDIUM message (8 fragments), which
 /// the engine copies out before `handle_send` returns.
 const SEND_QUEUE_SLOTS: u16 = 8;
+/// The send-queue slots of a MEDIUM message's fragments, in order.
+const SEND_SLOTS: [u16; SEND_QUEUE_SLOTS as usize] = [0, 1, 2, 3, 4, 5, 6, 7];
 /// Receive-queue slots per endpoint: fragments stay in a slot only from
 /// their arrival to the end of the same pump, so this bounds a burst; empty
 /// slots cost no buffer.
@@ -57,6 +64,30 @@ const REGION_IDS: usize = 256;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The time of one pass over the board, read from the system clock the
+/// first time something needs it: a poll that finds the link empty reads
+/// none, a batch of frames taken in reads it once.
+#[derive(Debug, Default)]
+pub struct Clock(Option<Instant>);
+
+impl Clock {
+    /// The pass's time.
+    pub fn now(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
+/// Where the frames of the endpoint whose application thread holds the
+/// board go: straight to its port, which takes them without a lock. Nobody
+/// needs waking for them, since the thread that takes them is the one
+/// running.
+pub struct Inbox<'a> {
+    /// The endpoint.
+    pub index: u8,
+    /// Its port's frames, oldest first.
+    pub frames: &'a mut VecDeque<Frame<Vec<u8>>>,
 }
 
 /// The peer table as lookups see it: a copy readers take without the board's
@@ -123,6 +154,9 @@ struct Sink {
 /// An open endpoint as the board keeps it.
 struct Slot {
     mailbox: Arc<Mailbox>,
+    /// Frames were put in the mailbox since its port last drained it under
+    /// the board's lock: they go before anything newer (see [`Board::pump`]).
+    mailed: bool,
     session: u32,
     sessions: PeerSessions,
     windows: HashMap<u8, Window>,
@@ -325,6 +359,7 @@ impl Board {
             index,
             Slot {
                 mailbox: mailbox.clone(),
+                mailed: false,
                 session,
                 sessions: PeerSessions::default(),
                 windows: HashMap::new(),
@@ -413,8 +448,10 @@ impl Board {
                 r
             }
             Outbound::Medium(m) => {
-                let slots: Vec<u16> = (0..m.fragments.len() as u16).collect();
-                let request = match m.request(tag, &slots) {
+                // Fragment i in send-queue slot i: the engine copies them out
+                // before `handle_send` returns.
+                let slots = SEND_SLOTS.get(..m.fragments.len()).unwrap_or(&SEND_SLOTS);
+                let request = match m.request(tag, slots) {
                     Ok(r) => r,
                     Err(e) => {
                         self.counters.unsendable += 1;
@@ -422,7 +459,7 @@ impl Board {
                         return;
                     }
                 };
-                for (slot, data) in slots.into_iter().zip(m.fragments) {
+                for (&slot, data) in slots.iter().zip(m.fragments) {
                     self.memory.put_send_fragment(index, slot, data);
                 }
                 request
@@ -610,9 +647,9 @@ impl Board {
     }
 
     /// Takes in every frame waiting on the link; returns how many.
-    pub fn receive(&mut self, now: Instant) -> usize {
+    pub fn receive(&mut self, clock: &mut Clock) -> usize {
         let Board { wire, engine, .. } = self;
-        wire.recv(&mut |frame| engine.handle_frame(now, frame))
+        wire.recv(&mut |frame| engine.handle_frame(clock.now(), frame))
     }
 
     /// Runs the engine's timers if one is due.
@@ -641,14 +678,26 @@ impl Board {
     }
 
     /// Moves the engine's outputs on: frames to the link, events to the
-    /// mailboxes, host replies to the peer table.
-    pub fn pump(&mut self) {
+    /// endpoints (`inbox`'s straight to it, the others' to their mailboxes),
+    /// host replies to the peer table.
+    pub fn pump(&mut self, clock: &mut Clock, mut inbox: Option<Inbox<'_>>) {
+        if let Some(inbox) = inbox.as_mut() {
+            // What the mailbox got before (from the driver thread, or from a
+            // pass without the inbox) is older than anything delivered now.
+            if let Some(slot) = self.slots.get_mut(&inbox.index) {
+                if std::mem::take(&mut slot.mailed) {
+                    while let Some(f) = slot.mailbox.next_frame() {
+                        inbox.frames.push_back(f);
+                    }
+                }
+            }
+        }
         self.send_transmits();
         while let Some(ev) = self.engine.poll_event() {
-            self.deliver(ev);
+            self.deliver(ev, inbox.as_mut());
         }
         if !self.replay.is_empty() {
-            let now = Instant::now();
+            let now = clock.now();
             for (index, ack) in std::mem::take(&mut self.replay) {
                 if let Err(v) = self.engine.handle_send(now, GUEST, index, &ack) {
                     tracing::debug!(%v, "repeated ack refused");
@@ -705,7 +754,7 @@ impl Board {
         }
     }
 
-    fn deliver(&mut self, ev: GuestEvent) {
+    fn deliver(&mut self, ev: GuestEvent, inbox: Option<&mut Inbox<'_>>) {
         let GuestEvent {
             endpoint, event, ..
         } = ev;
@@ -752,11 +801,19 @@ impl Board {
             }
             return;
         }
-        let mailbox = slot.mailbox.clone();
         match converted {
             Ok(Inbound::Frame(f)) => {
                 slot.sessions.observe(&f);
-                mailbox.put_frames([f]);
+                match inbox {
+                    Some(inbox) if inbox.index == endpoint => {
+                        inbox.frames.push_back(f);
+                        return;
+                    }
+                    _ => {
+                        slot.mailbox.put_frames([f]);
+                        slot.mailed = true;
+                    }
+                }
             }
             Ok(Inbound::Completed { tag, result }) => {
                 let Some(sink) = slot.sinks.remove(&tag) else {
@@ -771,7 +828,7 @@ impl Board {
                     tracing::debug!(%e, "pull destination already gone");
                 }
                 self.memory.remove_region(sink.handle);
-                mailbox.put_pulls([(sink.id, result.map(|_| ()))]);
+                slot.mailbox.put_pulls([(sink.id, result.map(|_| ()))]);
             }
             Err(e) => {
                 self.counters.unreadable += 1;
@@ -779,8 +836,11 @@ impl Board {
                 return;
             }
         }
-        if !self.rings.iter().any(|m| Arc::ptr_eq(m, &mailbox)) {
-            self.rings.push(mailbox);
+        let Some(slot) = self.slots.get(&endpoint) else {
+            return;
+        };
+        if !self.rings.iter().any(|m| Arc::ptr_eq(m, &slot.mailbox)) {
+            self.rings.push(slot.mailbox.clone());
         }
     }
 
@@ -794,10 +854,11 @@ impl Board {
             .max()
     }
 
-    /// The mailboxes that got something since the last call: ring them once
-    /// the lock is released.
-    pub fn take_rings(&mut self) -> Vec<Arc<Mailbox>> {
-        std::mem::take(&mut self.rings)
+    /// Moves the mailboxes that got something since the last call into
+    /// `rings`: ring them once the lock is released. (The board keeps its
+    /// own list's buffer: a pass that rings nobody allocates nothing.)
+    pub fn take_rings(&mut self, rings: &mut Vec<Arc<Mailbox>>) {
+        rings.append(&mut self.rings);
     }
 
     /// Regions the memory maps (windows, pull destinations, cached).

@@ -100,9 +100,9 @@ pub fn run(shared: Arc<Shared>) {
         // polling either is counted here or sees `watching` false and wakes
         // us (see `NativePort::before_sleep`).
         shared.watching.store(false, Ordering::SeqCst);
-        let (got, timer, driven) = shared.run(|b, now| {
-            let got = b.receive(now);
-            b.timers(now);
+        let (got, timer, driven) = shared.run(|b, clock| {
+            let got = b.receive(clock);
+            b.timers(clock.now());
             // Recorded under the lock: a thread that arms an earlier timer
             // later sees it and wakes us (see `Shared::run`).
             let timer = b.next_timer();
@@ -155,7 +155,11 @@ fn spin_for_more(shared: &Shared, spin: Duration) -> bool {
         if shared.stop.load(Ordering::SeqCst) {
             return false;
         }
-        if shared.try_run(|b, now| b.receive(now)).unwrap_or(0) > 0 {
+        if shared
+            .try_run(None, |b, clock| b.receive(clock))
+            .unwrap_or(0)
+            > 0
+        {
             return true;
         }
         std::hint::spin_loop();

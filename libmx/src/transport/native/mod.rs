@@ -3,16 +3,17 @@
 //!
 //! The process is one MX board on the interface `XMX_IFACE`: one engine
 //! ([`xmx_engine`]) serving one virtual NIC whose board address is
-//! the interface's MAC, on a [`PacketSocket`]. Endpoints reach the engine
-//! through in-process queues: a frame the protocol core emits becomes the
-//! engine's send request at once, in the calling thread; an event the engine
-//! produces becomes a frame in the endpoint's mailbox. LARGE data moves
-//! between the wire and the application's buffers directly: the engine's
-//! regions are the application's memory ([`memory`]).
+//! the interface's MAC, on a [`PacketSocket`]. A frame the protocol core
+//! emits becomes the engine's send request at once, in the calling thread.
+//! LARGE data moves between the wire and the application's buffers directly:
+//! the engine's regions are the application's memory ([`memory`]).
 //!
-//! Frames arriving are taken in by whoever gets there first: the
-//! [`driver`] thread (asleep on the socket until then), or an application
-//! thread that polls its endpoint.
+//! Frames arriving are taken in by whoever gets there first: an application
+//! thread that polls its endpoint, which gets that endpoint's frames straight
+//! into its port (one pass from the socket ring through the engine to the
+//! core, no mailbox), or the [`driver`] thread (asleep on the socket until
+//! then), which leaves them in the endpoints' mailboxes and rings their
+//! doorbells.
 //!
 //! One process per interface: the board owns the interface's MAC, and two
 //! boards with one MAC would both take every frame addressed to it.
@@ -49,7 +50,7 @@ pub use board::BoardCounters;
 pub use peers::{board_name, PeersFileEntry};
 pub use wire::{SeqpacketWire, Wire};
 
-use board::{Board, PeerView};
+use board::{Board, Clock, Inbox, PeerView};
 use driver::WakeFd;
 use port::NativePort;
 
@@ -191,10 +192,11 @@ impl Shared {
     /// Runs `f` on the board, pumps the engine, and rings the doorbells of
     /// the endpoints that got something once the lock is released (rung
     /// under the lock, a woken thread would run straight into it).
-    fn run<T>(&self, f: impl FnOnce(&mut Board, Instant) -> T) -> T {
-        let (r, rings) = {
+    fn run<T>(&self, f: impl FnOnce(&mut Board, &mut Clock) -> T) -> T {
+        let mut rings = Vec::new();
+        let r = {
             let mut board = lock(&self.board);
-            self.step(&mut board, f)
+            self.step(&mut board, None, &mut rings, f)
         };
         for m in rings {
             m.ring();
@@ -202,15 +204,21 @@ impl Shared {
         r
     }
 
-    /// As [`Shared::run`] if nobody holds the board, else `None`.
-    fn try_run<T>(&self, f: impl FnOnce(&mut Board, Instant) -> T) -> Option<T> {
-        let (r, rings) = {
+    /// As [`Shared::run`] if nobody holds the board, else `None`; `inbox`'s
+    /// endpoint gets its frames there (see [`Inbox`]).
+    fn try_run<T>(
+        &self,
+        inbox: Option<Inbox<'_>>,
+        f: impl FnOnce(&mut Board, &mut Clock) -> T,
+    ) -> Option<T> {
+        let mut rings = Vec::new();
+        let r = {
             let mut board = match self.board.try_lock() {
                 Ok(b) => b,
                 Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => return None,
             };
-            self.step(&mut board, f)
+            self.step(&mut board, inbox, &mut rings, f)
         };
         for m in rings {
             m.ring();
@@ -221,10 +229,13 @@ impl Shared {
     fn step<T>(
         &self,
         board: &mut Board,
-        f: impl FnOnce(&mut Board, Instant) -> T,
-    ) -> (T, Vec<Arc<crate::transport::mailbox::Mailbox>>) {
-        let r = f(board, Instant::now());
-        board.pump();
+        inbox: Option<Inbox<'_>>,
+        rings: &mut Vec<Arc<crate::transport::mailbox::Mailbox>>,
+        f: impl FnOnce(&mut Board, &mut Clock) -> T,
+    ) -> T {
+        let mut clock = Clock::default();
+        let r = f(board, &mut clock);
+        board.pump(&mut clock, inbox);
         if let Some(t) = board.next_timer() {
             let earlier = match board.driver_wake {
                 Some(w) => t < w,
@@ -235,7 +246,8 @@ impl Shared {
                 self.wake.notify();
             }
         }
-        (r, board.take_rings())
+        board.take_rings(rings);
+        r
     }
 }
 
@@ -364,7 +376,8 @@ impl Native {
     }
 
     fn query(&self, macs: &[Mac]) {
-        self.shared.run(|b, now| {
+        self.shared.run(|b, clock| {
+            let now = clock.now();
             for &m in macs {
                 b.query(now, m);
             }
@@ -472,12 +485,13 @@ impl Transport for Native {
         let session = random_u32();
         let (index, mailbox) = self
             .shared
-            .run(|b, _| b.open(endpoint, session, doorbell, rcache))?;
+            .run(|b, _| b.open(endpoint, session, doorbell.clone(), rcache))?;
         Ok(Box::new(NativePort::new(
             self.shared.clone(),
             index,
             session,
             mailbox,
+            doorbell,
         )))
     }
 

@@ -1,17 +1,24 @@
 //! An endpoint's port and regions on the native board.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::Shared;
+use super::{Inbox, Shared};
+use crate::doorbell::Doorbell;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
 use crate::transport::mailbox::Mailbox;
 use crate::transport::{Port, PullProgress, Regions};
 
 /// An open endpoint of the native board.
+///
+/// The thread that polls it (the application's, or the background
+/// thread's, whichever holds the endpoint) takes the link's frames in itself
+/// and gets the endpoint's own straight into `inbox`; only what the driver
+/// thread or another endpoint's pass took in for it waits in the mailbox.
 pub struct NativePort {
     shared: Arc<Shared>,
     index: u8,
@@ -19,10 +26,18 @@ pub struct NativePort {
     mailbox: Arc<Mailbox>,
     regions: Arc<NativeRegions>,
     outgoing: Outgoing,
+    inbox: VecDeque<Frame<Vec<u8>>>,
+    doorbell: Arc<Doorbell>,
 }
 
 impl NativePort {
-    pub(super) fn new(shared: Arc<Shared>, index: u8, session: u32, mailbox: Arc<Mailbox>) -> Self {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        index: u8,
+        session: u32,
+        mailbox: Arc<Mailbox>,
+        doorbell: Arc<Doorbell>,
+    ) -> Self {
         let regions = Arc::new(NativeRegions {
             shared: shared.clone(),
             index,
@@ -35,7 +50,33 @@ impl NativePort {
             mailbox,
             regions,
             outgoing: Outgoing::default(),
+            inbox: VecDeque::new(),
+            doorbell,
         }
+    }
+
+    /// Takes in what the link holds, this endpoint's frames into the inbox;
+    /// `None` if another thread holds the board (it leaves them in the
+    /// mailbox).
+    ///
+    /// A poll that got frames moves the doorbell's generation once (not
+    /// the background thread: the polling thread takes them itself), as a
+    /// mailbox's ring did per frame: a wait whose last round took frames in
+    /// goes on polling instead of sleeping while traffic flows, and other
+    /// threads waiting on the endpoint look again.
+    fn poll_link(&mut self) -> Option<usize> {
+        let before = self.inbox.len();
+        let inbox = Inbox {
+            index: self.index,
+            frames: &mut self.inbox,
+        };
+        let got = self
+            .shared
+            .try_run(Some(inbox), |b, clock| b.receive(clock));
+        if self.inbox.len() > before {
+            self.doorbell.ring_local();
+        }
+        got
     }
 }
 
@@ -51,21 +92,27 @@ impl Port for NativePort {
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
         match self.outgoing.convert(frame) {
             Ok(None) => {}
-            Ok(Some(out)) => self.shared.run(|b, now| b.post(now, self.index, out)),
+            // Events this makes for the endpoint itself (a send to itself)
+            // go to the mailbox and ring: a caller that transmits last, then
+            // waits, must not sleep on frames in the inbox.
+            Ok(Some(out)) => self
+                .shared
+                .run(|b, clock| b.post(clock.now(), self.index, out)),
             Err(e) => self.shared.run(|b, _| b.unsendable(&e)),
         }
     }
 
     fn receive(&mut self) -> Option<Frame<Vec<u8>>> {
-        if let Some(f) = self.mailbox.next_frame() {
+        if let Some(f) = self.inbox.pop_front() {
             return Some(f);
         }
-        // An application polling its endpoint moves the link too, unless
-        // another thread already does.
-        if self.shared.try_run(|b, now| b.receive(now)).unwrap_or(0) > 0 {
-            return self.mailbox.next_frame();
+        // The polling thread moves the link itself (the mailbox's older
+        // frames come first, see `Board::pump`), unless another thread
+        // holds the board: then they wait in the mailbox.
+        match self.poll_link() {
+            Some(_) => self.inbox.pop_front(),
+            None => self.mailbox.next_frame(),
         }
-        None
     }
 
     fn regions(&self) -> Arc<dyn Regions> {
@@ -80,14 +127,17 @@ impl Port for NativePort {
         if !self.shared.watching.load(Ordering::SeqCst) {
             self.shared.wake.notify();
         }
-        self.shared.try_run(|b, now| b.receive(now)).unwrap_or(0) > 0
+        // Frames in the inbox ring nobody: the caller must take them first.
+        self.poll_link();
+        !self.inbox.is_empty()
     }
 }
 
 impl Drop for NativePort {
     fn drop(&mut self) {
         let linger = self.shared.config.linger;
-        self.shared.run(|b, now| b.close(now, self.index, linger));
+        self.shared
+            .run(|b, clock| b.close(clock.now(), self.index, linger));
     }
 }
 
@@ -121,7 +171,7 @@ impl Regions for NativeRegions {
         length: u32,
     ) -> PullProgress {
         self.shared
-            .run(|b, now| b.start_pull(now, self.index, id, source, window, dest, length))
+            .run(|b, clock| b.start_pull(clock.now(), self.index, id, source, window, dest, length))
     }
 
     fn learn_session(&self, peer: PeerAddr, session: u32) {
