@@ -19,6 +19,7 @@
 
 pub mod msg;
 pub mod mxoe;
+pub mod direct;
 pub mod peer_view;
 pub mod ring;
 pub mod xenbus;
