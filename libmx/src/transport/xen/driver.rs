@@ -23,6 +23,8 @@ enum Source {
     Wake,
     Daemon,
     PeerView,
+    DirectStore,
+    DirectEvent,
     Port(Arc<EndpointShared>),
 }
 
@@ -60,6 +62,22 @@ fn wait(fds: &[RawFd], timeout_ms: libc::c_int) -> Vec<libc::c_short> {
     polled.iter().map(|p| p.revents).collect()
 }
 
+/// Takes in what an endpoint's direct channels hold and, unless an
+/// application thread polls the endpoint, asks the peers to signal the next
+/// frame. Returns how many frames it took.
+fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
+    let Some(hub) = &shared.direct else { return 0 };
+    let mut d = ep.direct.lock().unwrap_or_else(|e| e.into_inner());
+    if !d.any_open() {
+        return 0;
+    }
+    let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox);
+    if ep.mailbox.driven_until(now_ns).is_none() && hub.arm(&d) {
+        n += hub.take_in(ep.index, &mut d, &ep.mailbox);
+    }
+    n
+}
+
 /// The driver thread's body; returns when the transport stops.
 pub fn run(shared: Arc<Shared>) {
     let ready = libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
@@ -73,6 +91,10 @@ pub fn run(shared: Arc<Shared>) {
         }
         if let Some(xs) = &shared.xs {
             sources.push((xs.watch_fd(), Source::PeerView));
+        }
+        if let Some(hub) = &shared.direct {
+            sources.push((hub.store_fd(), Source::DirectStore));
+            sources.push((hub.event_fd(), Source::DirectEvent));
         }
         let endpoints = shared.endpoints();
         let mut timeout_ms: libc::c_int = -1;
@@ -95,6 +117,7 @@ pub fn run(shared: Arc<Shared>) {
                 };
                 (n, link.port_fd())
             };
+            let delivered = delivered + take_in_direct(&shared, &ep, now_ns);
             if delivered > 0 {
                 ep.mailbox.ring();
             }
@@ -112,6 +135,12 @@ pub fn run(shared: Arc<Shared>) {
                 Source::Wake => shared.drain_wake(),
                 Source::Daemon => shared.handle_notices(),
                 Source::PeerView => shared.peer_view_changed(),
+                Source::DirectStore => shared.direct_changed(),
+                Source::DirectEvent => {
+                    if let Some(hub) = &shared.direct {
+                        hub.drain_events();
+                    }
+                }
                 Source::Port(ep) => {
                     let mut link = ep.link.lock().unwrap_or_else(|e| e.into_inner());
                     if rev & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {

@@ -35,6 +35,7 @@
 //! device to connect), `XMX_LINGER_MS` (default one and a half resend delays: how long a
 //! closed endpoint still answers resent frames with acks, after the last one).
 
+pub mod direct;
 mod driver;
 pub mod link;
 pub mod peers;
@@ -105,6 +106,9 @@ pub struct XenConfig {
     /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
     /// frames, after the last one.
     pub linger: Duration,
+    /// Not `MX_DISABLE_SHMEM=1`: frames to co-located guests go through
+    /// direct channels when dom0 offers them ([`direct`]).
+    pub direct: bool,
 }
 
 impl XenConfig {
@@ -144,6 +148,9 @@ impl XenConfig {
                 || super::default_close_linger(resend_delay),
                 Duration::from_millis,
             ),
+            direct: lookup("MX_DISABLE_SHMEM")
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .is_none_or(|n| n == 0),
         })
     }
 }
@@ -164,6 +171,9 @@ pub(crate) struct Shared {
     view: PeerView,
     view_dir: String,
     xs: Option<Box<dyn Xenstore>>,
+    /// The direct channels to co-located guests, unless disabled or the
+    /// platform could not give them.
+    direct: Option<direct::Hub>,
     endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
     wake: EventFd,
     stop: AtomicBool,
@@ -271,9 +281,27 @@ impl Shared {
         }
     }
 
+    /// xenstore changed under the direct channels: the hub follows it.
+    fn direct_changed(&self) {
+        let Some(hub) = &self.direct else { return };
+        if !hub.drain_store() {
+            return;
+        }
+        let endpoints = self.endpoints();
+        let list: Vec<(u8, &Mutex<direct::EndpointDirect>)> =
+            endpoints.iter().map(|e| (e.index, &e.direct)).collect();
+        hub.rescan(&list, &self.view);
+        for ep in &endpoints {
+            ep.mailbox.ring();
+        }
+    }
+
     /// Closes an endpoint: forgotten by the driver, its channel unmapped and
     /// closed by the daemon.
     fn close_endpoint(&self, ep: &Arc<EndpointShared>) {
+        if let Some(hub) = &self.direct {
+            hub.close_endpoint(&mut lock(&ep.direct));
+        }
         let channel = {
             let mut link = lock(&ep.link);
             link.flush_sends(&ep.mailbox, &mut Daemon(&self.client), CLOSE_FLUSH);
@@ -355,6 +383,20 @@ impl Xen {
                 None
             }
         };
+        let direct = if config.direct {
+            match xmx_hv::platform::from_env()
+                .map_err(|e| e.to_string())
+                .and_then(|p| direct::Hub::start(p.as_ref(), config.toolstack))
+            {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::info!(%e, "no direct channels: co-located guests go through the backend");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| format!("eventfd: {e}"))?;
         let shared = Arc::new(Shared {
@@ -365,6 +407,7 @@ impl Xen {
             view,
             view_dir,
             xs,
+            direct,
             endpoints: Mutex::new(HashMap::new()),
             wake,
             stop: AtomicBool::new(false),
@@ -484,9 +527,14 @@ impl Transport for Xen {
             index,
             mailbox: Mailbox::new(doorbell),
             link: Mutex::new(link),
+            direct: Mutex::new(direct::EndpointDirect::default()),
             lost: std::sync::OnceLock::new(),
         });
         lock(&self.shared.endpoints).insert(index, ep.clone());
+        if let Some(hub) = &self.shared.direct {
+            // Channels peers created for this endpoint id before it opened.
+            hub.rescan(&[(index, &ep.direct)], &self.shared.view);
+        }
         self.shared.kick();
         tracing::debug!(index, "xen endpoint open");
         Ok(Box::new(XenPort::new(self.shared.clone(), ep)))

@@ -25,6 +25,8 @@ pub struct EndpointShared {
     pub mailbox: Mailbox,
     /// The rings and requests.
     pub link: Mutex<Link>,
+    /// Its direct channels to co-located guests.
+    pub direct: Mutex<super::direct::EndpointDirect>,
     /// Why the endpoint is lost for good, once it is (the daemon is gone, or
     /// could not re-open it); read on every progress without the link's lock.
     pub lost: OnceLock<&'static str>,
@@ -66,6 +68,12 @@ impl Port for XenPort {
     }
 
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
+        if let Some(hub) = &self.shared.direct {
+            let mut d = lock(&self.ep.direct);
+            if hub.transmit(self.ep.index, &mut d, &self.shared.view, &frame) {
+                return;
+            }
+        }
         match self.outgoing.convert(frame) {
             Ok(None) => {}
             Ok(Some(out)) => {
@@ -80,6 +88,14 @@ impl Port for XenPort {
         if let Some(f) = self.ep.mailbox.next_frame() {
             return Some(f);
         }
+        if let Some(hub) = &self.shared.direct {
+            if let Ok(mut d) = self.ep.direct.try_lock() {
+                if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox) > 0 {
+                    drop(d);
+                    return self.ep.mailbox.next_frame();
+                }
+            }
+        }
         // An application polling its endpoint takes events in itself, unless
         // the driver thread is at it already. It leaves the ring unarmed: the
         // backend need not signal a port nobody sleeps on (see before_sleep).
@@ -93,6 +109,12 @@ impl Port for XenPort {
     }
 
     fn before_sleep(&mut self) -> bool {
+        if let Some(hub) = &self.shared.direct {
+            let mut d = lock(&self.ep.direct);
+            if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox) > 0 || hub.arm(&d) {
+                return true;
+            }
+        }
         let mut reg = Daemon(&self.shared.client);
         lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
