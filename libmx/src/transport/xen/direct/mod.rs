@@ -523,6 +523,33 @@ impl Hub {
                 }
             }
         }
+        // Endpoints that talked to a peer now offered again create their
+        // channel at once, not at their next frame.
+        for (endpoint, d) in endpoints {
+            let mut d = lock(d);
+            let stale: Vec<PeerAddr> = d
+                .slots
+                .iter()
+                .filter(|(_, s)| matches!(s, Slot::Checked(g) if *g != generation))
+                .map(|(a, _)| *a)
+                .collect();
+            for addr in stale {
+                let peer = view
+                    .read(|t| t.get(addr.peer_index).map(|e| e.mac))
+                    .and_then(|mac| offers.get(&mac).copied());
+                let slot = match peer {
+                    Some(peer) if self.domid < peer => match self.create(*endpoint, addr, peer) {
+                        Ok(ch) => Slot::Open(Box::new(ch)),
+                        Err(e) => {
+                            tracing::debug!(%e, peer, "no direct channel");
+                            Slot::Checked(generation)
+                        }
+                    },
+                    _ => Slot::Checked(generation),
+                };
+                d.slots.insert(addr, slot);
+            }
+        }
         // Channels created for us by peers of lower domain ids.
         for (&mac, &peer) in offers.iter().filter(|(_, &p)| p < self.domid) {
             let Some(peer_index) = view.read(|t| t.by_mac(mac).map(|e| e.index)) else {
