@@ -71,9 +71,15 @@ fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
     if !d.any_open() {
         return 0;
     }
-    let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox);
+    let mut learn = |f: &xmx_mx::Frame<Vec<u8>>| {
+        ep.link
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe(f)
+    };
+    let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox, &mut learn);
     if ep.mailbox.driven_until(now_ns).is_none() && hub.arm(&d) {
-        n += hub.take_in(ep.index, &mut d, &ep.mailbox);
+        n += hub.take_in(ep.index, &mut d, &ep.mailbox, &mut learn);
     }
     n
 }

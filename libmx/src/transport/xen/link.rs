@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use xmx_frontend::frontd::FrontdClient;
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, Registrar};
-use xmx_mx::{PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::SendRequest;
 use xmx_wire::ring::RingError;
 
@@ -410,6 +410,12 @@ impl Link {
                 None
             }
         }
+    }
+
+    /// Learns the peer's session from a connect that came another way (a
+    /// direct channel).
+    pub fn observe(&mut self, frame: &Frame<Vec<u8>>) {
+        self.sessions.observe(frame);
     }
 
     /// `peer`'s session is known without a connect (this endpoint's own).

@@ -90,7 +90,9 @@ impl Port for XenPort {
         }
         if let Some(hub) = &self.shared.direct {
             if let Ok(mut d) = self.ep.direct.try_lock() {
-                if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox) > 0 {
+                let link = &self.ep.link;
+                let mut learn = |f: &Frame<Vec<u8>>| lock(link).observe(f);
+                if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox, &mut learn) > 0 {
                     drop(d);
                     return self.ep.mailbox.next_frame();
                 }
@@ -111,7 +113,10 @@ impl Port for XenPort {
     fn before_sleep(&mut self) -> bool {
         if let Some(hub) = &self.shared.direct {
             let mut d = lock(&self.ep.direct);
-            if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox) > 0 || hub.arm(&d) {
+            let link = &self.ep.link;
+            let mut learn = |f: &Frame<Vec<u8>>| lock(link).observe(f);
+            if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox, &mut learn) > 0 || hub.arm(&d)
+            {
                 return true;
             }
         }

@@ -49,7 +49,7 @@ use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, MappedPages, Platform, Port, Xenstore,
     XBT_NULL,
 };
-use xmx_mx::{Frame, PeerAddr};
+use xmx_mx::{Body, Frame, PeerAddr};
 use xmx_wire::direct as names;
 use xmx_wire::mxoe::Mac;
 
@@ -430,8 +430,15 @@ impl Hub {
     }
 
     /// Takes what the endpoint's channels hold into `mailbox`; returns how
-    /// many frames.
-    pub fn take_in(&self, endpoint: u8, d: &mut EndpointDirect, mailbox: &Mailbox) -> usize {
+    /// many frames. `connects` sees each connect request and reply first
+    /// (the link learns the peers' sessions from them, which its pulls name).
+    pub fn take_in(
+        &self,
+        endpoint: u8,
+        d: &mut EndpointDirect,
+        mailbox: &Mailbox,
+        connects: &mut dyn FnMut(&Frame<Vec<u8>>),
+    ) -> usize {
         let mut frames = Vec::new();
         let mut broken = Vec::new();
         let EndpointDirect { slots, scratch } = d;
@@ -455,6 +462,11 @@ impl Hub {
         }
         for (addr, why) in broken {
             self.broken(d, addr, why);
+        }
+        for f in &frames {
+            if matches!(f.body, Body::ConnectRequest(_) | Body::ConnectReply(_)) {
+                connects(f);
+            }
         }
         let n = frames.len();
         if n > 0 {
