@@ -33,10 +33,12 @@ pub enum Counter {
     DirectChannelsClosed,
     /// Direct channels the peer broke (ring rules violated).
     DirectChannelsBroken,
+    /// LARGE pulls served over a direct channel.
+    DirectPulls,
 }
 
 /// Every counter, in `mx_get_info` order, with its label.
-pub const ALL: [(Counter, &str); 14] = [
+pub const ALL: [(Counter, &str); 15] = [
     (Counter::FramesSent, "Frames sent"),
     (Counter::FramesReceived, "Frames received"),
     (Counter::Sends, "Sends posted"),
@@ -51,9 +53,10 @@ pub const ALL: [(Counter, &str); 14] = [
     (Counter::DirectChannelsOpened, "Direct channels opened"),
     (Counter::DirectChannelsClosed, "Direct channels closed"),
     (Counter::DirectChannelsBroken, "Direct channels broken by the peer"),
+    (Counter::DirectPulls, "Direct LARGE pulls"),
 ];
 
-static VALUES: [AtomicU64; 14] = [const { AtomicU64::new(0) }; 14];
+static VALUES: [AtomicU64; 15] = [const { AtomicU64::new(0) }; 15];
 
 /// Adds `n` to a counter.
 pub fn add(c: Counter, n: u64) {

@@ -42,10 +42,10 @@ static uint32_t counter(const char *label) {
 }
 
 static void report(const char *what) {
-  printf("%s direct-sent=%u direct-received=%u opened=%u closed=%u broken=%u\n", what,
+  printf("%s direct-sent=%u direct-received=%u opened=%u closed=%u broken=%u pulls=%u\n", what,
          counter("Direct frames sent"), counter("Direct frames received"),
          counter("Direct channels opened"), counter("Direct channels closed"),
-         counter("Direct channels broken by the peer"));
+         counter("Direct channels broken by the peer"), counter("Direct LARGE pulls"));
   fflush(stdout);
 }
 

@@ -6,7 +6,8 @@
 //! every class, order and bytes checked by the receiver. Between phase 1
 //! and 2 the test revokes the channels (`xmx direct off`), between 2 and 3
 //! it offers them again; the programs' counters show the channel carried
-//! traffic, was closed, and came back. With `MX_DISABLE_SHMEM=1` the same
+//! traffic (LARGE data too: the receiver pulls over the channel), was
+//! closed, and came back. With `MX_DISABLE_SHMEM=1` the same
 //! program runs with no channel at all.
 //!
 //! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
@@ -112,6 +113,7 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
         .find(|l| l.starts_with("passive "))
         .expect("passive counters");
     assert!(field(last, "direct-received") > 0, "{last}");
+    assert!(field(last, "pulls") > 0, "LARGE data went over the channel: {last}");
     assert_eq!(field(last, "broken"), 0, "{last}");
     println!("active: {one}\nactive: {two}\nactive: {three}\n{last}");
 }
@@ -144,4 +146,5 @@ fn disable_shmem_keeps_co_located_guests_on_the_backend() {
         .find(|l| l.starts_with("passive "))
         .expect("passive counters");
     assert_eq!(field(last, "direct-received"), 0, "{last}");
+    assert_eq!(field(last, "pulls"), 0, "{last}");
 }

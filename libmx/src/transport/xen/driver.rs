@@ -14,7 +14,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::port::EndpointShared;
+use super::port::{EndpointShared, LinkRef};
 use super::windows::Daemon;
 use super::Shared;
 
@@ -69,18 +69,21 @@ fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
     let Some(hub) = &shared.direct else { return 0 };
     let mut d = ep.direct.lock().unwrap_or_else(|e| e.into_inner());
     if !d.any_open() {
-        return 0;
+        let orphans = d.take_orphans();
+        drop(d);
+        let n = orphans.len();
+        shared.resume_pulls(ep, orphans);
+        return n;
     }
-    let mut learn = |f: &xmx_mx::Frame<Vec<u8>>| {
-        ep.link
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .observe(f)
-    };
-    let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox, &mut learn);
+    let mut link = LinkRef(&ep.link);
+    let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox, &mut link);
     if ep.mailbox.driven_until(now_ns).is_none() && hub.arm(&d) {
-        n += hub.take_in(ep.index, &mut d, &ep.mailbox, &mut learn);
+        n += hub.take_in(ep.index, &mut d, &ep.mailbox, &mut link);
     }
+    let orphans = d.take_orphans();
+    drop(d);
+    n += orphans.len();
+    shared.resume_pulls(ep, orphans);
     n
 }
 

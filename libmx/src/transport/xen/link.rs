@@ -75,6 +75,9 @@ pub struct Link {
     cache: RegionCache,
     /// Send windows lent to peers, by (region id, seqnum).
     lent: HashMap<(u8, u8), Lease>,
+    /// The application's buffer behind each lent window (direct-channel
+    /// pulls read it).
+    lent_data: HashMap<(u8, u8), Segments>,
     sinks: HashMap<u32, Sink>,
     generations: [u8; 256],
     max_send_windows: usize,
@@ -104,6 +107,7 @@ impl Link {
             sessions: PeerSessions::default(),
             cache: RegionCache::new(rcache, CACHE_CAPACITY.min(max_regions.max(1))),
             lent: HashMap::new(),
+            lent_data: HashMap::new(),
             sinks: HashMap::new(),
             generations: [0; 256],
             max_send_windows: max_regions.saturating_sub(PULL_RESERVE).max(1),
@@ -418,6 +422,34 @@ impl Link {
         self.sessions.observe(frame);
     }
 
+    /// Copies `n` bytes at `offset` of the data a LARGE send lends under
+    /// `window` to `dst`, for a peer pulling over a direct channel; false if
+    /// the window is not lent (any more) or the range is beyond its data.
+    /// The application's buffer is read while the link's lock is held, so
+    /// the send cannot complete (and the buffer go) during the copy.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `n` bytes of writes.
+    pub unsafe fn read_lent(&self, window: RdmaWindow, offset: usize, dst: *mut u8, n: usize) -> bool {
+        let Some(data) = self.lent_data.get(&(window.id, window.seqnum)) else {
+            return false;
+        };
+        let offset = offset + usize::from(window.offset);
+        if offset.checked_add(n).is_none_or(|end| end > data.len()) {
+            return false;
+        }
+        let mut at = 0;
+        data.for_range(offset, n, |addr, len| {
+            // SAFETY: `addr..addr + len` is part of the send's buffer, which
+            // MX keeps valid and unchanged while the send is pending (it is:
+            // the window is still lent); `dst + at .. + len` is within the
+            // `n` bytes the caller vouches for.
+            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.add(at), len) };
+            at += len;
+        });
+        at == n
+    }
+
     /// `peer`'s session is known without a connect (this endpoint's own).
     pub fn learn_session(&mut self, peer: PeerAddr, session: u32) {
         self.sessions.learn(peer, session);
@@ -446,6 +478,7 @@ impl Link {
         let seqnum = self.generations[usize::from(id)].wrapping_add(1);
         self.generations[usize::from(id)] = seqnum;
         self.lent.insert((id, seqnum), lease);
+        self.lent_data.insert((id, seqnum), data.clone());
         Some(RdmaWindow {
             id,
             seqnum,
@@ -455,6 +488,7 @@ impl Link {
 
     /// The send lending `window` is over.
     pub fn release(&mut self, reg: &mut dyn Registrar, window: RdmaWindow) {
+        self.lent_data.remove(&(window.id, window.seqnum));
         if let Some(lease) = self.lent.remove(&(window.id, window.seqnum)) {
             if let Err(e) = self.cache.release(reg, lease) {
                 tracing::warn!(index = self.index, %e, "releasing a send window");
@@ -572,6 +606,7 @@ impl Link {
         if !regions_kept {
             self.cache.forget_endpoint(self.index);
             self.lent.clear();
+            self.lent_data.clear();
         }
         self.down = false;
         let sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
@@ -645,6 +680,7 @@ impl Link {
         );
         self.sinks.clear();
         self.lent.clear();
+        self.lent_data.clear();
         self.cache.forget_endpoint(self.index);
         self.down = true;
         self.channel.take()

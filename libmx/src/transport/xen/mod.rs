@@ -296,6 +296,33 @@ impl Shared {
         }
     }
 
+    /// Pulls again through the backend what a direct channel that ended had
+    /// not finished.
+    fn resume_pulls(&self, ep: &EndpointShared, orphans: Vec<direct::Sink>) {
+        if orphans.is_empty() {
+            return;
+        }
+        let mut link = lock(&ep.link);
+        for s in orphans {
+            tracing::debug!(id = ?s.id, "a direct pull goes through the backend");
+            let mut reg = Daemon(&self.client);
+            let progress = link.pull(
+                &mut reg,
+                &ep.mailbox,
+                s.id,
+                s.source,
+                s.window,
+                &s.dest,
+                s.length,
+            );
+            if let super::PullProgress::Done(r) = progress {
+                ep.mailbox.put_pulls([(s.id, r)]);
+            }
+        }
+        drop(link);
+        ep.mailbox.ring();
+    }
+
     /// Closes an endpoint: forgotten by the driver, its channel unmapped and
     /// closed by the daemon.
     fn close_endpoint(&self, ep: &Arc<EndpointShared>) {

@@ -32,6 +32,26 @@ pub struct EndpointShared {
     pub lost: OnceLock<&'static str>,
 }
 
+/// The endpoint's link as its direct channels see it.
+pub(super) struct LinkRef<'a>(pub &'a Mutex<Link>);
+
+impl super::direct::LinkAccess for LinkRef<'_> {
+    fn observe(&mut self, frame: &Frame<Vec<u8>>) {
+        lock(self.0).observe(frame);
+    }
+
+    unsafe fn read_lent(
+        &mut self,
+        window: RdmaWindow,
+        offset: usize,
+        dst: *mut u8,
+        n: usize,
+    ) -> bool {
+        // SAFETY: the caller vouches for `dst`.
+        unsafe { lock(self.0).read_lent(window, offset, dst, n) }
+    }
+}
+
 /// An open endpoint of a guest.
 pub struct XenPort {
     shared: Arc<Shared>,
@@ -90,11 +110,19 @@ impl Port for XenPort {
         }
         if let Some(hub) = &self.shared.direct {
             if let Ok(mut d) = self.ep.direct.try_lock() {
-                let link = &self.ep.link;
-                let mut learn = |f: &Frame<Vec<u8>>| lock(link).observe(f);
-                if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox, &mut learn) > 0 {
-                    drop(d);
-                    return self.ep.mailbox.next_frame();
+                let n = hub.take_in(
+                    self.ep.index,
+                    &mut d,
+                    &self.ep.mailbox,
+                    &mut LinkRef(&self.ep.link),
+                );
+                let orphans = d.take_orphans();
+                drop(d);
+                self.shared.resume_pulls(&self.ep, orphans);
+                if n > 0 {
+                    if let Some(f) = self.ep.mailbox.next_frame() {
+                        return Some(f);
+                    }
                 }
             }
         }
@@ -113,10 +141,17 @@ impl Port for XenPort {
     fn before_sleep(&mut self) -> bool {
         if let Some(hub) = &self.shared.direct {
             let mut d = lock(&self.ep.direct);
-            let link = &self.ep.link;
-            let mut learn = |f: &Frame<Vec<u8>>| lock(link).observe(f);
-            if hub.take_in(self.ep.index, &mut d, &self.ep.mailbox, &mut learn) > 0 || hub.arm(&d)
-            {
+            let n = hub.take_in(
+                self.ep.index,
+                &mut d,
+                &self.ep.mailbox,
+                &mut LinkRef(&self.ep.link),
+            );
+            let orphans = d.take_orphans();
+            let ready = n > 0 || !orphans.is_empty() || hub.arm(&d);
+            drop(d);
+            self.shared.resume_pulls(&self.ep, orphans);
+            if ready {
                 return true;
             }
         }
@@ -169,6 +204,12 @@ impl Regions for XenRegions {
         dest: &Segments,
         length: u32,
     ) -> PullProgress {
+        if let Some(hub) = &self.shared.direct {
+            let sink = super::direct::Sink::new(id, source, window, dest.clone(), length);
+            if let Some(p) = hub.pull(&mut lock(&self.ep.direct), self.ep.index, sink) {
+                return p;
+            }
+        }
         let mut reg = Daemon(&self.shared.client);
         lock(&self.ep.link).pull(&mut reg, &self.ep.mailbox, id, source, window, dest, length)
     }

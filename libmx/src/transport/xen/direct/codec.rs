@@ -11,6 +11,103 @@ use xmx_mx::{Body, Frame, RdmaWindow, Seqnum};
 pub const MAX_PAYLOAD: usize = 4096;
 /// The longest encoded frame.
 pub const MAX_FRAME: usize = MAX_PAYLOAD + 64;
+/// The most LARGE data one record carries.
+pub const MAX_DATA: usize = 32 << 10;
+/// The head of the pull records.
+pub const PULL_HEAD: usize = 16;
+/// The longest record of any kind.
+pub const MAX_RECORD: usize = PULL_HEAD + MAX_DATA;
+
+/// A LARGE receiver asks for the data of a window (`tag` names the pull).
+pub const PULL: u8 = 20;
+/// LARGE data answering a pull: `len` bytes at `offset` of the message.
+pub const DATA: u8 = 21;
+/// The window of a pull is not (or no longer) lent.
+pub const PULL_ERR: u8 = 22;
+
+/// The head of a pull record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PullHead {
+    /// PULL, DATA or PULL_ERR.
+    pub kind: u8,
+    /// The endpoint it is for.
+    pub dst_endpoint: u8,
+    /// The endpoint it is from.
+    pub src_endpoint: u8,
+    /// The puller's name for the pull.
+    pub tag: u32,
+    /// PULL: the window (id, seqnum, offset in its first page as
+    /// [`RdmaWindow`]); DATA: unused.
+    pub window: RdmaWindow,
+    /// PULL: bytes asked; DATA: offset of the bytes in the message.
+    pub a: u32,
+    /// DATA: bytes that follow the head.
+    pub b: u32,
+}
+
+impl PullHead {
+    /// Its 16 bytes.
+    pub fn encode(&self) -> [u8; PULL_HEAD] {
+        let mut h = [0u8; PULL_HEAD];
+        h[..4].copy_from_slice(&[self.kind, self.dst_endpoint, self.src_endpoint, 0]);
+        h[4..8].copy_from_slice(&self.tag.to_le_bytes());
+        match self.kind {
+            PULL => {
+                h[8] = self.window.id;
+                h[9] = self.window.seqnum;
+                h[10..12].copy_from_slice(&self.window.offset.to_le_bytes());
+                h[12..16].copy_from_slice(&self.a.to_le_bytes());
+            }
+            _ => {
+                h[8..12].copy_from_slice(&self.a.to_le_bytes());
+                h[12..16].copy_from_slice(&self.b.to_le_bytes());
+            }
+        }
+        h
+    }
+
+    /// The head at the start of `bytes` (a record of `len` bytes in all), if
+    /// it is one and its lengths agree with `len`.
+    pub fn decode(bytes: &[u8], len: usize) -> Option<PullHead> {
+        let h: &[u8; PULL_HEAD] = bytes.first_chunk()?;
+        let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let kind = h[0];
+        let (window, a, b) = match kind {
+            PULL | PULL_ERR => (
+                RdmaWindow {
+                    id: h[8],
+                    seqnum: h[9],
+                    offset: u16::from_le_bytes([h[10], h[11]]),
+                },
+                word(12),
+                0,
+            ),
+            DATA => (
+                RdmaWindow {
+                    id: 0,
+                    seqnum: 0,
+                    offset: 0,
+                },
+                word(8),
+                word(12),
+            ),
+            _ => return None,
+        };
+        let body = if kind == DATA { b as usize } else { 0 };
+        if body > MAX_DATA || len != PULL_HEAD + body {
+            return None;
+        }
+        Some(PullHead {
+            kind,
+            dst_endpoint: h[1],
+            src_endpoint: h[2],
+            tag: word(4),
+            window,
+            a,
+            b,
+        })
+    }
+}
 
 const TINY: u8 = 1;
 const SMALL: u8 = 2;
@@ -314,6 +411,48 @@ mod tests {
             assert!(b.len() <= MAX_FRAME);
             assert_eq!(decode(&b, 6).as_ref(), Some(&f));
         }
+    }
+
+    #[test]
+    fn pull_heads_round_trip_and_lengths_must_agree() {
+        let pull = PullHead {
+            kind: PULL,
+            dst_endpoint: 1,
+            src_endpoint: 2,
+            tag: 77,
+            window: RdmaWindow {
+                id: 3,
+                seqnum: 4,
+                offset: 5,
+            },
+            a: 1 << 20,
+            b: 0,
+        };
+        assert_eq!(PullHead::decode(&pull.encode(), PULL_HEAD), Some(pull));
+        assert_eq!(PullHead::decode(&pull.encode(), PULL_HEAD + 1), None);
+        let data = PullHead {
+            kind: DATA,
+            window: RdmaWindow {
+                id: 0,
+                seqnum: 0,
+                offset: 0,
+            },
+            a: 4096,
+            b: 100,
+            ..pull
+        };
+        assert_eq!(PullHead::decode(&data.encode(), PULL_HEAD + 100), Some(data));
+        assert_eq!(PullHead::decode(&data.encode(), PULL_HEAD + 99), None);
+        let huge = PullHead {
+            b: MAX_DATA as u32 + 1,
+            ..data
+        };
+        assert_eq!(
+            PullHead::decode(&huge.encode(), PULL_HEAD + MAX_DATA + 1),
+            None
+        );
+        assert_eq!(PullHead::decode(&[DATA; 8], PULL_HEAD), None);
+        assert_eq!(PullHead::decode(&[TINY; 16], PULL_HEAD), None);
     }
 
     #[test]

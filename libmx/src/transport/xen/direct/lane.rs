@@ -21,10 +21,10 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use xmx_hv::PAGE_SIZE;
 
-use super::codec::MAX_FRAME;
+use super::codec::MAX_RECORD as MAX_FRAME;
 
 /// Pages of one lane's data area.
-pub const DATA_PAGES: usize = 64;
+pub const DATA_PAGES: usize = 128;
 /// Bytes of one lane's data area.
 pub const DATA_BYTES: usize = DATA_PAGES * PAGE_SIZE;
 /// Pages of a whole channel: the control page and two data areas.
@@ -44,6 +44,9 @@ struct At {
     prod: usize,
     cons: usize,
     wants: usize,
+    /// Set by the producer that found the lane full; the consumer clears
+    /// it and signals once it has made room.
+    space: usize,
     data: usize,
 }
 
@@ -54,12 +57,21 @@ fn at(lane: usize) -> At {
         prod: words,
         cons: words + 64,
         wants: words + 128,
+        space: words + 192,
         data: PAGE_SIZE + lane * DATA_BYTES,
     }
 }
 
 fn padded(len: usize) -> usize {
     HEADER + len.div_ceil(8) * 8
+}
+
+/// A record `peek` found: where its bytes are and how many.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    pos: usize,
+    /// Its length in bytes.
+    pub len: usize,
 }
 
 /// One end of a lane.
@@ -148,35 +160,63 @@ impl Lanes {
 impl Producer {
     /// Appends one record holding `bytes` (at most `MAX_FRAME`).
     pub fn push(&mut self, bytes: &[u8]) -> Result<Pushed, Broken> {
-        if bytes.len() > MAX_FRAME {
+        self.push_parts(bytes, 0, |_| true)
+    }
+
+    /// Appends one record of `head` followed by `body_len` bytes that `fill`
+    /// writes at the pointer it gets (it returns false to give the record
+    /// up: nothing is published then).
+    pub fn push_parts(
+        &mut self,
+        head: &[u8],
+        body_len: usize,
+        fill: impl FnOnce(*mut u8) -> bool,
+    ) -> Result<Pushed, Broken> {
+        let len = head.len() + body_len;
+        if len > MAX_FRAME {
             return Ok(Pushed::Full);
         }
-        let cons = self.end.word(self.end.at.cons).load(Ordering::Acquire);
-        let used = self.prod.wrapping_sub(cons) as usize;
-        if used > DATA_BYTES {
-            return Err(Broken("consumer index out of range"));
-        }
-        let total = padded(bytes.len());
-        let pos = self.prod as usize % DATA_BYTES;
-        let tail = DATA_BYTES - pos;
-        let need = if tail < total { tail + total } else { total };
-        if DATA_BYTES - used < need {
-            return Ok(Pushed::Full);
-        }
+        let total = padded(len);
+        let mut asked = false;
+        let (pos, tail) = loop {
+            let cons = self.end.word(self.end.at.cons).load(Ordering::Acquire);
+            let used = self.prod.wrapping_sub(cons) as usize;
+            if used > DATA_BYTES {
+                return Err(Broken("consumer index out of range"));
+            }
+            let pos = self.prod as usize % DATA_BYTES;
+            let tail = DATA_BYTES - pos;
+            let need = if tail < total { tail + total } else { total };
+            if DATA_BYTES - used >= need {
+                break (pos, tail);
+            }
+            if asked {
+                return Ok(Pushed::Full);
+            }
+            // Ask for a signal when room is made, then look once more (the
+            // consumer may have made room before it saw the request).
+            self.end.word(self.end.at.space).store(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            asked = true;
+        };
+        let mut prod = self.prod;
         let mut pos = pos;
         if tail < total {
             self.header(pos, 0, KIND_PAD);
-            self.prod = self.prod.wrapping_add(tail as u32);
+            prod = prod.wrapping_add(tail as u32);
             pos = 0;
         }
-        self.header(pos, bytes.len() as u32, KIND_FRAME);
+        self.header(pos, len as u32, KIND_FRAME);
         // SAFETY: `pos + total <= DATA_BYTES` (checked above: the record fits
-        // before the end), so the copy stays inside the lane's data area; the
-        // consumer does not read these bytes before `prod` is released below.
+        // before the end), so both writes stay inside the lane's data area;
+        // the consumer does not read these bytes before `prod` is released.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.end.data(pos + HEADER), bytes.len());
+            std::ptr::copy_nonoverlapping(head.as_ptr(), self.end.data(pos + HEADER), head.len());
         }
-        self.prod = self.prod.wrapping_add(total as u32);
+        if body_len > 0 && !fill(self.end.data(pos + HEADER + head.len())) {
+            return Ok(Pushed::Full);
+        }
+        self.prod = prod.wrapping_add(total as u32);
         self.end
             .word(self.end.at.prod)
             .store(self.prod, Ordering::Release);
@@ -205,11 +245,29 @@ impl Consumer {
     /// Copies the next record into `out` (replacing its contents); false if
     /// the lane is empty.
     pub fn pop(&mut self, out: &mut Vec<u8>) -> Result<bool, Broken> {
+        let Some(rec) = self.peek()? else {
+            return Ok(false);
+        };
+        out.clear();
+        out.reserve(rec.len);
+        // SAFETY: `out` has room for `rec.len` bytes, all initialised by the
+        // copy, which `copy_out` bounds to the record.
+        unsafe {
+            self.copy_out(rec, 0, out.as_mut_ptr(), rec.len);
+            out.set_len(rec.len);
+        }
+        self.advance(rec);
+        Ok(true)
+    }
+
+    /// The next record, checked to lie inside what the producer published
+    /// (pad records are skipped); `None` if the lane is empty.
+    pub fn peek(&mut self) -> Result<Option<Record>, Broken> {
         loop {
             let prod = self.end.word(self.end.at.prod).load(Ordering::Acquire);
             let avail = prod.wrapping_sub(self.cons) as usize;
             if avail == 0 {
-                return Ok(false);
+                return Ok(None);
             }
             if avail > DATA_BYTES || avail % 8 != 0 {
                 return Err(Broken("producer index out of range"));
@@ -231,24 +289,50 @@ impl Consumer {
                 return Err(Broken("record beyond the producer index"));
             }
             if kind == KIND_FRAME {
-                out.clear();
-                out.reserve(len);
-                // SAFETY: `pos + HEADER + len <= DATA_BYTES` (checked: the
-                // padded record fits before the end), and `out` has room for
-                // `len` bytes, which are all initialised by the copy.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(self.end.data(pos + HEADER), out.as_mut_ptr(), len);
-                    out.set_len(len);
-                }
+                return Ok(Some(Record { pos, len }));
             }
             self.cons = self.cons.wrapping_add(step as u32);
             self.end
                 .word(self.end.at.cons)
                 .store(self.cons, Ordering::Release);
-            if kind == KIND_FRAME {
-                return Ok(true);
-            }
         }
+    }
+
+    /// Copies at most `n` bytes of `rec` from `offset` to `dst`; returns how
+    /// many (none past the record's end).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `n` bytes of writes and not overlap the lane.
+    pub unsafe fn copy_out(&self, rec: Record, offset: usize, dst: *mut u8, n: usize) -> usize {
+        let n = n.min(rec.len.saturating_sub(offset));
+        if n > 0 {
+            // SAFETY: `rec` was checked by `peek` to lie inside the data area
+            // (`rec.pos + HEADER + rec.len <= DATA_BYTES`) and `offset + n <=
+            // rec.len`; the caller vouches for `dst`.
+            unsafe { std::ptr::copy_nonoverlapping(self.end.data(rec.pos + HEADER + offset), dst, n) };
+        }
+        n
+    }
+
+    /// Done with `rec` (the one `peek` returned): its room goes back to the
+    /// producer.
+    pub fn advance(&mut self, rec: Record) {
+        self.cons = self.cons.wrapping_add(padded(rec.len) as u32);
+        self.end
+            .word(self.end.at.cons)
+            .store(self.cons, Ordering::Release);
+    }
+
+    /// Whether the producer asked for a signal when room is made (and
+    /// forgets the request): call after taking records.
+    pub fn room_wanted(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let w = self.end.word(self.end.at.space);
+        if w.load(Ordering::Relaxed) != 0 {
+            w.store(0, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     /// Asks the producer to signal the next record; true if one is there
@@ -285,7 +369,7 @@ mod tests {
         let (mut a, mut b) = unsafe { (Lanes::new(m.base(), true), Lanes::new(m.base(), false)) };
         let mut out = Vec::new();
         let mut next_in = 0u32;
-        for i in 0..20_000u32 {
+        for i in 0..4_000u32 {
             let len = (i as usize * 37) % MAX_FRAME;
             let rec: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
             loop {
@@ -304,7 +388,7 @@ mod tests {
         while b.rx.pop(&mut out).unwrap() {
             next_in += 1;
         }
-        assert_eq!(next_in, 20_000);
+        assert_eq!(next_in, 4_000);
         // The other lane works too, and an armed consumer gets a signal.
         assert!(!a.rx.arm());
         assert_eq!(b.tx.push(b"hi").unwrap(), Pushed::Sent { notify: true });

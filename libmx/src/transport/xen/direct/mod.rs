@@ -40,7 +40,7 @@
 pub mod codec;
 pub mod lane;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -49,13 +49,16 @@ use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, MappedPages, Platform, Port, Xenstore,
     XBT_NULL,
 };
-use xmx_mx::{Body, Frame, PeerAddr};
+use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::direct as names;
 use xmx_wire::mxoe::Mac;
 
+use self::codec::{PullHead, DATA, MAX_DATA, PULL, PULL_ERR, PULL_HEAD};
 use self::lane::{Broken, Lanes, Pushed, CHANNEL_PAGES};
 use super::peers::{read_nodes, PeerView};
 use crate::counters::{self, Counter};
+use crate::segments::Segments;
+use crate::transport::PullProgress;
 use crate::transport::mailbox::Mailbox;
 
 /// The watch token of the hub's xenstore connection.
@@ -110,17 +113,111 @@ enum Slot {
     Checked(u64),
 }
 
+/// A LARGE receive pulling over a channel.
+pub struct Sink {
+    /// The receive.
+    pub id: RequestId,
+    /// The sender.
+    pub source: PeerAddr,
+    /// Its window.
+    pub window: RdmaWindow,
+    /// Where the data goes.
+    pub dest: Segments,
+    /// Bytes pulled.
+    pub length: u32,
+    got: u64,
+}
+
+impl Sink {
+    /// A pull of `length` bytes of `source`'s `window` into `dest`, for
+    /// receive `id`.
+    pub fn new(
+        id: RequestId,
+        source: PeerAddr,
+        window: RdmaWindow,
+        dest: Segments,
+        length: u32,
+    ) -> Sink {
+        Sink {
+            id,
+            source,
+            window,
+            dest,
+            length,
+            got: 0,
+        }
+    }
+}
+
+/// A pull a peer asked this endpoint to serve.
+struct Job {
+    peer: PeerAddr,
+    tag: u32,
+    window: RdmaWindow,
+    length: u32,
+    sent: u32,
+}
+
+/// Pulls one endpoint serves at once; more asked are refused (the peer
+/// then pulls through the backend).
+const MAX_JOBS: usize = 64;
+
+/// How a direct channel reads the LARGE data this endpoint lends and tells
+/// its link what it learns.
+pub trait LinkAccess {
+    /// A connect request or reply came off a channel.
+    fn observe(&mut self, frame: &Frame<Vec<u8>>);
+    /// Copies `n` bytes at `offset` of the data lent under `window` to
+    /// `dst`; false if it is not lent or the range is beyond it.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `n` bytes of writes.
+    unsafe fn read_lent(&mut self, window: RdmaWindow, offset: usize, dst: *mut u8, n: usize)
+        -> bool;
+}
+
 /// An endpoint's direct channels.
 #[derive(Default)]
 pub struct EndpointDirect {
     slots: HashMap<PeerAddr, Slot>,
     scratch: Vec<u8>,
+    sinks: HashMap<u32, Sink>,
+    next_tag: u32,
+    jobs: VecDeque<Job>,
+    /// Pulls whose channel ended before they finished: the caller pulls
+    /// them again through the backend.
+    orphans: Vec<Sink>,
 }
 
 impl EndpointDirect {
     /// Whether any channel is open (the driver then watches its lanes).
     pub fn any_open(&self) -> bool {
         self.slots.values().any(|s| matches!(s, Slot::Open(_)))
+    }
+
+    /// The pulls to do again through the backend.
+    pub fn take_orphans(&mut self) -> Vec<Sink> {
+        std::mem::take(&mut self.orphans)
+    }
+
+    /// Ends the channel to `peer` (if open), leaving `Checked(generation)`:
+    /// its pulls become orphans, the pulls it asked of us are dropped.
+    fn end(&mut self, hub: &Hub, peer: PeerAddr, generation: u64, why: &str) {
+        if let Some(Slot::Open(ch)) = self.slots.insert(peer, Slot::Checked(generation)) {
+            hub.close(ch, why);
+        }
+        let tags: Vec<u32> = self
+            .sinks
+            .iter()
+            .filter(|(_, s)| s.source == peer)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in tags {
+            if let Some(s) = self.sinks.remove(&t) {
+                self.orphans.push(s);
+            }
+        }
+        self.jobs.retain(|j| j.peer != peer);
     }
 }
 
@@ -424,39 +521,269 @@ impl Hub {
     fn broken(&self, d: &mut EndpointDirect, dest: PeerAddr, why: &'static str) {
         tracing::warn!(?dest, why, "the peer broke a direct channel; using the backend");
         counters::add(Counter::DirectChannelsBroken, 1);
-        if let Some(Slot::Open(ch)) = d.slots.insert(dest, Slot::Checked(self.generation())) {
-            self.close(ch, why);
+        d.end(self, dest, self.generation(), why);
+    }
+
+    /// Starts pulling a LARGE message over the channel to `source`, if it
+    /// has one; `None`: pull through the backend.
+    pub fn pull(
+        &self,
+        d: &mut EndpointDirect,
+        endpoint: u8,
+        sink: Sink,
+    ) -> Option<PullProgress> {
+        let Some(Slot::Open(ch)) = d.slots.get_mut(&sink.source) else {
+            return None;
+        };
+        if !ch.connected {
+            return None;
+        }
+        d.next_tag = d.next_tag.wrapping_add(1);
+        let tag = d.next_tag;
+        let head = PullHead {
+            kind: PULL,
+            dst_endpoint: sink.source.endpoint,
+            src_endpoint: endpoint,
+            tag,
+            window: sink.window,
+            a: sink.length,
+            b: 0,
+        };
+        match ch.lanes.tx.push(&head.encode()) {
+            Ok(Pushed::Sent { notify }) => {
+                if notify {
+                    let _ = self.evtchn.notify(ch.port);
+                }
+                d.sinks.insert(tag, sink);
+                Some(PullProgress::Started)
+            }
+            Ok(Pushed::Full) => None,
+            Err(Broken(why)) => {
+                let source = sink.source;
+                self.broken(d, source, why);
+                None
+            }
         }
     }
 
-    /// Takes what the endpoint's channels hold into `mailbox`; returns how
-    /// many frames. `connects` sees each connect request and reply first
-    /// (the link learns the peers' sessions from them, which its pulls name).
+    /// Takes one pull record `rec` of the channel to `peer` (its head is
+    /// `head`): data lands in its receive, a request becomes a job.
+    fn pull_record(
+        &self,
+        d: &mut EndpointDirect,
+        endpoint: u8,
+        peer: PeerAddr,
+        head: PullHead,
+        rec: lane::Record,
+        done: &mut Vec<(RequestId, Result<(), Status>)>,
+    ) {
+        if head.dst_endpoint != endpoint || head.src_endpoint != peer.endpoint {
+            return;
+        }
+        match head.kind {
+            PULL => {
+                if d.jobs.len() < MAX_JOBS {
+                    d.jobs.push_back(Job {
+                        peer,
+                        tag: head.tag,
+                        window: head.window,
+                        length: head.a,
+                        sent: 0,
+                    });
+                } else {
+                    self.refuse(d, endpoint, peer, head.tag);
+                }
+            }
+            PULL_ERR => {
+                if d.sinks.get(&head.tag).is_some_and(|s| s.source == peer) {
+                    if let Some(s) = d.sinks.remove(&head.tag) {
+                        d.orphans.push(s);
+                    }
+                }
+            }
+            DATA => {
+                let Some(sink) = d.sinks.get_mut(&head.tag).filter(|s| s.source == peer) else {
+                    return;
+                };
+                let (offset, n) = (head.a as usize, head.b as usize);
+                if offset.checked_add(n).is_none_or(|end| end > sink.length as usize) {
+                    return;
+                }
+                let Some(Slot::Open(ch)) = d.slots.get(&peer) else {
+                    return;
+                };
+                let mut at = PULL_HEAD;
+                sink.dest.for_range(offset, n, |addr, len| {
+                    // SAFETY: `addr..addr + len` is part of the receive's
+                    // buffer, which MX keeps valid and untouched until the
+                    // receive completes (after this pull); `copy_out` bounds
+                    // the read to the record in the lane.
+                    at += unsafe { ch.lanes.rx.copy_out(rec, at, addr as *mut u8, len) };
+                });
+                sink.got += n as u64;
+                if sink.got >= u64::from(sink.length) {
+                    if let Some(s) = d.sinks.remove(&head.tag) {
+                        done.push((s.id, Ok(())));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Tells `peer` its pull `tag` is not served here.
+    fn refuse(&self, d: &mut EndpointDirect, endpoint: u8, peer: PeerAddr, tag: u32) {
+        let Some(Slot::Open(ch)) = d.slots.get_mut(&peer) else {
+            return;
+        };
+        let head = PullHead {
+            kind: PULL_ERR,
+            dst_endpoint: peer.endpoint,
+            src_endpoint: endpoint,
+            tag,
+            window: RdmaWindow {
+                id: 0,
+                seqnum: 0,
+                offset: 0,
+            },
+            a: 0,
+            b: 0,
+        };
+        if let Ok(Pushed::Sent { notify: true }) = ch.lanes.tx.push(&head.encode()) {
+            let _ = self.evtchn.notify(ch.port);
+        }
+    }
+
+    /// Sends what the jobs can send until a lane is full.
+    fn pump(&self, d: &mut EndpointDirect, endpoint: u8, link: &mut dyn LinkAccess) {
+        while let Some(job) = d.jobs.front_mut() {
+            let Some(Slot::Open(ch)) = d.slots.get_mut(&job.peer) else {
+                d.jobs.pop_front();
+                continue;
+            };
+            let mut refused = false;
+            let mut broken = None;
+            let mut notify = false;
+            while job.sent < job.length {
+                let n = (job.length - job.sent).min(MAX_DATA as u32);
+                let head = PullHead {
+                    kind: DATA,
+                    dst_endpoint: job.peer.endpoint,
+                    src_endpoint: endpoint,
+                    tag: job.tag,
+                    window: job.window,
+                    a: job.sent,
+                    b: n,
+                };
+                let mut lent = true;
+                let pushed = ch.lanes.tx.push_parts(&head.encode(), n as usize, |dst| {
+                    // SAFETY: `dst` is the record's body in the lane, room
+                    // for exactly `n` bytes (push_parts reserved them).
+                    lent = unsafe { link.read_lent(job.window, job.sent as usize, dst, n as usize) };
+                    lent
+                });
+                match pushed {
+                    Ok(Pushed::Sent { notify: n2 }) => {
+                        notify |= n2;
+                        job.sent += n;
+                    }
+                    Ok(Pushed::Full) if !lent => {
+                        refused = true;
+                        break;
+                    }
+                    Ok(Pushed::Full) => break,
+                    Err(Broken(why)) => {
+                        broken = Some(why);
+                        break;
+                    }
+                }
+            }
+            if notify {
+                let _ = self.evtchn.notify(ch.port);
+            }
+            let (peer, tag, finished) = (job.peer, job.tag, job.sent >= job.length);
+            if let Some(why) = broken {
+                self.broken(d, peer, why);
+                continue;
+            }
+            if refused {
+                d.jobs.pop_front();
+                self.refuse(d, endpoint, peer, tag);
+                continue;
+            }
+            if !finished {
+                return;
+            }
+            d.jobs.pop_front();
+        }
+    }
+
+    /// Takes what the endpoint's channels hold into `mailbox` (frames for
+    /// the core, finished pulls), serves the pulls peers asked of it, and
+    /// returns how many things it delivered. `link` sees each connect
+    /// request and reply first (the link learns the peers' sessions from
+    /// them, which its pulls through the backend name) and lends the data
+    /// of LARGE sends.
     pub fn take_in(
         &self,
         endpoint: u8,
         d: &mut EndpointDirect,
         mailbox: &Mailbox,
-        connects: &mut dyn FnMut(&Frame<Vec<u8>>),
+        link: &mut dyn LinkAccess,
     ) -> usize {
         let mut frames = Vec::new();
+        let mut done = Vec::new();
         let mut broken = Vec::new();
-        let EndpointDirect { slots, scratch } = d;
-        for (addr, slot) in slots.iter_mut() {
-            let Slot::Open(ch) = slot else { continue };
+        let peers: Vec<PeerAddr> = d
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Open(_)))
+            .map(|(a, _)| *a)
+            .collect();
+        for addr in peers {
             for _ in 0..TAKE_BATCH {
-                match ch.lanes.rx.pop(scratch) {
-                    Ok(false) => break,
-                    Ok(true) => match codec::decode(scratch, ch.peer.peer_index) {
+                let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) else {
+                    break;
+                };
+                let rec = match ch.lanes.rx.peek() {
+                    Ok(None) => break,
+                    Ok(Some(rec)) => rec,
+                    Err(Broken(why)) => {
+                        broken.push((addr, why));
+                        break;
+                    }
+                };
+                let mut head = [0u8; PULL_HEAD];
+                // SAFETY: `head` has room for PULL_HEAD bytes.
+                let got = unsafe { ch.lanes.rx.copy_out(rec, 0, head.as_mut_ptr(), PULL_HEAD) };
+                if got == PULL_HEAD && matches!(head[0], PULL | DATA | PULL_ERR) {
+                    if let Some(h) = PullHead::decode(&head, rec.len) {
+                        self.pull_record(d, endpoint, addr, h, rec, &mut done);
+                    }
+                } else {
+                    let scratch = &mut d.scratch;
+                    scratch.clear();
+                    scratch.reserve(rec.len);
+                    // SAFETY: `scratch` has room for `rec.len` bytes, all
+                    // initialised by the copy.
+                    unsafe {
+                        let n = ch.lanes.rx.copy_out(rec, 0, scratch.as_mut_ptr(), rec.len);
+                        scratch.set_len(n);
+                    }
+                    match codec::decode(scratch, ch.peer.peer_index) {
                         Some(f) if f.dst_endpoint == endpoint && f.src_endpoint == addr.endpoint => {
                             frames.push(f)
                         }
                         _ => tracing::debug!(?addr, "dropping a malformed direct frame"),
-                    },
-                    Err(Broken(why)) => {
-                        broken.push((*addr, why));
-                        break;
                     }
+                }
+                if let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) {
+                    ch.lanes.rx.advance(rec);
+                }
+            }
+            if let Some(Slot::Open(ch)) = d.slots.get(&addr) {
+                if ch.lanes.rx.room_wanted() {
+                    let _ = self.evtchn.notify(ch.port);
                 }
             }
         }
@@ -465,13 +792,18 @@ impl Hub {
         }
         for f in &frames {
             if matches!(f.body, Body::ConnectRequest(_) | Body::ConnectReply(_)) {
-                connects(f);
+                link.observe(f);
             }
         }
-        let n = frames.len();
-        if n > 0 {
-            counters::add(Counter::DirectFramesReceived, n as u64);
+        self.pump(d, endpoint, link);
+        let n = frames.len() + done.len();
+        if !frames.is_empty() {
+            counters::add(Counter::DirectFramesReceived, frames.len() as u64);
             mailbox.put_frames(frames);
+        }
+        if !done.is_empty() {
+            counters::add(Counter::DirectPulls, done.len() as u64);
+            mailbox.put_pulls(done);
         }
         n
     }
@@ -528,10 +860,7 @@ impl Hub {
                     Err(_) => Some("its nodes are gone"),
                 };
                 if let Some(why) = why {
-                    if let Some(Slot::Open(ch)) = d.slots.insert(addr, Slot::Checked(generation))
-                    {
-                        self.close(ch, why);
-                    }
+                    d.end(self, addr, generation, why);
                 }
             }
         }
@@ -609,5 +938,8 @@ impl Hub {
                 self.close(ch, "endpoint closed");
             }
         }
+        d.sinks.clear();
+        d.jobs.clear();
+        d.orphans.clear();
     }
 }
