@@ -35,10 +35,12 @@ pub enum Counter {
     DirectChannelsBroken,
     /// LARGE pulls served over a direct channel.
     DirectPulls,
+    /// Direct pulls the peer stopped serving, finished through the backend.
+    DirectPullsStalled,
 }
 
 /// Every counter, in `mx_get_info` order, with its label.
-pub const ALL: [(Counter, &str); 15] = [
+pub const ALL: [(Counter, &str); 16] = [
     (Counter::FramesSent, "Frames sent"),
     (Counter::FramesReceived, "Frames received"),
     (Counter::Sends, "Sends posted"),
@@ -54,9 +56,10 @@ pub const ALL: [(Counter, &str); 15] = [
     (Counter::DirectChannelsClosed, "Direct channels closed"),
     (Counter::DirectChannelsBroken, "Direct channels broken by the peer"),
     (Counter::DirectPulls, "Direct LARGE pulls"),
+    (Counter::DirectPullsStalled, "Direct LARGE pulls stalled"),
 ];
 
-static VALUES: [AtomicU64; 15] = [const { AtomicU64::new(0) }; 15];
+static VALUES: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
 
 /// Adds `n` to a counter.
 pub fn add(c: Counter, n: u64) {

@@ -42,10 +42,12 @@ static uint32_t counter(const char *label) {
 }
 
 static void report(const char *what) {
-  printf("%s direct-sent=%u direct-received=%u opened=%u closed=%u broken=%u pulls=%u\n", what,
+  printf("%s direct-sent=%u direct-received=%u opened=%u closed=%u broken=%u pulls=%u stalled=%u\n",
+         what,
          counter("Direct frames sent"), counter("Direct frames received"),
          counter("Direct channels opened"), counter("Direct channels closed"),
-         counter("Direct channels broken by the peer"), counter("Direct LARGE pulls"));
+         counter("Direct channels broken by the peer"), counter("Direct LARGE pulls"),
+         counter("Direct LARGE pulls stalled"));
   fflush(stdout);
 }
 
@@ -58,7 +60,8 @@ static int expect_direct(void) {
 static void wait_counter(mx_endpoint_t ep, const char *label, uint32_t n) {
   for (int i = 0; i < 20000 && counter(label) < n; i++) {
     uint32_t result;
-    mx_iprobe(ep, 0, 0, NULL, &result);
+    mx_status_t st;
+    CHECK(mx_iprobe(ep, 0, 0, &st, &result));
     usleep(1000);
   }
   EXPECT(counter(label) >= n, "%s stayed below %u", label, n);

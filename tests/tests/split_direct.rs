@@ -148,3 +148,76 @@ fn disable_shmem_keeps_co_located_guests_on_the_backend() {
     assert_eq!(field(last, "direct-received"), 0, "{last}");
     assert_eq!(field(last, "pulls"), 0, "{last}");
 }
+
+/// Runs the pair with the active side (g0, which creates the channel and
+/// sends the data) misbehaving as `fault` says; the passive side must
+/// receive every message in order all the same. Returns the passive side's
+/// counters line.
+fn against_hostile_peer(tag: &str, fault: &str) -> String {
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up(tag, &[]);
+    let p = App::spawn(
+        "direct -l 2 (victim)",
+        c.app(PASSIVE.0, PASSIVE.1, &bin, &["-l", "2"], &[]),
+    );
+    c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
+    let peer = c.hostname(PASSIVE.0, PASSIVE.1);
+    let mut a = App::spawn(
+        &format!("direct -d (hostile: {fault})"),
+        c.app(
+            ACTIVE.0,
+            ACTIVE.1,
+            &bin,
+            &["-d", &peer, "-e", "2"],
+            &[("XMX_DIRECT_FAULT", fault)],
+        ),
+    );
+    for phase in 1..=2 {
+        a.wait_line(LINE, |l| l.starts_with(&format!("phase {phase} ")));
+        a.send_line("go");
+    }
+    let a = a.finish();
+    let p = p.finish();
+    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
+    assert!(p.stdout.contains("received 900 messages in order"), "{}", show(&p));
+    let last = p
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("passive "))
+        .expect("passive counters")
+        .to_owned();
+    println!("{fault}: {last}");
+    last
+}
+
+#[test]
+fn a_peer_publishing_a_garbage_index_breaks_only_its_channel() {
+    if skipped("split_direct") {
+        return;
+    }
+    let last = against_hostile_peer("dirgi", "garbage-index");
+    assert!(field(&last, "direct-received") > 0, "{last}");
+    assert!(field(&last, "broken") >= 1, "the victim noticed: {last}");
+}
+
+#[test]
+fn a_peer_rewriting_a_slot_breaks_only_its_channel() {
+    if skipped("split_direct") {
+        return;
+    }
+    let last = against_hostile_peer("dirrw", "rewritten-slot");
+    assert!(field(&last, "direct-received") > 0, "{last}");
+    assert!(field(&last, "broken") >= 1, "the victim noticed: {last}");
+}
+
+#[test]
+fn a_peer_that_stops_mid_message_leaves_the_pull_to_the_backend() {
+    if skipped("split_direct") {
+        return;
+    }
+    let last = against_hostile_peer("dirst", "stop-large");
+    assert!(field(&last, "stalled") >= 1, "the victim gave up on the peer: {last}");
+    assert_eq!(field(&last, "broken"), 0, "{last}");
+}

@@ -127,6 +127,16 @@ pub fn run(shared: Arc<Shared>) {
                 (n, link.port_fd())
             };
             let delivered = delivered + take_in_direct(&shared, &ep, now_ns);
+            if ep
+                .direct
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pulling()
+            {
+                // A stalled direct pull is noticed by looking again.
+                let t = (super::direct::PULL_STALL.as_millis() / 4) as libc::c_int;
+                timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
+            }
             if delivered > 0 {
                 ep.mailbox.ring();
             }

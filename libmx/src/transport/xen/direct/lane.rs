@@ -231,6 +231,29 @@ impl Producer {
         Ok(Pushed::Sent { notify })
     }
 
+    /// Fault injection (`XMX_DIRECT_FAULT`, tests of the peer's defences):
+    /// publishes a producer index that is not a multiple of 8.
+    pub fn publish_garbage_index(&mut self) {
+        self.end
+            .word(self.end.at.prod)
+            .store(self.prod.wrapping_add(4), Ordering::Release);
+    }
+
+    /// Fault injection: publishes a record whose header claims more bytes
+    /// than a record may hold (a slot rewritten by its producer).
+    pub fn publish_rewritten_slot(&mut self) {
+        let cons = self.end.word(self.end.at.cons).load(Ordering::Acquire);
+        let pos = self.prod as usize % DATA_BYTES;
+        if DATA_BYTES - (self.prod.wrapping_sub(cons) as usize) < HEADER || DATA_BYTES - pos < 64 {
+            return;
+        }
+        self.header(pos, u32::MAX, KIND_FRAME);
+        self.prod = self.prod.wrapping_add(64);
+        self.end
+            .word(self.end.at.prod)
+            .store(self.prod, Ordering::Release);
+    }
+
     fn header(&self, pos: usize, len: u32, kind: u32) {
         let mut h = [0u8; HEADER];
         h[..4].copy_from_slice(&len.to_le_bytes());

@@ -66,6 +66,34 @@ const TOKEN: &str = "xmx-libmx:direct";
 /// Records taken off one channel per call, so one busy peer cannot starve
 /// the others.
 const TAKE_BATCH: usize = 256;
+/// How long a direct pull may go without data before it is finished
+/// through the backend (the peer stopped serving it, or is gone).
+pub const PULL_STALL: Duration = Duration::from_secs(1);
+/// Frames a faulty side (`XMX_DIRECT_FAULT`) sends correctly first.
+const FAULT_AFTER: u64 = 200;
+
+/// Misbehaviour a test asks of this side of every channel
+/// (`XMX_DIRECT_FAULT`), to check that the peer's library survives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `garbage-index`: a producer index that is not a multiple of 8.
+    GarbageIndex,
+    /// `rewritten-slot`: a record header claiming 4 GiB.
+    RewrittenSlot,
+    /// `stop-large`: pulls asked of this side are never served.
+    StopLarge,
+}
+
+impl Fault {
+    fn from_env() -> Option<Fault> {
+        match std::env::var("XMX_DIRECT_FAULT").ok()?.trim() {
+            "garbage-index" => Some(Fault::GarbageIndex),
+            "rewritten-slot" => Some(Fault::RewrittenSlot),
+            "stop-large" => Some(Fault::StopLarge),
+            _ => None,
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -126,6 +154,8 @@ pub struct Sink {
     /// Bytes pulled.
     pub length: u32,
     got: u64,
+    /// When data last came (or the pull was asked).
+    progress: std::time::Instant,
 }
 
 impl Sink {
@@ -145,6 +175,7 @@ impl Sink {
             dest,
             length,
             got: 0,
+            progress: std::time::Instant::now(),
         }
     }
 }
@@ -195,6 +226,12 @@ impl EndpointDirect {
         self.slots.values().any(|s| matches!(s, Slot::Open(_)))
     }
 
+    /// Whether a pull over a channel is under way (its stall must be
+    /// noticed even if nothing else happens).
+    pub fn pulling(&self) -> bool {
+        !self.sinks.is_empty()
+    }
+
     /// The pulls to do again through the backend.
     pub fn take_orphans(&mut self) -> Vec<Sink> {
         std::mem::take(&mut self.orphans)
@@ -238,6 +275,8 @@ pub struct Hub {
     xs: Box<dyn Xenstore>,
     offers: Mutex<Offers>,
     generation: AtomicU64,
+    fault: Option<Fault>,
+    sent: AtomicU64,
 }
 
 /// Why the hub could not start (the library then uses the backend only).
@@ -263,6 +302,8 @@ impl Hub {
             xs,
             offers: Mutex::new(Offers::default()),
             generation: AtomicU64::new(1),
+            fault: Fault::from_env(),
+            sent: AtomicU64::new(0),
         };
         hub.reload_offers();
         Ok(hub)
@@ -371,7 +412,17 @@ impl Hub {
                 match ch.lanes.tx.push(&d.scratch) {
                     Ok(Pushed::Full) => return false,
                     Ok(Pushed::Sent { notify }) => {
-                        if notify {
+                        let sent = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
+                        match self.fault {
+                            Some(Fault::GarbageIndex) if sent >= FAULT_AFTER => {
+                                ch.lanes.tx.publish_garbage_index()
+                            }
+                            Some(Fault::RewrittenSlot) if sent >= FAULT_AFTER => {
+                                ch.lanes.tx.publish_rewritten_slot()
+                            }
+                            _ => {}
+                        }
+                        if notify || (self.fault.is_some() && sent >= FAULT_AFTER) {
                             if let Err(e) = self.evtchn.notify(ch.port) {
                                 tracing::debug!(%e, "signalling a direct channel");
                             }
@@ -621,6 +672,7 @@ impl Hub {
                     at += unsafe { ch.lanes.rx.copy_out(rec, at, addr as *mut u8, len) };
                 });
                 sink.got += n as u64;
+                sink.progress = std::time::Instant::now();
                 if sink.got >= u64::from(sink.length) {
                     if let Some(s) = d.sinks.remove(&head.tag) {
                         done.push((s.id, Ok(())));
@@ -656,6 +708,9 @@ impl Hub {
 
     /// Sends what the jobs can send until a lane is full.
     fn pump(&self, d: &mut EndpointDirect, endpoint: u8, link: &mut dyn LinkAccess) {
+        if self.fault == Some(Fault::StopLarge) {
+            return;
+        }
         while let Some(job) = d.jobs.front_mut() {
             let Some(Slot::Open(ch)) = d.slots.get_mut(&job.peer) else {
                 d.jobs.pop_front();
@@ -789,6 +844,20 @@ impl Hub {
         }
         for (addr, why) in broken {
             self.broken(d, addr, why);
+        }
+        // A peer that stops serving a pull loses its channel: the pulls go
+        // through the backend, and so does everything after them.
+        let mut stalled: Vec<PeerAddr> = d
+            .sinks
+            .values()
+            .filter(|s| s.progress.elapsed() >= PULL_STALL)
+            .map(|s| s.source)
+            .collect();
+        stalled.dedup();
+        for peer in stalled {
+            tracing::warn!(?peer, "a direct pull stalled; the peer's channel ends");
+            counters::add(Counter::DirectPullsStalled, 1);
+            d.end(self, peer, self.generation(), "a pull stalled");
         }
         for f in &frames {
             if matches!(f.body, Body::ConnectRequest(_) | Body::ConnectReply(_)) {
