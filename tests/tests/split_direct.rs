@@ -221,3 +221,87 @@ fn a_peer_that_stops_mid_message_leaves_the_pull_to_the_backend() {
     assert!(field(&last, "stalled") >= 1, "the victim gave up on the peer: {last}");
     assert_eq!(field(&last, "broken"), 0, "{last}");
 }
+
+/// Pages of a direct channel (the control page and two 512 KiB lanes), as
+/// the survivor maps them.
+const CHANNEL_PAGES: usize = 1 + 2 * 128;
+
+/// Lines of `/proc/<pid>/maps` of `root`'s processes naming `needle`.
+fn mapped(root: i32, needle: &str) -> Vec<String> {
+    let mut pids = vec![root];
+    pids.extend(xmx_tests::app::descendants(root));
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/maps")).ok())
+        .flat_map(|m| {
+            m.lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
+    if skipped("split_direct") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up("dirds", &[]);
+    let doomed = c.host(ACTIVE.0).guests[ACTIVE.1].domid;
+    let survivor = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
+    assert!(doomed < survivor, "g0 creates the channel, g1 maps it");
+    // The survivor never gives up on the pull by itself: only the
+    // destruction ends it.
+    let mut p = App::spawn(
+        "direct -l 2 (survivor)",
+        c.app(
+            PASSIVE.0,
+            PASSIVE.1,
+            &bin,
+            &["-l", "2"],
+            &[("XMX_SURVIVE_PEER", "1"), ("XMX_DIRECT_STALL_MS", "600000")],
+        ),
+    );
+    c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
+    let peer = c.hostname(PASSIVE.0, PASSIVE.1);
+    let mut a = App::spawn(
+        "direct -d (doomed, never serves a pull)",
+        c.app(
+            ACTIVE.0,
+            ACTIVE.1,
+            &bin,
+            &["-d", &peer, "-e", "2"],
+            &[("XMX_DIRECT_FAULT", "stop-large"), ("XMX_EXPECT_DIRECT", "1")],
+        ),
+    );
+    // Every send of phase 1 is posted; the survivor takes the messages
+    // before the first LARGE one (the tenth) and pulls it over the channel,
+    // which maps the doomed guest's pages.
+    a.wait_line(LINE, |l| l == "posted phase 1");
+    let r = c.wait_domain(0, survivor, LINE, |s| s.mappings_held >= CHANNEL_PAGES);
+    assert!(r.is_ok(), "the survivor maps the channel: {r:?}");
+    let needle = format!("dom{doomed}/mem");
+    assert!(
+        !mapped(p.pid(), &needle).is_empty(),
+        "the survivor's process maps {needle}"
+    );
+
+    c.sim_admin(0).destroy(doomed).expect("destroying g0 of h0");
+    // dom0 revokes the channel; the survivor unmaps, and its pull goes to
+    // the backend, which fails it: the peer is gone.
+    let r = c.wait_domain(0, survivor, LINE, |s| s.mappings_held == 0);
+    assert!(r.is_ok(), "the survivor still maps pages: {r:?}");
+    assert_eq!(c.admin(0, &["direct"])["pairs"], serde_json::json!([]));
+    p.wait_line(LINE, |l| l == "endpoint works after the peer went");
+    let left = mapped(p.pid(), &needle);
+    assert!(left.is_empty(), "the survivor still maps {needle}: {left:?}");
+    p.send_line("done");
+    let p = p.finish();
+    assert!(passed(&p), "{}", show(&p));
+    assert!(p.stdout.contains("lost message 9:"), "{}", show(&p));
+    a.kill_program("direct");
+    drop(a.finish());
+}

@@ -277,6 +277,8 @@ pub struct Hub {
     generation: AtomicU64,
     fault: Option<Fault>,
     sent: AtomicU64,
+    /// `XMX_DIRECT_STALL_MS`, else [`PULL_STALL`].
+    stall: Duration,
 }
 
 /// Why the hub could not start (the library then uses the backend only).
@@ -304,6 +306,10 @@ impl Hub {
             generation: AtomicU64::new(1),
             fault: Fault::from_env(),
             sent: AtomicU64::new(0),
+            stall: std::env::var("XMX_DIRECT_STALL_MS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map_or(PULL_STALL, Duration::from_millis),
         };
         hub.reload_offers();
         Ok(hub)
@@ -850,7 +856,7 @@ impl Hub {
         let mut stalled: Vec<PeerAddr> = d
             .sinks
             .values()
-            .filter(|s| s.progress.elapsed() >= PULL_STALL)
+            .filter(|s| s.progress.elapsed() >= self.stall)
             .map(|s| s.source)
             .collect();
         stalled.dedup();
