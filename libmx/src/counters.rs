@@ -54,7 +54,10 @@ pub const ALL: [(Counter, &str); 16] = [
     (Counter::DirectFramesReceived, "Direct frames received"),
     (Counter::DirectChannelsOpened, "Direct channels opened"),
     (Counter::DirectChannelsClosed, "Direct channels closed"),
-    (Counter::DirectChannelsBroken, "Direct channels broken by the peer"),
+    (
+        Counter::DirectChannelsBroken,
+        "Direct channels broken by the peer",
+    ),
     (Counter::DirectPulls, "Direct LARGE pulls"),
     (Counter::DirectPullsStalled, "Direct LARGE pulls stalled"),
 ];

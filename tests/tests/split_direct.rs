@@ -77,7 +77,10 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     let env = [("XMX_EXPECT_DIRECT", "1")];
     let (p, mut a) = start(&c, &bin, &env);
     let one = a.wait_line(LINE, |l| l.starts_with("phase 1 "));
-    assert!(field(&one, "direct-sent") > 0, "phase 1 used the channel: {one}");
+    assert!(
+        field(&one, "direct-sent") > 0,
+        "phase 1 used the channel: {one}"
+    );
     assert!(field(&one, "opened") >= 1, "{one}");
     assert_eq!(field(&one, "broken"), 0, "{one}");
 
@@ -86,34 +89,42 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     assert_eq!(pairs(&c), 0, "revoked");
     a.send_line("go");
     let two = a.wait_line(LINE, |l| l.starts_with("phase 2 "));
-    assert!(field(&two, "closed") >= 1, "the revoke closed the channel: {two}");
+    assert!(
+        field(&two, "closed") >= 1,
+        "the revoke closed the channel: {two}"
+    );
 
     c.admin(0, &["direct", "on"]);
     assert_eq!(pairs(&c), 1, "offered again");
     a.send_line("go");
     let three = a.wait_line(LINE, |l| l.starts_with("phase 3 "));
-    assert!(field(&three, "opened") >= 2, "the channel came back: {three}");
+    assert!(
+        field(&three, "opened") >= 2,
+        "the channel came back: {three}"
+    );
     assert!(
         field(&three, "direct-sent") > field(&two, "direct-sent"),
         "phase 3 used the channel again: {two} / {three}"
     );
     let a = a.finish();
     let p = p.finish();
-    assert!(
-        passed(&p) && passed(&a),
-        "{}\n{}",
-        show(&p),
-        show(&a)
-    );
+    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
     // The passive side checked all 900 messages: order, lengths, bytes.
-    assert!(p.stdout.contains("received 900 messages in order"), "{}", show(&p));
+    assert!(
+        p.stdout.contains("received 900 messages in order"),
+        "{}",
+        show(&p)
+    );
     let last = p
         .stdout
         .lines()
         .find(|l| l.starts_with("passive "))
         .expect("passive counters");
     assert!(field(last, "direct-received") > 0, "{last}");
-    assert!(field(last, "pulls") > 0, "LARGE data went over the channel: {last}");
+    assert!(
+        field(last, "pulls") > 0,
+        "LARGE data went over the channel: {last}"
+    );
     assert_eq!(field(last, "broken"), 0, "{last}");
     println!("active: {one}\nactive: {two}\nactive: {three}\n{last}");
 }
@@ -181,7 +192,11 @@ fn against_hostile_peer(tag: &str, fault: &str) -> String {
     let a = a.finish();
     let p = p.finish();
     assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
-    assert!(p.stdout.contains("received 900 messages in order"), "{}", show(&p));
+    assert!(
+        p.stdout.contains("received 900 messages in order"),
+        "{}",
+        show(&p)
+    );
     let last = p
         .stdout
         .lines()
@@ -218,7 +233,10 @@ fn a_peer_that_stops_mid_message_leaves_the_pull_to_the_backend() {
         return;
     }
     let last = against_hostile_peer("dirst", "stop-large");
-    assert!(field(&last, "stalled") >= 1, "the victim gave up on the peer: {last}");
+    assert!(
+        field(&last, "stalled") >= 1,
+        "the victim gave up on the peer: {last}"
+    );
     assert_eq!(field(&last, "broken"), 0, "{last}");
 }
 
@@ -274,7 +292,10 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
             ACTIVE.1,
             &bin,
             &["-d", &peer, "-e", "2"],
-            &[("XMX_DIRECT_FAULT", "stop-large"), ("XMX_EXPECT_DIRECT", "1")],
+            &[
+                ("XMX_DIRECT_FAULT", "stop-large"),
+                ("XMX_EXPECT_DIRECT", "1"),
+            ],
         ),
     );
     // Every send of phase 1 is posted; the survivor takes the messages
@@ -297,7 +318,10 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
     assert_eq!(c.admin(0, &["direct"])["pairs"], serde_json::json!([]));
     p.wait_line(LINE, |l| l == "endpoint works after the peer went");
     let left = mapped(p.pid(), &needle);
-    assert!(left.is_empty(), "the survivor still maps {needle}: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the survivor still maps {needle}: {left:?}"
+    );
     p.send_line("done");
     let p = p.finish();
     assert!(passed(&p), "{}", show(&p));

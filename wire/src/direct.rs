@@ -81,7 +81,10 @@ mod tests {
         for bad in ["", "2", "2-", "-3", "2-256", "a-b", "1-2-3"] {
             assert_eq!(parse_channel_name(bad), None, "{bad}");
         }
-        assert_eq!(parse_refs(&format_refs(&[1, 2, 40]), 3), Some(vec![1, 2, 40]));
+        assert_eq!(
+            parse_refs(&format_refs(&[1, 2, 40]), 3),
+            Some(vec![1, 2, 40])
+        );
         assert_eq!(parse_refs("1,2,3,4", 3), None);
         assert_eq!(parse_refs("", 3), None);
         assert_eq!(parse_refs("1,x", 3), None);

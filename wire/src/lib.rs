@@ -17,9 +17,9 @@
 #![allow(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod direct;
 pub mod msg;
 pub mod mxoe;
-pub mod direct;
 pub mod peer_view;
 pub mod ring;
 pub mod xenbus;

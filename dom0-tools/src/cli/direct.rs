@@ -30,7 +30,10 @@ pub(super) fn run(args: &DirectArgs) -> Result<i32> {
         return Ok(0);
     }
     let state = if report.enabled { "on" } else { "off" };
-    println!("direct channels {state}; pairs offered: {}", report.pairs.len());
+    println!(
+        "direct channels {state}; pairs offered: {}",
+        report.pairs.len()
+    );
     for (a, b) in &report.pairs {
         println!("  domain {a} <-> domain {b}");
     }

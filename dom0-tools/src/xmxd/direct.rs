@@ -147,9 +147,17 @@ impl Broker {
                 let dir = direct::offers_dir(ts, me.0);
                 if xs.read(tx, &dir).is_err() {
                     xs.mkdir(tx, &dir)?;
-                    xs.set_perms(tx, &dir, &[perm(ts, XsAccess::None), perm(me.0, XsAccess::Read)])?;
+                    xs.set_perms(
+                        tx,
+                        &dir,
+                        &[perm(ts, XsAccess::None), perm(me.0, XsAccess::Read)],
+                    )?;
                 }
-                xs.write(tx, &format!("{dir}/{}", other.0), other.1.to_string().as_bytes())?;
+                xs.write(
+                    tx,
+                    &format!("{dir}/{}", other.0),
+                    other.1.to_string().as_bytes(),
+                )?;
             }
             Ok(())
         })?;
@@ -185,6 +193,9 @@ mod tests {
         let p = pairs(&[m(3, 3, 1), m(1, 1, 1), m(2, 2, 2), m(4, 4, 2), m(5, 5, 1)]);
         let keys: Vec<_> = p.keys().copied().collect();
         assert_eq!(keys, vec![(1, 3), (1, 5), (2, 4), (3, 5)]);
-        assert_eq!(p[&(1, 3)], (Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 3])));
+        assert_eq!(
+            p[&(1, 3)],
+            (Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 3]))
+        );
     }
 }

@@ -28,9 +28,8 @@ use xmx_wire::{peer_view, xenbus};
 use super::announce::EntryRepr;
 use super::backend::BackendLink;
 use super::control::{
-    DirectReport,
-    ClusterReport, ControlServer, Dispatch, GuestStatus, PeersReport, QosReport, Request,
-    StatusReport, MAX_WAIT,
+    ClusterReport, ControlServer, DirectReport, Dispatch, GuestStatus, PeersReport, QosReport,
+    Request, StatusReport, MAX_WAIT,
 };
 use super::direct;
 use super::discovery::{Discovery, DiscoveryConfig};

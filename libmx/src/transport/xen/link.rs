@@ -430,7 +430,13 @@ impl Link {
     ///
     /// # Safety
     /// `dst` must be valid for `n` bytes of writes.
-    pub unsafe fn read_lent(&self, window: RdmaWindow, offset: usize, dst: *mut u8, n: usize) -> bool {
+    pub unsafe fn read_lent(
+        &self,
+        window: RdmaWindow,
+        offset: usize,
+        dst: *mut u8,
+        n: usize,
+    ) -> bool {
         let Some(data) = self.lent_data.get(&(window.id, window.seqnum)) else {
             return false;
         };

@@ -441,7 +441,10 @@ mod tests {
             b: 100,
             ..pull
         };
-        assert_eq!(PullHead::decode(&data.encode(), PULL_HEAD + 100), Some(data));
+        assert_eq!(
+            PullHead::decode(&data.encode(), PULL_HEAD + 100),
+            Some(data)
+        );
         assert_eq!(PullHead::decode(&data.encode(), PULL_HEAD + 99), None);
         let huge = PullHead {
             b: MAX_DATA as u32 + 1,

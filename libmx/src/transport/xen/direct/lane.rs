@@ -292,7 +292,7 @@ impl Consumer {
             if avail == 0 {
                 return Ok(None);
             }
-            if avail > DATA_BYTES || avail % 8 != 0 {
+            if avail > DATA_BYTES || !avail.is_multiple_of(8) {
                 return Err(Broken("producer index out of range"));
             }
             let pos = self.cons as usize % DATA_BYTES;
@@ -332,7 +332,9 @@ impl Consumer {
             // SAFETY: `rec` was checked by `peek` to lie inside the data area
             // (`rec.pos + HEADER + rec.len <= DATA_BYTES`) and `offset + n <=
             // rec.len`; the caller vouches for `dst`.
-            unsafe { std::ptr::copy_nonoverlapping(self.end.data(rec.pos + HEADER + offset), dst, n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.end.data(rec.pos + HEADER + offset), dst, n)
+            };
         }
         n
     }
@@ -402,7 +404,10 @@ mod tests {
                         assert!(b.rx.pop(&mut out).unwrap());
                         let want = (next_in as usize * 37) % MAX_FRAME;
                         assert_eq!(out.len(), want);
-                        assert!(out.iter().enumerate().all(|(k, &x)| x == (k as u32 ^ next_in) as u8));
+                        assert!(out
+                            .iter()
+                            .enumerate()
+                            .all(|(k, &x)| x == (k as u32 ^ next_in) as u8));
                         next_in += 1;
                     }
                 }
@@ -430,7 +435,11 @@ mod tests {
         *m.word(lane0.prod) = (DATA_BYTES + 8) as u32;
         assert!(b.rx.pop(&mut Vec::new()).is_err());
         // A record header that lies about its length, or its kind.
-        for (len, kind) in [(u32::MAX, KIND_FRAME), (MAX_FRAME as u32 + 1, KIND_FRAME), (8, 77)] {
+        for (len, kind) in [
+            (u32::MAX, KIND_FRAME),
+            (MAX_FRAME as u32 + 1, KIND_FRAME),
+            (8, 77),
+        ] {
             let mut m = Mem::new();
             // SAFETY: `m` outlives the lanes.
             let mut b = unsafe { Lanes::new(m.base(), false) };

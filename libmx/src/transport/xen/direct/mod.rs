@@ -46,8 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use xmx_hv::{
-    DomId, EventChannels, GrantTable, GrantedPages, MappedPages, Platform, Port, Xenstore,
-    XBT_NULL,
+    DomId, EventChannels, GrantTable, GrantedPages, MappedPages, Platform, Port, Xenstore, XBT_NULL,
 };
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::direct as names;
@@ -58,8 +57,8 @@ use self::lane::{Broken, Lanes, Pushed, CHANNEL_PAGES};
 use super::peers::{read_nodes, PeerView};
 use crate::counters::{self, Counter};
 use crate::segments::Segments;
-use crate::transport::PullProgress;
 use crate::transport::mailbox::Mailbox;
+use crate::transport::PullProgress;
 
 /// The watch token of the hub's xenstore connection.
 const TOKEN: &str = "xmx-libmx:direct";
@@ -203,8 +202,13 @@ pub trait LinkAccess {
     ///
     /// # Safety
     /// `dst` must be valid for `n` bytes of writes.
-    unsafe fn read_lent(&mut self, window: RdmaWindow, offset: usize, dst: *mut u8, n: usize)
-        -> bool;
+    unsafe fn read_lent(
+        &mut self,
+        window: RdmaWindow,
+        offset: usize,
+        dst: *mut u8,
+        n: usize,
+    ) -> bool;
 }
 
 /// An endpoint's direct channels.
@@ -534,7 +538,10 @@ impl Hub {
             .evtchn
             .bind_interdomain(peer, remote_port)
             .map_err(|e| format!("binding: {e}"))?;
-        if let Err(e) = self.xs.write(XBT_NULL, &format!("{dir}/state"), b"connected") {
+        if let Err(e) = self
+            .xs
+            .write(XBT_NULL, &format!("{dir}/state"), b"connected")
+        {
             let _ = self.evtchn.close(port);
             return Err(format!("state: {e}"));
         }
@@ -562,7 +569,10 @@ impl Hub {
         } else {
             self.xs
                 .read(XBT_NULL, &format!("{}/state", ch.dir))
-                .and_then(|_| self.xs.write(XBT_NULL, &format!("{}/state", ch.dir), b"closed"))
+                .and_then(|_| {
+                    self.xs
+                        .write(XBT_NULL, &format!("{}/state", ch.dir), b"closed")
+                })
         };
         if let Err(e) = res {
             tracing::trace!(%e, dir = ch.dir, "direct channel nodes already gone");
@@ -576,19 +586,18 @@ impl Hub {
     /// The peer broke the channel to `dest`: closed, and not opened again
     /// until the offers change.
     fn broken(&self, d: &mut EndpointDirect, dest: PeerAddr, why: &'static str) {
-        tracing::warn!(?dest, why, "the peer broke a direct channel; using the backend");
+        tracing::warn!(
+            ?dest,
+            why,
+            "the peer broke a direct channel; using the backend"
+        );
         counters::add(Counter::DirectChannelsBroken, 1);
         d.end(self, dest, self.generation(), why);
     }
 
     /// Starts pulling a LARGE message over the channel to `source`, if it
     /// has one; `None`: pull through the backend.
-    pub fn pull(
-        &self,
-        d: &mut EndpointDirect,
-        endpoint: u8,
-        sink: Sink,
-    ) -> Option<PullProgress> {
+    pub fn pull(&self, d: &mut EndpointDirect, endpoint: u8, sink: Sink) -> Option<PullProgress> {
         let Some(Slot::Open(ch)) = d.slots.get_mut(&sink.source) else {
             return None;
         };
@@ -651,11 +660,9 @@ impl Hub {
                     self.refuse(d, endpoint, peer, head.tag);
                 }
             }
-            PULL_ERR => {
-                if d.sinks.get(&head.tag).is_some_and(|s| s.source == peer) {
-                    if let Some(s) = d.sinks.remove(&head.tag) {
-                        d.orphans.push(s);
-                    }
+            PULL_ERR if d.sinks.get(&head.tag).is_some_and(|s| s.source == peer) => {
+                if let Some(s) = d.sinks.remove(&head.tag) {
+                    d.orphans.push(s);
                 }
             }
             DATA => {
@@ -663,7 +670,10 @@ impl Hub {
                     return;
                 };
                 let (offset, n) = (head.a as usize, head.b as usize);
-                if offset.checked_add(n).is_none_or(|end| end > sink.length as usize) {
+                if offset
+                    .checked_add(n)
+                    .is_none_or(|end| end > sink.length as usize)
+                {
                     return;
                 }
                 let Some(Slot::Open(ch)) = d.slots.get(&peer) else {
@@ -740,7 +750,8 @@ impl Hub {
                 let pushed = ch.lanes.tx.push_parts(&head.encode(), n as usize, |dst| {
                     // SAFETY: `dst` is the record's body in the lane, room
                     // for exactly `n` bytes (push_parts reserved them).
-                    lent = unsafe { link.read_lent(job.window, job.sent as usize, dst, n as usize) };
+                    lent =
+                        unsafe { link.read_lent(job.window, job.sent as usize, dst, n as usize) };
                     lent
                 });
                 match pushed {
@@ -832,7 +843,9 @@ impl Hub {
                         scratch.set_len(n);
                     }
                     match codec::decode(scratch, ch.peer.peer_index) {
-                        Some(f) if f.dst_endpoint == endpoint && f.src_endpoint == addr.endpoint => {
+                        Some(f)
+                            if f.dst_endpoint == endpoint && f.src_endpoint == addr.endpoint =>
+                        {
                             frames.push(f)
                         }
                         _ => tracing::debug!(?addr, "dropping a malformed direct frame"),
