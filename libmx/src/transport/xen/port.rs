@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::frame::{Message, MessageKind};
+use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::link::Link;
 use super::windows::Daemon;
@@ -90,6 +91,13 @@ impl Port for XenPort {
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
         if let Some(hub) = &self.shared.direct {
             let mut d = lock(&self.ep.direct);
+            if let Body::Message(Message {
+                kind: MessageKind::Rndv(r),
+                ..
+            }) = &frame.body
+            {
+                d.announce(r.window, frame.destination());
+            }
             if hub.transmit(self.ep.index, &mut d, &self.shared.view, &frame) {
                 return;
             }
@@ -187,6 +195,7 @@ impl Regions for XenRegions {
     }
 
     fn release(&self, window: RdmaWindow) {
+        lock(&self.ep.direct).withdraw(window);
         let mut reg = Daemon(&self.shared.client);
         lock(&self.ep.link).release(&mut reg, window);
     }

@@ -222,6 +222,9 @@ pub struct EndpointDirect {
     /// Pulls whose channel ended before they finished: the caller pulls
     /// them again through the backend.
     orphans: Vec<Sink>,
+    /// The endpoint each lent window was announced to (by its RNDV): only
+    /// that endpoint may pull it over a channel.
+    announced: HashMap<(u8, u8), PeerAddr>,
 }
 
 impl EndpointDirect {
@@ -234,6 +237,16 @@ impl EndpointDirect {
     /// noticed even if nothing else happens).
     pub fn pulling(&self) -> bool {
         !self.sinks.is_empty()
+    }
+
+    /// A RNDV announces `window` to `peer`.
+    pub fn announce(&mut self, window: RdmaWindow, peer: PeerAddr) {
+        self.announced.insert((window.id, window.seqnum), peer);
+    }
+
+    /// The send lending `window` is over.
+    pub fn withdraw(&mut self, window: RdmaWindow) {
+        self.announced.remove(&(window.id, window.seqnum));
     }
 
     /// The pulls to do again through the backend.
@@ -648,7 +661,12 @@ impl Hub {
         }
         match head.kind {
             PULL => {
-                if d.jobs.len() < MAX_JOBS {
+                // A peer pulls only what was announced to it: never the
+                // data of a send to another endpoint.
+                let window = (head.window.id, head.window.seqnum);
+                if d.announced.get(&window) != Some(&peer) {
+                    self.refuse(d, endpoint, peer, head.tag);
+                } else if d.jobs.len() < MAX_JOBS {
                     d.jobs.push_back(Job {
                         peer,
                         tag: head.tag,
@@ -1029,5 +1047,6 @@ impl Hub {
         d.sinks.clear();
         d.jobs.clear();
         d.orphans.clear();
+        d.announced.clear();
     }
 }
