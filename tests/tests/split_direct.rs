@@ -10,6 +10,8 @@
 //! closed, and came back. With `MX_DISABLE_SHMEM=1` the same
 //! program runs with no channel at all.
 //!
+//! The channel is opt-in for now (`XMX_DIRECT=1`, set by every test here).
+//!
 //! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
 //! otherwise.
 
@@ -74,7 +76,7 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     // Two guests per host, all in the default cluster: one pair per host.
     assert_eq!(pairs(&c), 1, "h0's xmxd offers its one pair");
 
-    let env = [("XMX_EXPECT_DIRECT", "1")];
+    let env = [("XMX_EXPECT_DIRECT", "1"), ("XMX_DIRECT", "1")];
     let (p, mut a) = start(&c, &bin, &env);
     let one = a.wait_line(LINE, |l| l.starts_with("phase 1 "));
     assert!(
@@ -138,7 +140,7 @@ fn disable_shmem_keeps_co_located_guests_on_the_backend() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = cprog::build("direct", dir.path());
     let c = SimCluster::up("dirx", &[]);
-    let env = [("MX_DISABLE_SHMEM", "1")];
+    let env = [("MX_DISABLE_SHMEM", "1"), ("XMX_DIRECT", "1")];
     let (p, mut a) = start(&c, &bin, &env);
     for phase in 1..=3 {
         let line = a.wait_line(LINE, |l| l.starts_with(&format!("phase {phase} ")));
@@ -171,7 +173,13 @@ fn against_hostile_peer(tag: &str, fault: &str) -> String {
     let c = SimCluster::up(tag, &[]);
     let p = App::spawn(
         "direct -l 2 (victim)",
-        c.app(PASSIVE.0, PASSIVE.1, &bin, &["-l", "2"], &[]),
+        c.app(
+            PASSIVE.0,
+            PASSIVE.1,
+            &bin,
+            &["-l", "2"],
+            &[("XMX_DIRECT", "1")],
+        ),
     );
     c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
     let peer = c.hostname(PASSIVE.0, PASSIVE.1);
@@ -182,7 +190,7 @@ fn against_hostile_peer(tag: &str, fault: &str) -> String {
             ACTIVE.1,
             &bin,
             &["-d", &peer, "-e", "2"],
-            &[("XMX_DIRECT_FAULT", fault)],
+            &[("XMX_DIRECT_FAULT", fault), ("XMX_DIRECT", "1")],
         ),
     );
     for phase in 1..=2 {
@@ -280,7 +288,11 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
             PASSIVE.1,
             &bin,
             &["-l", "2"],
-            &[("XMX_SURVIVE_PEER", "1"), ("XMX_DIRECT_STALL_MS", "600000")],
+            &[
+                ("XMX_SURVIVE_PEER", "1"),
+                ("XMX_DIRECT_STALL_MS", "600000"),
+                ("XMX_DIRECT", "1"),
+            ],
         ),
     );
     c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
@@ -294,6 +306,7 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
             &["-d", &peer, "-e", "2"],
             &[
                 ("XMX_DIRECT_FAULT", "stop-large"),
+                ("XMX_DIRECT", "1"),
                 ("XMX_EXPECT_DIRECT", "1"),
             ],
         ),

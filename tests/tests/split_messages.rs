@@ -35,10 +35,12 @@ fn pingpong(
     direct: bool,
 ) -> (Vec<PingpongLine>, Option<u64>, Option<u64>) {
     let shmem = if direct { "0" } else { "1" };
+    let on = if direct { "1" } else { "0" };
     let env = [
         ("MX_RCACHE", rcache),
         ("MX_VERBOSE", "1"),
         ("MX_DISABLE_SHMEM", shmem),
+        ("XMX_DIRECT", on),
     ];
     let (p, a) = c.run_pair(bin, passive, active, &env);
     p.passed();

@@ -419,7 +419,8 @@ struct GuestSetup {
     /// library spins for [`POLL_SETUP_SPIN_US`] before it blocks: more pollers than
     /// cores, as on a consolidated host.
     poll: bool,
-    /// Direct channels between co-located guests allowed (`MX_DISABLE_SHMEM=0`), or not.
+    /// Direct channels between co-located guests on (`XMX_DIRECT=1`, `MX_DISABLE_SHMEM=0`),
+    /// or off (`MX_DISABLE_SHMEM=1`).
     direct: bool,
 }
 
@@ -489,6 +490,7 @@ impl Setup for GuestSetup {
                 "MX_DISABLE_SHMEM",
                 if self.direct { "0" } else { "1" }.to_owned(),
             ),
+            ("XMX_DIRECT", if self.direct { "1" } else { "0" }.to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v));
         bed.programs

@@ -28,7 +28,8 @@
 //! and the core retransmits the frames that were lost meanwhile.
 //!
 //! Environment (read at `mx_init`): `XMX_FRONTD_SOCKET`,
-//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_ACK_DELAY_US`,
+//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_DIRECT=1` (direct channels to
+//! co-located guests, see [`direct`]; `MX_DISABLE_SHMEM=1` overrides), `XMX_ACK_DELAY_US`,
 //! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
 //! hostname lookup waits for the peer view to name it),
 //! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
@@ -106,8 +107,8 @@ pub struct XenConfig {
     /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
     /// frames, after the last one.
     pub linger: Duration,
-    /// Not `MX_DISABLE_SHMEM=1`: frames to co-located guests go through
-    /// direct channels when dom0 offers them ([`direct`]).
+    /// `XMX_DIRECT=1` and not `MX_DISABLE_SHMEM=1`: frames to co-located
+    /// guests go through direct channels when dom0 offers them ([`direct`]).
     pub direct: bool,
 }
 
@@ -148,9 +149,13 @@ impl XenConfig {
                 || super::default_close_linger(resend_delay),
                 Duration::from_millis,
             ),
-            direct: lookup("MX_DISABLE_SHMEM")
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .is_none_or(|n| n == 0),
+            // Opt-in until the intermittent lost completion seen with
+            // split_programs' `waitany` between co-located guests is found;
+            // `MX_DISABLE_SHMEM=1` turns it off whatever `XMX_DIRECT` says.
+            direct: lookup("XMX_DIRECT").is_some_and(|v| v.trim() == "1")
+                && lookup("MX_DISABLE_SHMEM")
+                    .and_then(|v| v.trim().parse::<i64>().ok())
+                    .is_none_or(|n| n == 0),
         })
     }
 }
@@ -218,6 +223,9 @@ impl Shared {
             if let Err(e) = self.view.reload(xs.as_ref(), &self.view_dir) {
                 tracing::warn!(%e, dir = %self.view_dir, "reading the peer view");
             }
+            // A channel a peer offered before this guest's view named it
+            // could not be accepted then: look again.
+            self.direct_rescan();
         }
     }
 
@@ -284,9 +292,14 @@ impl Shared {
     /// xenstore changed under the direct channels: the hub follows it.
     fn direct_changed(&self) {
         let Some(hub) = &self.direct else { return };
-        if !hub.drain_store() {
-            return;
+        if hub.drain_store() {
+            self.direct_rescan();
         }
+    }
+
+    /// The hub looks at the offers and channels again.
+    fn direct_rescan(&self) {
+        let Some(hub) = &self.direct else { return };
         let endpoints = self.endpoints();
         let list: Vec<(u8, &Mutex<direct::EndpointDirect>)> =
             endpoints.iter().map(|e| (e.index, &e.direct)).collect();
