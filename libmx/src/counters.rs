@@ -23,10 +23,24 @@ pub enum Counter {
     Connects,
     /// Messages given to the unexpected handler.
     UnexpHandlerCalls,
+    /// Frames sent on a direct channel to a co-located guest.
+    DirectFramesSent,
+    /// Frames taken off a direct channel.
+    DirectFramesReceived,
+    /// Direct channels that came up.
+    DirectChannelsOpened,
+    /// Direct channels that ended (revoked, closed by either side, broken).
+    DirectChannelsClosed,
+    /// Direct channels the peer broke (ring rules violated).
+    DirectChannelsBroken,
+    /// LARGE pulls served over a direct channel.
+    DirectPulls,
+    /// Direct pulls the peer stopped serving, finished through the backend.
+    DirectPullsStalled,
 }
 
 /// Every counter, in `mx_get_info` order, with its label.
-pub const ALL: [(Counter, &str); 9] = [
+pub const ALL: [(Counter, &str); 16] = [
     (Counter::FramesSent, "Frames sent"),
     (Counter::FramesReceived, "Frames received"),
     (Counter::Sends, "Sends posted"),
@@ -36,9 +50,19 @@ pub const ALL: [(Counter, &str); 9] = [
     (Counter::Pulls, "LARGE pulls"),
     (Counter::Connects, "Connects posted"),
     (Counter::UnexpHandlerCalls, "Unexpected handler calls"),
+    (Counter::DirectFramesSent, "Direct frames sent"),
+    (Counter::DirectFramesReceived, "Direct frames received"),
+    (Counter::DirectChannelsOpened, "Direct channels opened"),
+    (Counter::DirectChannelsClosed, "Direct channels closed"),
+    (
+        Counter::DirectChannelsBroken,
+        "Direct channels broken by the peer",
+    ),
+    (Counter::DirectPulls, "Direct LARGE pulls"),
+    (Counter::DirectPullsStalled, "Direct LARGE pulls stalled"),
 ];
 
-static VALUES: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+static VALUES: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
 
 /// Adds `n` to a counter.
 pub fn add(c: Counter, n: u64) {

@@ -136,6 +136,28 @@ impl Segments {
         done
     }
 
+    /// Calls `f(address, length)` for each piece of `[offset, offset + n)`
+    /// of the buffer, in order; returns how many bytes the pieces cover
+    /// (fewer when the buffer ends first).
+    pub fn for_range(&self, offset: usize, n: usize, mut f: impl FnMut(usize, usize)) -> usize {
+        let mut skip = offset;
+        let mut left = n;
+        for &(addr, len) in &self.parts {
+            if left == 0 {
+                break;
+            }
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let k = (len - skip).min(left);
+            f(addr + skip, k);
+            skip = 0;
+            left -= k;
+        }
+        n - left
+    }
+
     /// Copies the first `length` bytes of `self` into `dst` (a pull between
     /// two endpoints of this process); returns the bytes copied.
     pub fn copy_into(&self, dst: &Segments, length: usize) -> usize {

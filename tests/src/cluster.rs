@@ -311,6 +311,20 @@ impl SimCluster {
             .collect()
     }
 
+    /// Runs the administration subcommand `args` of `xmx` against host `i`'s
+    /// xmxd with `--json`; panics unless it succeeds. Returns its reply.
+    pub fn admin(&self, i: usize, args: &[&str]) -> Value {
+        let o = Command::new(&self.xmx)
+            .args(args)
+            .args(["--sim-name", &self.name, "--sim-host", &self.hosts[i].name])
+            .arg("--json")
+            .env_remove("XMX_XMXD_SOCKET")
+            .output()
+            .expect("running xmx");
+        assert!(o.status.success(), "xmx {args:?}: {}", output_text(&o));
+        serde_json::from_slice(&o.stdout).expect("xmx --json")
+    }
+
     /// Runs `prog` as a pair: the passive side (`-l 2`) in guest `passive`
     /// (host, guest), then, once its endpoint is open, the active side
     /// (`-d <passive's hostname> -e 2`) in guest `active`; both with `env`.

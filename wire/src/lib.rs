@@ -17,6 +17,7 @@
 #![allow(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod direct;
 pub mod msg;
 pub mod mxoe;
 pub mod peer_view;

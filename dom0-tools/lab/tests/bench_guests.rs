@@ -88,6 +88,7 @@ fn quick_run_measures_every_guest_setup() {
             "native",
             "guest-remote",
             "guest-local",
+            "guest-direct",
             "guest-nocache",
             "guest-remote-poll"
         ]

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod counters;
+mod direct;
 mod guest;
 mod peers;
 mod qos;
@@ -36,6 +37,9 @@ pub enum AdminCmd {
     /// budget and transmit queue while other guests are busy. Kept by name in dom0's
     /// xenstore; guests cannot change it.
     Qos(qos::QosArgs),
+    /// Direct channels between co-located guests of one virtual cluster: list them, or
+    /// turn them on or off for this host.
+    Direct(direct::DirectArgs),
 }
 
 /// Run one administration subcommand; returns the process exit code.
@@ -47,6 +51,7 @@ pub fn run(cmd: AdminCmd) -> Result<i32> {
         AdminCmd::Cluster { cmd } => cluster::run(cmd),
         AdminCmd::Counters(a) => counters::run(&a),
         AdminCmd::Qos(a) => qos::run(&a),
+        AdminCmd::Direct(a) => direct::run(&a),
     }
 }
 

@@ -103,6 +103,20 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u32>,
     },
+    /// Turn the direct channels between co-located guests on or off (or just report).
+    Direct {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        enabled: Option<bool>,
+    },
+}
+
+/// Reply of `direct`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectReport {
+    /// Whether channels are offered.
+    pub enabled: bool,
+    /// The pairs of domains offered a channel now (lower domid first).
+    pub pairs: Vec<(DomId, DomId)>,
 }
 
 /// Reply of `qos`.

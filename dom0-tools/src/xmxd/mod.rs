@@ -73,6 +73,7 @@
 pub mod announce;
 pub mod backend;
 pub mod control;
+pub mod direct;
 pub mod discovery;
 pub mod error;
 pub mod fabric;

@@ -28,9 +28,10 @@ use xmx_wire::{peer_view, xenbus};
 use super::announce::EntryRepr;
 use super::backend::BackendLink;
 use super::control::{
-    ClusterReport, ControlServer, Dispatch, GuestStatus, PeersReport, QosReport, Request,
-    StatusReport, MAX_WAIT,
+    ClusterReport, ControlServer, DirectReport, Dispatch, GuestStatus, PeersReport, QosReport,
+    Request, StatusReport, MAX_WAIT,
 };
+use super::direct;
 use super::discovery::{Discovery, DiscoveryConfig};
 use super::error::{Error, Result};
 use super::fabric::PacketFabric;
@@ -131,6 +132,8 @@ pub struct Core {
     /// serving its own host, looks at the interface again with a bounded backoff, and is
     /// back on the first frame the link carries again.
     fabric_fault: Option<LinkFault>,
+    /// The direct channels offered between this host's guests.
+    direct: direct::Broker,
 }
 
 impl Core {
@@ -140,6 +143,7 @@ impl Core {
         xsnodes::ensure_root(xs.as_ref(), cfg.toolstack)?;
         let store = StateStore::open(&cfg.state_dir)?;
         xsnodes::mirror_clusters(xs.as_ref(), cfg.toolstack, &store.state)?;
+        let direct = direct::Broker::new(xs.as_ref(), cfg.toolstack)?;
         let now = Instant::now();
         // Without a NIC this host is the whole fabric; its identity only has to be unicast.
         let me = fabric
@@ -170,6 +174,7 @@ impl Core {
             published: HashMap::new(),
             settle_at,
             fabric_fault: None,
+            direct,
         })
     }
 
@@ -611,6 +616,26 @@ impl Core {
             self.backend.push(self.table.to_specs());
         }
         self.publish_views();
+        self.sync_direct();
+    }
+
+    /// Offer a direct channel to every pair of attached guests of this host in one
+    /// cluster, and revoke the others.
+    fn sync_direct(&mut self) {
+        let members: Vec<direct::Member> = self
+            .domains
+            .iter()
+            .filter_map(|(&domid, d)| {
+                let a = d.attached.as_ref()?;
+                self.table.by_mac(a.mac)?;
+                Some(direct::Member {
+                    domid,
+                    mac: a.mac,
+                    cluster: a.cluster,
+                })
+            })
+            .collect();
+        self.direct.sync(self.xs.as_ref(), &members);
     }
 
     /// Show every attached guest the peers it may reach (its cluster's) in xenstore.
@@ -937,6 +962,17 @@ impl Core {
                     guest,
                     weight,
                     domains
+                })
+            }
+            Request::Direct { enabled } => {
+                if let Some(on) = enabled {
+                    self.direct.set_enabled(on);
+                    tracing::info!(enabled = on, "direct channels switched");
+                    self.sync_direct();
+                }
+                json!(DirectReport {
+                    enabled: self.direct.enabled(),
+                    pairs: self.direct.offered(),
                 })
             }
             Request::Detach { domid } => {

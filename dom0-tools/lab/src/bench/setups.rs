@@ -81,15 +81,27 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
             placement: Placement::Remote,
             rcache: true,
             poll: false,
+            direct: true,
         }),
         Box::new(GuestSetup {
             name: "guest-local",
             description:
-                "xmx between two co-located guests, h0/g0 -> h0/g1 (the backend copies between them), library defaults (MX_RCACHE=1)",
+                "xmx between two co-located guests, h0/g0 -> h0/g1, through the backend (it copies between them; MX_DISABLE_SHMEM=1), MX_RCACHE=1",
             compare: &["shm"],
             placement: Placement::Local,
             rcache: true,
             poll: false,
+            direct: false,
+        }),
+        Box::new(GuestSetup {
+            name: "guest-direct",
+            description:
+                "xmx between two co-located guests, h0/g0 -> h0/g1, on the direct channel dom0 brokers (shared rings, no backend), library defaults",
+            compare: &["shm", "guest-local"],
+            placement: Placement::Local,
+            rcache: true,
+            poll: false,
+            direct: true,
         }),
         Box::new(GuestSetup {
             name: "guest-nocache",
@@ -99,6 +111,7 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
             placement: Placement::Remote,
             rcache: false,
             poll: false,
+            direct: true,
         }),
         Box::new(GuestSetup {
             name: "guest-remote-poll",
@@ -108,6 +121,7 @@ pub fn registry() -> Vec<Box<dyn Setup>> {
             placement: Placement::Remote,
             rcache: true,
             poll: true,
+            direct: true,
         }),
     ]
 }
@@ -405,6 +419,9 @@ struct GuestSetup {
     /// library spins for [`POLL_SETUP_SPIN_US`] before it blocks: more pollers than
     /// cores, as on a consolidated host.
     poll: bool,
+    /// Direct channels between co-located guests on (`XMX_DIRECT=1`, `MX_DISABLE_SHMEM=0`),
+    /// or off (`MX_DISABLE_SHMEM=1`).
+    direct: bool,
 }
 
 /// `XMX_SPIN_US` of the polling setup: long enough that no wait of a cell ever blocks.
@@ -469,6 +486,11 @@ impl Setup for GuestSetup {
                 "MX_BENCH_POLL",
                 if self.poll { "1" } else { "0" }.to_owned(),
             ),
+            (
+                "MX_DISABLE_SHMEM",
+                if self.direct { "0" } else { "1" }.to_owned(),
+            ),
+            ("XMX_DIRECT", if self.direct { "1" } else { "0" }.to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v));
         bed.programs
@@ -505,6 +527,7 @@ mod tests {
         for n in [
             "guest-remote",
             "guest-local",
+            "guest-direct",
             "guest-nocache",
             "guest-scaling",
         ] {

@@ -14,7 +14,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::port::EndpointShared;
+use super::port::{EndpointShared, LinkRef};
 use super::windows::Daemon;
 use super::Shared;
 
@@ -23,6 +23,8 @@ enum Source {
     Wake,
     Daemon,
     PeerView,
+    DirectStore,
+    DirectEvent,
     Port(Arc<EndpointShared>),
 }
 
@@ -60,6 +62,31 @@ fn wait(fds: &[RawFd], timeout_ms: libc::c_int) -> Vec<libc::c_short> {
     polled.iter().map(|p| p.revents).collect()
 }
 
+/// Takes in what an endpoint's direct channels hold and, unless an
+/// application thread polls the endpoint, asks the peers to signal the next
+/// frame. Returns how many frames it took.
+fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
+    let Some(hub) = &shared.direct else { return 0 };
+    let mut d = ep.direct.lock().unwrap_or_else(|e| e.into_inner());
+    if !d.any_open() {
+        let orphans = d.take_orphans();
+        drop(d);
+        let n = orphans.len();
+        shared.resume_pulls(ep, orphans);
+        return n;
+    }
+    let mut link = LinkRef(&ep.link);
+    let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox, &mut link);
+    if ep.mailbox.driven_until(now_ns).is_none() && hub.arm(&d) {
+        n += hub.take_in(ep.index, &mut d, &ep.mailbox, &mut link);
+    }
+    let orphans = d.take_orphans();
+    drop(d);
+    n += orphans.len();
+    shared.resume_pulls(ep, orphans);
+    n
+}
+
 /// The driver thread's body; returns when the transport stops.
 pub fn run(shared: Arc<Shared>) {
     let ready = libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
@@ -73,6 +100,10 @@ pub fn run(shared: Arc<Shared>) {
         }
         if let Some(xs) = &shared.xs {
             sources.push((xs.watch_fd(), Source::PeerView));
+        }
+        if let Some(hub) = &shared.direct {
+            sources.push((hub.store_fd(), Source::DirectStore));
+            sources.push((hub.event_fd(), Source::DirectEvent));
         }
         let endpoints = shared.endpoints();
         let mut timeout_ms: libc::c_int = -1;
@@ -100,6 +131,17 @@ pub fn run(shared: Arc<Shared>) {
                 }
                 (n, link.port_fd())
             };
+            let delivered = delivered + take_in_direct(&shared, &ep, now_ns);
+            if ep
+                .direct
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pulling()
+            {
+                // A stalled direct pull is noticed by looking again.
+                let t = (super::direct::PULL_STALL.as_millis() / 4) as libc::c_int;
+                timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
+            }
             if delivered > 0 {
                 ep.mailbox.ring();
             }
@@ -117,6 +159,12 @@ pub fn run(shared: Arc<Shared>) {
                 Source::Wake => shared.drain_wake(),
                 Source::Daemon => shared.handle_notices(),
                 Source::PeerView => shared.peer_view_changed(),
+                Source::DirectStore => shared.direct_changed(),
+                Source::DirectEvent => {
+                    if let Some(hub) = &shared.direct {
+                        hub.drain_events();
+                    }
+                }
                 Source::Port(ep) => {
                     let mut link = ep.link.lock().unwrap_or_else(|e| e.into_inner());
                     if rev & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {

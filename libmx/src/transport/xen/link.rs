@@ -20,7 +20,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use xmx_frontend::frontd::FrontdClient;
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, RegionWindow, Registrar};
 use xmx_hv::{DomId, GrantTable};
-use xmx_mx::{PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::{Route, SendOp, SendRequest};
 use xmx_wire::ring::RingError;
 
@@ -96,6 +96,9 @@ pub struct Link {
     cache: RegionCache,
     /// Send windows lent to peers, by (region id, seqnum).
     lent: HashMap<(u8, u8), Lease>,
+    /// The application's buffer behind each lent window (direct-channel
+    /// pulls read it).
+    lent_data: HashMap<(u8, u8), Segments>,
     sinks: HashMap<u32, Sink>,
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
@@ -149,6 +152,7 @@ impl Link {
             sessions: PeerSessions::default(),
             cache: RegionCache::new(rcache, CACHE_CAPACITY.min(max_regions.max(1))),
             lent: HashMap::new(),
+            lent_data: HashMap::new(),
             sinks: HashMap::new(),
             deferred: VecDeque::new(),
             generations: [0; 256],
@@ -550,6 +554,46 @@ impl Link {
         }
     }
 
+    /// Learns the peer's session from a connect that came another way (a
+    /// direct channel).
+    pub fn observe(&mut self, frame: &Frame<Vec<u8>>) {
+        self.sessions.observe(frame);
+    }
+
+    /// Copies `n` bytes at `offset` of the data a LARGE send lends under
+    /// `window` to `dst`, for a peer pulling over a direct channel; false if
+    /// the window is not lent (any more) or the range is beyond its data.
+    /// The application's buffer is read while the link's lock is held, so
+    /// the send cannot complete (and the buffer go) during the copy.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `n` bytes of writes.
+    pub unsafe fn read_lent(
+        &self,
+        window: RdmaWindow,
+        offset: usize,
+        dst: *mut u8,
+        n: usize,
+    ) -> bool {
+        let Some(data) = self.lent_data.get(&(window.id, window.seqnum)) else {
+            return false;
+        };
+        let offset = offset + usize::from(window.offset);
+        if offset.checked_add(n).is_none_or(|end| end > data.len()) {
+            return false;
+        }
+        let mut at = 0;
+        data.for_range(offset, n, |addr, len| {
+            // SAFETY: `addr..addr + len` is part of the send's buffer, which
+            // MX keeps valid and unchanged while the send is pending (it is:
+            // the window is still lent); `dst + at .. + len` is within the
+            // `n` bytes the caller vouches for.
+            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.add(at), len) };
+            at += len;
+        });
+        at == n
+    }
+
     /// `peer`'s session is known without a connect (this endpoint's own).
     pub fn learn_session(&mut self, peer: PeerAddr, session: u32) {
         self.sessions.learn(peer, session);
@@ -579,6 +623,7 @@ impl Link {
         let seqnum = self.generations[usize::from(id)].wrapping_add(1);
         self.generations[usize::from(id)] = seqnum;
         self.lent.insert((id, seqnum), lease);
+        self.lent_data.insert((id, seqnum), data.clone());
         Some(RdmaWindow {
             id,
             seqnum,
@@ -588,6 +633,7 @@ impl Link {
 
     /// The send lending `window` is over.
     pub fn release(&mut self, reg: &mut dyn Registrar, window: RdmaWindow) {
+        self.lent_data.remove(&(window.id, window.seqnum));
         if let Some(lease) = self.lent.remove(&(window.id, window.seqnum)) {
             let (cache, mut via) = self.split(reg);
             if let Err(e) = cache.release(&mut via, lease) {
@@ -780,6 +826,7 @@ impl Link {
                 d.free_ids = (0..max).rev().map(|i| i as u8).collect();
                 d.stash.clear();
             }
+            self.lent_data.clear();
         }
         self.down = false;
         let mut sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
@@ -857,6 +904,7 @@ impl Link {
         self.sinks.clear();
         self.deferred.clear();
         self.lent.clear();
+        self.lent_data.clear();
         self.cache.forget_endpoint(self.index);
         self.down = true;
         self.channel.take()

@@ -30,13 +30,15 @@
 //! and the core retransmits the frames that were lost meanwhile.
 //!
 //! Environment (read at `mx_init`): `XMX_FRONTD_SOCKET`,
-//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_ACK_DELAY_US`,
+//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_DIRECT=1` (direct channels to
+//! co-located guests, see [`direct`]; `MX_DISABLE_SHMEM=1` overrides), `XMX_ACK_DELAY_US`,
 //! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
 //! hostname lookup waits for the peer view to name it),
 //! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
 //! device to connect), `XMX_LINGER_MS` (default one and a half resend delays: how long a
 //! closed endpoint still answers resent frames with acks, after the last one).
 
+pub mod direct;
 mod driver;
 pub mod link;
 pub mod peers;
@@ -107,6 +109,9 @@ pub struct XenConfig {
     /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
     /// frames, after the last one.
     pub linger: Duration,
+    /// `XMX_DIRECT=1` and not `MX_DISABLE_SHMEM=1`: frames to co-located
+    /// guests go through direct channels when dom0 offers them ([`direct`]).
+    pub direct: bool,
 }
 
 impl XenConfig {
@@ -146,6 +151,13 @@ impl XenConfig {
                 || super::default_close_linger(resend_delay),
                 Duration::from_millis,
             ),
+            // Opt-in until the intermittent lost completion seen with
+            // split_programs' `waitany` between co-located guests is found;
+            // `MX_DISABLE_SHMEM=1` turns it off whatever `XMX_DIRECT` says.
+            direct: lookup("XMX_DIRECT").is_some_and(|v| v.trim() == "1")
+                && lookup("MX_DISABLE_SHMEM")
+                    .and_then(|v| v.trim().parse::<i64>().ok())
+                    .is_none_or(|n| n == 0),
         })
     }
 }
@@ -168,6 +180,9 @@ pub(crate) struct Shared {
     xs: Option<Box<dyn Xenstore>>,
     /// Registration without the daemon, for links with the cache off.
     own_grants: Option<(Arc<dyn xmx_hv::GrantTable>, xmx_hv::DomId)>,
+    /// The direct channels to co-located guests, unless disabled or the
+    /// platform could not give them.
+    direct: Option<direct::Hub>,
     endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
     wake: EventFd,
     stop: AtomicBool,
@@ -212,6 +227,9 @@ impl Shared {
             if let Err(e) = self.view.reload(xs.as_ref(), &self.view_dir) {
                 tracing::warn!(%e, dir = %self.view_dir, "reading the peer view");
             }
+            // A channel a peer offered before this guest's view named it
+            // could not be accepted then: look again.
+            self.direct_rescan();
         }
     }
 
@@ -275,9 +293,59 @@ impl Shared {
         }
     }
 
+    /// xenstore changed under the direct channels: the hub follows it.
+    fn direct_changed(&self) {
+        let Some(hub) = &self.direct else { return };
+        if hub.drain_store() {
+            self.direct_rescan();
+        }
+    }
+
+    /// The hub looks at the offers and channels again.
+    fn direct_rescan(&self) {
+        let Some(hub) = &self.direct else { return };
+        let endpoints = self.endpoints();
+        let list: Vec<(u8, &Mutex<direct::EndpointDirect>)> =
+            endpoints.iter().map(|e| (e.index, &e.direct)).collect();
+        hub.rescan(&list, &self.view);
+        for ep in &endpoints {
+            ep.mailbox.ring();
+        }
+    }
+
+    /// Pulls again through the backend what a direct channel that ended had
+    /// not finished.
+    fn resume_pulls(&self, ep: &EndpointShared, orphans: Vec<direct::Sink>) {
+        if orphans.is_empty() {
+            return;
+        }
+        let mut link = lock(&ep.link);
+        for s in orphans {
+            tracing::debug!(id = ?s.id, "a direct pull goes through the backend");
+            let mut reg = Daemon(&self.client);
+            let progress = link.pull(
+                &mut reg,
+                &ep.mailbox,
+                s.id,
+                s.source,
+                s.window,
+                &s.dest,
+                s.length,
+            );
+            if let super::PullProgress::Done(r) = progress {
+                ep.mailbox.put_pulls([(s.id, r)]);
+            }
+        }
+        drop(link);
+        ep.mailbox.ring();
+    }
+
     /// Closes an endpoint: forgotten by the driver, its channel unmapped and
     /// closed by the daemon.
     fn close_endpoint(&self, ep: &Arc<EndpointShared>) {
+        if let Some(hub) = &self.direct {
+            hub.close_endpoint(&mut lock(&ep.direct));
+        }
         let channel = {
             let mut link = lock(&ep.link);
             link.flush_sends(&ep.mailbox, &mut Daemon(&self.client), CLOSE_FLUSH);
@@ -362,6 +430,20 @@ impl Xen {
         };
         let own_grants =
             windows::own_grants_platform(platform.as_deref(), xs.as_deref(), board.domid);
+        let direct = if config.direct {
+            match xmx_hv::platform::from_env()
+                .map_err(|e| e.to_string())
+                .and_then(|p| direct::Hub::start(p.as_ref(), config.toolstack))
+            {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::info!(%e, "no direct channels: co-located guests go through the backend");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| format!("eventfd: {e}"))?;
         let shared = Arc::new(Shared {
@@ -373,6 +455,7 @@ impl Xen {
             view_dir,
             xs,
             own_grants,
+            direct,
             endpoints: Mutex::new(HashMap::new()),
             wake,
             stop: AtomicBool::new(false),
@@ -481,9 +564,14 @@ impl Transport for Xen {
             index,
             mailbox: Mailbox::new(doorbell),
             link: Mutex::new(link),
+            direct: Mutex::new(direct::EndpointDirect::default()),
             lost: std::sync::OnceLock::new(),
         });
         lock(&self.shared.endpoints).insert(index, ep.clone());
+        if let Some(hub) = &self.shared.direct {
+            // Channels peers created for this endpoint id before it opened.
+            hub.rescan(&[(index, &ep.direct)], &self.shared.view);
+        }
         self.shared.kick();
         tracing::debug!(index, "xen endpoint open");
         Ok(Box::new(XenPort::new(self.shared.clone(), ep)))

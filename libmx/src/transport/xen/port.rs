@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::frame::{Message, MessageKind};
+use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::link::Link;
 use super::windows::Daemon;
@@ -25,9 +26,31 @@ pub struct EndpointShared {
     pub mailbox: Mailbox,
     /// The rings and requests.
     pub link: Mutex<Link>,
+    /// Its direct channels to co-located guests.
+    pub direct: Mutex<super::direct::EndpointDirect>,
     /// Why the endpoint is lost for good, once it is (the daemon is gone, or
     /// could not re-open it); read on every progress without the link's lock.
     pub lost: OnceLock<&'static str>,
+}
+
+/// The endpoint's link as its direct channels see it.
+pub(super) struct LinkRef<'a>(pub &'a Mutex<Link>);
+
+impl super::direct::LinkAccess for LinkRef<'_> {
+    fn observe(&mut self, frame: &Frame<Vec<u8>>) {
+        lock(self.0).observe(frame);
+    }
+
+    unsafe fn read_lent(
+        &mut self,
+        window: RdmaWindow,
+        offset: usize,
+        dst: *mut u8,
+        n: usize,
+    ) -> bool {
+        // SAFETY: the caller vouches for `dst`.
+        unsafe { lock(self.0).read_lent(window, offset, dst, n) }
+    }
 }
 
 /// An open endpoint of a guest.
@@ -66,6 +89,19 @@ impl Port for XenPort {
     }
 
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
+        if let Some(hub) = &self.shared.direct {
+            let mut d = lock(&self.ep.direct);
+            if let Body::Message(Message {
+                kind: MessageKind::Rndv(r),
+                ..
+            }) = &frame.body
+            {
+                d.announce(r.window, frame.destination());
+            }
+            if hub.transmit(self.ep.index, &mut d, &self.shared.view, &frame) {
+                return;
+            }
+        }
         match self.outgoing.convert(frame) {
             Ok(None) => {}
             Ok(Some(out)) => {
@@ -80,6 +116,24 @@ impl Port for XenPort {
         if let Some(f) = self.ep.mailbox.next_frame() {
             return Some(f);
         }
+        if let Some(hub) = &self.shared.direct {
+            if let Ok(mut d) = self.ep.direct.try_lock() {
+                let n = hub.take_in(
+                    self.ep.index,
+                    &mut d,
+                    &self.ep.mailbox,
+                    &mut LinkRef(&self.ep.link),
+                );
+                let orphans = d.take_orphans();
+                drop(d);
+                self.shared.resume_pulls(&self.ep, orphans);
+                if n > 0 {
+                    if let Some(f) = self.ep.mailbox.next_frame() {
+                        return Some(f);
+                    }
+                }
+            }
+        }
         // An application polling its endpoint takes events in itself, unless
         // the driver thread is at it already. It leaves the ring unarmed: the
         // backend need not signal a port nobody sleeps on (see before_sleep).
@@ -93,6 +147,22 @@ impl Port for XenPort {
     }
 
     fn before_sleep(&mut self) -> bool {
+        if let Some(hub) = &self.shared.direct {
+            let mut d = lock(&self.ep.direct);
+            let n = hub.take_in(
+                self.ep.index,
+                &mut d,
+                &self.ep.mailbox,
+                &mut LinkRef(&self.ep.link),
+            );
+            let orphans = d.take_orphans();
+            let ready = n > 0 || !orphans.is_empty() || hub.arm(&d);
+            drop(d);
+            self.shared.resume_pulls(&self.ep, orphans);
+            if ready {
+                return true;
+            }
+        }
         let mut reg = Daemon(&self.shared.client);
         lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
@@ -125,6 +195,7 @@ impl Regions for XenRegions {
     }
 
     fn release(&self, window: RdmaWindow) {
+        lock(&self.ep.direct).withdraw(window);
         let mut reg = Daemon(&self.shared.client);
         lock(&self.ep.link).release(&mut reg, window);
     }
@@ -142,6 +213,12 @@ impl Regions for XenRegions {
         dest: &Segments,
         length: u32,
     ) -> PullProgress {
+        if let Some(hub) = &self.shared.direct {
+            let sink = super::direct::Sink::new(id, source, window, dest.clone(), length);
+            if let Some(p) = hub.pull(&mut lock(&self.ep.direct), self.ep.index, sink) {
+                return p;
+            }
+        }
         let mut reg = Daemon(&self.shared.client);
         lock(&self.ep.link).pull(&mut reg, &self.ep.mailbox, id, source, window, dest, length)
     }

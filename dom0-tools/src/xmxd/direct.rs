@@ -1,0 +1,201 @@
+//! The broker of direct channels between co-located guests (see
+//! [`xmx_wire::direct`] for the nodes).
+//!
+//! Two guests of this host that are attached in the same virtual cluster are
+//! offered a channel: xmxd creates their pair directory, readable and
+//! writable by the two of them only, and lists each in the other's offers.
+//! Everything else (granting, mapping, the event channel) is the guests'
+//! business inside that directory. Isolation stays dom0's: when the pair no
+//! longer qualifies (a cluster move, a detach, a destroy, a suspend) or the
+//! administrator turns channels off, xmxd removes the offers and the pair
+//! directory, and both libraries fall back to the backend path.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use xmx_backend::xenbus::toolstack::in_transaction;
+use xmx_hv::{DomId, Result, Xenstore, XsAccess, XsPerm};
+use xmx_wire::direct;
+use xmx_wire::mxoe::Mac;
+
+use super::xsnodes;
+
+/// A guest that may take part in a channel: its domain, MAC and cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub domid: DomId,
+    pub mac: Mac,
+    pub cluster: u32,
+}
+
+/// The pairs offered now.
+#[derive(Debug)]
+pub struct Broker {
+    toolstack: DomId,
+    enabled: bool,
+    published: BTreeMap<(DomId, DomId), (Mac, Mac)>,
+    offer_dirs: BTreeSet<DomId>,
+}
+
+/// The pairs `members` qualify for: same cluster, different domains.
+pub fn pairs(members: &[Member]) -> BTreeMap<(DomId, DomId), (Mac, Mac)> {
+    let mut out = BTreeMap::new();
+    for a in members {
+        for b in members {
+            if a.domid < b.domid && a.cluster == b.cluster && a.mac != b.mac {
+                out.insert((a.domid, b.domid), (a.mac, b.mac));
+            }
+        }
+    }
+    out
+}
+
+impl Broker {
+    /// Starts from nothing: what an earlier run of xmxd offered is revoked
+    /// (the guests fall back, and get a new offer at the first sync).
+    pub fn new(xs: &dyn Xenstore, toolstack: DomId) -> Result<Broker> {
+        xsnodes::remove_node(xs, &direct::root(toolstack))?;
+        in_transaction(xs, |tx| {
+            xs.mkdir(tx, &direct::root(toolstack))?;
+            xs.mkdir(tx, &format!("{}/offers", direct::root(toolstack)))
+        })?;
+        Ok(Broker {
+            toolstack,
+            enabled: true,
+            published: BTreeMap::new(),
+            offer_dirs: BTreeSet::new(),
+        })
+    }
+
+    /// Whether channels are offered at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Turns offering on or off (off revokes every channel at the next sync).
+    pub fn set_enabled(&mut self, on: bool) {
+        self.enabled = on;
+    }
+
+    /// The pairs offered now.
+    pub fn offered(&self) -> Vec<(DomId, DomId)> {
+        self.published.keys().copied().collect()
+    }
+
+    /// Makes xenstore offer exactly the pairs `members` qualify for.
+    pub fn sync(&mut self, xs: &dyn Xenstore, members: &[Member]) {
+        let wanted = if self.enabled {
+            pairs(members)
+        } else {
+            BTreeMap::new()
+        };
+        let gone: Vec<(DomId, DomId)> = self
+            .published
+            .iter()
+            .filter(|(k, v)| wanted.get(k) != Some(v))
+            .map(|(k, _)| *k)
+            .collect();
+        for (lo, hi) in gone {
+            if let Err(e) = self.revoke(xs, lo, hi) {
+                tracing::warn!(lo, hi, error = %e, "revoking a direct channel");
+            }
+            self.published.remove(&(lo, hi));
+        }
+        for (&(lo, hi), &(lo_mac, hi_mac)) in &wanted {
+            if self.published.contains_key(&(lo, hi)) {
+                continue;
+            }
+            match self.offer(xs, (lo, lo_mac), (hi, hi_mac)) {
+                Ok(()) => {
+                    tracing::info!(lo, hi, "direct channel offered");
+                    self.published.insert((lo, hi), (lo_mac, hi_mac));
+                }
+                Err(e) => tracing::warn!(lo, hi, error = %e, "offering a direct channel"),
+            }
+        }
+        // The offer directories of domains left without any pair go too.
+        let in_use: BTreeSet<DomId> = self.published.keys().flat_map(|&(a, b)| [a, b]).collect();
+        let idle: Vec<DomId> = self.offer_dirs.difference(&in_use).copied().collect();
+        for d in idle {
+            match xsnodes::remove_node(xs, &direct::offers_dir(self.toolstack, d)) {
+                Ok(()) => {
+                    self.offer_dirs.remove(&d);
+                }
+                Err(e) => tracing::warn!(domid = d, error = %e, "removing direct offers"),
+            }
+        }
+    }
+
+    fn offer(&mut self, xs: &dyn Xenstore, lo: (DomId, Mac), hi: (DomId, Mac)) -> Result<()> {
+        let ts = self.toolstack;
+        let perm = |domid, access| XsPerm { domid, access };
+        in_transaction(xs, |tx| {
+            let pair = direct::pair_dir(ts, lo.0, hi.0);
+            if xs.read(tx, &pair).is_ok() {
+                xs.rm(tx, &pair)?;
+            }
+            xs.mkdir(tx, &pair)?;
+            xs.set_perms(
+                tx,
+                &pair,
+                &[
+                    perm(ts, XsAccess::None),
+                    perm(lo.0, XsAccess::Both),
+                    perm(hi.0, XsAccess::Both),
+                ],
+            )?;
+            for (me, other) in [(lo, hi), (hi, lo)] {
+                let dir = direct::offers_dir(ts, me.0);
+                if xs.read(tx, &dir).is_err() {
+                    xs.mkdir(tx, &dir)?;
+                    xs.set_perms(
+                        tx,
+                        &dir,
+                        &[perm(ts, XsAccess::None), perm(me.0, XsAccess::Read)],
+                    )?;
+                }
+                xs.write(
+                    tx,
+                    &format!("{dir}/{}", other.0),
+                    other.1.to_string().as_bytes(),
+                )?;
+            }
+            Ok(())
+        })?;
+        self.offer_dirs.extend([lo.0, hi.0]);
+        Ok(())
+    }
+
+    /// The offers go first, then the pair directory (and with it every
+    /// channel's nodes): a guest that sees its offer gone stops using the
+    /// channel before its nodes vanish.
+    fn revoke(&mut self, xs: &dyn Xenstore, lo: DomId, hi: DomId) -> Result<()> {
+        let ts = self.toolstack;
+        for (me, other) in [(lo, hi), (hi, lo)] {
+            xsnodes::remove_node(xs, &format!("{}/{other}", direct::offers_dir(ts, me)))?;
+        }
+        xsnodes::remove_node(xs, &direct::pair_dir(ts, lo, hi))?;
+        tracing::info!(lo, hi, "direct channel revoked");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_guests_of_one_cluster_pair_up() {
+        let m = |domid, last, cluster| Member {
+            domid,
+            mac: Mac([2, 0, 0, 0, 0, last]),
+            cluster,
+        };
+        let p = pairs(&[m(3, 3, 1), m(1, 1, 1), m(2, 2, 2), m(4, 4, 2), m(5, 5, 1)]);
+        let keys: Vec<_> = p.keys().copied().collect();
+        assert_eq!(keys, vec![(1, 3), (1, 5), (2, 4), (3, 5)]);
+        assert_eq!(
+            p[&(1, 3)],
+            (Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 3]))
+        );
+    }
+}

@@ -1,0 +1,344 @@
+//! Co-located guests talk through a direct channel that dom0 brokers, and
+//! fall back to the backend with nothing lost when dom0 revokes it.
+//!
+//! tests/c/direct.c runs its passive side in guest g1 and its active side
+//! in guest g0 of host h0 (one virtual cluster): three phases of messages of
+//! every class, order and bytes checked by the receiver. Between phase 1
+//! and 2 the test revokes the channels (`xmx direct off`), between 2 and 3
+//! it offers them again; the programs' counters show the channel carried
+//! traffic (LARGE data too: the receiver pulls over the channel), was
+//! closed, and came back. With `MX_DISABLE_SHMEM=1` the same
+//! program runs with no channel at all.
+//!
+//! The channel is opt-in for now (`XMX_DIRECT=1`, set by every test here).
+//!
+//! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
+//! otherwise.
+
+use std::time::Duration;
+
+use xmx_tests::app::{App, Finished};
+use xmx_tests::cluster::{exclusive, skipped, SimCluster};
+use xmx_tests::cprog;
+
+const PASSIVE: (usize, usize) = (0, 1);
+const ACTIVE: (usize, usize) = (0, 0);
+const LINE: Duration = Duration::from_secs(60);
+
+/// The value of `key=` in a counters line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+fn passed(f: &Finished) -> bool {
+    f.status.success() && f.stdout.contains("PASS")
+}
+
+fn show(f: &Finished) -> String {
+    format!(
+        "{} ({:?}):\nstdout:\n{}\nstderr:\n{}",
+        f.what, f.status, f.stdout, f.stderr
+    )
+}
+
+/// Starts the pair with `env`; returns (passive, active).
+fn start(c: &SimCluster, bin: &std::path::Path, env: &[(&str, &str)]) -> (App, App) {
+    let p = App::spawn(
+        "direct -l 2 (passive)",
+        c.app(PASSIVE.0, PASSIVE.1, bin, &["-l", "2"], env),
+    );
+    c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
+    let peer = c.hostname(PASSIVE.0, PASSIVE.1);
+    let a = App::spawn(
+        "direct -d (active)",
+        c.app(ACTIVE.0, ACTIVE.1, bin, &["-d", &peer, "-e", "2"], env),
+    );
+    (p, a)
+}
+
+fn pairs(c: &SimCluster) -> usize {
+    c.admin(0, &["direct"])["pairs"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+#[test]
+fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
+    if skipped("split_direct") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up("dir", &[]);
+    // Two guests per host, all in the default cluster: one pair per host.
+    assert_eq!(pairs(&c), 1, "h0's xmxd offers its one pair");
+
+    let env = [("XMX_EXPECT_DIRECT", "1"), ("XMX_DIRECT", "1")];
+    let (p, mut a) = start(&c, &bin, &env);
+    let one = a.wait_line(LINE, |l| l.starts_with("phase 1 "));
+    assert!(
+        field(&one, "direct-sent") > 0,
+        "phase 1 used the channel: {one}"
+    );
+    assert!(field(&one, "opened") >= 1, "{one}");
+    assert_eq!(field(&one, "broken"), 0, "{one}");
+
+    let off = c.admin(0, &["direct", "off"]);
+    assert_eq!(off["enabled"], false);
+    assert_eq!(pairs(&c), 0, "revoked");
+    a.send_line("go");
+    let two = a.wait_line(LINE, |l| l.starts_with("phase 2 "));
+    assert!(
+        field(&two, "closed") >= 1,
+        "the revoke closed the channel: {two}"
+    );
+
+    c.admin(0, &["direct", "on"]);
+    assert_eq!(pairs(&c), 1, "offered again");
+    a.send_line("go");
+    let three = a.wait_line(LINE, |l| l.starts_with("phase 3 "));
+    assert!(
+        field(&three, "opened") >= 2,
+        "the channel came back: {three}"
+    );
+    assert!(
+        field(&three, "direct-sent") > field(&two, "direct-sent"),
+        "phase 3 used the channel again: {two} / {three}"
+    );
+    let a = a.finish();
+    let p = p.finish();
+    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
+    // The passive side checked all 900 messages: order, lengths, bytes.
+    assert!(
+        p.stdout.contains("received 900 messages in order"),
+        "{}",
+        show(&p)
+    );
+    let last = p
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("passive "))
+        .expect("passive counters");
+    assert!(field(last, "direct-received") > 0, "{last}");
+    assert!(
+        field(last, "pulls") > 0,
+        "LARGE data went over the channel: {last}"
+    );
+    assert_eq!(field(last, "broken"), 0, "{last}");
+    println!("active: {one}\nactive: {two}\nactive: {three}\n{last}");
+}
+
+#[test]
+fn disable_shmem_keeps_co_located_guests_on_the_backend() {
+    if skipped("split_direct") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up("dirx", &[]);
+    let env = [("MX_DISABLE_SHMEM", "1"), ("XMX_DIRECT", "1")];
+    let (p, mut a) = start(&c, &bin, &env);
+    for phase in 1..=3 {
+        let line = a.wait_line(LINE, |l| l.starts_with(&format!("phase {phase} ")));
+        assert_eq!(field(&line, "direct-sent"), 0, "{line}");
+        assert_eq!(field(&line, "opened"), 0, "{line}");
+        if phase < 3 {
+            a.send_line("go");
+        }
+    }
+    let a = a.finish();
+    let p = p.finish();
+    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
+    let last = p
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("passive "))
+        .expect("passive counters");
+    assert_eq!(field(last, "direct-received"), 0, "{last}");
+    assert_eq!(field(last, "pulls"), 0, "{last}");
+}
+
+/// Runs the pair with the active side (g0, which creates the channel and
+/// sends the data) misbehaving as `fault` says; the passive side must
+/// receive every message in order all the same. Returns the passive side's
+/// counters line.
+fn against_hostile_peer(tag: &str, fault: &str) -> String {
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up(tag, &[]);
+    let p = App::spawn(
+        "direct -l 2 (victim)",
+        c.app(
+            PASSIVE.0,
+            PASSIVE.1,
+            &bin,
+            &["-l", "2"],
+            &[("XMX_DIRECT", "1")],
+        ),
+    );
+    c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
+    let peer = c.hostname(PASSIVE.0, PASSIVE.1);
+    let mut a = App::spawn(
+        &format!("direct -d (hostile: {fault})"),
+        c.app(
+            ACTIVE.0,
+            ACTIVE.1,
+            &bin,
+            &["-d", &peer, "-e", "2"],
+            &[("XMX_DIRECT_FAULT", fault), ("XMX_DIRECT", "1")],
+        ),
+    );
+    for phase in 1..=2 {
+        a.wait_line(LINE, |l| l.starts_with(&format!("phase {phase} ")));
+        a.send_line("go");
+    }
+    let a = a.finish();
+    let p = p.finish();
+    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
+    assert!(
+        p.stdout.contains("received 900 messages in order"),
+        "{}",
+        show(&p)
+    );
+    let last = p
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("passive "))
+        .expect("passive counters")
+        .to_owned();
+    println!("{fault}: {last}");
+    last
+}
+
+#[test]
+fn a_peer_publishing_a_garbage_index_breaks_only_its_channel() {
+    if skipped("split_direct") {
+        return;
+    }
+    let last = against_hostile_peer("dirgi", "garbage-index");
+    assert!(field(&last, "direct-received") > 0, "{last}");
+    assert!(field(&last, "broken") >= 1, "the victim noticed: {last}");
+}
+
+#[test]
+fn a_peer_rewriting_a_slot_breaks_only_its_channel() {
+    if skipped("split_direct") {
+        return;
+    }
+    let last = against_hostile_peer("dirrw", "rewritten-slot");
+    assert!(field(&last, "direct-received") > 0, "{last}");
+    assert!(field(&last, "broken") >= 1, "the victim noticed: {last}");
+}
+
+#[test]
+fn a_peer_that_stops_mid_message_leaves_the_pull_to_the_backend() {
+    if skipped("split_direct") {
+        return;
+    }
+    let last = against_hostile_peer("dirst", "stop-large");
+    assert!(
+        field(&last, "stalled") >= 1,
+        "the victim gave up on the peer: {last}"
+    );
+    assert_eq!(field(&last, "broken"), 0, "{last}");
+}
+
+/// Pages of a direct channel (the control page and two 512 KiB lanes), as
+/// the survivor maps them.
+const CHANNEL_PAGES: usize = 1 + 2 * 128;
+
+/// Lines of `/proc/<pid>/maps` of `root`'s processes naming `needle`.
+fn mapped(root: i32, needle: &str) -> Vec<String> {
+    let mut pids = vec![root];
+    pids.extend(xmx_tests::app::descendants(root));
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/maps")).ok())
+        .flat_map(|m| {
+            m.lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
+    if skipped("split_direct") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up("dirds", &[]);
+    let doomed = c.host(ACTIVE.0).guests[ACTIVE.1].domid;
+    let survivor = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
+    assert!(doomed < survivor, "g0 creates the channel, g1 maps it");
+    // The survivor never gives up on the pull by itself: only the
+    // destruction ends it.
+    let mut p = App::spawn(
+        "direct -l 2 (survivor)",
+        c.app(
+            PASSIVE.0,
+            PASSIVE.1,
+            &bin,
+            &["-l", "2"],
+            &[
+                ("XMX_SURVIVE_PEER", "1"),
+                ("XMX_DIRECT_STALL_MS", "600000"),
+                ("XMX_DIRECT", "1"),
+            ],
+        ),
+    );
+    c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
+    let peer = c.hostname(PASSIVE.0, PASSIVE.1);
+    let mut a = App::spawn(
+        "direct -d (doomed, never serves a pull)",
+        c.app(
+            ACTIVE.0,
+            ACTIVE.1,
+            &bin,
+            &["-d", &peer, "-e", "2"],
+            &[
+                ("XMX_DIRECT_FAULT", "stop-large"),
+                ("XMX_DIRECT", "1"),
+                ("XMX_EXPECT_DIRECT", "1"),
+            ],
+        ),
+    );
+    // Every send of phase 1 is posted; the survivor takes the messages
+    // before the first LARGE one (the tenth) and pulls it over the channel,
+    // which maps the doomed guest's pages.
+    a.wait_line(LINE, |l| l == "posted phase 1");
+    let r = c.wait_domain(0, survivor, LINE, |s| s.mappings_held >= CHANNEL_PAGES);
+    assert!(r.is_ok(), "the survivor maps the channel: {r:?}");
+    let needle = format!("dom{doomed}/mem");
+    assert!(
+        !mapped(p.pid(), &needle).is_empty(),
+        "the survivor's process maps {needle}"
+    );
+
+    c.sim_admin(0).destroy(doomed).expect("destroying g0 of h0");
+    // dom0 revokes the channel; the survivor unmaps, and its pull goes to
+    // the backend, which fails it: the peer is gone.
+    let r = c.wait_domain(0, survivor, LINE, |s| s.mappings_held == 0);
+    assert!(r.is_ok(), "the survivor still maps pages: {r:?}");
+    assert_eq!(c.admin(0, &["direct"])["pairs"], serde_json::json!([]));
+    p.wait_line(LINE, |l| l == "endpoint works after the peer went");
+    let left = mapped(p.pid(), &needle);
+    assert!(
+        left.is_empty(),
+        "the survivor still maps {needle}: {left:?}"
+    );
+    p.send_line("done");
+    let p = p.finish();
+    assert!(passed(&p), "{}", show(&p));
+    assert!(p.stdout.contains("lost message 9:"), "{}", show(&p));
+    a.kill_program("direct");
+    drop(a.finish());
+}
