@@ -317,7 +317,9 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
     a.wait_line(LINE, |l| l == "posted phase 1");
     let r = c.wait_domain(0, survivor, LINE, |s| s.mappings_held >= CHANNEL_PAGES);
     assert!(r.is_ok(), "the survivor maps the channel: {r:?}");
-    let needle = format!("dom{doomed}/mem");
+    // The domain's memory is simhv's memfd, named after the domain ("/memfd:xmx-simhv:domN
+    // (deleted)" in the maps).
+    let needle = format!("xmx-simhv:dom{doomed} ");
     assert!(
         !mapped(p.pid(), &needle).is_empty(),
         "the survivor's process maps {needle}"
