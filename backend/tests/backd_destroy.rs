@@ -3,8 +3,8 @@
 
 mod backd_util;
 
-use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
+use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use xmx_backend::admin::{CountersReport, GuestReport, Request};
 use xmx_backend::service::Quotas;
 use xmx_hv::{Platform, DOM0};
 use xmx_wire::msg::{
@@ -48,20 +48,7 @@ fn completion(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32) -> EventBody {
 fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let host = Host::start();
     let backend = host.start_backend(Quotas::default());
-    let peers = [(0u16, 1u8), (1, 2)]
-        .iter()
-        .map(|&(index, last)| PeerSpec {
-            index,
-            mac: guest_mac(last).to_string(),
-            hostname: format!("g{last}:0"),
-            cluster: 1,
-        })
-        .collect();
-    backend
-        .control()
-        .call(Request::SetPeers { peers })
-        .into_result()
-        .unwrap();
+    set_two_guest_peers(&backend);
     let mut a = host.guest("a", 1, 1);
     let mut b = host.guest("b", 2, 1);
     a.connect();

@@ -5,8 +5,8 @@ mod backd_util;
 
 use std::sync::atomic::Ordering;
 
-use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
+use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use xmx_backend::admin::{CountersReport, GuestReport, Request};
 use xmx_backend::service::{BackendThread, Quotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
@@ -76,20 +76,7 @@ impl Bystander {
 fn setup(quotas: Quotas) -> (Host, BackendThread, Bystander, FakeGuest) {
     let host = Host::start();
     let backend = host.start_backend(quotas);
-    let peers = [(0u16, 1u8), (1, 2)]
-        .iter()
-        .map(|&(index, last)| PeerSpec {
-            index,
-            mac: guest_mac(last).to_string(),
-            hostname: format!("g{last}:0"),
-            cluster: 1,
-        })
-        .collect();
-    backend
-        .control()
-        .call(Request::SetPeers { peers })
-        .into_result()
-        .unwrap();
+    set_two_guest_peers(&backend);
     let bystander = Bystander::start(&host);
     let mut offender = host.guest("offender", 1, 1);
     offender.connect();

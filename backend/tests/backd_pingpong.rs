@@ -8,8 +8,7 @@ mod backd_util;
 
 use std::time::{Duration, Instant};
 
-use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{PeerSpec, Request};
+use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
 use xmx_backend::service::{Backend, BackendConfig};
 use xmx_hv::DOM0;
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
@@ -50,20 +49,7 @@ fn run(spin: Duration) -> Vec<Duration> {
         ..BackendConfig::default()
     };
     let backend = Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap();
-    let peers = [(0u16, 1u8), (1, 2)]
-        .iter()
-        .map(|&(index, last)| PeerSpec {
-            index,
-            mac: guest_mac(last).to_string(),
-            hostname: format!("g{last}:0"),
-            cluster: 1,
-        })
-        .collect();
-    backend
-        .control()
-        .call(Request::SetPeers { peers })
-        .into_result()
-        .unwrap();
+    set_two_guest_peers(&backend);
     let mut a = host.guest("a", 1, 1);
     let mut b = host.guest("b", 2, 1);
     a.connect();

@@ -104,20 +104,7 @@ impl Host {
             .unwrap()
             .spawn()
             .unwrap();
-        let peers = [(0u16, 1u8), (1, 2)]
-            .iter()
-            .map(|&(index, last)| PeerSpec {
-                index,
-                mac: guest_mac(last).to_string(),
-                hostname: format!("g{last}:0"),
-                cluster: 1,
-            })
-            .collect();
-        backend
-            .control()
-            .call(Request::SetPeers { peers })
-            .into_result()
-            .unwrap();
+        set_two_guest_peers(&backend);
         backend
     }
 
@@ -143,6 +130,25 @@ impl Drop for Host {
             d.shutdown();
         }
     }
+}
+
+/// Gives `backend` the peer table the tests use: the guests of MAC ending 1 and 2 (peer
+/// indices 0 and 1, hostnames `g1:0` and `g2:0`), both in cluster 1.
+pub fn set_two_guest_peers(backend: &BackendThread) {
+    let peers = [(0u16, 1u8), (1, 2)]
+        .iter()
+        .map(|&(index, last)| PeerSpec {
+            index,
+            mac: guest_mac(last).to_string(),
+            hostname: format!("g{last}:0"),
+            cluster: 1,
+        })
+        .collect();
+    backend
+        .control()
+        .call(Request::SetPeers { peers })
+        .into_result()
+        .unwrap();
 }
 
 /// What `backend` counts so far.
