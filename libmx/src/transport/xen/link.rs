@@ -59,9 +59,10 @@ pub struct LinkCounters {
     pub pulls_deferred: u64,
 }
 
-/// How long a pull the backend keeps refusing for lack of room (its pull quota) is asked
-/// again before its receive fails with that refusal.
-const PULL_REFUSED_MAX: Duration = Duration::from_secs(10);
+/// How long a pull is held back (the send ring full, or the backend refusing it for lack
+/// of room) before its receive fails: a backend that stays alive but never makes room must
+/// not leave the receive waiting without a bound.
+const PULL_HELD_MAX: Duration = Duration::from_secs(10);
 
 /// A pull in progress: the receive's buffer and the window the data lands in.
 struct Sink {
@@ -72,8 +73,8 @@ struct Sink {
     source: PeerAddr,
     session: u32,
     window: RdmaWindow,
-    /// When the backend first refused it for lack of room, if it did.
-    refused_since: Option<Instant>,
+    /// When it was first held back (ring full, or refused for lack of room), if it was.
+    held_since: Option<Instant>,
 }
 
 /// How a pull request fared on the send ring.
@@ -367,7 +368,7 @@ impl Link {
     /// `mailbox`, completions free what their request held. Returns how many
     /// things were delivered to the mailbox.
     pub fn take_in(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
-        self.post_deferred();
+        self.post_deferred(mailbox, reg);
         // What a registration took in while it waited came first.
         let mut inbound = match self.own_grants.as_mut() {
             Some(d) => std::mem::take(&mut d.stash),
@@ -427,8 +428,8 @@ impl Link {
                         // The backend's pull quota is full: the pull is asked again as
                         // others finish, for a bounded time.
                         if result == Err(Status::NoResources) {
-                            let since = *sink.refused_since.get_or_insert_with(Instant::now);
-                            if since.elapsed() < PULL_REFUSED_MAX {
+                            let since = *sink.held_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() < PULL_HELD_MAX {
                                 self.counters.pulls_deferred += 1;
                                 self.deferred.push_back(sink);
                                 continue;
@@ -687,7 +688,7 @@ impl Link {
             source,
             session,
             window,
-            refused_since: None,
+            held_since: None,
         };
         match self.issue(sink, mailbox, reg) {
             Ok(()) => PullProgress::Started,
@@ -770,8 +771,20 @@ impl Link {
     }
 
     /// Posts the pulls held back, in order, while the send ring has room.
-    fn post_deferred(&mut self) {
-        while let Some(sink) = self.deferred.pop_front() {
+    /// Pulls held back longer than [`PULL_HELD_MAX`] fail with `Aborted` (or the refusal
+    /// that held them).
+    fn post_deferred(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) {
+        let mut expired = Vec::new();
+        while let Some(mut sink) = self.deferred.pop_front() {
+            let since = *sink.held_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= PULL_HELD_MAX {
+                tracing::warn!(
+                    index = self.index,
+                    "a pull found no room in time; its receive fails"
+                );
+                expired.push(self.finish_pull(sink, Err(Status::Aborted), reg));
+                continue;
+            }
             match self.post_pull(&sink) {
                 PullPost::Posted(tag) => {
                     self.sinks.insert(tag, sink);
@@ -779,9 +792,12 @@ impl Link {
                 PullPost::RingFull | PullPost::Failed => {
                     // Down: the re-mapping after a reconnection issues it again.
                     self.deferred.push_front(sink);
-                    return;
+                    break;
                 }
             }
+        }
+        if !expired.is_empty() {
+            mailbox.put_pulls(expired);
         }
     }
 
