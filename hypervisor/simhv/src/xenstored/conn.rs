@@ -75,7 +75,7 @@ impl ConnIo {
         }
     }
 
-    /// Queue a reply; counted as outstanding until written.
+    /// Queue a reply; counted as outstanding until the writer takes it.
     pub fn push_reply(&self, frame: Vec<u8>, outstanding: &Outstanding) {
         let mut q = lock(&self.queue);
         if q.closed {
@@ -171,6 +171,13 @@ impl ConnIo {
                         return;
                     }
                     if let Some(item) = q.items.pop_front() {
+                        // A reply leaves the count as it leaves the queue, under the
+                        // queue's lock: `close` counts the queued ones under it, so a reply
+                        // being written when the domain is released is not counted twice
+                        // or left over.
+                        if matches!(item, Outgoing::Reply(_)) {
+                            outstanding.add(self.domid, -1);
+                        }
                         if let Outgoing::Event(f) = &item {
                             q.queued_events = q.queued_events.saturating_sub(1);
                             if let Some(n) = q.pending_events.get_mut(f) {
@@ -196,7 +203,6 @@ impl ConnIo {
             };
             let sent = self.send(bytes);
             if is_reply {
-                outstanding.add(self.domid, -1);
                 outstanding.wake();
             }
             if let Err(e) = sent {
