@@ -22,49 +22,19 @@ static const uint32_t lens[] = {0, 17, 32, 100, 128, 1000, 4096, 5000, 32768, 40
 #define MAXLEN 200000
 #define REPLY_MATCH 0xfeed0000ull
 
-/* mx_get_info counter by label. */
-static uint32_t counter(const char *label) {
-  uint32_t n = 0;
-  CHECK(mx_get_info(NULL, MX_COUNTERS_COUNT, NULL, 0, &n, sizeof(n)));
-  char *labels = calloc(n, MX_MAX_STR_LEN);
-  uint32_t *values = calloc(n, sizeof(uint32_t));
-  EXPECT(labels && values, "memory");
-  CHECK(mx_get_info(NULL, MX_COUNTERS_LABELS, NULL, 0, labels, n * MX_MAX_STR_LEN));
-  uint32_t board = 0;
-  CHECK(mx_get_info(NULL, MX_COUNTERS_VALUES, &board, sizeof(board), values, n * sizeof(uint32_t)));
-  uint32_t v = UINT32_MAX;
-  for (uint32_t i = 0; i < n; i++)
-    if (strcmp(labels + (size_t)i * MX_MAX_STR_LEN, label) == 0) v = values[i];
-  free(labels);
-  free(values);
-  EXPECT(v != UINT32_MAX, "no counter %s", label);
-  return v;
-}
-
 static void report(const char *what) {
   printf("%s direct-sent=%u direct-received=%u opened=%u closed=%u broken=%u pulls=%u stalled=%u\n",
          what,
-         counter("Direct frames sent"), counter("Direct frames received"),
-         counter("Direct channels opened"), counter("Direct channels closed"),
-         counter("Direct channels broken by the peer"), counter("Direct LARGE pulls"),
-         counter("Direct LARGE pulls stalled"));
+         test_counter("Direct frames sent"), test_counter("Direct frames received"),
+         test_counter("Direct channels opened"), test_counter("Direct channels closed"),
+         test_counter("Direct channels broken by the peer"), test_counter("Direct LARGE pulls"),
+         test_counter("Direct LARGE pulls stalled"));
   fflush(stdout);
 }
 
 static int expect_direct(void) {
   const char *e = getenv("XMX_EXPECT_DIRECT");
   return e && strcmp(e, "1") == 0;
-}
-
-/* Waits (progressing the endpoint, at most 20 s) until `label` reaches `n`. */
-static void wait_counter(mx_endpoint_t ep, const char *label, uint32_t n) {
-  for (int i = 0; i < 20000 && counter(label) < n; i++) {
-    uint32_t result;
-    mx_status_t st;
-    CHECK(mx_iprobe(ep, 0, 0, &st, &result));
-    usleep(1000);
-  }
-  EXPECT(counter(label) >= n, "%s stayed below %u", label, n);
 }
 
 static void active(mx_endpoint_t ep, struct test_opts *o) {
@@ -78,9 +48,9 @@ static void active(mx_endpoint_t ep, struct test_opts *o) {
       EXPECT(fgets(line, sizeof(line), stdin) != NULL, "no go for phase %u", phase + 1);
     }
     if (expect_direct()) {
-      if (phase == 0) wait_counter(ep, "Direct channels opened", 1);
-      if (phase == 1) wait_counter(ep, "Direct channels closed", 1);
-      if (phase == 2) wait_counter(ep, "Direct channels opened", 2);
+      if (phase == 0) test_wait_counter(ep, "Direct channels opened", 1);
+      if (phase == 1) test_wait_counter(ep, "Direct channels closed", 1);
+      if (phase == 2) test_wait_counter(ep, "Direct channels opened", 2);
     }
     for (uint32_t k = 0; k < PER_PHASE; k++) {
       uint32_t i = phase * PER_PHASE + k;

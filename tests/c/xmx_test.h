@@ -125,6 +125,36 @@ static inline mx_status_t test_wait(mx_endpoint_t ep, mx_request_t *req) {
   return s;
 }
 
+/* mx_get_info counter by label. */
+static inline uint32_t test_counter(const char *label) {
+  uint32_t n = 0;
+  CHECK(mx_get_info(NULL, MX_COUNTERS_COUNT, NULL, 0, &n, sizeof(n)));
+  char *labels = calloc(n, MX_MAX_STR_LEN);
+  uint32_t *values = calloc(n, sizeof(uint32_t));
+  EXPECT(labels && values, "memory");
+  CHECK(mx_get_info(NULL, MX_COUNTERS_LABELS, NULL, 0, labels, n * MX_MAX_STR_LEN));
+  uint32_t board = 0;
+  CHECK(mx_get_info(NULL, MX_COUNTERS_VALUES, &board, sizeof(board), values, n * sizeof(uint32_t)));
+  uint32_t v = UINT32_MAX;
+  for (uint32_t i = 0; i < n; i++)
+    if (strcmp(labels + (size_t)i * MX_MAX_STR_LEN, label) == 0) v = values[i];
+  free(labels);
+  free(values);
+  EXPECT(v != UINT32_MAX, "no counter %s", label);
+  return v;
+}
+
+/* Waits (progressing the endpoint, at most 20 s) until `label` reaches `n`. */
+static inline void test_wait_counter(mx_endpoint_t ep, const char *label, uint32_t n) {
+  for (int i = 0; i < 20000 && test_counter(label) < n; i++) {
+    uint32_t result;
+    mx_status_t st;
+    CHECK(mx_iprobe(ep, 0, 0, &st, &result));
+    usleep(1000);
+  }
+  EXPECT(test_counter(label) >= n, "%s stayed below %u", label, n);
+}
+
 static inline void test_fill(unsigned char *buf, size_t len, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (size_t i = 0; i < len; i++) {

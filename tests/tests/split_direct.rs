@@ -10,7 +10,7 @@
 //! closed, and came back. With `MX_DISABLE_SHMEM=1` the same
 //! program runs with no channel at all.
 //!
-//! The channel is opt-in for now (`XMX_DIRECT=1`, set by every test here).
+//! The channel is on by default (`XMX_DIRECT=0` or `MX_DISABLE_SHMEM=1` turns it off).
 //!
 //! Needs root (namespaces, veths, AF_PACKET); skipped with the reason
 //! otherwise.
@@ -24,6 +24,8 @@ use xmx_tests::cprog;
 const PASSIVE: (usize, usize) = (0, 1);
 const ACTIVE: (usize, usize) = (0, 0);
 const LINE: Duration = Duration::from_secs(60);
+/// Senders in turn in the_last_messages_of_a_sender_that_exits_at_once_arrive.
+const ROUNDS: u32 = 3;
 
 /// The value of `key=` in a counters line.
 fn field(line: &str, key: &str) -> u64 {
@@ -76,7 +78,7 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     // Two guests per host, all in the default cluster: one pair per host.
     assert_eq!(pairs(&c), 1, "h0's xmxd offers its one pair");
 
-    let env = [("XMX_EXPECT_DIRECT", "1"), ("XMX_DIRECT", "1")];
+    let env = [("XMX_EXPECT_DIRECT", "1")];
     let (p, mut a) = start(&c, &bin, &env);
     let one = a.wait_line(LINE, |l| l.starts_with("phase 1 "));
     assert!(
@@ -140,7 +142,7 @@ fn disable_shmem_keeps_co_located_guests_on_the_backend() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = cprog::build("direct", dir.path());
     let c = SimCluster::up("dirx", &[]);
-    let env = [("MX_DISABLE_SHMEM", "1"), ("XMX_DIRECT", "1")];
+    let env = [("MX_DISABLE_SHMEM", "1")];
     let (p, mut a) = start(&c, &bin, &env);
     for phase in 1..=3 {
         let line = a.wait_line(LINE, |l| l.starts_with(&format!("phase {phase} ")));
@@ -173,13 +175,7 @@ fn against_hostile_peer(tag: &str, fault: &str) -> String {
     let c = SimCluster::up(tag, &[]);
     let p = App::spawn(
         "direct -l 2 (victim)",
-        c.app(
-            PASSIVE.0,
-            PASSIVE.1,
-            &bin,
-            &["-l", "2"],
-            &[("XMX_DIRECT", "1")],
-        ),
+        c.app(PASSIVE.0, PASSIVE.1, &bin, &["-l", "2"], &[]),
     );
     c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
     let peer = c.hostname(PASSIVE.0, PASSIVE.1);
@@ -190,7 +186,7 @@ fn against_hostile_peer(tag: &str, fault: &str) -> String {
             ACTIVE.1,
             &bin,
             &["-d", &peer, "-e", "2"],
-            &[("XMX_DIRECT_FAULT", fault), ("XMX_DIRECT", "1")],
+            &[("XMX_DIRECT_FAULT", fault)],
         ),
     );
     for phase in 1..=2 {
@@ -288,11 +284,7 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
             PASSIVE.1,
             &bin,
             &["-l", "2"],
-            &[
-                ("XMX_SURVIVE_PEER", "1"),
-                ("XMX_DIRECT_STALL_MS", "600000"),
-                ("XMX_DIRECT", "1"),
-            ],
+            &[("XMX_SURVIVE_PEER", "1"), ("XMX_DIRECT_STALL_MS", "600000")],
         ),
     );
     c.wait_endpoint(PASSIVE.0, PASSIVE.1, 2, Duration::from_secs(30));
@@ -306,7 +298,6 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
             &["-d", &peer, "-e", "2"],
             &[
                 ("XMX_DIRECT_FAULT", "stop-large"),
-                ("XMX_DIRECT", "1"),
                 ("XMX_EXPECT_DIRECT", "1"),
             ],
         ),
@@ -343,4 +334,70 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
     assert!(p.stdout.contains("lost message 9:"), "{}", show(&p));
     a.kill_program("direct");
     drop(a.finish());
+}
+
+/// MX completes an eager send once it is buffered, so a sender may close
+/// its endpoint and exit while its last messages are still on the channel;
+/// closing ends the channel. The receiver must still get every one of them,
+/// although the first thing its library learns is that the channel ended
+/// (it never asks to be signalled, and its application waits on stdin):
+/// they are taken off the channel before it is let go, as a NIC delivers
+/// what a closed port sent. Three senders in turn, each a new process.
+#[test]
+fn the_last_messages_of_a_sender_that_exits_at_once_arrive() {
+    if skipped("split_direct") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("last_words", dir.path());
+    let c = SimCluster::up("dirlw", &[]);
+    let receiver_dom = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
+    let mut p = App::spawn(
+        "last_words -l 2 (receiver)",
+        c.app(
+            PASSIVE.0,
+            PASSIVE.1,
+            &bin,
+            &["-l", "2"],
+            &[("XMX_DIRECT_FAULT", "unarmed")],
+        ),
+    );
+    let peer = c.hostname(PASSIVE.0, PASSIVE.1);
+    for round in 1..=ROUNDS {
+        p.wait_line(LINE, |l| l == format!("waiting for burst {round}"));
+        let mut a = App::spawn(
+            &format!("last_words -d (sender {round})"),
+            c.app(ACTIVE.0, ACTIVE.1, &bin, &["-d", &peer, "-e", "2"], &[]),
+        );
+        a.wait_line(LINE, |l| l == "ready");
+        let r = c.wait_domain(PASSIVE.0, receiver_dom, LINE, |s| {
+            s.mappings_held >= CHANNEL_PAGES
+        });
+        assert!(
+            r.is_ok(),
+            "round {round}: the receiver maps the channel: {r:?}"
+        );
+        a.send_line("go");
+        let a = a.finish();
+        assert!(passed(&a), "{}", show(&a));
+        let line = a
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("burst of 16 sent"))
+            .unwrap_or_else(|| panic!("no burst line: {}", show(&a)));
+        assert!(
+            field(line, "direct-sent") >= 16,
+            "round {round}: the burst went over the channel: {line}"
+        );
+        let r = c.wait_domain(PASSIVE.0, receiver_dom, LINE, |s| s.mappings_held == 0);
+        assert!(
+            r.is_ok(),
+            "round {round}: the receiver unmaps the ended channel: {r:?}"
+        );
+        p.send_line("go");
+        p.wait_line(LINE, |l| l == format!("received burst {round}"));
+    }
+    let p = p.finish();
+    assert!(passed(&p), "{}", show(&p));
 }

@@ -404,6 +404,13 @@ fn half_rtt_us(line: &str) -> Option<f64> {
 
 const SIXTEEN_MIB: &str = "16777216 B";
 
+/// (sent, received) of an mxcheck line "direct frames sent S, received R".
+fn direct_frames(line: &str) -> Option<(u64, u64)> {
+    let rest = line.split("direct frames sent ").nth(1)?;
+    let (sent, received) = rest.split_once(", received ")?;
+    Some((sent.trim().parse().ok()?, received.trim().parse().ok()?))
+}
+
 #[test]
 fn mx_between_guests_of_one_host_and_a_guest_recreated() {
     if !enabled("mx_between_guests_of_one_host_and_a_guest_recreated") {
@@ -444,6 +451,23 @@ fn mx_between_guests_of_one_host_and_a_guest_recreated() {
         let passes = r.lines_of(g, "PASS").len();
         if passes != 2 {
             problems.push(format!("{g}: {passes} mxcheck runs passed, 2 expected"));
+        }
+        // Co-located guests of one cluster talk over a direct channel (dom0
+        // offers it; grants and event channels of the guests' own), before
+        // the re-creation and after it.
+        let direct: Vec<Option<(u64, u64)>> = r
+            .lines_of(g, "direct frames sent")
+            .into_iter()
+            .map(direct_frames)
+            .collect();
+        if direct.len() != 2
+            || direct
+                .iter()
+                .any(|d| !d.is_some_and(|(s, r)| s > 0 && r > 0))
+        {
+            problems.push(format!(
+                "{g}: direct frames (sent, received) per run: {direct:?}"
+            ));
         }
     }
     assert_clean(problems, status, &run_dir, "mx on real Xen");
@@ -585,6 +609,19 @@ mod parsing {
             [11598.9]
         );
         assert!(r.lines_of("g3", "").is_empty());
+    }
+
+    #[test]
+    fn direct_frame_counts_are_read_from_their_line() {
+        assert_eq!(
+            direct_frames("mxcheck: direct frames sent 116, received 35"),
+            Some((116, 35))
+        );
+        assert_eq!(
+            direct_frames("mxcheck: direct frames sent many, received 1"),
+            None
+        );
+        assert_eq!(direct_frames("mxcheck: PASS (active)"), None);
     }
 
     #[test]

@@ -419,8 +419,8 @@ struct GuestSetup {
     /// library spins for [`POLL_SETUP_SPIN_US`] before it blocks: more pollers than
     /// cores, as on a consolidated host.
     poll: bool,
-    /// Direct channels between co-located guests on (`XMX_DIRECT=1`, `MX_DISABLE_SHMEM=0`),
-    /// or off (`MX_DISABLE_SHMEM=1`).
+    /// Direct channels between co-located guests on (the default, said explicitly:
+    /// `XMX_DIRECT=1`, `MX_DISABLE_SHMEM=0`), or off (`MX_DISABLE_SHMEM=1`).
     direct: bool,
 }
 

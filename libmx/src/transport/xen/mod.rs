@@ -30,8 +30,8 @@
 //! and the core retransmits the frames that were lost meanwhile.
 //!
 //! Environment (read at `mx_init`): `XMX_FRONTD_SOCKET`,
-//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_DIRECT=1` (direct channels to
-//! co-located guests, see [`direct`]; `MX_DISABLE_SHMEM=1` overrides), `XMX_ACK_DELAY_US`,
+//! `XMX_TOOLSTACK_DOMID` (default 0), `XMX_DIRECT=0` (no direct channels to
+//! co-located guests, see [`direct`]; so does `MX_DISABLE_SHMEM=1`), `XMX_ACK_DELAY_US`,
 //! `XMX_RESEND_DELAY_US`, `XMX_DISCOVERY_MS` (default 1000: how long a
 //! hostname lookup waits for the peer view to name it),
 //! `XMX_CONNECT_TIMEOUT_MS` (default 10000: how long `mx_init` waits for the
@@ -70,6 +70,7 @@ use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 
 pub use link::{LinkCounters, CACHE_CAPACITY};
+use port::LinkRef;
 pub use port::{XenPort, XenRegions};
 
 use crate::transport::mailbox::Mailbox;
@@ -109,7 +110,7 @@ pub struct XenConfig {
     /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
     /// frames, after the last one.
     pub linger: Duration,
-    /// `XMX_DIRECT=1` and not `MX_DISABLE_SHMEM=1`: frames to co-located
+    /// Neither `XMX_DIRECT=0` nor `MX_DISABLE_SHMEM=1`: frames to co-located
     /// guests go through direct channels when dom0 offers them ([`direct`]).
     pub direct: bool,
 }
@@ -151,10 +152,9 @@ impl XenConfig {
                 || super::default_close_linger(resend_delay),
                 Duration::from_millis,
             ),
-            // Opt-in until the intermittent lost completion seen with
-            // split_programs' `waitany` between co-located guests is found;
-            // `MX_DISABLE_SHMEM=1` turns it off whatever `XMX_DIRECT` says.
-            direct: lookup("XMX_DIRECT").is_some_and(|v| v.trim() == "1")
+            // On unless turned off: `XMX_DIRECT=0`, or MX's own
+            // `MX_DISABLE_SHMEM=1` (whatever `XMX_DIRECT` says).
+            direct: lookup("XMX_DIRECT").is_none_or(|v| v.trim() != "0")
                 && lookup("MX_DISABLE_SHMEM")
                     .and_then(|v| v.trim().parse::<i64>().ok())
                     .is_none_or(|n| n == 0),
@@ -302,9 +302,25 @@ impl Shared {
     }
 
     /// The hub looks at the offers and channels again.
+    ///
+    /// What a channel holds is taken in first. A peer that closes its
+    /// endpoint ends its channels without waiting for its frames to be
+    /// read: MX completes an eager send once it is buffered, so those
+    /// frames may be the last of messages its application saw complete,
+    /// and their sender is gone and will not resend them. Frames are on
+    /// the channel before the peer's xenstore change that brought us here,
+    /// so taking in now gets every one of them (a frame written after the
+    /// take-in comes from a live peer, which resends it through the backend).
     fn direct_rescan(&self) {
         let Some(hub) = &self.direct else { return };
         let endpoints = self.endpoints();
+        for ep in &endpoints {
+            let mut d = lock(&ep.direct);
+            hub.take_in(ep.index, &mut d, &ep.mailbox, &mut LinkRef(&ep.link));
+            let orphans = d.take_orphans();
+            drop(d);
+            self.resume_pulls(ep, orphans);
+        }
         let list: Vec<(u8, &Mutex<direct::EndpointDirect>)> =
             endpoints.iter().map(|e| (e.index, &e.direct)).collect();
         hub.rescan(&list, &self.view);
@@ -749,6 +765,18 @@ mod tests {
         assert_eq!(fast.linger, Duration::from_millis(30));
         let off = XenConfig::from_lookup(with(&[("XMX_LINGER_MS", "0")])).unwrap();
         assert_eq!(off.linger, Duration::ZERO);
+        // Direct channels are on unless either knob turns them off.
+        assert!(quiet.direct);
+        for (knobs, direct) in [
+            (&[("XMX_DIRECT", "1")][..], true),
+            (&[("XMX_DIRECT", "0")][..], false),
+            (&[("MX_DISABLE_SHMEM", "1")][..], false),
+            (&[("MX_DISABLE_SHMEM", "0")][..], true),
+            (&[("XMX_DIRECT", "1"), ("MX_DISABLE_SHMEM", "1")][..], false),
+        ] {
+            let c = XenConfig::from_lookup(with(knobs)).unwrap();
+            assert_eq!(c.direct, direct, "{knobs:?}");
+        }
         for bad in [
             ("XMX_TOOLSTACK_DOMID", "70000"),
             ("XMX_ACK_DELAY_US", "soon"),

@@ -71,8 +71,9 @@ pub const PULL_STALL: Duration = Duration::from_secs(1);
 /// Frames a faulty side (`XMX_DIRECT_FAULT`) sends correctly first.
 const FAULT_AFTER: u64 = 200;
 
-/// Misbehaviour a test asks of this side of every channel
-/// (`XMX_DIRECT_FAULT`), to check that the peer's library survives it.
+/// Behaviour a test asks of this side of every channel
+/// (`XMX_DIRECT_FAULT`): misbehaviour, to check that the peer's library
+/// survives it, or a legal extreme no timing would reliably produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// `garbage-index`: a producer index that is not a multiple of 8.
@@ -81,6 +82,9 @@ pub enum Fault {
     RewrittenSlot,
     /// `stop-large`: pulls asked of this side are never served.
     StopLarge,
+    /// `unarmed`: this side never asks its peers to signal a frame (a
+    /// consumer that only looks when something else wakes it).
+    Unarmed,
 }
 
 impl Fault {
@@ -89,6 +93,7 @@ impl Fault {
             "garbage-index" => Some(Fault::GarbageIndex),
             "rewritten-slot" => Some(Fault::RewrittenSlot),
             "stop-large" => Some(Fault::StopLarge),
+            "unarmed" => Some(Fault::Unarmed),
             _ => None,
         }
     }
@@ -445,7 +450,10 @@ impl Hub {
                             }
                             _ => {}
                         }
-                        if notify || (self.fault.is_some() && sent >= FAULT_AFTER) {
+                        let broke =
+                            matches!(self.fault, Some(Fault::GarbageIndex | Fault::RewrittenSlot))
+                                && sent >= FAULT_AFTER;
+                        if notify || broke {
                             if let Err(e) = self.evtchn.notify(ch.port) {
                                 tracing::debug!(%e, "signalling a direct channel");
                             }
@@ -917,6 +925,9 @@ impl Hub {
     /// Asks every channel's peer to signal the next frame; true if one is
     /// there already.
     pub fn arm(&self, d: &EndpointDirect) -> bool {
+        if self.fault == Some(Fault::Unarmed) {
+            return false;
+        }
         let mut ready = false;
         for s in d.slots.values() {
             if let Slot::Open(ch) = s {
