@@ -122,6 +122,12 @@ fn outstanding_replies_throttle_the_domain_only() {
     assert_eq!(dom0.read(XBT_NULL, "/local/domain/1/big").unwrap(), value);
     h.client(2).write(XBT_NULL, "alive", b"yes").unwrap();
     assert!(h.xs.usage(1).outstanding <= QUOTAS.outstanding);
+    // With the socket full, one reply waits in the blocked write and the quota's
+    // worth in the queue: the domain stays at its quota, not one below (which
+    // would leave the request reader asleep although there is room).
+    h.wait_until("guest 1 to be held at its quota", |x| {
+        x.usage(1).outstanding == QUOTAS.outstanding
+    });
     // Reading lets every request through, in order, intact.
     for id in 1..=REQUESTS {
         let r = wire::read_frame(&mut raw).unwrap().unwrap();

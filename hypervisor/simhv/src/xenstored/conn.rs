@@ -133,6 +133,7 @@ impl ConnIo {
         };
         outstanding.add(self.domid, -(dropped_replies as isize));
         let _ = self.stream.shutdown(Shutdown::Both);
+        // A reader waiting for room sees the connection closed.
         outstanding.wake();
     }
 
@@ -174,7 +175,9 @@ impl ConnIo {
                         // A reply leaves the count as it leaves the queue, under the
                         // queue's lock: `close` counts the queued ones under it, so a reply
                         // being written when the domain is released is not counted twice
-                        // or left over.
+                        // or left over. The request reader waiting for room hears of it
+                        // now (`add`), not once the write ends: a client that reads
+                        // nothing blocks that write, and its quota must still fill up.
                         if matches!(item, Outgoing::Reply(_)) {
                             outstanding.add(self.domid, -1);
                         }
@@ -197,15 +200,10 @@ impl ConnIo {
                     q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            let (bytes, is_reply) = match &item {
-                Outgoing::Reply(b) => (b, true),
-                Outgoing::Event(b) => (b, false),
+            let bytes = match &item {
+                Outgoing::Reply(b) | Outgoing::Event(b) => b,
             };
-            let sent = self.send(bytes);
-            if is_reply {
-                outstanding.wake();
-            }
-            if let Err(e) = sent {
+            if let Err(e) = self.send(bytes) {
                 tracing::debug!(conn = self.id, error = %e, "client gone while sending");
                 self.close(outstanding);
                 return;
@@ -233,6 +231,9 @@ impl Outstanding {
         *v = v.saturating_add_signed(delta);
         if *v == 0 {
             c.remove(&domid);
+        }
+        if delta < 0 {
+            self.changed.notify_all();
         }
     }
 
