@@ -640,7 +640,7 @@ fn send_connect_notify_liback() {
             (24, &[5]),
         ],
     );
-    let value = ConnectRequest {
+    let value = RingConnectRequest {
         seqnum: 1,
         target_recv_seqnum_start: 2,
         app_key: 0x1234_5678,
@@ -664,7 +664,7 @@ fn send_connect_notify_liback() {
             (20, &[6, 11]),
         ],
     );
-    let value = ConnectReply {
+    let value = RingConnectReply {
         seqnum: 1,
         target_recv_seqnum_start: 2,
         connect_seqnum: 6,
@@ -952,7 +952,7 @@ fn recv_rndv_connect_notify_liback_events() {
             (24, &[6]),
         ],
     );
-    let request = ConnectRequest {
+    let request = RingConnectRequest {
         seqnum: 9,
         target_recv_seqnum_start: 8,
         app_key: 7,
@@ -979,7 +979,7 @@ fn recv_rndv_connect_notify_liback_events() {
             (24, &[0x44, 0x33, 0x22, 0x11]),
         ],
     );
-    let reply = ConnectReply {
+    let reply = RingConnectReply {
         seqnum: 9,
         target_recv_seqnum_start: 8,
         connect_seqnum: 6,

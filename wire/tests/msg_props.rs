@@ -40,9 +40,9 @@ fn rndv() -> impl Strategy<Value = Rndv> {
     )
 }
 
-fn connect_request() -> impl Strategy<Value = ConnectRequest> {
+fn connect_request() -> impl Strategy<Value = RingConnectRequest> {
     (any::<u16>(), any::<u16>(), any::<u32>(), any::<u8>()).prop_map(|(a, b, c, d)| {
-        ConnectRequest {
+        RingConnectRequest {
             seqnum: a,
             target_recv_seqnum_start: b,
             app_key: c,
@@ -51,12 +51,14 @@ fn connect_request() -> impl Strategy<Value = ConnectRequest> {
     })
 }
 
-fn connect_reply() -> impl Strategy<Value = ConnectReply> {
-    (any::<u16>(), any::<u16>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, c, d)| ConnectReply {
-        seqnum: a,
-        target_recv_seqnum_start: b,
-        connect_seqnum: c,
-        status: d,
+fn connect_reply() -> impl Strategy<Value = RingConnectReply> {
+    (any::<u16>(), any::<u16>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, c, d)| {
+        RingConnectReply {
+            seqnum: a,
+            target_recv_seqnum_start: b,
+            connect_seqnum: c,
+            status: d,
+        }
     })
 }
 

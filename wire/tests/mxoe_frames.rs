@@ -167,7 +167,7 @@ fn connect_request() {
             src_generation: 0,
             lib_seqnum: 1,
             src_dst_peer_index: 42,
-            data: ConnectData::Request(ConnectRequest {
+            data: ConnectData::Request(ConnectRequestData {
                 src_session_id: 0x1122_3344,
                 app_key: 0x1234,
                 target_recv_seqnum_start: 5,
@@ -200,7 +200,7 @@ fn connect_reply() {
             src_generation: 0,
             lib_seqnum: 2,
             src_dst_peer_index: 7,
-            data: ConnectData::Reply(ConnectReply {
+            data: ConnectData::Reply(ConnectReplyData {
                 src_session_id: 0x5566_7788,
                 target_session_id: 0x1122_3344,
                 target_recv_seqnum_start: 6,

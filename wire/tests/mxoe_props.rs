@@ -91,7 +91,7 @@ fn arb_truc() -> impl Strategy<Value = TrucRepr> {
 fn arb_connect() -> impl Strategy<Value = ConnectRepr> {
     let request = any::<(u32, u32, u16, u8)>().prop_map(
         |(src_session_id, app_key, target_recv_seqnum_start, connect_seqnum)| {
-            ConnectData::Request(ConnectRequest {
+            ConnectData::Request(ConnectRequestData {
                 src_session_id,
                 app_key,
                 target_recv_seqnum_start,
@@ -104,7 +104,7 @@ fn arb_connect() -> impl Strategy<Value = ConnectRepr> {
             (src_session_id, target_session_id, target_recv_seqnum_start, connect_seqnum),
             status,
         )| {
-            ConnectData::Reply(ConnectReply {
+            ConnectData::Reply(ConnectReplyData {
                 src_session_id,
                 target_session_id,
                 target_recv_seqnum_start,

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use xmx_wire::msg::{
-    medium_frags, ConnectReply, ConnectRequest, Event, EventBody, InlineData, InlineMsg, Liback,
-    MsgInfo, NackKind, Notify, RecvMedium, Rndv, Route, MEDIUM_FRAG_MAX,
+    medium_frags, Event, EventBody, InlineData, InlineMsg, Liback, MsgInfo, NackKind, Notify,
+    RecvMedium, RingConnectReply, RingConnectRequest, Rndv, Route, MEDIUM_FRAG_MAX,
 };
 use xmx_wire::mxoe::{
     ConnectData, HeadPacket, HeadRepr, Mac, MsgHeader, NackLibRepr, NackType, PacketRepr, HEAD_LEN,
@@ -189,7 +189,7 @@ impl Engine {
                 let body = match c.data {
                     ConnectData::Request(r) => EventBody::RecvConnectRequest {
                         from: from.route(c.src_endpoint, r.src_session_id),
-                        request: ConnectRequest {
+                        request: RingConnectRequest {
                             seqnum: c.lib_seqnum,
                             target_recv_seqnum_start: r.target_recv_seqnum_start,
                             app_key: r.app_key,
@@ -198,7 +198,7 @@ impl Engine {
                     },
                     ConnectData::Reply(r) => EventBody::RecvConnectReply {
                         from: from.route(c.src_endpoint, r.src_session_id),
-                        reply: ConnectReply {
+                        reply: RingConnectReply {
                             seqnum: c.lib_seqnum,
                             target_recv_seqnum_start: r.target_recv_seqnum_start,
                             connect_seqnum: r.connect_seqnum,

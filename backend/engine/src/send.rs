@@ -132,7 +132,7 @@ impl Engine {
                     src_generation: 0,
                     lib_seqnum: c.seqnum,
                     src_dst_peer_index: route.peer_index,
-                    data: ConnectData::Request(xmx_wire::mxoe::ConnectRequest {
+                    data: ConnectData::Request(xmx_wire::mxoe::ConnectRequestData {
                         src_session_id: ep.session,
                         app_key: c.app_key,
                         target_recv_seqnum_start: c.target_recv_seqnum_start,
@@ -149,7 +149,7 @@ impl Engine {
                     src_generation: 0,
                     lib_seqnum: c.seqnum,
                     src_dst_peer_index: route.peer_index,
-                    data: ConnectData::Reply(xmx_wire::mxoe::ConnectReply {
+                    data: ConnectData::Reply(xmx_wire::mxoe::ConnectReplyData {
                         src_session_id: ep.session,
                         target_session_id: route.session_id,
                         target_recv_seqnum_start: c.target_recv_seqnum_start,

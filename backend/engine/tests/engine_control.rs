@@ -6,8 +6,8 @@ mod engine_util;
 use engine_util::*;
 use xmx_engine::{DropReason, EngineConfig, MemoryArea, RegionHandle};
 use xmx_wire::msg::{
-    ConnectReply, ConnectRequest, DoneStatus, Event, EventBody, Liback, NackKind, Pull, Route,
-    SendOp, SendRequest,
+    DoneStatus, Event, EventBody, Liback, NackKind, Pull, RingConnectReply, RingConnectRequest,
+    Route, SendOp, SendRequest,
 };
 use xmx_wire::mxoe::{ConnectData, NackType, PacketRepr, PacketType, HOST_QUERY_MAGIC};
 
@@ -183,7 +183,7 @@ fn connect_request_and_reply_carry_the_backends_sessions() {
         session_id: 0,
         ..tb.route(3)
     };
-    let request = ConnectRequest {
+    let request = RingConnectRequest {
         seqnum: 0,
         target_recv_seqnum_start: 10,
         app_key: 0x1234,
@@ -220,7 +220,7 @@ fn connect_request_and_reply_carry_the_backends_sessions() {
         }
     );
 
-    let reply = ConnectReply {
+    let reply = RingConnectReply {
         seqnum: 0,
         target_recv_seqnum_start: 20,
         connect_seqnum: 2,
@@ -261,7 +261,7 @@ fn connect_to_a_closed_endpoint_is_nacked() {
         endpoint: 3,
         ..tb.route(4)
     };
-    let request = ConnectRequest {
+    let request = RingConnectRequest {
         seqnum: 0,
         target_recv_seqnum_start: 1,
         app_key: 1,

@@ -8,8 +8,8 @@ use engine_util::*;
 use proptest::prelude::*;
 use xmx_engine::{EngineConfig, GuestId, Violation};
 use xmx_wire::msg::{
-    ConnectReply, ConnectRequest, ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback,
-    MediumSend, MsgInfo, Notify, Pull, QueueSlots, Rndv, Route, SendOp, SendRequest,
+    ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback, MediumSend, MsgInfo, Notify, Pull,
+    QueueSlots, RingConnectReply, RingConnectRequest, Rndv, Route, SendOp, SendRequest,
 };
 use xmx_wire::mxoe::{FrameRepr, HeadRepr, PacketRepr, TinyRepr, HEAD_LEN};
 
@@ -109,7 +109,7 @@ fn each_violation_is_reported_and_changes_nothing() {
         (
             req(
                 to3,
-                SendOp::ConnectReply(ConnectReply {
+                SendOp::ConnectReply(RingConnectReply {
                     status: 5,
                     ..Default::default()
                 }),
@@ -322,7 +322,7 @@ fn op_strategy() -> impl Strategy<Value = SendOp> {
                 }
             ),
         (any::<u16>(), any::<u32>(), any::<u8>()).prop_map(|(seqnum, app_key, connect_seqnum)| {
-            SendOp::ConnectRequest(ConnectRequest {
+            SendOp::ConnectRequest(RingConnectRequest {
                 seqnum,
                 target_recv_seqnum_start: seqnum,
                 app_key,
@@ -330,7 +330,7 @@ fn op_strategy() -> impl Strategy<Value = SendOp> {
             })
         }),
         (any::<u16>(), any::<u8>()).prop_map(|(seqnum, status)| SendOp::ConnectReply(
-            ConnectReply {
+            RingConnectReply {
                 seqnum,
                 target_recv_seqnum_start: seqnum,
                 connect_seqnum: 1,

@@ -24,9 +24,9 @@ use xmx_mx::frame::{
 };
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, Seqnum, Status};
 use xmx_wire::msg::{
-    medium_frags, ConnectReply, ConnectRequest, DoneStatus, ErrorCode, Event, EventBody,
-    InlineData, InlineMsg, Liback, MediumSend, MsgInfo, NackKind, Notify, Pull, QueueSlots, Rndv,
-    Route, SendOp, SendRequest, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX,
+    medium_frags, DoneStatus, ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback,
+    MediumSend, MsgInfo, NackKind, Notify, Pull, QueueSlots, RingConnectReply, RingConnectRequest,
+    Rndv, Route, SendOp, SendRequest, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX,
 };
 
 /// Why a frame of the core cannot become a send request.
@@ -161,7 +161,7 @@ impl Outgoing {
             }
             Body::ConnectRequest(c) => request(
                 to(0),
-                SendOp::ConnectRequest(ConnectRequest {
+                SendOp::ConnectRequest(RingConnectRequest {
                     seqnum: c.lib_seqnum,
                     target_recv_seqnum_start: c.target_recv_seqnum_start.raw(),
                     app_key: c.app_key,
@@ -171,7 +171,7 @@ impl Outgoing {
             // The reply names the requester's session; the engine adds ours.
             Body::ConnectReply(c) => request(
                 to(c.src_session),
-                SendOp::ConnectReply(ConnectReply {
+                SendOp::ConnectReply(RingConnectReply {
                     seqnum: c.lib_seqnum,
                     target_recv_seqnum_start: c.target_recv_seqnum_start.raw(),
                     connect_seqnum: c.connect_seqnum,

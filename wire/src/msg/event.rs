@@ -25,8 +25,9 @@
 use super::field::{set_u16, set_u32, set_u8, u16, u32, u8};
 use super::send::{medium_frags, off};
 use super::{
-    emit_header, parse_header, ConnectReply, ConnectRequest, InlineMsg, Liback, MsgInfo, Notify,
-    Rndv, Route, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX, TINY_MAX,
+    emit_header, parse_header, InlineMsg, Liback, MsgInfo, Notify, RingConnectReply,
+    RingConnectRequest, Rndv, Route, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX,
+    TINY_MAX,
 };
 use crate::{Error, Result};
 
@@ -197,12 +198,12 @@ pub enum EventBody {
     /// A peer asks to connect (`from.session_id` is its session).
     RecvConnectRequest {
         from: Route,
-        request: ConnectRequest,
+        request: RingConnectRequest,
     },
     /// A peer answered our connect request (`from.session_id` is its session).
     RecvConnectReply {
         from: Route,
-        reply: ConnectReply,
+        reply: RingConnectReply,
         target_session_id: u32,
     },
     /// A peer finished pulling one of our LARGE messages.
@@ -276,11 +277,11 @@ impl Event {
             },
             EventKind::RecvConnectRequest => EventBody::RecvConnectRequest {
                 from,
-                request: ConnectRequest::read(buf),
+                request: RingConnectRequest::read(buf),
             },
             EventKind::RecvConnectReply => EventBody::RecvConnectReply {
                 from,
-                reply: ConnectReply::read(buf),
+                reply: RingConnectReply::read(buf),
                 target_session_id: u32(buf, at::TARGET_SESSION),
             },
             EventKind::RecvNotify => EventBody::RecvNotify {

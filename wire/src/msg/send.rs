@@ -315,7 +315,7 @@ impl Rndv {
 
 /// MX connect request fields (the sender's session is added by the backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ConnectRequest {
+pub struct RingConnectRequest {
     /// Library sequence number of the connect packet.
     pub seqnum: u16,
     /// Next sequence number the sender expects to receive.
@@ -326,9 +326,9 @@ pub struct ConnectRequest {
     pub connect_seqnum: u8,
 }
 
-impl ConnectRequest {
+impl RingConnectRequest {
     pub(crate) fn read(buf: &[u8]) -> Self {
-        ConnectRequest {
+        RingConnectRequest {
             seqnum: u16(buf, off::SEQNUM),
             target_recv_seqnum_start: u16(buf, off::CONNECT_RECV_SEQNUM_START),
             app_key: u32(buf, off::CONNECT_APP_KEY),
@@ -349,7 +349,7 @@ impl ConnectRequest {
 
 /// MX connect reply fields; the requester's session travels in the route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ConnectReply {
+pub struct RingConnectReply {
     /// Library sequence number of the connect packet.
     pub seqnum: u16,
     /// Next sequence number the replier expects to receive.
@@ -360,9 +360,9 @@ pub struct ConnectReply {
     pub status: u8,
 }
 
-impl ConnectReply {
+impl RingConnectReply {
     pub(crate) fn read(buf: &[u8]) -> Self {
-        ConnectReply {
+        RingConnectReply {
             seqnum: u16(buf, off::SEQNUM),
             target_recv_seqnum_start: u16(buf, off::CONNECT_RECV_SEQNUM_START),
             connect_seqnum: u8(buf, off::CONNECT_REPLY_SEQNUM),
@@ -605,9 +605,9 @@ pub enum SendOp {
     /// Announce a LARGE message (RNDV).
     Rndv(Rndv),
     /// Send an MX connect request.
-    ConnectRequest(ConnectRequest),
+    ConnectRequest(RingConnectRequest),
     /// Answer an MX connect request.
-    ConnectReply(ConnectReply),
+    ConnectReply(RingConnectReply),
     /// Tell the sender of a LARGE message that its data was pulled.
     Notify(Notify),
     /// Send an explicit library acknowledgement.
@@ -659,8 +659,8 @@ impl SendRequest {
             SendKind::Small => SendOp::Small(InlineMsg::read(buf, SMALL_MAX, "small length")?),
             SendKind::Medium => SendOp::Medium(MediumSend::read(buf)?),
             SendKind::Rndv => SendOp::Rndv(Rndv::read(buf)),
-            SendKind::ConnectRequest => SendOp::ConnectRequest(ConnectRequest::read(buf)),
-            SendKind::ConnectReply => SendOp::ConnectReply(ConnectReply::read(buf)),
+            SendKind::ConnectRequest => SendOp::ConnectRequest(RingConnectRequest::read(buf)),
+            SendKind::ConnectReply => SendOp::ConnectReply(RingConnectReply::read(buf)),
             SendKind::Notify => SendOp::Notify(Notify::read(buf)),
             SendKind::Liback => SendOp::Liback(Liback::read(buf)?),
             SendKind::Pull => SendOp::Pull(Pull::read(buf)),

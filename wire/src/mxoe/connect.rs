@@ -93,7 +93,7 @@ impl<T: AsRef<[u8]>> ConnectPacket<T> {
 
 /// A connect request's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnectRequest {
+pub struct ConnectRequestData {
     /// The requester's session id.
     pub src_session_id: u32,
     /// The application key the target checks.
@@ -106,7 +106,7 @@ pub struct ConnectRequest {
 
 /// A connect reply's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnectReply {
+pub struct ConnectReplyData {
     /// The replier's session id.
     pub src_session_id: u32,
     /// The requester's session id, echoed.
@@ -123,9 +123,9 @@ pub struct ConnectReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConnectData {
     /// `is_reply` = 0.
-    Request(ConnectRequest),
+    Request(ConnectRequestData),
     /// `is_reply` = 1.
-    Reply(ConnectReply),
+    Reply(ConnectReplyData),
 }
 
 /// A CONNECT packet.
@@ -157,13 +157,13 @@ impl ConnectRepr {
             });
         }
         let data = match packet.is_reply() {
-            0 => ConnectData::Request(ConnectRequest {
+            0 => ConnectData::Request(ConnectRequestData {
                 src_session_id: packet.src_session_id(),
                 app_key: packet.app_key(),
                 target_recv_seqnum_start: packet.target_recv_seqnum_start(),
                 connect_seqnum: packet.connect_seqnum(),
             }),
-            1 => ConnectData::Reply(ConnectReply {
+            1 => ConnectData::Reply(ConnectReplyData {
                 src_session_id: packet.src_session_id(),
                 target_session_id: packet.target_session_id(),
                 target_recv_seqnum_start: packet.target_recv_seqnum_start(),

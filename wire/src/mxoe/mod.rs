@@ -48,7 +48,7 @@ pub mod rndv;
 pub mod truc;
 mod types;
 
-pub use connect::{ConnectData, ConnectPacket, ConnectReply, ConnectRepr, ConnectRequest};
+pub use connect::{ConnectData, ConnectPacket, ConnectReplyData, ConnectRepr, ConnectRequestData};
 pub use frame::{FrameRepr, PacketRepr};
 pub use head::{HeadPacket, HeadRepr};
 pub use host::{HostQueryPacket, HostQueryRepr, HostReplyPacket, HostReplyRepr};
