@@ -36,8 +36,10 @@ pub enum Error {
     /// Any other errno name xenstored replied with.
     #[error("xenstore error {0}")]
     Xs(String),
+    /// Any other I/O failure of a device, socket or file.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 
+/// The result of a platform operation.
 pub type Result<T> = std::result::Result<T, Error>;

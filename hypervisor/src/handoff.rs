@@ -65,9 +65,15 @@ const PORT_LINUX: u8 = 2;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PagesLayout {
     /// `sim`: page `i` is frame `frames[i]` of the domain's memory file.
-    SimFrames { frames: Vec<u32> },
+    SimFrames {
+        /// The frame of each page, in page order.
+        frames: Vec<u32>,
+    },
     /// `linux`: the pages are consecutive at this mmap offset of the gntalloc descriptor.
-    Gntalloc { offset: u64 },
+    Gntalloc {
+        /// The mmap offset of the first page.
+        offset: u64,
+    },
 }
 
 /// Access to granted pages, ready to be sent to another process of the same domain.
@@ -88,7 +94,9 @@ pub struct ExportedPages {
 /// The platform half of [`ExportedPages`], as an owner produces it.
 #[derive(Debug)]
 pub struct PagesSource {
+    /// The descriptor the layout refers to.
     pub fd: OwnedFd,
+    /// Where the pages are in it.
     pub layout: PagesLayout,
 }
 
@@ -304,14 +312,23 @@ impl ImportedPages {
 pub enum PortSource {
     /// `sim`: the port's eventfds and the status page of the handle it belongs to.
     Sim {
+        /// The port's own eventfd, signalled when the remote end notifies.
         rx: OwnedFd,
+        /// The eventfd that signals the remote end (the remote port's `rx`).
         tx: OwnedFd,
+        /// The status page of the handle the port belongs to.
         status: OwnedFd,
+        /// The port's word in the status page.
         slot: u32,
+        /// The generation the port's slot had when it was opened, so that a reused slot is not
+        /// mistaken for this port.
         generation: u32,
     },
     /// `linux`: the evtchn descriptor the port is bound through.
-    Linux { evtchn: OwnedFd },
+    Linux {
+        /// The evtchn descriptor.
+        evtchn: OwnedFd,
+    },
 }
 
 /// Access to one event-channel port, ready to be sent to another process of the domain.

@@ -12,9 +12,6 @@
 //!
 //! Everything above this crate is written against the traits and a [`Platform`]
 //! chosen at run time, so the same binaries run on real Xen and on the simulator.
-// The workspace warns of undocumented public items; this crate's fields and variants
-// are not all documented yet.
-#![allow(missing_docs)]
 
 pub mod conformance;
 #[cfg(feature = "daemon")]
@@ -85,21 +82,27 @@ pub trait GrantedOwner: Send + Sync {
 }
 
 impl GrantedPages {
+    /// The grant refs of the pages, in page order.
     pub fn refs(&self) -> &[GrantRef] {
         &self.refs
     }
+    /// Start of the pages' mapping in this process.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
+    /// Length of the mapping in bytes (a whole number of pages).
     pub fn len(&self) -> usize {
         self.len
     }
+    /// True if no page is granted.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The domain the pages are granted to.
     pub fn remote(&self) -> DomId {
         self.remote
     }
+    /// Whether the remote may map the pages writable.
     pub fn writable(&self) -> bool {
         self.writable
     }
@@ -166,25 +169,32 @@ unsafe impl Sync for MappedPages {}
 
 /// Platform side of [`MappedPages`]: unmaps.
 pub trait MappedOwner: Send + Sync {
+    /// Unmap the pages from this process; called once, from drop.
     fn unmap(&mut self);
 }
 
 impl MappedPages {
+    /// Start of the mapping in this process.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
+    /// Length of the mapping in bytes (a whole number of pages).
     pub fn len(&self) -> usize {
         self.len
     }
+    /// True if no page is mapped.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The domain that granted the pages.
     pub fn remote(&self) -> DomId {
         self.remote
     }
+    /// The mapped grant refs, in the order their pages appear in the mapping.
     pub fn refs(&self) -> &[GrantRef] {
         &self.refs
     }
+    /// Whether the pages are mapped writable.
     pub fn writable(&self) -> bool {
         self.writable
     }
@@ -203,8 +213,11 @@ impl Drop for MappedPages {
 pub enum CopyPtr {
     /// `offset` bytes into the page that `domid` granted as `gref`.
     Foreign {
+        /// The domain that granted the page.
         domid: DomId,
+        /// The grant ref of the page in `domid`'s table.
         gref: GrantRef,
+        /// Byte offset into the page.
         offset: u16,
     },
     /// Local memory of the calling process.
@@ -214,8 +227,11 @@ pub enum CopyPtr {
 /// One grant-copy segment (at most one page, not crossing a page boundary on a foreign side).
 #[derive(Debug, Clone, Copy)]
 pub struct CopySegment {
+    /// Where the bytes are read from.
     pub source: CopyPtr,
+    /// Where the bytes are written to.
     pub dest: CopyPtr,
+    /// Bytes to copy.
     pub len: u16,
 }
 
@@ -240,6 +256,7 @@ pub trait GrantTable: Send + Sync {
 
 /// A cheap handle that signals one event-channel port, for the data path.
 pub trait Notify: Send + Sync {
+    /// Signal the other end of the port.
     fn notify(&self) -> Result<()>;
 }
 
@@ -276,54 +293,79 @@ pub trait EventChannels: Send + Sync {
 
 /// A xenstore transaction id; [`XBT_NULL`] is no transaction.
 pub type TxId = u32;
+/// No transaction: the operation applies to the store directly.
 pub const XBT_NULL: TxId = 0;
 
 /// One entry of a node's permission list, as xenstored keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct XsPerm {
+    /// The domain this entry is about; in the first entry, the node's owner.
     pub domid: DomId,
+    /// What `domid` may do with the node.
     pub access: XsAccess,
 }
 
 /// Access letters of xenstore permissions: n, r, w, b.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum XsAccess {
+    /// `n`: no access.
     None,
+    /// `r`: read only.
     Read,
+    /// `w`: write only.
     Write,
+    /// `b`: read and write.
     Both,
 }
 
 /// A fired watch: the path that changed and the token it was registered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchEvent {
+    /// The node that changed (for the firing at registration, the watched path itself).
     pub path: String,
+    /// The token the watch was registered with.
     pub token: String,
 }
 
 /// The xenstore protocol as a client sees it.
 pub trait Xenstore: Send + Sync {
+    /// The value of the node at `path`.
     fn read(&self, tx: TxId, path: &str) -> Result<Vec<u8>>;
+    /// Set the value of `path`, creating the node (and missing parents) if needed.
     fn write(&self, tx: TxId, path: &str, value: &[u8]) -> Result<()>;
+    /// Create the node `path` (and missing parents) with an empty value; an existing node
+    /// is left as it is.
     fn mkdir(&self, tx: TxId, path: &str) -> Result<()>;
+    /// Remove the node `path` and everything below it.
     fn rm(&self, tx: TxId, path: &str) -> Result<()>;
+    /// The names of the children of `path` (single components, not full paths).
     fn directory(&self, tx: TxId, path: &str) -> Result<Vec<String>>;
     /// First entry is the owner and the default access for other domains.
     fn get_perms(&self, tx: TxId, path: &str) -> Result<Vec<XsPerm>>;
+    /// Replace the permission list of `path`; the first entry is as in
+    /// [`Xenstore::get_perms`].
     fn set_perms(&self, tx: TxId, path: &str, perms: &[XsPerm]) -> Result<()>;
+    /// Start a transaction; the operations that pass its id as `tx` belong to it.
     fn transaction_start(&self) -> Result<TxId>;
     /// Commit (or abort with `commit == false`); a conflicting commit is [`Error::Again`].
     fn transaction_end(&self, tx: TxId, commit: bool) -> Result<()>;
     /// Register a watch; xenstored fires it once at once and then on every change.
     fn watch(&self, path: &str, token: &str) -> Result<()>;
+    /// Remove the watch registered with this `path` and `token`.
     fn unwatch(&self, path: &str, token: &str) -> Result<()>;
     /// A file descriptor that polls readable while a watch event is queued.
     fn watch_fd(&self) -> RawFd;
     /// The next queued watch event, waiting up to `timeout` (None: forever).
     fn next_watch_event(&self, timeout: Option<Duration>) -> Result<Option<WatchEvent>>;
+    /// The home path of `domid` in the store (`/local/domain/<domid>`).
     fn get_domain_path(&self, domid: DomId) -> Result<String>;
+    /// Tell xenstored about a new domain whose xenstore ring is the page at `mfn` and whose
+    /// event channel to it is `port` (a toolstack operation of dom0).
     fn introduce(&self, domid: DomId, mfn: u64, port: Port) -> Result<()>;
+    /// Tell xenstored that `domid` is gone, so it drops what the domain held.
     fn release(&self, domid: DomId) -> Result<()>;
+    /// Whether xenstored knows `domid` (it was introduced and not released).
     fn is_domain_introduced(&self, domid: DomId) -> Result<bool>;
+    /// Remove every watch and open transaction of this connection.
     fn reset_watches(&self) -> Result<()>;
 }

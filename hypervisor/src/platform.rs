@@ -7,14 +7,18 @@ use std::sync::Arc;
 
 use crate::{DomId, Error, EventChannels, GrantTable, Result, Xenstore};
 
+/// Which implementation a [`Platform`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlatformKind {
+    /// Real Xen, through the Linux devices (see [`crate::linux`]).
     Linux,
+    /// The `xmx-simhv` simulator (see [`crate::sim`]).
     Sim,
 }
 
 /// One domain's view of its hypervisor: the factory of the primitives.
 pub trait Platform: Send + Sync {
+    /// Which implementation this is.
     fn kind(&self) -> PlatformKind;
     /// The calling domain's id.
     fn domid(&self) -> DomId;

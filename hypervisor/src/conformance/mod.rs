@@ -64,12 +64,16 @@ pub const OUT_OF_RANGE_REF: u32 = 0xFFFF_FFF0;
 /// Which part a domain plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// A guest that grants pages and allocates event channels for the others to use.
     Granter,
+    /// dom0 or another guest that maps, copies and binds what the granter offered it.
     Mapper,
+    /// An optional third domain that must be refused what was meant for the mapper.
     Outsider,
 }
 
 impl Role {
+    /// The role's name as the command line and reports spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Granter => "granter",
@@ -127,6 +131,7 @@ impl Caps {
 /// Everything one role needs to know.
 #[derive(Debug, Clone)]
 pub struct Setup {
+    /// The part this domain plays.
     pub role: Role,
     /// The granter's peer is the mapper; the mapper's and the outsider's is the granter.
     pub peer: DomId,

@@ -10,7 +10,9 @@ use crate::DomId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
+    /// The platform behaved as Xen does.
     Pass,
+    /// The platform did not; the detail says how.
     Fail,
     /// Not applicable on this platform or for this domain (the detail says why).
     Skip,
@@ -21,6 +23,7 @@ pub enum Outcome {
 pub struct Check {
     /// A stable dotted name, e.g. `grant.256.map`.
     pub name: String,
+    /// How the check went.
     pub outcome: Outcome,
     /// The error of a failure, the reason of a skip, or what a refusal said.
     pub detail: String,
@@ -29,10 +32,15 @@ pub struct Check {
 /// Everything one role checked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Report {
+    /// The role's name (see [`Role::as_str`](crate::conformance::Role::as_str)).
     pub role: String,
+    /// The domain that ran the role.
     pub domid: DomId,
+    /// The domain it worked with (see [`Setup::peer`](crate::conformance::Setup::peer)).
     pub peer: DomId,
+    /// The platform the role ran on: `linux` or `sim`.
     pub platform: String,
+    /// The checks, in the order they ran.
     pub checks: Vec<Check>,
 }
 

@@ -36,9 +36,13 @@ pub const fn ioc_none(ty: u8, nr: u8, size: usize) -> libc::Ioctl {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GntallocAllocGref {
+    /// The domain the pages are granted to.
     pub domid: u16,
+    /// `GNTALLOC_FLAG_*` bits.
     pub flags: u16,
+    /// Pages to allocate.
     pub count: u32,
+    /// The mmap offset of the new batch, written back by the kernel.
     pub index: u64,
     /// First of `count` refs written back by the kernel.
     pub gref_ids: [u32; 1],
@@ -51,7 +55,9 @@ pub const GNTALLOC_FLAG_WRITABLE: u16 = 1;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GntallocDeallocGref {
+    /// The mmap offset of the batch, as `IOCTL_GNTALLOC_ALLOC_GREF` returned it.
     pub index: u64,
+    /// Pages of the batch to release.
     pub count: u32,
 }
 
@@ -60,8 +66,11 @@ pub struct GntallocDeallocGref {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UnmapNotify {
+    /// mmap offset of the byte `UNMAP_NOTIFY_CLEAR_BYTE` clears; its page is the one watched.
     pub index: u64,
+    /// `UNMAP_NOTIFY_*` bits.
     pub action: u32,
+    /// The port to signal (`UNMAP_NOTIFY_SEND_EVENT`).
     pub event_channel_port: u32,
 }
 
@@ -70,10 +79,14 @@ pub const UNMAP_NOTIFY_CLEAR_BYTE: u32 = 0x1;
 /// `UNMAP_NOTIFY_SEND_EVENT`: signal `event_channel_port` when the peer unmaps.
 pub const UNMAP_NOTIFY_SEND_EVENT: u32 = 0x2;
 
+/// gntalloc ioctl: allocate and grant pages ([`GntallocAllocGref`]).
 pub const IOCTL_GNTALLOC_ALLOC_GREF: libc::Ioctl =
     ioc_none(b'G', 5, size_of::<GntallocAllocGref>());
+/// gntalloc ioctl: release a batch of pages and their grants ([`GntallocDeallocGref`]).
 pub const IOCTL_GNTALLOC_DEALLOC_GREF: libc::Ioctl =
     ioc_none(b'G', 6, size_of::<GntallocDeallocGref>());
+/// gntalloc ioctl: have the driver clear a byte and/or signal a port when this side
+/// frees the pages, so the remote learns it ([`UnmapNotify`]).
 pub const IOCTL_GNTALLOC_SET_UNMAP_NOTIFY: libc::Ioctl =
     ioc_none(b'G', 7, size_of::<UnmapNotify>());
 
@@ -85,7 +98,9 @@ pub const IOCTL_GNTALLOC_SET_UNMAP_NOTIFY: libc::Ioctl =
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GntdevGrantRef {
+    /// The granting domain.
     pub domid: u32,
+    /// The grant ref in that domain's table.
     pub gref: u32,
 }
 
@@ -94,8 +109,11 @@ pub struct GntdevGrantRef {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GntdevMapGrantRef {
+    /// Grants to map.
     pub count: u32,
+    /// Padding of the C struct.
     pub pad: u32,
+    /// The mmap offset reserved for the grants, written back by the kernel.
     pub index: u64,
     /// First of `count` refs supplied by the caller.
     pub refs: [GntdevGrantRef; 1],
@@ -105,8 +123,11 @@ pub struct GntdevMapGrantRef {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GntdevUnmapGrantRef {
+    /// The mmap offset `IOCTL_GNTDEV_MAP_GRANT_REF` returned.
     pub index: u64,
+    /// Grants to release from that offset.
     pub count: u32,
+    /// Padding of the C struct.
     pub pad: u32,
 }
 
@@ -114,9 +135,13 @@ pub struct GntdevUnmapGrantRef {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GntdevGetOffsetForVaddr {
+    /// An address inside a gntdev mapping of this process.
     pub vaddr: u64,
+    /// The mapping's mmap offset, written back by the kernel.
     pub offset: u64,
+    /// Grants in the mapping, written back by the kernel.
     pub count: u32,
+    /// Padding of the C struct.
     pub pad: u32,
 }
 
@@ -124,6 +149,7 @@ pub struct GntdevGetOffsetForVaddr {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GntdevSetMaxGrants {
+    /// Most grants this gntdev open may map at once.
     pub count: u32,
 }
 
@@ -132,8 +158,11 @@ pub struct GntdevSetMaxGrants {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GntdevCopyForeign {
+    /// The grant ref in the granting domain's table.
     pub gref: u32,
+    /// Byte offset into the granted page.
     pub offset: u16,
+    /// The granting domain.
     pub domid: u16,
 }
 
@@ -142,7 +171,9 @@ pub struct GntdevCopyForeign {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union GntdevCopyPtr {
+    /// A local address (the side's `GNTCOPY_*_gref` flag clear).
     pub virt: *mut c_void,
+    /// A foreign grant (the side's `GNTCOPY_*_gref` flag set).
     pub foreign: GntdevCopyForeign,
 }
 
@@ -178,9 +209,13 @@ impl std::fmt::Debug for GntdevCopyPtr {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GntdevGrantCopySegment {
+    /// Where the bytes are read from.
     pub source: GntdevCopyPtr,
+    /// Where the bytes are written to.
     pub dest: GntdevCopyPtr,
+    /// Bytes to copy; neither side may cross a page boundary.
     pub len: u16,
+    /// [`GNTCOPY_SOURCE_GREF`] and [`GNTCOPY_DEST_GREF`] bits: which sides are foreign.
     pub flags: u16,
     /// A `GNTST_*` code written back by the kernel.
     pub status: i16,
@@ -190,7 +225,9 @@ pub struct GntdevGrantCopySegment {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GntdevGrantCopy {
+    /// Segments in the array.
     pub count: libc::c_uint,
+    /// The segments; the kernel writes each one's `status` back.
     pub segments: *mut GntdevGrantCopySegment,
 }
 
@@ -199,34 +236,57 @@ pub const GNTCOPY_SOURCE_GREF: u16 = 1 << 0;
 /// `GNTCOPY_dest_gref`: the segment's destination is a foreign grant.
 pub const GNTCOPY_DEST_GREF: u16 = 1 << 1;
 
+/// gntdev ioctl: reserve an mmap offset for foreign grants ([`GntdevMapGrantRef`]).
 pub const IOCTL_GNTDEV_MAP_GRANT_REF: libc::Ioctl =
     ioc_none(b'G', 0, size_of::<GntdevMapGrantRef>());
+/// gntdev ioctl: release grants reserved by `IOCTL_GNTDEV_MAP_GRANT_REF`
+/// ([`GntdevUnmapGrantRef`]).
 pub const IOCTL_GNTDEV_UNMAP_GRANT_REF: libc::Ioctl =
     ioc_none(b'G', 1, size_of::<GntdevUnmapGrantRef>());
+/// gntdev ioctl: find the mapping an address belongs to ([`GntdevGetOffsetForVaddr`]).
 pub const IOCTL_GNTDEV_GET_OFFSET_FOR_VADDR: libc::Ioctl =
     ioc_none(b'G', 2, size_of::<GntdevGetOffsetForVaddr>());
+/// gntdev ioctl: limit how many grants the open may map ([`GntdevSetMaxGrants`]); older
+/// kernels only.
 pub const IOCTL_GNTDEV_SET_MAX_GRANTS: libc::Ioctl =
     ioc_none(b'G', 3, size_of::<GntdevSetMaxGrants>());
+/// gntdev ioctl: have the driver clear a byte and/or signal a port when this side's
+/// mapping goes away, so the granter learns it ([`UnmapNotify`]).
 pub const IOCTL_GNTDEV_SET_UNMAP_NOTIFY: libc::Ioctl = ioc_none(b'G', 7, size_of::<UnmapNotify>());
+/// gntdev ioctl: grant copy ([`GntdevGrantCopy`]).
 pub const IOCTL_GNTDEV_GRANT_COPY: libc::Ioctl = ioc_none(b'G', 8, size_of::<GntdevGrantCopy>());
 
 // ---------------------------------------------------------------------------------
 // grant status codes (Xen public/grant_table.h)
 // ---------------------------------------------------------------------------------
 
+/// `GNTST_okay`: the operation succeeded.
 pub const GNTST_OKAY: i16 = 0;
+/// `GNTST_general_error`: a failure with no more specific code.
 pub const GNTST_GENERAL_ERROR: i16 = -1;
+/// `GNTST_bad_domain`: no such domain.
 pub const GNTST_BAD_DOMAIN: i16 = -2;
+/// `GNTST_bad_gntref`: the grant ref is out of range or not granted to the caller.
 pub const GNTST_BAD_GNTREF: i16 = -3;
+/// `GNTST_bad_handle`: no such mapping handle.
 pub const GNTST_BAD_HANDLE: i16 = -4;
+/// `GNTST_bad_virt_addr`: the address cannot take the mapping.
 pub const GNTST_BAD_VIRT_ADDR: i16 = -5;
+/// `GNTST_bad_dev_addr`: the device address cannot be unmapped.
 pub const GNTST_BAD_DEV_ADDR: i16 = -6;
+/// `GNTST_no_device_space`: the IOMMU has no room left.
 pub const GNTST_NO_DEVICE_SPACE: i16 = -7;
+/// `GNTST_permission_denied`: the caller may not do this (e.g. write a read-only grant).
 pub const GNTST_PERMISSION_DENIED: i16 = -8;
+/// `GNTST_bad_page`: the page is not valid for the operation.
 pub const GNTST_BAD_PAGE: i16 = -9;
+/// `GNTST_bad_copy_arg`: a copy segment crosses a page boundary.
 pub const GNTST_BAD_COPY_ARG: i16 = -10;
+/// `GNTST_address_too_big`: a page address beyond what the operation can use.
 pub const GNTST_ADDRESS_TOO_BIG: i16 = -11;
+/// `GNTST_eagain`: not done this time; retry.
 pub const GNTST_EAGAIN: i16 = -12;
+/// `GNTST_no_space`: out of tracking space (handles and the like).
 pub const GNTST_NO_SPACE: i16 = -13;
 
 // ---------------------------------------------------------------------------------
@@ -237,7 +297,9 @@ pub const GNTST_NO_SPACE: i16 = -13;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvtchnBindInterdomain {
+    /// The domain that allocated the port.
     pub remote_domain: libc::c_uint,
+    /// The port, in that domain's numbering.
     pub remote_port: libc::c_uint,
 }
 
@@ -245,6 +307,7 @@ pub struct EvtchnBindInterdomain {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvtchnBindUnboundPort {
+    /// The domain that may bind to the new port.
     pub remote_domain: libc::c_uint,
 }
 
@@ -252,6 +315,7 @@ pub struct EvtchnBindUnboundPort {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvtchnUnbind {
+    /// The local port to close.
     pub port: libc::c_uint,
 }
 
@@ -259,6 +323,7 @@ pub struct EvtchnUnbind {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvtchnNotify {
+    /// The local port to signal.
     pub port: libc::c_uint,
 }
 
@@ -266,16 +331,26 @@ pub struct EvtchnNotify {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvtchnRestrictDomid {
+    /// The only domain this evtchn open may bind ports with from now on (irreversible).
     pub domid: u16,
 }
 
+/// evtchn ioctl: bind to another domain's unbound port ([`EvtchnBindInterdomain`]);
+/// returns the local port.
 pub const IOCTL_EVTCHN_BIND_INTERDOMAIN: libc::Ioctl =
     ioc_none(b'E', 1, size_of::<EvtchnBindInterdomain>());
+/// evtchn ioctl: allocate a port another domain may bind to ([`EvtchnBindUnboundPort`]);
+/// returns the local port.
 pub const IOCTL_EVTCHN_BIND_UNBOUND_PORT: libc::Ioctl =
     ioc_none(b'E', 2, size_of::<EvtchnBindUnboundPort>());
+/// evtchn ioctl: unbind and close a port ([`EvtchnUnbind`]).
 pub const IOCTL_EVTCHN_UNBIND: libc::Ioctl = ioc_none(b'E', 3, size_of::<EvtchnUnbind>());
+/// evtchn ioctl: signal a port's other end ([`EvtchnNotify`]).
 pub const IOCTL_EVTCHN_NOTIFY: libc::Ioctl = ioc_none(b'E', 4, size_of::<EvtchnNotify>());
+/// evtchn ioctl: empty this open's ring of pending ports and clear its overflow flag
+/// (no argument).
 pub const IOCTL_EVTCHN_RESET: libc::Ioctl = ioc_none(b'E', 5, 0);
+/// evtchn ioctl: restrict this open to ports with one domain ([`EvtchnRestrictDomid`]).
 pub const IOCTL_EVTCHN_RESTRICT_DOMID: libc::Ioctl =
     ioc_none(b'E', 6, size_of::<EvtchnRestrictDomid>());
 
@@ -284,6 +359,7 @@ pub const IOCTL_EVTCHN_RESTRICT_DOMID: libc::Ioctl =
 pub struct AbiFact {
     /// `sizeof(struct x)`, `offsetof(struct x, f)`, an ioctl or constant name.
     pub name: &'static str,
+    /// The value the Rust definition gives, to compare with the C one.
     pub value: i128,
 }
 

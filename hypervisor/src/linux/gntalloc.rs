@@ -35,7 +35,9 @@ pub struct Gntalloc {
 /// A batch allocated by [`Gntalloc::alloc`]: its mmap offset and one ref per page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GntallocBatch {
+    /// The mmap offset of the batch on the gntalloc descriptor.
     pub index: u64,
+    /// One grant ref per page, in page order.
     pub refs: Vec<GrantRef>,
 }
 

@@ -28,52 +28,78 @@ pub const MAX_LINE: usize = 1 << 20;
 pub enum AdminRequest {
     /// Create a domain; the daemon picks the lowest free domid unless one is given.
     Create {
+        /// A name for the domain.
         name: String,
+        /// The domid to create it as.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         domid: Option<DomId>,
     },
     /// Destroy a domain and everything it holds.
-    Destroy { domid: DomId },
+    Destroy {
+        /// The domain to destroy.
+        domid: DomId,
+    },
     /// Pause a domain's hypervisor operations and ask it to suspend.
-    Suspend { domid: DomId },
+    Suspend {
+        /// The domain to suspend.
+        domid: DomId,
+    },
     /// Let a suspended domain run again.
-    Resume { domid: DomId },
+    Resume {
+        /// The domain to resume.
+        domid: DomId,
+    },
     /// Every domain.
     List,
     /// Counters of one domain.
-    State { domid: DomId },
+    State {
+        /// The domain whose counters to report.
+        domid: DomId,
+    },
 }
 
 /// Whether a domain runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
+    /// The domain runs normally.
     Running,
+    /// Suspended: its hypervisor operations are paused until it is resumed.
     Suspended,
 }
 
 /// One entry of `list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DomainInfo {
+    /// The domain's id.
     pub domid: DomId,
+    /// The name it was created with.
     pub name: String,
+    /// Whether it runs or is suspended.
     pub state: RunState,
 }
 
 /// What xenstored holds for a domain.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XenstoreUsage {
+    /// Nodes the domain owns.
     pub nodes: usize,
+    /// Watches the domain registered.
     pub watches: usize,
+    /// Transactions the domain has open.
     pub transactions: usize,
+    /// Connections of the domain to xenstored.
     pub connections: usize,
 }
 
 /// Counters of one domain, for checking that nothing is left behind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DomainState {
+    /// The domain's id.
     pub domid: DomId,
+    /// The name it was created with.
     pub name: String,
+    /// Whether it runs or is suspended.
     pub state: RunState,
     /// The daemon's id for this incarnation of the domid.
     pub instance: u64,
@@ -91,22 +117,28 @@ pub struct DomainState {
     pub hv_connections: usize,
     /// Pages of this domain's memory file in use.
     pub mem_pages: usize,
+    /// What xenstored holds for the domain.
     pub xenstore: XenstoreUsage,
 }
 
 /// The error part of a failed reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdminError {
+    /// The error's kind, as [`error_kind`] names it (e.g. `not_found`).
     pub kind: String,
+    /// The error's text.
     pub message: String,
 }
 
 /// One reply line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdminReply {
+    /// Whether the request succeeded.
     pub ok: bool,
+    /// The result of a successful request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// Why the request failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<AdminError>,
 }

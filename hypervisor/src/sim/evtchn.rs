@@ -36,9 +36,17 @@ use crate::{DomId, Error, EventChannels, ExportedPort, Notify, Port, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PortStatus {
     /// Waiting for `remote` to bind (also the state after the remote end closed).
-    Unbound { remote: DomId },
+    Unbound {
+        /// The domain allowed to bind.
+        remote: DomId,
+    },
     /// Connected to `remote_port` of `remote`.
-    Interdomain { remote: DomId, remote_port: Port },
+    Interdomain {
+        /// The domain at the other end.
+        remote: DomId,
+        /// The port at the other end, in `remote`'s numbering.
+        remote_port: Port,
+    },
 }
 
 /// The shared, read-only status page of one handle.

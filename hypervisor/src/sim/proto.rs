@@ -74,16 +74,27 @@ pub fn split_status_word(word: u32) -> (u32, u32) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Op {
+    /// Attach to the daemon: learn the domain's id, instance and grant table size, and get its memory file.
     Hello = 1,
+    /// Allocate pages of the domain's memory and grant them to a remote domain.
     GrantAlloc = 2,
+    /// End grants of this domain.
     GrantEnd = 3,
+    /// Map grants of a remote domain.
     Map = 4,
+    /// Release a mapping made by `Map`.
     Unmap = 5,
+    /// Grant copy.
     Copy = 6,
+    /// Open an event-channel handle and get its status page.
     EvtchnOpen = 7,
+    /// Allocate a port a remote domain may bind to.
     EvtchnAllocUnbound = 8,
+    /// Bind to a remote domain's unbound port.
     EvtchnBind = 9,
+    /// Close a port.
     EvtchnClose = 10,
+    /// Ask what a port is connected to.
     EvtchnStatus = 11,
 }
 
@@ -114,8 +125,11 @@ pub enum CopySide {
     Local,
     /// `offset` bytes into the page `domid` granted as `gref`.
     Foreign {
+        /// The domain that granted the page.
         domid: DomId,
+        /// The grant ref of the page in `domid`'s table.
         gref: GrantRef,
+        /// Byte offset into the page.
         offset: u16,
     },
 }
@@ -123,8 +137,11 @@ pub enum CopySide {
 /// A copy segment as sent on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopySpec {
+    /// Where the bytes are read from.
     pub source: CopySide,
+    /// Where the bytes are written to.
     pub dest: CopySide,
+    /// Bytes to copy.
     pub len: u16,
 }
 
@@ -133,41 +150,68 @@ const SEGMENT_LEN: usize = 2 * 9 + 2;
 /// A request to the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// Attach; answered with [`Response::Hello`] and the domain's memory file.
     Hello,
+    /// Grant `count` new pages to `remote`; answered with [`Response::Granted`].
     GrantAlloc {
+        /// The grantee.
         remote: DomId,
+        /// Whether the grantee may map the pages writable.
         writable: bool,
+        /// Pages to allocate and grant.
         count: u32,
     },
+    /// End the grants `refs`; answered with [`Response::Done`].
     GrantEnd {
+        /// Whether grants the remote still maps are kept alive until it unmaps them (the drop path)
+        /// rather than refused as busy.
         defer: bool,
+        /// The grants to end.
         refs: Vec<GrantRef>,
     },
+    /// Map `refs` granted by `remote`; answered with [`Response::Mapped`].
     Map {
+        /// The granting domain.
         remote: DomId,
+        /// Whether to map writable.
         writable: bool,
+        /// The grants to map, in the order of the mapping.
         refs: Vec<GrantRef>,
     },
+    /// Release a mapping; answered with [`Response::Done`].
     Unmap {
+        /// The handle [`Response::Mapped`] gave.
         handle: u64,
     },
     /// `data` is the concatenated bytes of every segment whose source is local, in order.
     Copy {
+        /// The segments, in order.
         segments: Vec<CopySpec>,
+        /// The local source bytes.
         data: Vec<u8>,
     },
+    /// Open an event-channel handle; answered with [`Response::EvtchnOpened`] and its status page.
     EvtchnOpen,
+    /// Allocate a port `remote` may bind to; answered with [`Response::PortOpened`].
     EvtchnAllocUnbound {
+        /// The domain that may bind.
         remote: DomId,
     },
+    /// Bind to `remote_port` of `remote`; answered with [`Response::PortOpened`].
     EvtchnBind {
+        /// The domain that allocated the port.
         remote: DomId,
+        /// The port, in `remote`'s numbering.
         remote_port: Port,
     },
+    /// Close `port`; answered with [`Response::Done`].
     EvtchnClose {
+        /// The local port.
         port: Port,
     },
+    /// Ask what `port` is connected to; answered with [`Response::PortStatus`].
     EvtchnStatus {
+        /// The local port.
         port: Port,
     },
 }
@@ -175,8 +219,11 @@ pub enum Request {
 /// The fixed part of a request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHeader {
+    /// Protocol version of the sender (see [`VERSION`]).
     pub version: u16,
+    /// Raw op code (see [`Op::from_code`]).
     pub op: u16,
+    /// Sequence number, echoed by the reply.
     pub seq: u32,
 }
 
@@ -333,36 +380,59 @@ impl Request {
 /// A successful reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
+    /// Reply to [`Request::Hello`].
     Hello {
+        /// The domain this connection belongs to.
         domid: DomId,
+        /// The daemon's id for this incarnation of the domain.
         instance: u64,
+        /// Entries in the domain's grant table.
         table_size: u32,
     },
+    /// Reply to [`Request::GrantAlloc`].
     Granted {
+        /// One (grant ref, frame of the domain's memory file) pair per page, in page order.
         grants: Vec<(GrantRef, u32)>,
     },
+    /// Reply to a request that returns nothing.
     Done,
+    /// Reply to [`Request::Map`].
     Mapped {
+        /// Names the mapping in [`Request::Unmap`].
         handle: u64,
+        /// The remote domain's instance, which keys the cache of its memory file.
         instance: u64,
+        /// The frame of each mapped page in the remote's memory file, in order.
         frames: Vec<u32>,
     },
     /// `data` holds `len` bytes for every segment whose destination is local, in order.
     Copied {
+        /// One status per segment: 0 or an error code ([`error_code`]).
         status: Vec<u16>,
+        /// The local destination bytes.
         data: Vec<u8>,
     },
+    /// Reply to [`Request::EvtchnOpen`].
     EvtchnOpened {
+        /// Words in the handle's status page.
         slots: u32,
     },
+    /// Reply to [`Request::EvtchnAllocUnbound`] and [`Request::EvtchnBind`].
     PortOpened {
+        /// The new local port.
         port: Port,
+        /// The port's word in the handle's status page.
         slot: u32,
+        /// The slot's generation at the time, to tell this port from a later user of the slot.
         generation: u32,
     },
+    /// Reply to [`Request::EvtchnStatus`].
     PortStatus {
+        /// 1: unbound, waiting for `remote`; 2: connected to `remote_port` of `remote`.
         state: u8,
+        /// The remote domain.
         remote: DomId,
+        /// The remote port (0 while unbound).
         remote_port: Port,
     },
 }
@@ -370,10 +440,15 @@ pub enum Response {
 /// The fixed part of a response body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResponseHeader {
+    /// Protocol version of the daemon (see [`VERSION`]).
     pub version: u16,
+    /// Op code of the request answered.
     pub op: u16,
+    /// Sequence number of the request answered.
     pub seq: u32,
+    /// 0, or the error code of a failure ([`error_code`]).
     pub status: u16,
+    /// File descriptors attached to the response.
     pub nfds: u16,
 }
 

@@ -35,7 +35,12 @@ pub const RELEASE_DOMAIN: &str = "@releaseDomain";
 pub enum WireError {
     /// Fewer bytes than the header or the announced payload need.
     #[error("truncated: need {needed} bytes, have {have}")]
-    Truncated { needed: usize, have: usize },
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes there are.
+        have: usize,
+    },
     /// The header announces a payload over [`PAYLOAD_MAX`].
     #[error("payload of {0} bytes exceeds the {PAYLOAD_MAX}-byte limit")]
     PayloadTooLong(u32),
@@ -47,7 +52,12 @@ pub enum WireError {
     NotUtf8,
     /// A different number of string fields than the message type requires.
     #[error("expected {expected} string fields, found {found}")]
-    FieldCount { expected: usize, found: usize },
+    FieldCount {
+        /// Fields the message type requires.
+        expected: usize,
+        /// Fields present.
+        found: usize,
+    },
     /// A permission string that is not a letter n/r/w/b followed by a domid.
     #[error("bad permission string {0:?}")]
     BadPerm(String),
@@ -60,32 +70,58 @@ pub enum WireError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum MsgType {
+    /// `XS_CONTROL`: a control command to xenstored.
     Control = 0,
+    /// `XS_DIRECTORY`: list the children of a node.
     Directory = 1,
+    /// `XS_READ`: read the value of a node.
     Read = 2,
+    /// `XS_GET_PERMS`: read the permission list of a node.
     GetPerms = 3,
+    /// `XS_WATCH`: register a watch on a path with a token.
     Watch = 4,
+    /// `XS_UNWATCH`: remove a watch.
     Unwatch = 5,
+    /// `XS_TRANSACTION_START`: open a transaction; the reply carries its id.
     TransactionStart = 6,
+    /// `XS_TRANSACTION_END`: commit (`T`) or abort (`F`) the transaction of the header.
     TransactionEnd = 7,
+    /// `XS_INTRODUCE`: make a new domain and its ring known to xenstored.
     Introduce = 8,
+    /// `XS_RELEASE`: forget a domain that is gone.
     Release = 9,
+    /// `XS_GET_DOMAIN_PATH`: the home path of a domain.
     GetDomainPath = 10,
+    /// `XS_WRITE`: set the value of a node.
     Write = 11,
+    /// `XS_MKDIR`: create a node.
     Mkdir = 12,
+    /// `XS_RM`: remove a node and everything below it.
     Rm = 13,
+    /// `XS_SET_PERMS`: replace the permission list of a node.
     SetPerms = 14,
+    /// `XS_WATCH_EVENT`: a fired watch, sent by xenstored without a request.
     WatchEvent = 15,
+    /// `XS_ERROR`: a failed request's reply; the payload is an errno name ([`XsErrno`]).
     Error = 16,
+    /// `XS_IS_DOMAIN_INTRODUCED`: whether xenstored knows a domain.
     IsDomainIntroduced = 17,
+    /// `XS_RESUME`: a suspended domain runs again.
     Resume = 18,
+    /// `XS_SET_TARGET`: let one domain act on another's nodes (a device model for its guest).
     SetTarget = 19,
     // 20 was XS_RESTRICT, removed from Xen.
+    /// `XS_RESET_WATCHES`: drop every watch and transaction of the connection.
     ResetWatches = 21,
+    /// `XS_DIRECTORY_PART`: part of a long list of children, from a given offset.
     DirectoryPart = 22,
+    /// `XS_GET_FEATURE`: the optional features xenstored or a connection has.
     GetFeature = 23,
+    /// `XS_SET_FEATURE`: set the features of a domain's connection.
     SetFeature = 24,
+    /// `XS_GET_QUOTA`: read a quota, global or of one domain.
     GetQuota = 25,
+    /// `XS_SET_QUOTA`: set a quota, global or of one domain.
     SetQuota = 26,
 }
 
@@ -133,21 +169,37 @@ impl MsgType {
 /// The errno names of `xsd_errors`, as carried by `XS_ERROR` replies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum XsErrno {
+    /// `EINVAL`: a malformed request or argument.
     Einval,
+    /// `EACCES`: the caller's domain may not access the node.
     Eacces,
+    /// `EEXIST`: the node or watch already exists.
     Eexist,
+    /// `EISDIR`: the node is a directory.
     Eisdir,
+    /// `ENOENT`: no such node, watch, transaction or domain.
     Enoent,
+    /// `ENOMEM`: xenstored ran out of memory.
     Enomem,
+    /// `ENOSPC`: no space left, or a per-domain quota was hit.
     Enospc,
+    /// `EIO`: an I/O error or an internal failure of xenstored.
     Eio,
+    /// `ENOTEMPTY`: the node has children.
     Enotempty,
+    /// `ENOSYS`: a message type xenstored does not implement.
     Enosys,
+    /// `EROFS`: the store is read-only.
     Erofs,
+    /// `EBUSY`: busy; try later.
     Ebusy,
+    /// `EAGAIN`: the transaction conflicted; retry it.
     Eagain,
+    /// `EISCONN`: already connected (a domain introduced twice).
     Eisconn,
+    /// `E2BIG`: a payload, path or value too long, or too many entries.
     E2big,
+    /// `EPERM`: the operation is not permitted to the caller.
     Eperm,
 }
 
@@ -247,7 +299,9 @@ impl From<WireError> for crate::Error {
 pub struct Header {
     /// Raw message type; see [`MsgType::from_u32`].
     pub msg_type: u32,
+    /// Request id chosen by the sender; a reply carries its request's.
     pub req_id: u32,
+    /// Transaction id, or [`XBT_NULL`](crate::XBT_NULL) for none.
     pub tx_id: u32,
     /// Payload length in bytes.
     pub len: u32,
@@ -355,6 +409,7 @@ impl<T: AsRef<[u8]>> Message<T> {
 /// An owned message: a header and its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
+    /// The header; its `len` is the payload's length.
     pub header: Header,
     /// Exactly `header.len` bytes.
     pub payload: Vec<u8>,
@@ -435,11 +490,17 @@ impl Frame {
 /// Why a frame could not be read from a stream.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// Reading the stream failed.
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
     /// The stream ended inside a frame.
     #[error("stream ended inside a frame ({have} of {needed} bytes)")]
-    Truncated { needed: usize, have: usize },
+    Truncated {
+        /// Bytes the frame needed.
+        needed: usize,
+        /// Bytes read before the stream ended.
+        have: usize,
+    },
     /// The header announced an oversized payload; the stream is out of sync.
     #[error(transparent)]
     Wire(#[from] WireError),
