@@ -1,9 +1,6 @@
 //! The dom0 tools of xmx: the xmxd service and the administration subcommands of the `xmx`
 //! CLI. The lab (simulated clusters, demo, bench) is the `xmx-lab` crate in `lab/`, whose
 //! `xmx` binary is the one entry point over both.
-// The workspace warns of undocumented public items; this crate's fields and variants
-// are not all documented yet.
-#![allow(missing_docs)]
 pub mod cli;
 pub mod simstate;
 pub mod xmxd;

@@ -22,10 +22,13 @@ use crate::shared::{granted_mem, OwnedPort};
 /// Counters of one control channel.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CtrlStats {
-    /// Requests pushed, by kind: open, close, register, deregister.
+    /// ENDPOINT_OPEN requests pushed.
     pub endpoint_open: u64,
+    /// ENDPOINT_CLOSE requests pushed.
     pub endpoint_close: u64,
+    /// REGION_REGISTER requests pushed.
     pub region_register: u64,
+    /// REGION_DEREGISTER requests pushed.
     pub region_deregister: u64,
     /// Notifications sent to the backend (requests it asked to be woken for).
     pub notifications: u64,

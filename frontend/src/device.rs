@@ -144,9 +144,17 @@ pub enum FrontendEvent {
     /// Back from a suspend: reconnecting.
     Resumed,
     /// An endpoint was opened again after a reconnection (see [`Frontend::take_reopened`]).
-    EndpointReopened { endpoint: u8 },
+    EndpointReopened {
+        /// The endpoint's index.
+        endpoint: u8,
+    },
     /// An endpoint could not be opened again after a reconnection; it is gone.
-    EndpointLost { endpoint: u8, reason: String },
+    EndpointLost {
+        /// The endpoint's index.
+        endpoint: u8,
+        /// Why opening it again failed.
+        reason: String,
+    },
 }
 
 /// One endpoint's memory and port, granted to the backend by this guest.

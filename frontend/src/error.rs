@@ -17,7 +17,12 @@ pub enum Error {
     Ring(#[from] RingError),
     /// The backend answered a control request with an error status.
     #[error("the backend refused {op:?}: {status:?}")]
-    Refused { op: CtrlKind, status: CtrlStatus },
+    Refused {
+        /// The request the backend refused.
+        op: CtrlKind,
+        /// The status it answered with.
+        status: CtrlStatus,
+    },
     /// Something did not happen in time.
     #[error("timed out: {0}")]
     Timeout(String),
@@ -36,6 +41,7 @@ pub enum Error {
     /// Every endpoint index or region id is taken.
     #[error("no free {0}")]
     Exhausted(&'static str),
+    /// A system call failed (sockets, descriptors, waiting).
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

@@ -36,9 +36,6 @@
 //! empty: requests in flight at the disconnection get no completion (the MX layer
 //! retransmits), and regions must be registered again (drop them from the cache with
 //! [`RegionCache::forget_endpoint`]).
-// The workspace warns of undocumented public items; this crate's fields and variants
-// are not all documented yet.
-#![allow(missing_docs)]
 
 pub mod channel;
 pub mod ctrl;

@@ -12,9 +12,6 @@
 //!
 //! No I/O happens here. Every parser takes untrusted bytes and returns a value or
 //! an [`Error`]; none panics or reads past its buffer.
-// The workspace warns of undocumented public items; this crate's fields and variants
-// are not all documented yet.
-#![allow(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod direct;
@@ -29,19 +26,37 @@ pub mod xenbus;
 pub enum Error {
     /// The buffer ends before the structure it should hold.
     #[error("truncated: need {needed} bytes, have {have}")]
-    Truncated { needed: usize, have: usize },
+    Truncated {
+        /// Bytes the structure needs.
+        needed: usize,
+        /// Bytes the buffer holds.
+        have: usize,
+    },
     /// A type or kind discriminant that this version does not know.
     #[error("unknown {what} {value:#x}")]
-    Unknown { what: &'static str, value: u32 },
+    Unknown {
+        /// What the discriminant names (packet type, message kind...).
+        what: &'static str,
+        /// The discriminant as read.
+        value: u32,
+    },
     /// A field holds a value outside its legal range.
     #[error("invalid {field}: {reason}")]
     Invalid {
+        /// The field at fault.
         field: &'static str,
+        /// What is wrong with its value.
         reason: &'static str,
     },
     /// The structure does not fit in the destination buffer.
     #[error("buffer too small: need {needed} bytes, have {have}")]
-    BufferTooSmall { needed: usize, have: usize },
+    BufferTooSmall {
+        /// Bytes the structure needs.
+        needed: usize,
+        /// Bytes the destination holds.
+        have: usize,
+    },
 }
 
+/// The result of parsing or emitting a wire structure.
 pub type Result<T> = core::result::Result<T, Error>;

@@ -26,17 +26,23 @@ pub const DEVICE_TYPE: &str = "xmx";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum XenbusState {
+    /// No state known: nothing written yet, or the key could not be read.
     Unknown = 0,
+    /// The device is being set up; its side has published nothing yet.
     Initialising = 1,
     /// The backend waits for the frontend's details (ring, event channel).
     InitWait = 2,
     /// The frontend published its details.
     Initialised = 3,
+    /// Both sides are attached: the rings are live.
     Connected = 4,
     /// The device is being closed, by either side.
     Closing = 5,
+    /// The device is closed; its side has released the ring and event channel.
     Closed = 6,
+    /// A reconfiguration is in progress (part of `io/xenbus.h`, not used by xmx).
     Reconfiguring = 7,
+    /// A reconfiguration finished (part of `io/xenbus.h`, not used by xmx).
     Reconfigured = 8,
 }
 

@@ -61,21 +61,31 @@ pub enum Request {
     /// Every device the backend knows.
     Guests,
     /// Replace the peer table.
-    SetPeers { peers: Vec<PeerSpec> },
+    SetPeers {
+        /// The new table, every entry of it.
+        peers: Vec<PeerSpec>,
+    },
     /// Create a device in xenstore (both halves).
     Attach {
+        /// The guest domain.
         domid: u16,
+        /// Device index within the guest (default 0).
         #[serde(default)]
         devid: u32,
+        /// MAC of the guest's virtual NIC, `aa:bb:cc:dd:ee:ff`.
         mac: String,
+        /// Virtual cluster of the guest (default 0).
         #[serde(default)]
         cluster: u32,
+        /// MX hostname of the guest; by default `<host>-<domid>:<devid>`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         hostname: Option<String>,
     },
     /// Remove a device from xenstore.
     Detach {
+        /// The guest domain.
         domid: u16,
+        /// Device index within the guest (default 0).
         #[serde(default)]
         devid: u32,
     },
@@ -144,8 +154,10 @@ impl std::error::Error for ReplyError {}
 pub struct Reply {
     /// True for success: `result` is set; false: `error` is.
     pub ok: bool,
+    /// What the request returns (see the module documentation), on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// Why the request failed, on failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ReplyError>,
 }
@@ -184,9 +196,13 @@ impl Reply {
 /// Engine-wide receive counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EngineCountersReport {
+    /// Frames handed to the engine.
     pub rx_frames: u64,
+    /// Frames whose head did not parse.
     pub rx_malformed: u64,
+    /// Frames for a MAC that belongs to none of the guests.
     pub rx_unknown_destination: u64,
+    /// Frames from the wire whose source MAC is a guest's of this host.
     pub rx_spoofed_source: u64,
 }
 
@@ -220,19 +236,33 @@ pub struct BackendCounters {
 /// A guest's virtual NIC counters, from the engine.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NicCountersReport {
+    /// Frames the guest put on the wire.
     pub tx_frames: u64,
+    /// Their bytes.
     pub tx_bytes: u64,
+    /// Frames the guest sent to co-located guests without touching the wire.
     pub local_frames: u64,
+    /// Their bytes.
     pub local_bytes: u64,
+    /// Frames received for the guest from a known peer of its cluster.
     pub rx_frames: u64,
+    /// Their bytes.
     pub rx_bytes: u64,
+    /// NACK frames sent on the guest's behalf.
     pub nacks_sent: u64,
+    /// Send requests completed with an ERROR event.
     pub send_errors: u64,
+    /// Pulls that completed successfully.
     pub pulls_done: u64,
+    /// Pulls that failed (nack, timeout, abort).
     pub pulls_failed: u64,
+    /// PULL blocks requested again.
     pub retransmits: u64,
+    /// Send requests refused because a per-guest quota was reached.
     pub quota_refusals: u64,
+    /// Frames and packets dropped, all reasons together.
     pub total_drops: u64,
+    /// Drops per reason (snake_case name), reasons with none left out.
     pub drops: BTreeMap<String, u64>,
     /// The guest's QoS weight (its share of the pull budget and of transmit).
     #[serde(default = "default_qos_weight")]
@@ -249,6 +279,7 @@ fn default_qos_weight() -> u32 {
 /// Counters of one open endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointCountersReport {
+    /// Endpoint index.
     pub endpoint: u8,
     /// Send requests taken from the send ring.
     pub send_requests: u64,
@@ -265,40 +296,57 @@ pub struct EndpointCountersReport {
 /// Counters of one device.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestCountersReport {
+    /// The guest domain.
     pub domid: u16,
+    /// Device index within the guest.
     pub devid: u32,
+    /// Whether the device is connected (its rings served).
     pub connected: bool,
     /// Control requests served since the device was first seen.
     pub ctrl_requests: u64,
     /// Control requests refused for a quota since the device was first seen.
     pub quota_refusals: u64,
+    /// The guest's virtual NIC counters; `None` while the device is not connected.
     pub nic: Option<NicCountersReport>,
+    /// Every open endpoint (none while the device is not connected).
     pub endpoints: Vec<EndpointCountersReport>,
 }
 
 /// Reply of `counters`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CountersReport {
+    /// Engine-wide receive counters.
     pub engine: EngineCountersReport,
+    /// Counters of the service loop.
     pub backend: BackendCounters,
+    /// Every device the backend knows.
     pub guests: Vec<GuestCountersReport>,
 }
 
 /// One entry of the reply of `guests`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestReport {
+    /// The guest domain.
     pub domid: u16,
+    /// Device index within the guest.
     pub devid: u32,
     /// The backend's xenbus state, as its number.
     pub state: u32,
     /// The same, by name.
     pub state_name: String,
+    /// MAC of the guest's virtual NIC (empty while the backend refuses the values in xenstore).
     pub mac: String,
+    /// Virtual cluster of the guest (0 while the backend refuses the values in xenstore).
     pub cluster: u32,
+    /// MX hostname of the guest (empty while the backend refuses the values in xenstore).
     pub hostname: String,
+    /// Whether the device is connected (its rings served).
     pub connected: bool,
+    /// Indices of the open endpoints.
     pub endpoints: Vec<u8>,
+    /// Regions registered, all endpoints together.
     pub regions: usize,
+    /// Guest pages the backend has mapped for the device's endpoints and regions.
     pub mapped_pages: usize,
     /// Why the device was last closed by the backend, if it was.
     pub last_error: Option<String>,

@@ -16,7 +16,9 @@ use xmx_engine::{GuestId, RegionHandle};
 /// A device, by guest domain and device index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceKey {
+    /// The guest domain.
     pub domu: DomId,
+    /// Device index within the guest.
     pub devid: u32,
 }
 

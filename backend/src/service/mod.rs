@@ -109,7 +109,9 @@ pub enum BackendError {
     /// A system call of the loop failed.
     #[error("{op}: {source}")]
     Sys {
+        /// The call that failed.
         op: &'static str,
+        /// Its error.
         #[source]
         source: std::io::Error,
     },

@@ -27,6 +27,7 @@ pub enum AdminCmd {
     Detach(guest::DetachArgs),
     /// Virtual clusters: guests of different clusters cannot exchange any traffic.
     Cluster {
+        /// What to do with clusters.
         #[command(subcommand)]
         cmd: cluster::ClusterCmd,
     },

@@ -16,6 +16,7 @@ pub struct Target {
     /// /run/xmx/xmxd.sock on Xen].
     #[arg(long, env = "XMX_XMXD_SOCKET")]
     pub xmxd_socket: Option<PathBuf>,
+    /// A host of a simulated cluster whose daemons to talk to, when no socket is given.
     #[command(flatten)]
     pub sim: SimHost,
 }
@@ -70,6 +71,7 @@ pub struct BackendTarget {
     /// /run/xmx/backd.sock on Xen].
     #[arg(long, env = "XMX_BACKD_SOCKET")]
     pub backd_socket: Option<PathBuf>,
+    /// A host of a simulated cluster whose daemons to talk to, when no socket is given.
     #[command(flatten)]
     pub sim: SimHost,
 }

@@ -48,26 +48,43 @@ pub const MESSAGE_LEN_MAX: usize = RAW_PAYLOAD_LEN_MAX;
 pub mod field {
     use std::ops::Range;
 
+    /// The magic number, [`MAGIC`](super::MAGIC).
     pub const MAGIC: Range<usize> = 0..4;
+    /// The layout version.
     pub const VERSION: usize = 4;
+    /// The message kind.
     pub const KIND: usize = 5;
+    /// Reserved, 0.
     pub const RESERVED: Range<usize> = 6..8;
+    /// Generation of the sender's guest list.
     pub const GENERATION: Range<usize> = 8..12;
+    /// How long the sender's list stays valid, in milliseconds.
     pub const TTL_MS: Range<usize> = 12..16;
+    /// This message's position in its generation.
     pub const FRAGMENT: usize = 16;
+    /// Messages in the generation.
     pub const FRAGMENTS: usize = 17;
+    /// Entries in this message.
     pub const ENTRIES: usize = 18;
+    /// Length of the host name.
     pub const HOST_NAME_LEN: usize = 19;
+    /// The host name, then the entries.
     pub const HOST_NAME: usize = 20;
 
     /// Offsets inside one entry.
     pub mod entry {
         use std::ops::Range;
 
+        /// Peer index claimed ([`NO_INDEX`](super::super::NO_INDEX): none yet).
         pub const INDEX: Range<usize> = 0..2;
+        /// When the claim was first made, in seconds since the epoch.
         pub const SINCE: Range<usize> = 2..6;
+        /// Board MAC of the guest.
         pub const MAC: Range<usize> = 6..12;
+        /// Cluster id.
         pub const CLUSTER: Range<usize> = 12..16;
+        /// Length of the cluster name, which follows; then the guest name's length and
+        /// bytes.
         pub const CLUSTER_NAME_LEN: usize = 16;
         /// Length of the fixed part, up to the cluster name.
         pub const FIXED_LEN: usize = 17;
@@ -301,12 +318,19 @@ impl EntryRepr {
 /// A whole discovery message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageRepr {
+    /// What the message asks or tells.
     pub kind: Kind,
+    /// Generation of the sender's guest list (changes whenever the list does).
     pub generation: u32,
+    /// How long to keep the sender's guests without news, in milliseconds.
     pub ttl_ms: u32,
+    /// This message's position in its generation, from 0.
     pub fragment: u8,
+    /// Messages the generation takes (at least 1).
     pub fragments: u8,
+    /// The sender's host name.
     pub host_name: String,
+    /// The guests this message carries (none in a [`Kind::Solicit`]).
     pub entries: Vec<EntryRepr>,
 }
 

@@ -58,11 +58,14 @@ pub enum Request {
     Status,
     /// The peer table, or one guest's view of it.
     Peers {
+        /// Only what this guest (a name or a domid of this host) may see: its cluster.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         guest: Option<String>,
         /// Answer once the table's generation is above this.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<u64>,
+        /// How long to wait for that, in milliseconds (none: do not wait; at most
+        /// [`MAX_WAIT`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
@@ -71,16 +74,23 @@ pub enum Request {
     /// Clusters and their members.
     Clusters,
     /// Create a cluster.
-    ClusterCreate { name: String },
+    ClusterCreate {
+        /// The new cluster's name.
+        name: String,
+    },
     /// Delete a cluster (its members go back to the default one if `force`).
     ClusterDelete {
+        /// The cluster.
         name: String,
+        /// Delete it even if it has members (they are moved to the default cluster).
         #[serde(default)]
         force: bool,
     },
     /// Put a guest (name or domid) in a cluster.
     ClusterAdd {
+        /// The cluster.
         name: String,
+        /// The guest, by name or by the domid of its domain here.
         guest: String,
         /// Record a guest no one knows yet (it joins the cluster when it starts); without
         /// it, such a name is refused as most likely a typo.
@@ -88,23 +98,37 @@ pub enum Request {
         new: bool,
     },
     /// Take a guest out of a cluster, back to the default one.
-    ClusterRemove { name: String, guest: String },
+    ClusterRemove {
+        /// The cluster the guest is in now.
+        name: String,
+        /// The guest, by name or by the domid of its domain here.
+        guest: String,
+    },
     /// Give a running domain the xmx device.
     Attach {
+        /// The domain.
         domid: DomId,
+        /// The cluster to put it in; without it, the one recorded for the guest, or the
+        /// default cluster.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cluster: Option<String>,
     },
     /// Take the xmx device away from a running domain.
-    Detach { domid: DomId },
+    Detach {
+        /// The domain.
+        domid: DomId,
+    },
     /// Set (or read) a guest's QoS weight (guest: a name or a domid).
     Qos {
+        /// The guest, by name or by the domid of its domain here.
         guest: String,
+        /// The new weight; without it, the weight is only read.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u32>,
     },
     /// Turn the direct channels between co-located guests on or off (or just report).
     Direct {
+        /// Offer channels (true) or revoke them all (false); without it, only report.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         enabled: Option<bool>,
     },
@@ -124,6 +148,7 @@ pub struct DirectReport {
 pub struct QosReport {
     /// The guest's name (its weight follows the name across restarts and migrations).
     pub guest: String,
+    /// Its weight now (1 unless set).
     pub weight: u32,
     /// Domains of this host running the guest now, whose backend applies the weight.
     pub domains: Vec<DomId>,
@@ -132,7 +157,9 @@ pub struct QosReport {
 /// Reply of `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusReport {
+    /// This host's name.
     pub host: String,
+    /// This host's NIC address on the fabric, as the other hosts know it.
     #[serde(with = "mac_text")]
     pub host_mac: Mac,
     /// The discovery interface, if any.
@@ -141,36 +168,49 @@ pub struct StatusReport {
     pub remote_hosts: Vec<String>,
     /// Generation of the peer table (bumped on every change).
     pub table_generation: u64,
+    /// Entries in the peer table.
     pub peers: usize,
     /// Whether the last peer table reached the backend.
     pub backend_synced: bool,
+    /// The backend's control socket, if xmxd talks to one.
     pub backend_socket: Option<PathBuf>,
+    /// Where xmxd keeps its guests and clusters.
     pub state_file: PathBuf,
 }
 
 /// Reply of `peers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeersReport {
+    /// This host's name.
     pub host: String,
+    /// This host's NIC address on the fabric.
     #[serde(with = "mac_text")]
     pub host_mac: Mac,
+    /// Generation of the peer table (bumped on every change).
     pub generation: u64,
     /// Only this cluster's peers are listed, when a guest's view was asked.
     pub cluster: Option<String>,
+    /// The peers, in index order.
     pub peers: Vec<Peer>,
+    /// Announced guests left out of the table, and why (empty in a guest's view).
     pub conflicts: Vec<Conflict>,
 }
 
 /// One guest this host knows (entry of `guests`, reply of `attach`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestStatus {
+    /// The guest's (base) name.
     pub name: String,
     /// Its domain, if it runs here.
     pub domid: Option<DomId>,
+    /// Its cluster's name.
     pub cluster: String,
+    /// Its cluster's id.
     pub cluster_id: u32,
+    /// Its board MAC.
     #[serde(with = "mac_text")]
     pub mac: Mac,
+    /// Its peer index, if the table holds it.
     pub index: Option<u16>,
     /// The xmx device is attached.
     pub attached: bool,
@@ -181,7 +221,9 @@ pub struct GuestStatus {
 /// One entry of `clusters`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterReport {
+    /// The cluster's name.
     pub name: String,
+    /// Its id, as the peer table and the backend carry it.
     pub id: u32,
     /// Guests recorded in it.
     pub members: Vec<String>,

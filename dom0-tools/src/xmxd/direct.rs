@@ -22,8 +22,11 @@ use super::xsnodes;
 /// A guest that may take part in a channel: its domain, MAC and cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Member {
+    /// The guest's domain on this host.
     pub domid: DomId,
+    /// Its board MAC.
     pub mac: Mac,
+    /// Its cluster's id.
     pub cluster: u32,
 }
 

@@ -48,16 +48,22 @@ pub struct Claim {
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Peer {
+    /// Peer index, the same on every host.
     pub index: u16,
+    /// The guest's board MAC.
     #[serde(with = "mac_text")]
     pub mac: Mac,
     /// MX hostname, `<guest>:0`.
     pub hostname: String,
+    /// The guest's (base) name.
     pub guest: String,
+    /// Its cluster's name.
     pub cluster: String,
+    /// Its cluster's id.
     pub cluster_id: u32,
     /// Name of the host running the guest.
     pub host: String,
+    /// NIC address of that host.
     #[serde(with = "mac_text")]
     pub host_mac: Mac,
     /// Runs on this host.
@@ -67,10 +73,14 @@ pub struct Peer {
 /// Why an announced guest is not in the table (or shares it uneasily).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Conflict {
+    /// The guest's (base) name.
     pub guest: String,
+    /// Its board MAC.
     #[serde(with = "mac_text")]
     pub mac: Mac,
+    /// Name of the host that announced it.
     pub host: String,
+    /// Which rule left it out, for people.
     pub reason: String,
 }
 

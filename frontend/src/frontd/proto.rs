@@ -81,17 +81,37 @@ pub enum Request {
     Info,
     /// Open an endpoint (index, or any free one) with a geometry (or the daemon's).
     OpenEndpoint {
+        /// The endpoint index wanted; `None` for any free one.
         endpoint: Option<u8>,
+        /// How many pages of each kind; `None` for the daemon's default.
         geometry: Option<EndpointPages>,
     },
     /// Close an endpoint; the application has unmapped its pages.
-    CloseEndpoint { endpoint: u8 },
+    CloseEndpoint {
+        /// The endpoint, one this application opened.
+        endpoint: u8,
+    },
     /// Register a region of `length` bytes.
-    RegisterRegion { endpoint: u8, length: u32 },
+    RegisterRegion {
+        /// The endpoint the region belongs to, one this application opened.
+        endpoint: u8,
+        /// Bytes the region's window must hold.
+        length: u32,
+    },
     /// Deregister a region; the application has unmapped its window.
-    DeregisterRegion { endpoint: u8, region_id: u8 },
+    DeregisterRegion {
+        /// The endpoint the region belongs to.
+        endpoint: u8,
+        /// The region, one this application registered.
+        region_id: u8,
+    },
     /// The application remapped `endpoint` at `generation`; older pages may go.
-    Remapped { endpoint: u8, generation: u32 },
+    Remapped {
+        /// The endpoint, one this application opened.
+        endpoint: u8,
+        /// The generation of the [`EndpointHandoff`] now mapped.
+        generation: u32,
+    },
 }
 
 /// The board as the daemon sees it.
@@ -121,9 +141,13 @@ pub struct BoardInfo {
 pub enum ErrorCode {
     /// The backend refused (with a control status).
     Refused = 1,
+    /// The device is not connected to its backend.
     NotConnected = 2,
+    /// An argument is out of range, or names an endpoint or region of another application.
     Invalid = 3,
+    /// Every endpoint index or region id is taken.
     Exhausted = 4,
+    /// The backend or the device did not respond in time.
     Timeout = 5,
     /// Anything else (platform, protocol).
     Failed = 6,
@@ -132,9 +156,11 @@ pub enum ErrorCode {
 /// An error reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorReply {
+    /// What kind of failure.
     pub code: ErrorCode,
     /// For [`ErrorCode::Refused`]: what the backend refused and why.
     pub refused: Option<(CtrlKind, CtrlStatus)>,
+    /// The daemon's description of the failure.
     pub message: String,
 }
 
@@ -172,10 +198,16 @@ impl ErrorReply {
 /// What the daemon answers.
 #[derive(Debug)]
 pub enum Reply {
+    /// Done: the answer to [`Request::CloseEndpoint`], [`Request::DeregisterRegion`] and
+    /// [`Request::Remapped`].
     Ok,
+    /// The request failed.
     Error(ErrorReply),
+    /// The answer to [`Request::Info`].
     Info(BoardInfo),
+    /// The answer to [`Request::OpenEndpoint`]: the endpoint, its pages and its port.
     Endpoint(EndpointHandoff),
+    /// The answer to [`Request::RegisterRegion`]: the region and its window's pages.
     Region(RegionHandoff),
 }
 
@@ -186,7 +218,12 @@ pub enum Notice {
     /// [`Request::Remapped`].
     EndpointReopened(EndpointHandoff),
     /// An endpoint could not be opened again; it is gone.
-    EndpointLost { endpoint: u8, reason: String },
+    EndpointLost {
+        /// The endpoint's index.
+        endpoint: u8,
+        /// Why opening it again failed.
+        reason: String,
+    },
     /// The device lost its backend.
     Disconnected,
     /// The device is connected again.
@@ -198,8 +235,21 @@ pub enum Notice {
 /// One message either way.
 #[derive(Debug)]
 pub enum Message {
-    Request { seq: u32, request: Request },
-    Reply { seq: u32, reply: Reply },
+    /// From an application.
+    Request {
+        /// Chosen by the application (never 0); its reply carries it back.
+        seq: u32,
+        /// What it asks.
+        request: Request,
+    },
+    /// From the daemon, to one request.
+    Reply {
+        /// The request's `seq`.
+        seq: u32,
+        /// The answer.
+        reply: Reply,
+    },
+    /// From the daemon, unasked (sent with seq 0).
     Notice(Notice),
 }
 

@@ -47,9 +47,13 @@ const RESPONSE_BIT: u8 = 0x80;
 wire_enum! {
     /// Request kinds of the control ring.
     pub enum CtrlKind: u8 as "control request kind" {
+        /// Open an endpoint over pages the guest granted ([`EndpointOpen`]).
         EndpointOpen = 0x01,
+        /// Close an endpoint and unmap its pages.
         EndpointClose = 0x02,
+        /// Register a region for LARGE transfers ([`RegionRegister`]).
         RegionRegister = 0x03,
+        /// Deregister a region and unmap its pages.
         RegionDeregister = 0x04,
     }
 }
@@ -223,11 +227,19 @@ pub enum CtrlOp {
     /// Open an endpoint over the pages its info page lists.
     EndpointOpen(EndpointOpen),
     /// Close an endpoint and unmap its pages.
-    EndpointClose { endpoint: u8 },
+    EndpointClose {
+        /// The endpoint to close.
+        endpoint: u8,
+    },
     /// Register a region.
     RegionRegister(RegionRegister),
     /// Deregister a region and unmap its pages.
-    RegionDeregister { endpoint: u8, region_id: u8 },
+    RegionDeregister {
+        /// Endpoint the region belongs to.
+        endpoint: u8,
+        /// Region id within the endpoint.
+        region_id: u8,
+    },
 }
 
 impl CtrlOp {
@@ -376,13 +388,31 @@ impl CtrlRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CtrlReply {
     /// Answer to ENDPOINT_OPEN; `session_id` is the endpoint's MX session (0 on failure).
-    EndpointOpen { endpoint: u8, session_id: u32 },
+    EndpointOpen {
+        /// The endpoint of the request.
+        endpoint: u8,
+        /// The session the backend gave the endpoint (0 on failure).
+        session_id: u32,
+    },
     /// Answer to ENDPOINT_CLOSE.
-    EndpointClose { endpoint: u8 },
+    EndpointClose {
+        /// The endpoint of the request.
+        endpoint: u8,
+    },
     /// Answer to REGION_REGISTER.
-    RegionRegister { endpoint: u8, region_id: u8 },
+    RegionRegister {
+        /// The endpoint of the request.
+        endpoint: u8,
+        /// The region id of the request.
+        region_id: u8,
+    },
     /// Answer to REGION_DEREGISTER.
-    RegionDeregister { endpoint: u8, region_id: u8 },
+    RegionDeregister {
+        /// The endpoint of the request.
+        endpoint: u8,
+        /// The region id of the request.
+        region_id: u8,
+    },
 }
 
 impl CtrlReply {

@@ -37,17 +37,29 @@ pub const EVENT_SLOT_SIZE: usize = 192;
 wire_enum! {
     /// Event kinds of the endpoint event ring.
     pub enum EventKind: u8 as "event kind" {
+        /// A TINY message arrived.
         RecvTiny = 0x40,
+        /// A SMALL message arrived.
         RecvSmall = 0x41,
+        /// A MEDIUM fragment arrived in the receive queue.
         RecvMedium = 0x42,
+        /// A LARGE message was announced.
         RecvRndv = 0x43,
+        /// A peer asks to connect.
         RecvConnectRequest = 0x44,
+        /// A peer answered a connect request.
         RecvConnectReply = 0x45,
+        /// A peer finished pulling a LARGE message.
         RecvNotify = 0x46,
+        /// A peer acknowledged messages explicitly.
         RecvLiback = 0x47,
+        /// A send request completed.
         SendDone = 0x48,
+        /// A pull request completed.
         PullDone = 0x49,
+        /// A peer refused a message.
         RecvNack = 0x4a,
+        /// The backend refused a send request.
         Error = 0x4b,
     }
 }
@@ -55,6 +67,7 @@ wire_enum! {
 wire_enum! {
     /// Outcome of a send or a pull. Values 0 to 6 are Open-MX's pull-done codes.
     pub enum DoneStatus: u8 as "completion status" {
+        /// Done.
         Success = 0,
         /// The remote endpoint does not exist.
         BadEndpoint = 1,
@@ -80,9 +93,13 @@ wire_enum! {
 wire_enum! {
     /// Why a peer refused a message (the MXoE NACK types).
     pub enum NackKind: u8 as "nack kind" {
+        /// No such endpoint at the peer.
         BadEndpoint = 1,
+        /// The peer's endpoint exists but is closed.
         EndpointClosed = 2,
+        /// The session id does not match the peer endpoint's.
         BadSession = 3,
+        /// The pulled region does not exist at the peer.
         BadRdmaWindow = 4,
     }
 }
@@ -188,40 +205,91 @@ impl RecvMedium {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventBody {
     /// A TINY message arrived.
-    RecvTiny { from: Route, msg: InlineMsg },
+    RecvTiny {
+        /// The sender.
+        from: Route,
+        /// The message.
+        msg: InlineMsg,
+    },
     /// A SMALL message arrived.
-    RecvSmall { from: Route, msg: InlineMsg },
+    RecvSmall {
+        /// The sender.
+        from: Route,
+        /// The message.
+        msg: InlineMsg,
+    },
     /// A MEDIUM fragment arrived in the receive queue.
-    RecvMedium { from: Route, frag: RecvMedium },
+    RecvMedium {
+        /// The sender.
+        from: Route,
+        /// The fragment and where it lies in the receive queue.
+        frag: RecvMedium,
+    },
     /// A LARGE message was announced.
-    RecvRndv { from: Route, rndv: Rndv },
+    RecvRndv {
+        /// The sender.
+        from: Route,
+        /// The announcement: length and the sender's region to pull from.
+        rndv: Rndv,
+    },
     /// A peer asks to connect (`from.session_id` is its session).
     RecvConnectRequest {
+        /// The requesting endpoint.
         from: Route,
+        /// The request's MX fields.
         request: RingConnectRequest,
     },
     /// A peer answered our connect request (`from.session_id` is its session).
     RecvConnectReply {
+        /// The answering endpoint.
         from: Route,
+        /// The reply's MX fields.
         reply: RingConnectReply,
+        /// Our endpoint's session, as the peer names it in its reply.
         target_session_id: u32,
     },
     /// A peer finished pulling one of our LARGE messages.
-    RecvNotify { from: Route, notify: Notify },
+    RecvNotify {
+        /// The puller.
+        from: Route,
+        /// Which message was pulled.
+        notify: Notify,
+    },
     /// A peer acknowledged messages explicitly.
-    RecvLiback { from: Route, ack: Liback },
+    RecvLiback {
+        /// The acknowledging endpoint.
+        from: Route,
+        /// What it acknowledges.
+        ack: Liback,
+    },
     /// A send request completed; its queue slots or region may be reused.
-    SendDone { status: DoneStatus, length: u32 },
+    SendDone {
+        /// Outcome.
+        status: DoneStatus,
+        /// Bytes sent (0 for requests that carry no data).
+        length: u32,
+    },
     /// A pull request completed.
-    PullDone { status: DoneStatus, length: u32 },
+    PullDone {
+        /// Outcome.
+        status: DoneStatus,
+        /// Bytes pulled.
+        length: u32,
+    },
     /// A peer refused one of our messages.
     RecvNack {
+        /// The refusing peer endpoint (session 0).
         from: Route,
+        /// Why it refused.
         kind: NackKind,
+        /// Library sequence number of the refused message.
         seqnum: u16,
     },
     /// The backend refused a send request.
-    Error { code: ErrorCode },
+    Error {
+        /// Why.
+        code: ErrorCode,
+    },
 }
 
 impl EventBody {

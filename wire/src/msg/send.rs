@@ -51,16 +51,27 @@ pub const SEND_SLOT_SIZE: usize = 192;
 wire_enum! {
     /// Request kinds of the endpoint send ring.
     pub enum SendKind: u8 as "send request kind" {
+        /// Send a TINY message.
         Tiny = 0x10,
+        /// Send a SMALL message.
         Small = 0x11,
+        /// Send a MEDIUM message from the send queue.
         Medium = 0x12,
+        /// Announce a LARGE message.
         Rndv = 0x13,
+        /// Send an MX connect request.
         ConnectRequest = 0x14,
+        /// Answer an MX connect request.
         ConnectReply = 0x15,
+        /// Tell a LARGE message's sender that its data was pulled.
         Notify = 0x16,
+        /// Send an explicit library acknowledgement.
         Liback = 0x17,
+        /// Pull a LARGE message's data.
         Pull = 0x18,
+        /// Register a region the application granted itself.
         Register = 0x19,
+        /// Deregister such a region.
         Deregister = 0x1a,
     }
 }
@@ -617,7 +628,10 @@ pub enum SendOp {
     /// Register a region the application granted itself.
     Register(DirectRegister),
     /// Deregister a region (its pages are unmapped before the next request is taken).
-    Deregister { region_id: u8 },
+    Deregister {
+        /// The region, as registered by [`SendOp::Register`].
+        region_id: u8,
+    },
 }
 
 impl SendOp {

@@ -126,7 +126,12 @@ pub const fn slot_size<Req: Slot, Rsp: Slot>() -> usize {
 pub enum RingError {
     /// The memory cannot hold the header and one slot.
     #[error("ring memory of {len} bytes holds no {slot}-byte slot")]
-    TooSmall { len: usize, slot: usize },
+    TooSmall {
+        /// Bytes of ring memory.
+        len: usize,
+        /// Bytes of one slot (0 when even the header does not fit).
+        slot: usize,
+    },
     /// The memory is not 8-byte aligned.
     #[error("ring memory is not 8-byte aligned")]
     Misaligned,
