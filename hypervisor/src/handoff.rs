@@ -6,9 +6,9 @@
 //! directly. Access travels as file descriptors over a unix socket (`SCM_RIGHTS`, see
 //! [`send_message`] / [`recv_message`]) plus a short description:
 //!
-//! - [`GrantedPages::export`] gives an [`ExportedPages`]; the receiver maps the same pages
+//! - [`GrantedPages::export`](crate::GrantedPages::export) gives an [`ExportedPages`]; the receiver maps the same pages
 //!   with [`ExportedPages::import`] ([`ImportedPages`]).
-//! - [`EventChannels::export_port`] gives an [`ExportedPort`]; the receiver gets an
+//! - [`EventChannels::export_port`](crate::EventChannels::export_port) gives an [`ExportedPort`]; the receiver gets an
 //!   [`ImportedPort`] that notifies the remote end and has a pollable descriptor (and a
 //!   blocking wait) for the events the remote sends.
 //!

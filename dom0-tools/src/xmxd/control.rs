@@ -23,6 +23,8 @@
 //! {"op":"attach","domid":5,"cluster":"blue"}       -> GuestStatus (cluster optional)
 //! {"op":"detach","domid":5}                        -> null
 //! {"op":"qos","guest":"vm1","weight":4}            -> QosReport (weight optional: read)
+//! {"op":"direct","enabled":false}                  -> DirectReport (enabled optional: read;
+//!                                                     false revokes every direct channel)
 //! ```
 
 use std::io::BufReader;

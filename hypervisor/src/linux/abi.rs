@@ -74,9 +74,11 @@ pub struct UnmapNotify {
     pub event_channel_port: u32,
 }
 
-/// `UNMAP_NOTIFY_CLEAR_BYTE`: zero the byte at `index` when the peer unmaps.
+/// `UNMAP_NOTIFY_CLEAR_BYTE`: zero the byte at `index` when this side lets the page go
+/// (unmaps, frees or dies), so the other side sees it.
 pub const UNMAP_NOTIFY_CLEAR_BYTE: u32 = 0x1;
-/// `UNMAP_NOTIFY_SEND_EVENT`: signal `event_channel_port` when the peer unmaps.
+/// `UNMAP_NOTIFY_SEND_EVENT`: signal `event_channel_port` when this side lets the page go
+/// (unmaps, frees or dies).
 pub const UNMAP_NOTIFY_SEND_EVENT: u32 = 0x2;
 
 /// gntalloc ioctl: allocate and grant pages ([`GntallocAllocGref`]).

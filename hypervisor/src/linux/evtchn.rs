@@ -42,7 +42,8 @@ impl LinuxEventChannels {
         LinuxEventChannels { fd: Arc::new(fd) }
     }
 
-    /// Unbind every port of this descriptor's ring and clear an overflow condition.
+    /// Empty this descriptor's ring of pending ports and clear an overflow condition
+    /// (bound ports stay bound).
     pub fn reset(&self) -> Result<()> {
         // SAFETY: IOCTL_EVTCHN_RESET takes no argument; the null pointer is ignored.
         unsafe { sys::ioctl_ptr(&self.fd, IOCTL_EVTCHN_RESET, std::ptr::null_mut::<u8>()) }

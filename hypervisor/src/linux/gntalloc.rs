@@ -106,7 +106,8 @@ impl Gntalloc {
     }
 
     /// Ask the driver to clear the byte at mmap offset `byte_index` and/or signal `port`
-    /// when the remote side unmaps (a crashed peer's last word). `actions` is a
+    /// when this side lets the page go: unmapped, freed, or this process dead (its last
+    /// word to the peer that maps the page). `actions` is a
     /// combination of `UNMAP_NOTIFY_CLEAR_BYTE` and `UNMAP_NOTIFY_SEND_EVENT`.
     pub fn set_unmap_notify(&self, byte_index: u64, actions: u32, port: Port) -> Result<()> {
         check_notify_actions(actions)?;

@@ -1,6 +1,6 @@
 //! Length-prefixed frames over a unix stream socket, with descriptors passed as
 //! `SCM_RIGHTS` on the first byte of a frame: the hypercall socket's framing, at most
-//! [`MAX_FDS`] descriptors a frame (the framing itself is [`crate::fdframe`]).
+//! [`MAX_FDS`] descriptors a frame (the framing itself is the crate's private `fdframe` module).
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};

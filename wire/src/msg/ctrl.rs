@@ -13,7 +13,8 @@
 //! 16 u32 info page grant ref
 //! 20 u16 send queue pages       REGION_REGISTER (0x03)
 //! 22 u16 recv queue pages        8 u8  endpoint
-//!                                9 u8  region id
+//! 24 u32 session to resume       9 u8  region id
+//!        (0: a new one)
 //! responses (request kind|0x80) 10 u16 offset of the data in its first page
 //!  8 u32 status                 12 u32 length in bytes
 //! 12 u8  endpoint               16 u32 number of pages
