@@ -9,84 +9,84 @@
 use std::ffi::{c_char, c_int, c_void};
 
 /// `MX_API`: the interface version `mx_init()` passes to `mx__init_api`.
-pub const MX_API: c_int = 0x301;
+pub(crate) const MX_API: c_int = 0x301;
 /// `MX_MAX_STR_LEN`: size of each counter label slot of `mx_get_info`.
-pub const MX_MAX_STR_LEN: usize = 128;
+pub(crate) const MX_MAX_STR_LEN: usize = 128;
 /// `MX_SIZEOF_ADDR`: size of `mx_endpoint_addr_t`.
-pub const MX_SIZEOF_ADDR: usize = 16;
+pub(crate) const MX_SIZEOF_ADDR: usize = 16;
 /// `MX_ANY_NIC`: any board.
-pub const MX_ANY_NIC: u32 = 0xffff_ffff;
+pub(crate) const MX_ANY_NIC: u32 = 0xffff_ffff;
 /// `MX_ANY_ENDPOINT`: the first free endpoint id.
-pub const MX_ANY_ENDPOINT: u32 = 0xffff_ffff;
+pub(crate) const MX_ANY_ENDPOINT: u32 = 0xffff_ffff;
 /// `MX_MAX_SEGMENTS`: most segments of one send or receive.
-pub const MX_MAX_SEGMENTS: u32 = 256;
+pub(crate) const MX_MAX_SEGMENTS: u32 = 256;
 /// `MX_INFINITE`: a timeout of zero means no timeout.
-pub const MX_INFINITE: u32 = 0;
+pub(crate) const MX_INFINITE: u32 = 0;
 /// `MX_MATCH_MASK_NONE`: compare every match bit.
-pub const MX_MATCH_MASK_NONE: u64 = !0;
+pub(crate) const MX_MATCH_MASK_NONE: u64 = !0;
 /// `MX_CONTEXT_ID_BITS_MAX`: most bits of a context id.
-pub const MX_CONTEXT_ID_BITS_MAX: u8 = 16;
+pub(crate) const MX_CONTEXT_ID_BITS_MAX: u8 = 16;
 /// `MX_MAX_HOSTNAME_LEN`: room `mx_nic_id_to_hostname` writes into.
-pub const MX_MAX_HOSTNAME_LEN: usize = 80;
+pub(crate) const MX_MAX_HOSTNAME_LEN: usize = 80;
 
 /// `mx_endpoint_addr_t`: 16 opaque bytes (see [`crate::addr`] for ours).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MxEndpointAddr {
+pub(crate) struct MxEndpointAddr {
     /// `stuff[2]`.
-    pub stuff: [u64; 2],
+    pub(crate) stuff: [u64; 2],
 }
 
 /// `mx_segment_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct MxSegment {
+pub(crate) struct MxSegment {
     /// `segment_ptr`.
-    pub segment_ptr: *mut c_void,
+    pub(crate) segment_ptr: *mut c_void,
     /// `segment_length`.
-    pub segment_length: u32,
+    pub(crate) segment_length: u32,
 }
 
 /// `mx_mapper_state_t` (mx_io.h): what `mx__get_mapper_state` reports.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MxMapperState {
+pub(crate) struct MxMapperState {
     /// `board_number`.
-    pub board_number: u32,
+    pub(crate) board_number: u32,
     /// `mapper_mac`: the MAC naming the fabric's map.
-    pub mapper_mac: [u8; 6],
+    pub(crate) mapper_mac: [u8; 6],
     /// `iport`.
-    pub iport: u16,
+    pub(crate) iport: u16,
     /// `map_version`.
-    pub map_version: u32,
+    pub(crate) map_version: u32,
     /// `num_hosts`.
-    pub num_hosts: u32,
+    pub(crate) num_hosts: u32,
     /// `network_configured`.
-    pub network_configured: u32,
+    pub(crate) network_configured: u32,
     /// `routes_valid`.
-    pub routes_valid: u32,
+    pub(crate) routes_valid: u32,
     /// `level`.
-    pub level: u32,
+    pub(crate) level: u32,
     /// `flags`.
-    pub flags: u32,
+    pub(crate) flags: u32,
 }
 
 /// `mx_status_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct MxStatus {
+pub(crate) struct MxStatus {
     /// `code` (`mx_status_code_t`).
-    pub code: u32,
+    pub(crate) code: u32,
     /// `source`.
-    pub source: MxEndpointAddr,
+    pub(crate) source: MxEndpointAddr,
     /// `match_info`.
-    pub match_info: u64,
+    pub(crate) match_info: u64,
     /// `msg_length`.
-    pub msg_length: u32,
+    pub(crate) msg_length: u32,
     /// `xfer_length`.
-    pub xfer_length: u32,
+    pub(crate) xfer_length: u32,
     /// `context`.
-    pub context: *mut c_void,
+    pub(crate) context: *mut c_void,
 }
 
 impl Default for MxStatus {
@@ -103,50 +103,50 @@ impl Default for MxStatus {
 }
 
 /// `mx_error_handler_t`.
-pub type MxErrorHandler = unsafe extern "C" fn(*mut c_char, c_int) -> c_int;
+pub(crate) type MxErrorHandler = unsafe extern "C" fn(*mut c_char, c_int) -> c_int;
 
 /// `mx_matching_callback_t`.
-pub type MxMatchingCallback = unsafe extern "C" fn(*mut c_void, u64, c_int);
+pub(crate) type MxMatchingCallback = unsafe extern "C" fn(*mut c_void, u64, c_int);
 
 /// `mx_unexp_handler_t`.
-pub type MxUnexpHandler =
+pub(crate) type MxUnexpHandler =
     unsafe extern "C" fn(*mut c_void, MxEndpointAddr, u64, u32, *mut c_void) -> c_int;
 
 /// The context-id member of `mx_param_t.val`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct MxContextId {
+pub(crate) struct MxContextId {
     /// `bits`.
-    pub bits: u8,
+    pub(crate) bits: u8,
     /// `shift`.
-    pub shift: u8,
+    pub(crate) shift: u8,
 }
 
 /// `mx_param_t.val`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub union MxParamVal {
+pub(crate) union MxParamVal {
     /// `error_handler`.
-    pub error_handler: Option<MxErrorHandler>,
+    pub(crate) error_handler: Option<MxErrorHandler>,
     /// `unexp_queue_max`.
-    pub unexp_queue_max: u32,
+    pub(crate) unexp_queue_max: u32,
     /// `context_id`.
-    pub context_id: MxContextId,
+    pub(crate) context_id: MxContextId,
 }
 
 /// `mx_param_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MxParam {
+pub(crate) struct MxParam {
     /// `key` (`mx_param_key_t`), decoded with [`ParamKey::from_raw`].
-    pub key: u32,
+    pub(crate) key: u32,
     /// `val`.
-    pub val: MxParamVal,
+    pub(crate) val: MxParamVal,
 }
 
 /// `mx_param_key_t`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParamKey {
+pub(crate) enum ParamKey {
     /// `MX_PARAM_ERROR_HANDLER`
     ErrorHandler = 0,
     /// `MX_PARAM_UNEXP_QUEUE_MAX`
@@ -157,7 +157,7 @@ pub enum ParamKey {
 
 impl ParamKey {
     /// Decodes a key given by the application.
-    pub fn from_raw(v: u32) -> Option<Self> {
+    pub(crate) fn from_raw(v: u32) -> Option<Self> {
         match v {
             0 => Some(ParamKey::ErrorHandler),
             1 => Some(ParamKey::UnexpQueueMax),
@@ -172,18 +172,20 @@ macro_rules! c_enum {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[repr(u32)]
-        pub enum $name { $($(#[$vm])* $var = $val,)* }
+        pub(crate) enum $name { $($(#[$vm])* $var = $val,)* }
 
         /// Every value with its C name, in numeric order.
-        pub const $table: &[(&str, $name)] = &[$(($cname, $name::$var),)*];
+        pub(crate) const $table: &[(&str, $name)] = &[$(($cname, $name::$var),)*];
 
         impl $name {
             /// Decodes a raw value coming from C.
-            pub fn from_raw(v: u32) -> Option<Self> {
+            pub(crate) fn from_raw(v: u32) -> Option<Self> {
                 match v { $($val => Some($name::$var),)* _ => None }
             }
             /// The C name of the value.
-            pub fn c_name(self) -> &'static str {
+            // `InfoKey`'s is used by `mx_get_info`; `MxReturn`'s only by the tests.
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub(crate) fn c_name(self) -> &'static str {
                 match self { $($name::$var => $cname,)* }
             }
         }
@@ -321,7 +323,7 @@ c_enum!(
 });
 
 /// `mx_status_code_t` names, by value (the values are [`xmx_mx::Status`]'s).
-pub const STATUS_CODES: &[(&str, u32)] = &[
+pub(crate) const STATUS_CODES: &[(&str, u32)] = &[
     ("MX_STATUS_SUCCESS", 0),
     ("MX_STATUS_PENDING", 1),
     ("MX_STATUS_BUFFERED", 2),
@@ -343,21 +345,21 @@ pub const STATUS_CODES: &[(&str, u32)] = &[
 
 /// `MX_SPEED_10G` (`mx_line_speed_t`): what an MXoE port in MX
 /// wire-compatible mode reports.
-pub const MX_SPEED_10G: u32 = 1;
+pub(crate) const MX_SPEED_10G: u32 = 1;
 /// `MX_NET_ETHER` (`enum mx_net_type`).
-pub const MX_NET_ETHER: u32 = 1;
+pub(crate) const MX_NET_ETHER: u32 = 1;
 /// `MX_RECV_CONTINUE` (`mx_unexp_handler_action_t`).
-pub const MX_RECV_CONTINUE: c_int = 0;
+pub(crate) const MX_RECV_CONTINUE: c_int = 0;
 /// `MX_RECV_FINISHED` (`mx_unexp_handler_action_t`).
-pub const MX_RECV_FINISHED: c_int = 1;
+pub(crate) const MX_RECV_FINISHED: c_int = 1;
 /// `MX_RAW_NO_EVENT`.
-pub const MX_RAW_NO_EVENT: c_int = 0;
+pub(crate) const MX_RAW_NO_EVENT: c_int = 0;
 /// `MX_RAW_SEND_COMPLETE`.
-pub const MX_RAW_SEND_COMPLETE: c_int = 1;
+pub(crate) const MX_RAW_SEND_COMPLETE: c_int = 1;
 /// `MX_RAW_RECV_COMPLETE`.
-pub const MX_RAW_RECV_COMPLETE: c_int = 2;
+pub(crate) const MX_RAW_RECV_COMPLETE: c_int = 2;
 /// `MX__INVALID_HANDLE` (`mx_endpt_handle_t`).
-pub const MX_INVALID_HANDLE: c_int = -1;
+pub(crate) const MX_INVALID_HANDLE: c_int = -1;
 
 /// Every `#define` and enum value of the headers with its value, for the
 /// layout test that compares them with what a C compiler sees.

@@ -17,7 +17,7 @@
 use crate::abi::MxEndpointAddr;
 
 /// Bits of the local endpoint handle stored in an address.
-pub const LOCAL_HANDLE_BITS: u32 = 24;
+pub(crate) const LOCAL_HANDLE_BITS: u32 = 24;
 /// Bits of a NIC id (a MAC address).
 const NIC_ID_BITS: u32 = 48;
 const NIC_ID_MASK: u64 = (1 << NIC_ID_BITS) - 1;
@@ -26,20 +26,20 @@ const TAG: u64 = 0x786d;
 
 /// A decoded endpoint address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Addr {
+pub(crate) struct Addr {
     /// The remote board.
-    pub nic_id: u64,
+    pub(crate) nic_id: u64,
     /// The remote endpoint id.
-    pub endpoint: u8,
+    pub(crate) endpoint: u8,
     /// The remote endpoint's session id.
-    pub session: u32,
+    pub(crate) session: u32,
     /// Handle of the local endpoint the address belongs to (0: none).
-    pub local: u32,
+    pub(crate) local: u32,
 }
 
 impl Addr {
     /// The C form.
-    pub fn encode(&self) -> MxEndpointAddr {
+    pub(crate) fn encode(&self) -> MxEndpointAddr {
         let local = (self.local as u64) & ((1 << LOCAL_HANDLE_BITS) - 1);
         MxEndpointAddr {
             stuff: [
@@ -50,7 +50,7 @@ impl Addr {
     }
 
     /// Reads the C form.
-    pub fn decode(a: MxEndpointAddr) -> Self {
+    pub(crate) fn decode(a: MxEndpointAddr) -> Self {
         Addr {
             nic_id: a.stuff[0] & NIC_ID_MASK,
             session: a.stuff[1] as u32,
@@ -60,13 +60,13 @@ impl Addr {
     }
 
     /// Whether `a` was made by this library (by [`Addr::encode`]).
-    pub fn is_ours(a: MxEndpointAddr) -> bool {
+    pub(crate) fn is_ours(a: MxEndpointAddr) -> bool {
         a.stuff[0] >> NIC_ID_BITS == TAG
     }
 
     /// The key of the per-address context: the remote endpoint, whatever
     /// its session.
-    pub fn remote(&self) -> (u64, u8) {
+    pub(crate) fn remote(&self) -> (u64, u8) {
         (self.nic_id, self.endpoint)
     }
 }

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
+pub(crate) enum Counter {
     /// Frames handed to the transport.
     FramesSent,
     /// Frames taken from the transport.
@@ -40,7 +40,7 @@ pub enum Counter {
 }
 
 /// Every counter, in `mx_get_info` order, with its label.
-pub const ALL: [(Counter, &str); 16] = [
+pub(crate) const ALL: [(Counter, &str); 16] = [
     (Counter::FramesSent, "Frames sent"),
     (Counter::FramesReceived, "Frames received"),
     (Counter::Sends, "Sends posted"),
@@ -65,12 +65,12 @@ pub const ALL: [(Counter, &str); 16] = [
 static VALUES: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
 
 /// Adds `n` to a counter.
-pub fn add(c: Counter, n: u64) {
+pub(crate) fn add(c: Counter, n: u64) {
     VALUES[c as usize].fetch_add(n, Ordering::Relaxed);
 }
 
 /// A counter's value (MX reports 32 bits; it wraps).
-pub fn get(c: Counter) -> u32 {
+pub(crate) fn get(c: Counter) -> u32 {
     VALUES[c as usize].load(Ordering::Relaxed) as u32
 }
 

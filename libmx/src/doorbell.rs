@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// caught it in every cell, and 100 us bought no better median. Polling yields the core
 /// on each round, so a backend and two applications on two cores keep
 /// making progress; waits with nothing coming sleep after 50 us.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// How long after an application thread last used an endpoint it is
 /// counted on to come back and progress the endpoint itself.
@@ -36,7 +36,7 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// application that stops calling the library leaves its arrivals to the
 /// driver and the background thread one lease later, which only delays
 /// acks and progress by as much.
-pub const LEASE: Duration = Duration::from_millis(1);
+pub(crate) const LEASE: Duration = Duration::from_millis(1);
 const LEASE_NS: u64 = LEASE.as_nanos() as u64;
 
 /// The longest a nonblocking call (`mx_test`, `mx_iprobe`, ...) that found
@@ -44,12 +44,12 @@ const LEASE_NS: u64 = LEASE.as_nanos() as u64;
 /// for the doorbell's spin ([`Doorbell::idle_poll`]). An arrival ends the
 /// nap at once; the bound only caps how late an event nobody rings for (a
 /// completion made by another thread's progress) is seen.
-pub const POLL_NAP: Duration = Duration::from_micros(200);
+pub(crate) const POLL_NAP: Duration = Duration::from_micros(200);
 
 /// What a nonblocking call that found nothing does before it returns
 /// ([`Doorbell::idle_poll`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PollPace {
+pub(crate) enum PollPace {
     /// Give the core away once (`sched_yield`): whoever holds the next step
     /// (the backend, the peer, the driver thread) runs now, not at the end
     /// of the caller's time slice.
@@ -61,7 +61,7 @@ pub enum PollPace {
 
 /// Something to tell when a doorbell rings while no application thread
 /// waits on it (the background progression thread).
-pub trait Unattended: Send + Sync {
+pub(crate) trait Unattended: Send + Sync {
     /// The doorbell of `token` rang with nobody waiting.
     fn rang(&self, token: u64);
 
@@ -73,7 +73,7 @@ pub trait Unattended: Send + Sync {
 
 /// A wakeable wait shared by the transport (which rings on arrivals), the
 /// waiting threads and `mx_wakeup`.
-pub struct Doorbell {
+pub(crate) struct Doorbell {
     generation: AtomicU64,
     sleepers: AtomicUsize,
     /// Application threads inside a blocking call on this endpoint.
@@ -109,7 +109,7 @@ impl std::fmt::Debug for Doorbell {
 impl Doorbell {
     /// A doorbell that spins up to `spin` before sleeping, and tells
     /// `unattended` (with `token`) about rings nobody waits for.
-    pub fn new(spin: Duration, token: u64, unattended: Option<Arc<dyn Unattended>>) -> Self {
+    pub(crate) fn new(spin: Duration, token: u64, unattended: Option<Arc<dyn Unattended>>) -> Self {
         Doorbell {
             generation: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
@@ -127,13 +127,13 @@ impl Doorbell {
     }
 
     /// The current generation; it changes at every ring.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
 
     /// Wakes every waiter; if nobody waits, tells the background thread,
     /// at once or (within the application's lease) when the lease ends.
-    pub fn ring(&self) {
+    pub(crate) fn ring(&self) {
         self.ring_local();
         if self.attended.load(Ordering::SeqCst) == 0 {
             if let Some(u) = &self.unattended {
@@ -152,7 +152,7 @@ impl Doorbell {
 
     /// An application thread uses the endpoint now (`now_ns`: a
     /// [`crate::runtime::now`] reading): its lease starts again.
-    pub fn touch(&self, now_ns: u64) {
+    pub(crate) fn touch(&self, now_ns: u64) {
         self.leased_until
             .store(now_ns.saturating_add(LEASE_NS), Ordering::SeqCst);
     }
@@ -160,13 +160,13 @@ impl Doorbell {
     /// The endpoint is being progressed: a deferred ring is served. Called
     /// before the arrivals are taken in, so a ring after it is deferred
     /// (or sent) again and never lost.
-    pub fn clear_deferred(&self) {
+    pub(crate) fn clear_deferred(&self) {
         self.deferred.store(false, Ordering::SeqCst);
     }
 
     /// When the background thread must look at the endpoint for a deferred
     /// ring (`None`: none is deferred).
-    pub fn deferred_until(&self) -> Option<u64> {
+    pub(crate) fn deferred_until(&self) -> Option<u64> {
         self.deferred
             .load(Ordering::SeqCst)
             .then(|| self.leased_until.load(Ordering::SeqCst))
@@ -178,7 +178,7 @@ impl Doorbell {
     /// (looked at again a lease later), or within the lease of its last use
     /// when no thread sleeps in a wait. `None`: a thread sleeps, or the
     /// application went away; the driver watches.
-    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn driven_until(&self, now_ns: u64) -> Option<u64> {
         if self.pollers.load(Ordering::SeqCst) > 0 {
             return Some(now_ns.saturating_add(LEASE_NS));
         }
@@ -192,7 +192,7 @@ impl Doorbell {
     /// Wakes every waiter, but not the background thread: for events the
     /// library itself produced while progressing (a completion another
     /// waiting thread may be interested in).
-    pub fn ring_local(&self) {
+    pub(crate) fn ring_local(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -202,7 +202,7 @@ impl Doorbell {
 
     /// Marks an application thread as waiting on this doorbell until the
     /// guard drops.
-    pub fn attend(&self) -> Attendance<'_> {
+    pub(crate) fn attend(&self) -> Attendance<'_> {
         self.attended.fetch_add(1, Ordering::SeqCst);
         Attendance(self)
     }
@@ -210,19 +210,20 @@ impl Doorbell {
     /// Marks an application thread as polling the endpoint itself until the guard
     /// drops: while one does, a transport need not ask to be told of arrivals (each
     /// such notice is a system call on one side and a thread wake-up on the other).
-    pub fn polling(&self) -> Polling<'_> {
+    pub(crate) fn polling(&self) -> Polling<'_> {
         self.pollers.fetch_add(1, Ordering::SeqCst);
         Polling(self)
     }
 
     /// Whether an application thread polls the endpoint now.
-    pub fn polled(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn polled(&self) -> bool {
         self.pollers.load(Ordering::SeqCst) > 0
     }
 
     /// A nonblocking call on the endpoint found what it looked for, or its
     /// progress moved something: the application's polling is not idle.
-    pub fn poll_moved(&self) {
+    pub(crate) fn poll_moved(&self) {
         self.idle_since.store(0, Ordering::Relaxed);
     }
 
@@ -237,7 +238,7 @@ impl Doorbell {
     /// idle call yields, which costs one system call when nobody else wants
     /// the core; once nothing has moved for the doorbell's spin, calls nap
     /// on the doorbell instead, as a blocking wait would sleep.
-    pub fn idle_poll(&self, now_ns: u64) -> PollPace {
+    pub(crate) fn idle_poll(&self, now_ns: u64) -> PollPace {
         let since = match self.idle_since.load(Ordering::Relaxed) {
             0 => {
                 // 0 means "not idle": a reading of 0 (the runtime's first
@@ -257,12 +258,12 @@ impl Doorbell {
     }
 
     /// How long a waiter polls before it sleeps.
-    pub fn spin(&self) -> Duration {
+    pub(crate) fn spin(&self) -> Duration {
         self.spin
     }
 
     /// Blocks while the generation is still `seen`, at most until `deadline`.
-    pub fn wait(&self, seen: u64, deadline: Option<Instant>) {
+    pub(crate) fn wait(&self, seen: u64, deadline: Option<Instant>) {
         let now = Instant::now();
         if deadline.is_some_and(|d| d <= now) {
             return;
@@ -282,7 +283,7 @@ impl Doorbell {
 
     /// Sleeps at once (no spin) while the generation is still `seen`, at most until
     /// `deadline`: for waiters that polled their endpoint themselves before.
-    pub fn sleep(&self, seen: u64, deadline: Option<Instant>) {
+    pub(crate) fn sleep(&self, seen: u64, deadline: Option<Instant>) {
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return;
         }
@@ -314,7 +315,7 @@ impl Doorbell {
 }
 
 /// An application thread polling its endpoint (see [`Doorbell::polling`]).
-pub struct Polling<'a>(&'a Doorbell);
+pub(crate) struct Polling<'a>(&'a Doorbell);
 
 impl Drop for Polling<'_> {
     fn drop(&mut self) {
@@ -323,7 +324,7 @@ impl Drop for Polling<'_> {
 }
 
 /// An application thread waiting on a doorbell (see [`Doorbell::attend`]).
-pub struct Attendance<'a>(&'a Doorbell);
+pub(crate) struct Attendance<'a>(&'a Doorbell);
 
 impl Drop for Attendance<'_> {
     fn drop(&mut self) {

@@ -12,16 +12,16 @@ use crate::abi::{MxErrorHandler, MxReturn};
 
 /// A call that failed: its code and what went wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The MX return code.
-    pub code: MxReturn,
+    pub(crate) code: MxReturn,
     /// A description for the error handler.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl Failure {
     /// A failure with code `code`.
-    pub fn new(code: MxReturn, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: MxReturn, message: impl Into<String>) -> Self {
         Failure {
             code,
             message: message.into(),
@@ -30,14 +30,14 @@ impl Failure {
 }
 
 /// The result of a library operation.
-pub type MxResult<T> = Result<T, Failure>;
+pub(crate) type MxResult<T> = Result<T, Failure>;
 
 /// `MX_ERRORS_ARE_FATAL`: prints the failure to stderr and exits with
 /// status 255, as Open-MX's library does.
 ///
 /// # Safety
 /// `message` is NULL or a NUL-terminated string.
-pub unsafe extern "C" fn errors_are_fatal(message: *mut c_char, code: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn errors_are_fatal(message: *mut c_char, code: c_int) -> c_int {
     let text = if message.is_null() {
         String::new()
     } else {
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn errors_are_fatal(message: *mut c_char, code: c_int) -> 
 ///
 /// # Safety
 /// Always safe; `unsafe` only to have the handler type.
-pub unsafe extern "C" fn errors_return(_message: *mut c_char, code: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn errors_return(_message: *mut c_char, code: c_int) -> c_int {
     code
 }
 
@@ -77,7 +77,7 @@ fn state() -> std::sync::MutexGuard<'static, HandlerState> {
 }
 
 /// Installs `handler` as the process-wide handler; returns the previous one.
-pub fn set_handler(handler: MxErrorHandler) -> MxErrorHandler {
+pub(crate) fn set_handler(handler: MxErrorHandler) -> MxErrorHandler {
     let mut s = state();
     s.chosen = true;
     std::mem::replace(&mut s.current, handler)
@@ -85,7 +85,7 @@ pub fn set_handler(handler: MxErrorHandler) -> MxErrorHandler {
 
 /// At init: the default handler per `MX_ERRORS_ARE_FATAL`, unless the
 /// application already chose one.
-pub fn set_default(fatal: bool) {
+pub(crate) fn set_default(fatal: bool) {
     let mut s = state();
     if !s.chosen {
         s.current = if fatal {
@@ -97,13 +97,13 @@ pub fn set_default(fatal: bool) {
 }
 
 /// The process-wide handler.
-pub fn handler() -> MxErrorHandler {
+pub(crate) fn handler() -> MxErrorHandler {
     state().current
 }
 
 /// Hands `failure` to `endpoint_handler` (or the process-wide handler) and
 /// returns what the handler returns.
-pub fn raise(endpoint_handler: Option<MxErrorHandler>, failure: Failure) -> c_int {
+pub(crate) fn raise(endpoint_handler: Option<MxErrorHandler>, failure: Failure) -> c_int {
     tracing::debug!(code = ?failure.code, message = %failure.message, "MX call failed");
     let h = endpoint_handler.unwrap_or_else(handler);
     let text = CString::new(failure.message.replace('\0', " ")).unwrap_or_default();

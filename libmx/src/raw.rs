@@ -11,7 +11,7 @@ use crate::transport::RawPort;
 
 /// What `mx_raw_next_event` reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RawEvent {
+pub(crate) enum RawEvent {
     /// A send finished; its context.
     SendComplete(usize),
     /// A frame arrived.
@@ -19,7 +19,7 @@ pub enum RawEvent {
 }
 
 /// An open raw endpoint.
-pub struct RawEndpoint {
+pub(crate) struct RawEndpoint {
     handle: u32,
     board: u32,
     port: Mutex<Box<dyn RawPort>>,
@@ -29,7 +29,12 @@ pub struct RawEndpoint {
 
 impl RawEndpoint {
     /// Wraps an opened raw port.
-    pub fn new(handle: u32, board: u32, port: Box<dyn RawPort>, doorbell: Arc<Doorbell>) -> Self {
+    pub(crate) fn new(
+        handle: u32,
+        board: u32,
+        port: Box<dyn RawPort>,
+        doorbell: Arc<Doorbell>,
+    ) -> Self {
         RawEndpoint {
             handle,
             board,
@@ -40,17 +45,17 @@ impl RawEndpoint {
     }
 
     /// Its handle.
-    pub fn handle(&self) -> u32 {
+    pub(crate) fn handle(&self) -> u32 {
         self.handle
     }
 
     /// Its board number.
-    pub fn board(&self) -> u32 {
+    pub(crate) fn board(&self) -> u32 {
         self.board
     }
 
     /// Sends a frame; its completion is reported with `context`.
-    pub fn send(&self, data: &[u8], context: usize) -> MxResult<()> {
+    pub(crate) fn send(&self, data: &[u8], context: usize) -> MxResult<()> {
         self.port
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -63,7 +68,7 @@ impl RawEndpoint {
     }
 
     /// The next event, waiting up to `timeout` for one.
-    pub fn next_event(&self, timeout: Duration) -> Option<RawEvent> {
+    pub(crate) fn next_event(&self, timeout: Duration) -> Option<RawEvent> {
         let deadline = Instant::now() + timeout;
         loop {
             let seen = self.doorbell.generation();

@@ -26,27 +26,27 @@ use crate::settings::Settings;
 use crate::transport::Transport;
 
 /// The origin of the protocol core's clock.
-pub fn origin() -> std::time::Instant {
+pub(crate) fn origin() -> std::time::Instant {
     static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
     *ORIGIN.get_or_init(std::time::Instant::now)
 }
 
 /// The current time for the protocol core.
-pub fn now() -> xmx_mx::Instant {
+pub(crate) fn now() -> xmx_mx::Instant {
     xmx_mx::Instant::from_nanos(origin().elapsed().as_nanos() as u64)
 }
 
 /// A core instant as a wall-clock instant.
-pub fn to_std(t: xmx_mx::Instant) -> std::time::Instant {
+pub(crate) fn to_std(t: xmx_mx::Instant) -> std::time::Instant {
     origin() + Duration::from_nanos(t.as_nanos())
 }
 
 /// The initialized library.
-pub struct Library {
+pub(crate) struct Library {
     /// Settings read at init.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// The transport every endpoint uses.
-    pub transport: Arc<dyn Transport>,
+    pub(crate) transport: Arc<dyn Transport>,
     endpoints: RwLock<HashMap<u32, Arc<Endpoint>>>,
     raws: Mutex<HashMap<u32, Arc<RawEndpoint>>>,
     next_handle: AtomicU32,
@@ -72,7 +72,7 @@ fn tracing_init(verbose: Option<u32>) {
 
 /// `mx__init_api`: checks the application's API version, reads the
 /// environment and opens the transport.
-pub fn init(api: c_int) -> MxResult<()> {
+pub(crate) fn init(api: c_int) -> MxResult<()> {
     let mut slot = LIBRARY.write().unwrap_or_else(|e| e.into_inner());
     let settings = Settings::from_lookup(|k| std::env::var(k).ok())
         .map_err(|e| Failure::new(MxReturn::BadParamVal, e))?;
@@ -110,7 +110,7 @@ pub fn init(api: c_int) -> MxResult<()> {
 
 /// `mx_finalize`: closes every endpoint and stops the background thread.
 /// A library not initialized (or finalized already) is `MX_NOT_INITIALIZED`.
-pub fn finalize() -> MxResult<()> {
+pub(crate) fn finalize() -> MxResult<()> {
     let lib = LIBRARY.write().unwrap_or_else(|e| e.into_inner()).take();
     let Some(lib) = lib else {
         return Err(Failure::new(
@@ -138,7 +138,7 @@ pub fn finalize() -> MxResult<()> {
 }
 
 /// The library, if initialized.
-pub fn library() -> MxResult<Arc<Library>> {
+pub(crate) fn library() -> MxResult<Arc<Library>> {
     LIBRARY
         .read()
         .unwrap_or_else(|e| e.into_inner())
@@ -148,7 +148,7 @@ pub fn library() -> MxResult<Arc<Library>> {
 
 /// The open endpoint behind an `mx_endpoint_t` (never dereferenced: it is a
 /// handle number).
-pub fn endpoint(handle: usize) -> MxResult<Arc<Endpoint>> {
+pub(crate) fn endpoint(handle: usize) -> MxResult<Arc<Endpoint>> {
     let lib = library()?;
     let found = u32::try_from(handle)
         .ok()
@@ -163,7 +163,7 @@ pub fn endpoint(handle: usize) -> MxResult<Arc<Endpoint>> {
 
 impl Library {
     /// Looks an endpoint up by handle.
-    pub fn endpoint_by_handle(&self, handle: u32) -> Option<Arc<Endpoint>> {
+    pub(crate) fn endpoint_by_handle(&self, handle: u32) -> Option<Arc<Endpoint>> {
         self.endpoints
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -172,7 +172,7 @@ impl Library {
     }
 
     /// Every open endpoint.
-    pub fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+    pub(crate) fn endpoints(&self) -> Vec<Arc<Endpoint>> {
         self.endpoints
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -182,7 +182,7 @@ impl Library {
     }
 
     /// A fresh handle (24 bits, never 0, not in use).
-    pub fn new_handle(&self) -> u32 {
+    pub(crate) fn new_handle(&self) -> u32 {
         let eps = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
         let raws = self.raws.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -195,12 +195,12 @@ impl Library {
     }
 
     /// What rings when an endpoint's doorbell rings unattended.
-    pub fn background(&self) -> Arc<Background> {
+    pub(crate) fn background(&self) -> Arc<Background> {
         self.background.clone()
     }
 
     /// Registers an opened endpoint and makes sure the background thread runs.
-    pub fn add_endpoint(self: &Arc<Self>, ep: Arc<Endpoint>) {
+    pub(crate) fn add_endpoint(self: &Arc<Self>, ep: Arc<Endpoint>) {
         self.endpoints
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -218,7 +218,7 @@ impl Library {
     }
 
     /// Unregisters a closed endpoint; returns it if it was open.
-    pub fn remove_endpoint(&self, handle: u32) -> Option<Arc<Endpoint>> {
+    pub(crate) fn remove_endpoint(&self, handle: u32) -> Option<Arc<Endpoint>> {
         self.endpoints
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -226,7 +226,7 @@ impl Library {
     }
 
     /// Registers a raw endpoint.
-    pub fn add_raw(&self, raw: Arc<RawEndpoint>) {
+    pub(crate) fn add_raw(&self, raw: Arc<RawEndpoint>) {
         self.raws
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -234,7 +234,7 @@ impl Library {
     }
 
     /// A raw endpoint by handle.
-    pub fn raw(&self, handle: usize) -> MxResult<Arc<RawEndpoint>> {
+    pub(crate) fn raw(&self, handle: usize) -> MxResult<Arc<RawEndpoint>> {
         let found = u32::try_from(handle).ok().and_then(|h| {
             self.raws
                 .lock()
@@ -251,7 +251,7 @@ impl Library {
     }
 
     /// Unregisters a raw endpoint.
-    pub fn remove_raw(&self, handle: usize) -> Option<Arc<RawEndpoint>> {
+    pub(crate) fn remove_raw(&self, handle: usize) -> Option<Arc<RawEndpoint>> {
         let h = u32::try_from(handle).ok()?;
         self.raws
             .lock()
@@ -268,7 +268,7 @@ struct BackgroundState {
 
 /// The background progression thread's inbox.
 #[derive(Default)]
-pub struct Background {
+pub(crate) struct Background {
     state: Mutex<BackgroundState>,
     cond: Condvar,
     /// When the thread plans to wake for timers (core nanos; MAX: never).
@@ -292,7 +292,7 @@ impl Unattended for Background {
 
 impl Background {
     /// An endpoint has a timer at `deadline`: wake earlier if needed.
-    pub fn nudge(&self, deadline: xmx_mx::Instant) {
+    pub(crate) fn nudge(&self, deadline: xmx_mx::Instant) {
         if deadline.as_nanos() < self.wake_at.load(Ordering::SeqCst) {
             let _s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             self.wake_at.store(deadline.as_nanos(), Ordering::SeqCst);

@@ -11,7 +11,7 @@ use crate::errors::Failure;
 
 /// The memory of one send or receive: `(address, length)` pieces, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Segments {
+pub(crate) struct Segments {
     parts: Vec<(usize, usize)>,
     total: usize,
 }
@@ -26,7 +26,7 @@ impl Segments {
     /// `count == 0`), and each segment must name memory that stays valid (and
     /// is not otherwise accessed in a conflicting way) until the request
     /// using it completes, as MX requires of the application.
-    pub unsafe fn from_c(list: *const MxSegment, count: u32) -> Result<Self, Failure> {
+    pub(crate) unsafe fn from_c(list: *const MxSegment, count: u32) -> Result<Self, Failure> {
         if count > MX_MAX_SEGMENTS {
             return Err(Failure::new(
                 MxReturn::BadSegCnt,
@@ -85,29 +85,29 @@ impl Segments {
     /// # Safety
     /// Same contract as [`from_c`](Self::from_c): every piece stays valid
     /// until the last copy through these segments.
-    pub unsafe fn from_parts(parts: Vec<(usize, usize)>) -> Self {
+    pub(crate) unsafe fn from_parts(parts: Vec<(usize, usize)>) -> Self {
         let parts: Vec<(usize, usize)> = parts.into_iter().filter(|p| p.1 > 0).collect();
         let total = parts.iter().map(|p| p.1).sum();
         Segments { parts, total }
     }
 
     /// Total length in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.total
     }
 
     /// Whether there is no byte at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.total == 0
     }
 
     /// The pieces, `(address, length)`.
-    pub fn parts(&self) -> &[(usize, usize)] {
+    pub(crate) fn parts(&self) -> &[(usize, usize)] {
         &self.parts
     }
 
     /// A copy of the whole content (a send's data).
-    pub fn gather(&self) -> Vec<u8> {
+    pub(crate) fn gather(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.total);
         for &(addr, len) in &self.parts {
             // SAFETY: validated at construction; the application keeps the
@@ -118,7 +118,7 @@ impl Segments {
     }
 
     /// Writes `data` from the start, as much as fits; returns the bytes written.
-    pub fn scatter(&self, data: &[u8]) -> usize {
+    pub(crate) fn scatter(&self, data: &[u8]) -> usize {
         let mut done = 0;
         for &(addr, len) in &self.parts {
             if done == data.len() {
@@ -139,7 +139,12 @@ impl Segments {
     /// Calls `f(address, length)` for each piece of `[offset, offset + n)`
     /// of the buffer, in order; returns how many bytes the pieces cover
     /// (fewer when the buffer ends first).
-    pub fn for_range(&self, offset: usize, n: usize, mut f: impl FnMut(usize, usize)) -> usize {
+    pub(crate) fn for_range(
+        &self,
+        offset: usize,
+        n: usize,
+        mut f: impl FnMut(usize, usize),
+    ) -> usize {
         let mut skip = offset;
         let mut left = n;
         for &(addr, len) in &self.parts {
@@ -160,7 +165,7 @@ impl Segments {
 
     /// Copies the first `length` bytes of `self` into `dst` (a pull between
     /// two endpoints of this process); returns the bytes copied.
-    pub fn copy_into(&self, dst: &Segments, length: usize) -> usize {
+    pub(crate) fn copy_into(&self, dst: &Segments, length: usize) -> usize {
         let length = length.min(self.total).min(dst.total);
         let (mut si, mut so, mut di, mut doff) = (0usize, 0usize, 0usize, 0usize);
         let mut done = 0;

@@ -7,7 +7,7 @@ use crate::abi::MxReturn;
 
 /// The text of a return code; unknown codes get a generic text rather than
 /// an error, since callers print whatever they were given.
-pub fn strerror(code: u32) -> &'static CStr {
+pub(crate) fn strerror(code: u32) -> &'static CStr {
     use MxReturn::*;
     let Some(r) = MxReturn::from_raw(code) else {
         return c"Unknown return code";
@@ -61,7 +61,7 @@ pub fn strerror(code: u32) -> &'static CStr {
 }
 
 /// The text of a status code.
-pub fn strstatus(code: u32) -> &'static CStr {
+pub(crate) fn strstatus(code: u32) -> &'static CStr {
     match code {
         0 => c"Success",
         1 => c"Pending",

@@ -28,9 +28,9 @@ use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
 use crate::transport::{Port, PullProgress, Regions, Transport};
 
-pub use requests::Kind;
+pub(crate) use requests::Kind;
 pub(crate) use requests::Request;
-pub use unexp::UnexpHandler;
+pub(crate) use unexp::UnexpHandler;
 
 /// Bits of a request token that number the request within its endpoint.
 const SEQ_BITS: u32 = 40;
@@ -38,7 +38,7 @@ const SEQ_BITS: u32 = 40;
 const FRAMES_PER_ROUND: usize = 256;
 
 /// Splits a request token into endpoint handle and request number.
-pub fn split_token(token: usize) -> (u32, u64) {
+pub(crate) fn split_token(token: usize) -> (u32, u64) {
     let t = token as u64;
     ((t >> SEQ_BITS) as u32, t & ((1 << SEQ_BITS) - 1))
 }
@@ -49,11 +49,11 @@ fn make_token(handle: u32, seq: u64) -> usize {
 
 /// What an endpoint is opened with (from `mx_param_t`).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct OpenParams {
+pub(crate) struct OpenParams {
     /// `MX_PARAM_ERROR_HANDLER`.
-    pub error_handler: Option<MxErrorHandler>,
+    pub(crate) error_handler: Option<MxErrorHandler>,
     /// `MX_PARAM_CONTEXT_ID`: (bits, shift).
-    pub context_id: Option<(u8, u8)>,
+    pub(crate) context_id: Option<(u8, u8)>,
 }
 
 /// What a core request id stands for in the library.
@@ -88,9 +88,8 @@ pub(crate) struct State {
 }
 
 /// An open endpoint.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     handle: u32,
-    board: u32,
     index: u8,
     session: u32,
     nic_id: u64,
@@ -129,7 +128,7 @@ thread_local! {
 impl Endpoint {
     /// Opens endpoint `endpoint_id` (or any) of board `board` with
     /// application key `key`, and registers it with the library.
-    pub fn open(
+    pub(crate) fn open(
         lib: &Arc<Library>,
         board: u32,
         endpoint_id: Option<u8>,
@@ -183,7 +182,6 @@ impl Endpoint {
         }
         let ep = Arc::new(Endpoint {
             handle,
-            board,
             index: port.index(),
             session: port.session(),
             nic_id: info.nic_id,
@@ -226,38 +224,28 @@ impl Endpoint {
     }
 
     /// The `mx_endpoint_t` value given to the application.
-    pub fn handle(&self) -> u32 {
+    pub(crate) fn handle(&self) -> u32 {
         self.handle
     }
 
-    /// The endpoint id on its board.
-    pub fn index(&self) -> u8 {
-        self.index
-    }
-
-    /// Its board number.
-    pub fn board(&self) -> u32 {
-        self.board
-    }
-
     /// The endpoint's own handler, if it was opened with one.
-    pub fn error_handler(&self) -> Option<MxErrorHandler> {
+    pub(crate) fn error_handler(&self) -> Option<MxErrorHandler> {
         self.error_handler
     }
 
     /// Whether `mx_disable_progression` is in force.
-    pub fn progression_disabled(&self) -> bool {
+    pub(crate) fn progression_disabled(&self) -> bool {
         self.progression_disabled.load(Ordering::SeqCst)
     }
 
     /// `mx_disable_progression` / `mx_reenable_progression`.
-    pub fn set_progression(&self, enabled: bool) {
+    pub(crate) fn set_progression(&self, enabled: bool) {
         self.progression_disabled.store(!enabled, Ordering::SeqCst);
     }
 
     /// The next protocol timer, or the end of the application's lease if
     /// an arrival waits for it (see [`crate::doorbell::LEASE`]).
-    pub fn next_deadline(&self) -> Option<xmx_mx::Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<xmx_mx::Instant> {
         let mut d = self.deadline.load(Ordering::SeqCst);
         if let Some(until) = self.doorbell.deferred_until() {
             d = d.min(until);
@@ -266,7 +254,7 @@ impl Endpoint {
     }
 
     /// This endpoint's own address (`mx_get_endpoint_addr`).
-    pub fn addr(&self) -> MxEndpointAddr {
+    pub(crate) fn addr(&self) -> MxEndpointAddr {
         Addr {
             nic_id: self.nic_id,
             endpoint: self.index,
@@ -293,7 +281,7 @@ impl Endpoint {
     /// `mx_close_endpoint`: pending requests are dropped, blocked calls
     /// return, and the port closes (peers' frames are refused from then
     /// on) once the endpoint lingered, if its transport asks for that.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -356,7 +344,7 @@ impl Endpoint {
 
     /// The application's memory in `[addr, addr + len)` is going away: no
     /// cached registration may reach it any more (`mx__regcache_clean`).
-    pub fn invalidate_registrations(&self, addr: usize, len: usize) {
+    pub(crate) fn invalidate_registrations(&self, addr: usize, len: usize) {
         if !self.closed.load(Ordering::SeqCst) {
             self.regions.invalidate(addr, len);
         }
@@ -393,12 +381,12 @@ impl Endpoint {
     }
 
     /// Whether the calling thread runs an unexpected handler.
-    pub fn in_handler() -> bool {
+    pub(crate) fn in_handler() -> bool {
         IN_HANDLER.with(|h| h.get())
     }
 
     /// `mx_wakeup`: every call blocked on this endpoint returns.
-    pub fn wakeup(&self) {
+    pub(crate) fn wakeup(&self) {
         self.wakeups.fetch_add(1, Ordering::SeqCst);
         self.doorbell.ring_local();
     }
@@ -488,7 +476,7 @@ impl Endpoint {
 
     /// `mx_progress` and the background thread: progress if the endpoint
     /// is free. Returns false if another thread holds it.
-    pub fn background_progress(&self) -> bool {
+    pub(crate) fn background_progress(&self) -> bool {
         if self.closed.load(Ordering::SeqCst) {
             return true;
         }
@@ -847,7 +835,7 @@ impl Endpoint {
     }
 
     /// The token the application holds for request `seq`.
-    pub fn token(&self, seq: u64) -> usize {
+    pub(crate) fn token(&self, seq: u64) -> usize {
         make_token(self.handle, seq)
     }
 
@@ -894,14 +882,14 @@ impl Endpoint {
     }
 
     /// `mx_set_endpoint_addr_context`.
-    pub fn set_addr_context(&self, addr: &Addr, context: usize) -> MxResult<()> {
+    pub(crate) fn set_addr_context(&self, addr: &Addr, context: usize) -> MxResult<()> {
         let mut st = self.lock()?;
         st.addr_contexts.insert(addr.remote(), context);
         Ok(())
     }
 
     /// `mx_get_endpoint_addr_context` (NULL if never set).
-    pub fn addr_context(&self, addr: &Addr) -> MxResult<usize> {
+    pub(crate) fn addr_context(&self, addr: &Addr) -> MxResult<usize> {
         let st = self.lock()?;
         Ok(st.addr_contexts.get(&addr.remote()).copied().unwrap_or(0))
     }

@@ -15,7 +15,7 @@ use crate::segments::Segments;
 
 /// What a request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A send; `eager` when its data was copied at posting.
     Send {
         /// Copied at posting (TINY/SMALL/MEDIUM `mx_isend`).
@@ -108,7 +108,7 @@ impl Endpoint {
 
     /// `mx_isend` (`sync == false`) and `mx_issend` (`sync == true`).
     /// Returns the request token.
-    pub fn isend(
+    pub(crate) fn isend(
         &self,
         segs: Segments,
         dest: MxEndpointAddr,
@@ -164,7 +164,7 @@ impl Endpoint {
     }
 
     /// `mx_irecv`.
-    pub fn irecv(
+    pub(crate) fn irecv(
         &self,
         segs: Segments,
         match_info: u64,
@@ -231,7 +231,7 @@ impl Endpoint {
     }
 
     /// `mx_iconnect`.
-    pub fn iconnect(
+    pub(crate) fn iconnect(
         &self,
         nic_id: u64,
         endpoint_id: u32,
@@ -246,7 +246,7 @@ impl Endpoint {
     }
 
     /// `mx_connect`: connects and waits up to `timeout_ms` (0: no limit).
-    pub fn connect(
+    pub(crate) fn connect(
         &self,
         nic_id: u64,
         endpoint_id: u32,
@@ -298,7 +298,7 @@ impl Endpoint {
     }
 
     /// `mx_disconnect`.
-    pub fn disconnect(&self, addr: MxEndpointAddr) -> MxResult<()> {
+    pub(crate) fn disconnect(&self, addr: MxEndpointAddr) -> MxResult<()> {
         let peer = self.peer_of(&Addr::decode(addr))?;
         self.with_state(|_, st| {
             st.core.disconnect(peer);
@@ -326,7 +326,7 @@ impl Endpoint {
     }
 
     /// `mx_test`: the status if the request is complete (it is then freed).
-    pub fn test(&self, token: usize) -> MxResult<Option<MxStatus>> {
+    pub(crate) fn test(&self, token: usize) -> MxResult<Option<MxStatus>> {
         let seq = self.seq_of(token)?;
         self.poll_state(|ep, st| {
             ep.known(st, seq)?;
@@ -335,7 +335,7 @@ impl Endpoint {
     }
 
     /// `mx_wait`.
-    pub fn wait(&self, token: usize, timeout_ms: u32) -> MxResult<Option<MxStatus>> {
+    pub(crate) fn wait(&self, token: usize, timeout_ms: u32) -> MxResult<Option<MxStatus>> {
         let seq = self.seq_of(token)?;
         self.known(&*self.lock()?, seq)?;
         self.block(timeout_ms, |ep, st| ep.take_done(st, seq))
@@ -352,13 +352,13 @@ impl Endpoint {
 
     /// `mx_test_any`: the first completed request whose match info satisfies
     /// the pair.
-    pub fn test_any(&self, match_info: u64, match_mask: u64) -> MxResult<Option<MxStatus>> {
+    pub(crate) fn test_any(&self, match_info: u64, match_mask: u64) -> MxResult<Option<MxStatus>> {
         self.check_mask_only(match_info, match_mask)?;
         self.poll_state(|ep, st| Ok(ep.take_any(st, match_info, match_mask)))
     }
 
     /// `mx_wait_any`.
-    pub fn wait_any(
+    pub(crate) fn wait_any(
         &self,
         timeout_ms: u32,
         match_info: u64,
@@ -379,12 +379,12 @@ impl Endpoint {
     }
 
     /// `mx_ipeek`: the first completed request, left in place.
-    pub fn ipeek(&self) -> MxResult<Option<usize>> {
+    pub(crate) fn ipeek(&self) -> MxResult<Option<usize>> {
         self.poll_state(|ep, st| Ok(st.done.values().next().map(|&seq| ep.token(seq))))
     }
 
     /// `mx_peek`.
-    pub fn peek(&self, timeout_ms: u32) -> MxResult<Option<usize>> {
+    pub(crate) fn peek(&self, timeout_ms: u32) -> MxResult<Option<usize>> {
         self.block(timeout_ms, |ep, st| {
             st.done.values().next().map(|&seq| ep.token(seq))
         })
@@ -392,13 +392,13 @@ impl Endpoint {
 
     /// `mx_iprobe`: the first unexpected message satisfying the pair, left
     /// in place.
-    pub fn iprobe(&self, match_info: u64, match_mask: u64) -> MxResult<Option<MxStatus>> {
+    pub(crate) fn iprobe(&self, match_info: u64, match_mask: u64) -> MxResult<Option<MxStatus>> {
         self.check_match(match_info, match_mask)?;
         self.poll_state(|ep, st| Ok(ep.probe_now(st, match_info, match_mask)))
     }
 
     /// `mx_probe`.
-    pub fn probe(
+    pub(crate) fn probe(
         &self,
         timeout_ms: u32,
         match_info: u64,
@@ -425,7 +425,7 @@ impl Endpoint {
     }
 
     /// `mx_ibuffered`: whether a send no longer needs its buffer.
-    pub fn ibuffered(&self, token: usize) -> MxResult<bool> {
+    pub(crate) fn ibuffered(&self, token: usize) -> MxResult<bool> {
         let seq = self.seq_of(token)?;
         self.with_state(|ep, st| {
             ep.known(st, seq)?;
@@ -442,7 +442,7 @@ impl Endpoint {
     }
 
     /// `mx_buffered`: waits until [`ibuffered`](Self::ibuffered) holds.
-    pub fn buffered(&self, token: usize, timeout_ms: u32) -> MxResult<bool> {
+    pub(crate) fn buffered(&self, token: usize, timeout_ms: u32) -> MxResult<bool> {
         if self.ibuffered(token)? {
             return Ok(true);
         }
@@ -456,7 +456,7 @@ impl Endpoint {
 
     /// `mx_cancel`: withdraws a receive not matched yet, or a connect not
     /// answered yet. Returns whether it was withdrawn (and freed).
-    pub fn cancel(&self, token: usize) -> MxResult<bool> {
+    pub(crate) fn cancel(&self, token: usize) -> MxResult<bool> {
         let seq = self.seq_of(token)?;
         self.with_state(|ep, st| {
             ep.known(st, seq)?;
@@ -491,7 +491,7 @@ impl Endpoint {
 
     /// `mx_forget`: the application will not test this request; it is freed
     /// when it completes.
-    pub fn forget(&self, token: usize) -> MxResult<()> {
+    pub(crate) fn forget(&self, token: usize) -> MxResult<()> {
         let seq = self.seq_of(token)?;
         let mut st = self.lock()?;
         self.known(&st, seq)?;
@@ -511,7 +511,7 @@ impl Endpoint {
     }
 
     /// `mx_context`: the context the request was posted with.
-    pub fn context_of(&self, token: usize) -> MxResult<usize> {
+    pub(crate) fn context_of(&self, token: usize) -> MxResult<usize> {
         let seq = self.seq_of(token)?;
         let st = self.lock()?;
         self.known(&st, seq)?;
@@ -519,7 +519,7 @@ impl Endpoint {
     }
 
     /// `mx_set_request_timeout`: a deadline for a pending send or connect.
-    pub fn set_request_timeout(&self, token: usize, timeout_ms: u32) -> MxResult<()> {
+    pub(crate) fn set_request_timeout(&self, token: usize, timeout_ms: u32) -> MxResult<()> {
         let seq = self.seq_of(token)?;
         self.with_state(|ep, st| {
             ep.known(st, seq)?;

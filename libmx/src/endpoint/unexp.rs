@@ -25,7 +25,7 @@ use crate::runtime;
 
 /// A registered handler.
 #[derive(Clone, Copy, Debug)]
-pub enum UnexpHandler {
+pub(crate) enum UnexpHandler {
     /// `mx_unexp_handler_t`.
     Handler(MxUnexpHandler),
     /// `mx_matching_callback_t` (always lets matching go on).
@@ -41,7 +41,7 @@ pub(crate) struct Unexp {
 
 impl Endpoint {
     /// Registers (or with `None` removes) the endpoint's unexpected handler.
-    pub fn register_unexp_handler(
+    pub(crate) fn register_unexp_handler(
         &self,
         handler: Option<UnexpHandler>,
         context: usize,

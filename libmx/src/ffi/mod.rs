@@ -22,13 +22,6 @@ mod raw;
 #[cfg(all(target_os = "linux", not(test)))]
 mod versioned;
 
-pub use endpoint::*;
-pub use info::*;
-pub use init::*;
-pub use internals::*;
-pub use messaging::*;
-pub use raw::*;
-
 /// Runs the body of an MX call: success is `MX_SUCCESS`; a failure goes to
 /// the error handler (the endpoint's if the body found one); a panic is
 /// `MX_BAD_BAD_BAD`.

@@ -31,7 +31,7 @@ use xmx_wire::msg::{
 
 /// Why a frame of the core cannot become a send request.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Unsendable {
+pub(crate) enum Unsendable {
     /// Only a NIC sends this packet type (NACK_LIB answers frames the NIC
     /// refused), so no request exists for it.
     #[error("{0} is sent by the NIC, not requested by the library")]
@@ -48,21 +48,21 @@ pub enum Unsendable {
 
 /// A whole MEDIUM message, ready to be placed in send-queue slots.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MediumMessage {
+pub(crate) struct MediumMessage {
     /// Destination.
-    pub route: Route,
+    pub(crate) route: Route,
     /// MX header fields.
-    pub info: MsgInfo,
+    pub(crate) info: MsgInfo,
     /// Message length.
-    pub length: u32,
+    pub(crate) length: u32,
     /// The fragments, in order: 4096 bytes each but the last.
-    pub fragments: Vec<Vec<u8>>,
+    pub(crate) fragments: Vec<Vec<u8>>,
 }
 
 impl MediumMessage {
     /// The request that sends this message once fragment `i` is in send-queue
     /// slot `slots[i]`.
-    pub fn request(&self, tag: u32, slots: &[u16]) -> Result<SendRequest, Unsendable> {
+    pub(crate) fn request(&self, tag: u32, slots: &[u16]) -> Result<SendRequest, Unsendable> {
         let sendq_slots = QueueSlots::new(slots).map_err(|_| Unsendable::Invalid {
             field: "medium fragments",
             reason: "not 1 to 8 send-queue slots",
@@ -87,7 +87,7 @@ impl MediumMessage {
 
 /// What a frame of the core becomes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outbound {
+pub(crate) enum Outbound {
     /// A request to post as is (its tag is 0: the caller numbers requests).
     Request(SendRequest),
     /// A MEDIUM message whose last fragment just arrived.
@@ -111,13 +111,16 @@ struct Assembly {
 /// time; a fragment of another message discards an incomplete one, which the
 /// core sends again after its resend timeout.
 #[derive(Debug, Default)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     assembly: Option<Assembly>,
 }
 
 impl Outgoing {
     /// Converts one frame; `Ok(None)` when a MEDIUM fragment was held.
-    pub fn convert(&mut self, frame: Frame<Vec<u8>>) -> Result<Option<Outbound>, Unsendable> {
+    pub(crate) fn convert(
+        &mut self,
+        frame: Frame<Vec<u8>>,
+    ) -> Result<Option<Outbound>, Unsendable> {
         let to = |session_id| Route {
             peer_index: frame.peer_index,
             endpoint: frame.dst_endpoint,
@@ -265,7 +268,7 @@ impl Outgoing {
 /// The PULL request that fetches `length` bytes of `source`'s `window` into
 /// the start of local region `local_region`. `session` is the session of the
 /// remote endpoint (see [`PeerSessions`]).
-pub fn pull_request(
+pub(crate) fn pull_request(
     tag: u32,
     source: PeerAddr,
     session: u32,
@@ -293,7 +296,7 @@ pub fn pull_request(
 
 /// What an engine event is for the library.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Inbound {
+pub(crate) enum Inbound {
     /// A frame for the protocol core.
     Frame(Frame<Vec<u8>>),
     /// The request tagged `tag` completed: bytes moved, or why it failed.
@@ -307,7 +310,7 @@ pub enum Inbound {
 
 /// Why an event could not be turned into a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Unreadable {
+pub(crate) enum Unreadable {
     /// A MEDIUM fragment's receive-queue slot could not be read.
     #[error("receive-queue slot {0} unreadable")]
     RecvQueueSlot(u16),
@@ -316,7 +319,7 @@ pub enum Unreadable {
 /// Converts an event for endpoint `endpoint` (whose session is `session`).
 /// `fragment(slot, length)` reads a MEDIUM fragment out of the receive
 /// queue; the caller hands the slot back to the engine afterwards.
-pub fn incoming(
+pub(crate) fn incoming(
     endpoint: u8,
     session: u32,
     event: &Event,
@@ -450,7 +453,7 @@ fn nack_wire(kind: NackKind) -> u8 {
 }
 
 /// The outcome a SEND_DONE or PULL_DONE reports.
-pub fn done_result(status: DoneStatus, length: u32) -> Result<u32, Status> {
+pub(crate) fn done_result(status: DoneStatus, length: u32) -> Result<u32, Status> {
     Err(match status {
         DoneStatus::Success => return Ok(length),
         DoneStatus::BadEndpoint => Status::BadEndpoint,
@@ -465,7 +468,7 @@ pub fn done_result(status: DoneStatus, length: u32) -> Result<u32, Status> {
 }
 
 /// The status a request refused by the engine fails with.
-pub fn error_status(code: ErrorCode) -> Status {
+pub(crate) fn error_status(code: ErrorCode) -> Status {
     match code {
         ErrorCode::BadPeer | ErrorCode::Denied => Status::EndpointUnreachable,
         ErrorCode::BadEndpoint => Status::BadEndpoint,
@@ -483,13 +486,13 @@ pub fn error_status(code: ErrorCode) -> Status {
 /// data is pulled. A reopened remote endpoint connects again with its new
 /// session, which replaces the old one.
 #[derive(Clone, Debug, Default)]
-pub struct PeerSessions {
+pub(crate) struct PeerSessions {
     sessions: HashMap<PeerAddr, u32>,
 }
 
 impl PeerSessions {
     /// Learns from a frame the core is about to receive.
-    pub fn observe(&mut self, frame: &Frame<Vec<u8>>) {
+    pub(crate) fn observe(&mut self, frame: &Frame<Vec<u8>>) {
         let source = frame.source();
         match &frame.body {
             Body::ConnectRequest(c) => {
@@ -503,12 +506,12 @@ impl PeerSessions {
     }
 
     /// Records `peer`'s session learnt otherwise than by a connect.
-    pub fn learn(&mut self, peer: PeerAddr, session: u32) {
+    pub(crate) fn learn(&mut self, peer: PeerAddr, session: u32) {
         self.sessions.insert(peer, session);
     }
 
     /// The session of the endpoint at `peer`, if a connect named it.
-    pub fn get(&self, peer: PeerAddr) -> Option<u32> {
+    pub(crate) fn get(&self, peer: PeerAddr) -> Option<u32> {
         self.sessions.get(&peer).copied()
     }
 }

@@ -23,11 +23,11 @@ use crate::errors::{Failure, MxResult};
 use crate::segments::Segments;
 
 /// Endpoints one loopback board can open (MXoE's 8-bit endpoint id).
-pub const MAX_ENDPOINTS: u32 = 256;
+pub(crate) const MAX_ENDPOINTS: u32 = 256;
 /// The board's NIC id: a locally administered MAC, 02:58:4d:00:00:01.
-pub const LOOPBACK_NIC_ID: u64 = 0x0258_4d00_0001;
+pub(crate) const LOOPBACK_NIC_ID: u64 = 0x0258_4d00_0001;
 /// The board's own index in its peer table.
-pub const SELF_PEER: u16 = 0;
+pub(crate) const SELF_PEER: u16 = 0;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -77,7 +77,7 @@ struct RawMailbox {
 }
 
 /// The loopback board and its registry of open endpoints.
-pub struct Loopback {
+pub(crate) struct Loopback {
     hostname: Mutex<String>,
     peers: RwLock<PeerDirectory>,
     ports: RwLock<HashMap<u8, Arc<Mailbox>>>,
@@ -94,7 +94,7 @@ impl std::fmt::Debug for Loopback {
 
 impl Loopback {
     /// A board of its own (tests use several to stay apart).
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         let hostname = format!("{}:0", system_hostname());
         let mut peers = PeerDirectory::default();
         // The table is empty: the board takes index 0 (SELF_PEER).
@@ -110,7 +110,7 @@ impl Loopback {
     }
 
     /// The process's board, shared by every `mx_init` of the process.
-    pub fn process_wide() -> Arc<dyn Transport> {
+    pub(crate) fn process_wide() -> Arc<dyn Transport> {
         static BOARD: OnceLock<Arc<Loopback>> = OnceLock::new();
         BOARD.get_or_init(Loopback::new).clone()
     }

@@ -14,7 +14,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Frames for an endpoint's protocol core and its finished pulls.
-pub struct Mailbox {
+pub(crate) struct Mailbox {
     frames: Mutex<VecDeque<Frame<Vec<u8>>>>,
     pulls: Mutex<VecDeque<(RequestId, Result<(), Status>)>>,
     doorbell: Arc<Doorbell>,
@@ -22,7 +22,7 @@ pub struct Mailbox {
 
 impl Mailbox {
     /// An empty mailbox whose arrivals ring `doorbell`.
-    pub fn new(doorbell: Arc<Doorbell>) -> Mailbox {
+    pub(crate) fn new(doorbell: Arc<Doorbell>) -> Mailbox {
         Mailbox {
             frames: Mutex::new(VecDeque::new()),
             pulls: Mutex::new(VecDeque::new()),
@@ -31,40 +31,43 @@ impl Mailbox {
     }
 
     /// The next frame for the protocol core.
-    pub fn next_frame(&self) -> Option<Frame<Vec<u8>>> {
+    pub(crate) fn next_frame(&self) -> Option<Frame<Vec<u8>>> {
         lock(&self.frames).pop_front()
     }
 
     /// The next pull that finished.
-    pub fn next_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
+    pub(crate) fn next_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
         lock(&self.pulls).pop_front()
     }
 
     /// Keeps `frames` for the protocol core (the caller rings).
-    pub fn put_frames(&self, frames: impl IntoIterator<Item = Frame<Vec<u8>>>) {
+    pub(crate) fn put_frames(&self, frames: impl IntoIterator<Item = Frame<Vec<u8>>>) {
         lock(&self.frames).extend(frames);
     }
 
     /// Keeps finished pulls (the caller rings).
-    pub fn put_pulls(&self, pulls: impl IntoIterator<Item = (RequestId, Result<(), Status>)>) {
+    pub(crate) fn put_pulls(
+        &self,
+        pulls: impl IntoIterator<Item = (RequestId, Result<(), Status>)>,
+    ) {
         lock(&self.pulls).extend(pulls);
     }
 
     /// Forgets everything kept (the endpoint closed).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         lock(&self.frames).clear();
         lock(&self.pulls).clear();
     }
 
     /// Wakes whoever waits on the endpoint.
-    pub fn ring(&self) {
+    pub(crate) fn ring(&self) {
         self.doorbell.ring();
     }
 
     /// Until when an application thread takes the endpoint's arrivals in
     /// itself, so a driver need not watch for them; see
     /// [`Doorbell::driven_until`].
-    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn driven_until(&self, now_ns: u64) -> Option<u64> {
         self.doorbell.driven_until(now_ns)
     }
 }

@@ -29,30 +29,30 @@ use crate::errors::{Failure, MxResult};
 use crate::segments::Segments;
 use crate::settings::{Settings, TransportKind};
 
-pub mod engine_msgs;
-pub mod loopback;
-pub mod mailbox;
-pub mod native;
-pub mod peers;
-pub mod rcache;
-pub mod xen;
+pub(crate) mod engine_msgs;
+pub(crate) mod loopback;
+pub(crate) mod mailbox;
+pub(crate) mod native;
+pub(crate) mod peers;
+pub(crate) mod rcache;
+pub(crate) mod xen;
 
 /// What a board reports about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BoardInfo {
+pub(crate) struct BoardInfo {
     /// Its NIC id (the 48-bit MAC address).
-    pub nic_id: u64,
+    pub(crate) nic_id: u64,
     /// Its MX hostname (`host:board`).
-    pub hostname: String,
+    pub(crate) hostname: String,
     /// Most endpoints it can open.
-    pub max_endpoints: u32,
+    pub(crate) max_endpoints: u32,
     /// NUMA node of the device, `u32::MAX` when unknown.
-    pub numa_node: u32,
+    pub(crate) numa_node: u32,
 }
 
 /// Why a transport refused to open an endpoint.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     /// No such board.
     #[error("no board {0}")]
     BoardUnknown(u32),
@@ -88,7 +88,7 @@ impl From<OpenError> for Failure {
 }
 
 /// One process's access to its boards.
-pub trait Transport: Send + Sync {
+pub(crate) trait Transport: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &'static str;
     /// The boards, indexed by board number.
@@ -133,7 +133,7 @@ pub trait Transport: Send + Sync {
 
 /// An open endpoint's access to the network. Dropping it closes the
 /// endpoint: frames addressed to it are refused from then on.
-pub trait Port: Send {
+pub(crate) trait Port: Send {
     /// The endpoint id.
     fn index(&self) -> u8;
     /// The session id chosen at open (random: a reopened endpoint differs).
@@ -161,7 +161,7 @@ pub trait Port: Send {
 
 /// How a pull started by [`Regions::pull`] goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PullProgress {
+pub(crate) enum PullProgress {
     /// Finished at once.
     Done(Result<(), Status>),
     /// Runs in the background; [`Regions::completed_pull`] reports it.
@@ -177,7 +177,7 @@ pub enum PullProgress {
 /// registrations (`MX_RCACHE=1`) keys them by `(address, length)` and drops
 /// a cached one when it is invalidated, so a freed or reused buffer is never
 /// read through a stale registration.
-pub trait Regions: Send + Sync {
+pub(crate) trait Regions: Send + Sync {
     /// Registers a send's buffer; `None` when every window id is in use
     /// (the send waits for one to be released).
     fn register(&self, data: &Segments) -> Option<RdmaWindow>;
@@ -207,7 +207,7 @@ pub trait Regions: Send + Sync {
 }
 
 /// A raw endpoint (mapper traffic): whole frames, no protocol.
-pub trait RawPort: Send {
+pub(crate) trait RawPort: Send {
     /// Sends `data` to the other raw endpoints of the fabric.
     fn send(&mut self, data: &[u8]) -> MxResult<()>;
     /// The next frame received.
@@ -217,7 +217,7 @@ pub trait RawPort: Send {
 /// The frame a NIC answers when a frame arrives for an endpoint that is not
 /// open: a NACK naming the refused message (or the connect), sent back to
 /// its sender as if from the closed endpoint. Acks and NACKs get nothing.
-pub fn refusal(frame: &Frame<Vec<u8>>, nack: NackType) -> Option<Frame<Vec<u8>>> {
+pub(crate) fn refusal(frame: &Frame<Vec<u8>>, nack: NackType) -> Option<Frame<Vec<u8>>> {
     let lib_seqnum = match &frame.body {
         Body::Message(m) => m.seqnum,
         Body::Notify(n) => n.seqnum,
@@ -254,7 +254,7 @@ fn process_wide<T: Transport + 'static>(
 }
 
 /// The transport `XMX_TRANSPORT` names.
-pub fn select(settings: &Settings) -> MxResult<Arc<dyn Transport>> {
+pub(crate) fn select(settings: &Settings) -> MxResult<Arc<dyn Transport>> {
     match settings.transport {
         TransportKind::Loopback if xen::is_default(|k| std::env::var(k).ok()) => {
             xen::process_wide()

@@ -6,7 +6,7 @@ use crate::abi::MxReturn;
 use crate::errors::{Failure, MxResult};
 
 /// Most peers a table holds (MXoE's 16-bit peer index).
-pub const MAX_PEERS: usize = 65536;
+pub(crate) const MAX_PEERS: usize = 65536;
 
 #[derive(Clone, Debug)]
 struct Peer {
@@ -17,7 +17,7 @@ struct Peer {
 /// NIC id <-> peer index <-> hostname. Indexes are stable while a peer
 /// stays in the table.
 #[derive(Clone, Debug, Default)]
-pub struct PeerDirectory {
+pub(crate) struct PeerDirectory {
     slots: Vec<Option<Peer>>,
     by_nic: HashMap<u64, u16>,
     by_name: HashMap<String, u64>,
@@ -25,7 +25,7 @@ pub struct PeerDirectory {
 
 impl PeerDirectory {
     /// Adds a peer, or renames it if present; returns its index.
-    pub fn add(&mut self, nic_id: u64, hostname: Option<&str>) -> MxResult<u16> {
+    pub(crate) fn add(&mut self, nic_id: u64, hostname: Option<&str>) -> MxResult<u16> {
         let index = match self.by_nic.get(&nic_id) {
             Some(&i) => i,
             None => {
@@ -57,7 +57,7 @@ impl PeerDirectory {
     }
 
     /// Removes a peer; returns whether it was present.
-    pub fn remove(&mut self, nic_id: u64) -> bool {
+    pub(crate) fn remove(&mut self, nic_id: u64) -> bool {
         let Some(i) = self.by_nic.remove(&nic_id) else {
             return false;
         };
@@ -70,23 +70,23 @@ impl PeerDirectory {
     }
 
     /// The index of a NIC.
-    pub fn index_of(&self, nic_id: u64) -> Option<u16> {
+    pub(crate) fn index_of(&self, nic_id: u64) -> Option<u16> {
         self.by_nic.get(&nic_id).copied()
     }
 
     /// The NIC at an index.
-    pub fn nic_at(&self, index: u16) -> Option<u64> {
+    pub(crate) fn nic_at(&self, index: u16) -> Option<u64> {
         self.slots.get(index as usize)?.as_ref().map(|p| p.nic_id)
     }
 
     /// The hostname of a NIC.
-    pub fn hostname_of(&self, nic_id: u64) -> Option<String> {
+    pub(crate) fn hostname_of(&self, nic_id: u64) -> Option<String> {
         let i = self.index_of(nic_id)?;
         self.slots.get(i as usize)?.as_ref()?.hostname.clone()
     }
 
     /// The NIC of a hostname.
-    pub fn nic_of(&self, hostname: &str) -> Option<u64> {
+    pub(crate) fn nic_of(&self, hostname: &str) -> Option<u64> {
         self.by_name.get(hostname).copied()
     }
 }

@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 
 /// Cached registrations of type `V`.
 #[derive(Debug)]
-pub struct RegCache<V> {
+pub(crate) struct RegCache<V> {
     entries: BTreeMap<(usize, usize), V>,
     /// Lookups that found an entry.
-    pub hits: u64,
+    pub(crate) hits: u64,
     /// Lookups that did not.
-    pub misses: u64,
+    pub(crate) misses: u64,
 }
 
 impl<V> Default for RegCache<V> {
@@ -31,7 +31,7 @@ impl<V> Default for RegCache<V> {
 
 impl<V> RegCache<V> {
     /// The registration of exactly `(addr, len)`, if cached.
-    pub fn get(&mut self, addr: usize, len: usize) -> Option<&V> {
+    pub(crate) fn get(&mut self, addr: usize, len: usize) -> Option<&V> {
         let v = self.entries.get(&(addr, len));
         if v.is_some() {
             self.hits += 1;
@@ -42,12 +42,12 @@ impl<V> RegCache<V> {
     }
 
     /// Caches a registration.
-    pub fn insert(&mut self, addr: usize, len: usize, v: V) {
+    pub(crate) fn insert(&mut self, addr: usize, len: usize, v: V) {
         self.entries.insert((addr, len), v);
     }
 
     /// Drops (and returns) every registration overlapping `[addr, addr+len)`.
-    pub fn invalidate(&mut self, addr: usize, len: usize) -> Vec<V> {
+    pub(crate) fn invalidate(&mut self, addr: usize, len: usize) -> Vec<V> {
         let end = addr.saturating_add(len);
         let doomed: Vec<(usize, usize)> = self
             .entries
@@ -62,13 +62,9 @@ impl<V> RegCache<V> {
     }
 
     /// Number of cached registrations.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    /// Whether nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 

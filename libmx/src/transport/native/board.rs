@@ -49,7 +49,7 @@ use crate::transport::rcache::RegCache;
 use crate::transport::{OpenError, PullProgress};
 
 /// The engine's only guest: this process.
-pub const GUEST: GuestId = GuestId(0);
+pub(super) const GUEST: GuestId = GuestId(0);
 /// Send-queue slots per endpoint: one MEDIUM message (8 fragments), which
 /// the engine copies out before `handle_send` returns.
 const SEND_QUEUE_SLOTS: u16 = 8;
@@ -70,11 +70,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// first time something needs it: a poll that finds the link empty reads
 /// none, a batch of frames taken in reads it once.
 #[derive(Debug, Default)]
-pub struct Clock(Option<Instant>);
+pub(super) struct Clock(Option<Instant>);
 
 impl Clock {
     /// The pass's time.
-    pub fn now(&mut self) -> Instant {
+    pub(super) fn now(&mut self) -> Instant {
         *self.0.get_or_insert_with(Instant::now)
     }
 }
@@ -83,17 +83,17 @@ impl Clock {
 /// board go: straight to its port, which takes them without a lock. Nobody
 /// needs waking for them, since the thread that takes them is the one
 /// running.
-pub struct Inbox<'a> {
+pub(super) struct Inbox<'a> {
     /// The endpoint.
-    pub index: u8,
+    pub(crate) index: u8,
     /// Its port's frames, oldest first.
-    pub frames: &'a mut VecDeque<Frame<Vec<u8>>>,
+    pub(crate) frames: &'a mut VecDeque<Frame<Vec<u8>>>,
 }
 
 /// The peer table as lookups see it: a copy readers take without the board's
 /// lock, and a signal for threads waiting for a hostname to be learnt.
 #[derive(Default)]
-pub struct PeerView {
+pub(super) struct PeerView {
     table: RwLock<PeerTable>,
     learnt: Mutex<u64>,
     changed: Condvar,
@@ -101,18 +101,18 @@ pub struct PeerView {
 
 impl PeerView {
     /// Reads the table.
-    pub fn read<T>(&self, f: impl FnOnce(&PeerTable) -> T) -> T {
+    pub(super) fn read<T>(&self, f: impl FnOnce(&PeerTable) -> T) -> T {
         f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// How many hostnames have been learnt so far.
-    pub fn learnt(&self) -> u64 {
+    pub(super) fn learnt(&self) -> u64 {
         *lock(&self.learnt)
     }
 
     /// Waits until more than `seen` hostnames were learnt or `deadline`
     /// passes.
-    pub fn wait_learnt(&self, seen: u64, deadline: Instant) {
+    pub(super) fn wait_learnt(&self, seen: u64, deadline: Instant) {
         let mut n = lock(&self.learnt);
         while *n == seen {
             let now = Instant::now();
@@ -192,19 +192,19 @@ impl Slot {
 
 /// Counters of what went wrong on the board, for the logs and the tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BoardCounters {
+pub(crate) struct BoardCounters {
     /// Frames the link refused.
-    pub tx_errors: u64,
+    pub(crate) tx_errors: u64,
     /// Frames of the core no request exists for.
-    pub unsendable: u64,
+    pub(crate) unsendable: u64,
     /// Requests the engine found malformed (a library bug).
-    pub violations: u64,
+    pub(crate) violations: u64,
     /// Events that could not become frames.
-    pub unreadable: u64,
+    pub(crate) unreadable: u64,
 }
 
 /// The engine, its link and the endpoints. See the module documentation.
-pub struct Board {
+pub(super) struct Board {
     engine: Engine,
     wire: Box<dyn Wire>,
     memory: NativeMemory,
@@ -218,13 +218,13 @@ pub struct Board {
     counters: BoardCounters,
     /// The timer the driver thread sleeps until (`None`: none), so a thread
     /// arming an earlier one knows to wake it.
-    pub driver_wake: Option<Instant>,
+    pub(crate) driver_wake: Option<Instant>,
 }
 
 impl Board {
     /// A board on `wire` named `hostname` with peer table `entries`, which
     /// it publishes in `view`.
-    pub fn new(
+    pub(super) fn new(
         config: EngineConfig,
         wire: Box<dyn Wire>,
         hostname: &str,
@@ -260,27 +260,32 @@ impl Board {
     }
 
     /// The board address.
-    pub fn mac(&self) -> Mac {
+    pub(super) fn mac(&self) -> Mac {
         self.wire.mac()
     }
 
     /// What went wrong so far.
-    pub fn counters(&self) -> &BoardCounters {
+    #[cfg(test)]
+    pub(super) fn counters(&self) -> &BoardCounters {
         &self.counters
     }
 
     /// The link's descriptor.
-    pub fn wire_fd(&self) -> std::os::fd::RawFd {
+    pub(super) fn wire_fd(&self) -> std::os::fd::RawFd {
         self.wire.fd()
     }
 
     /// The peer entries.
-    pub fn entries(&self) -> &[PeerEntry] {
+    pub(super) fn entries(&self) -> &[PeerEntry] {
         &self.entries
     }
 
     /// Replaces the peer table.
-    pub fn set_peers(&mut self, entries: Vec<PeerEntry>, learnt: bool) -> Result<(), String> {
+    pub(super) fn set_peers(
+        &mut self,
+        entries: Vec<PeerEntry>,
+        learnt: bool,
+    ) -> Result<(), String> {
         self.engine
             .set_peers(entries.iter().cloned())
             .map_err(|e| format!("peer table: {e}"))?;
@@ -291,7 +296,7 @@ impl Board {
 
     /// Renames the board: its virtual NIC is attached again under the new
     /// name, which only an idle board allows.
-    pub fn rename(&mut self, hostname: &str) -> Result<(), String> {
+    pub(super) fn rename(&mut self, hostname: &str) -> Result<(), String> {
         peers::check_hostname(hostname)?;
         if !self.slots.is_empty() {
             return Err("endpoints are open".into());
@@ -314,7 +319,7 @@ impl Board {
     }
 
     /// Asks the board at `mac` for its hostname.
-    pub fn query(&mut self, now: Instant, mac: Mac) {
+    pub(super) fn query(&mut self, now: Instant, mac: Mac) {
         if let Err(e) = self.engine.host_query(now, GUEST, mac) {
             tracing::warn!(%e, %mac, "host query not sent");
         }
@@ -322,7 +327,7 @@ impl Board {
 
     /// Opens endpoint `endpoint` (or the lowest free one) with session
     /// `session`; arrivals ring `doorbell`.
-    pub fn open(
+    pub(super) fn open(
         &mut self,
         endpoint: Option<u8>,
         session: u32,
@@ -381,7 +386,7 @@ impl Board {
     /// stays open for the engine until `now + linger` (see the module
     /// documentation), else it closes at once: the engine forgets it and
     /// NACKs later packets for it.
-    pub fn close(&mut self, now: Instant, index: u8, linger: std::time::Duration) {
+    pub(super) fn close(&mut self, now: Instant, index: u8, linger: std::time::Duration) {
         let Some(slot) = self.slots.get_mut(&index) else {
             return;
         };
@@ -426,7 +431,7 @@ impl Board {
     }
 
     /// When the last lingering endpoint closes for good, if one lingers.
-    pub fn lingering_until(&self) -> Option<Instant> {
+    pub(super) fn lingering_until(&self) -> Option<Instant> {
         self.slots.values().filter_map(|s| s.lingering).max()
     }
 
@@ -437,7 +442,7 @@ impl Board {
     }
 
     /// Posts a frame of endpoint `index`'s core, converted.
-    pub fn post(&mut self, now: Instant, index: u8, out: Outbound) {
+    pub(super) fn post(&mut self, now: Instant, index: u8, out: Outbound) {
         let Some(slot) = self.slots.get_mut(&index) else {
             return;
         };
@@ -477,13 +482,13 @@ impl Board {
     }
 
     /// Counts a frame that has no request.
-    pub fn unsendable(&mut self, e: &engine_msgs::Unsendable) {
+    pub(super) fn unsendable(&mut self, e: &engine_msgs::Unsendable) {
         self.counters.unsendable += 1;
         tracing::debug!(%e, "frame not sent");
     }
 
     /// Registers a LARGE send's buffer as a window of endpoint `index`.
-    pub fn register_window(&mut self, index: u8, data: &Segments) -> Option<RdmaWindow> {
+    pub(super) fn register_window(&mut self, index: u8, data: &Segments) -> Option<RdmaWindow> {
         if data.is_empty() {
             tracing::warn!("empty LARGE window refused");
             return None;
@@ -532,7 +537,7 @@ impl Board {
     }
 
     /// A LARGE send is over: peers may not pull from its window any more.
-    pub fn release_window(&mut self, index: u8, window: RdmaWindow) {
+    pub(super) fn release_window(&mut self, index: u8, window: RdmaWindow) {
         let Some(slot) = self.slots.get_mut(&index) else {
             return;
         };
@@ -553,7 +558,7 @@ impl Board {
     }
 
     /// Forgets cached registrations overlapping `[addr, addr + len)`.
-    pub fn invalidate(&mut self, index: u8, addr: usize, len: usize) {
+    pub(super) fn invalidate(&mut self, index: u8, addr: usize, len: usize) {
         let Some(slot) = self.slots.get_mut(&index) else {
             return;
         };
@@ -575,14 +580,15 @@ impl Board {
     }
 
     /// Endpoint `index` knows `peer`'s session without a connect.
-    pub fn learn_session(&mut self, index: u8, peer: PeerAddr, session: u32) {
+    pub(super) fn learn_session(&mut self, index: u8, peer: PeerAddr, session: u32) {
         if let Some(slot) = self.slots.get_mut(&index) {
             slot.sessions.learn(peer, session);
         }
     }
 
     /// Hits and misses of endpoint `index`'s registration cache.
-    pub fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
+    #[cfg(test)]
+    pub(super) fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
         let c = self.slots.get(&index)?.cache.as_ref()?;
         Some((c.hits, c.misses))
     }
@@ -590,7 +596,7 @@ impl Board {
     /// Starts pulling `length` bytes of `source`'s `window` into `dest` for
     /// receive `id` of endpoint `index`.
     #[allow(clippy::too_many_arguments)]
-    pub fn start_pull(
+    pub(super) fn start_pull(
         &mut self,
         now: Instant,
         index: u8,
@@ -647,13 +653,13 @@ impl Board {
     }
 
     /// Takes in every frame waiting on the link; returns how many.
-    pub fn receive(&mut self, clock: &mut Clock) -> usize {
+    pub(super) fn receive(&mut self, clock: &mut Clock) -> usize {
         let Board { wire, engine, .. } = self;
         wire.recv(&mut |frame| engine.handle_frame(clock.now(), frame))
     }
 
     /// Runs the engine's timers if one is due.
-    pub fn timers(&mut self, now: Instant) {
+    pub(super) fn timers(&mut self, now: Instant) {
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
@@ -669,7 +675,7 @@ impl Board {
     }
 
     /// When the board next needs [`Board::timers`].
-    pub fn next_timer(&self) -> Option<Instant> {
+    pub(super) fn next_timer(&self) -> Option<Instant> {
         let linger = self.slots.values().filter_map(|s| s.lingering).min();
         match (self.engine.poll_timeout(), linger) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -680,7 +686,7 @@ impl Board {
     /// Moves the engine's outputs on: frames to the link, events to the
     /// endpoints (`inbox`'s straight to it, the others' to their mailboxes),
     /// host replies to the peer table.
-    pub fn pump(&mut self, clock: &mut Clock, mut inbox: Option<Inbox<'_>>) {
+    pub(super) fn pump(&mut self, clock: &mut Clock, mut inbox: Option<Inbox<'_>>) {
         if let Some(inbox) = inbox.as_mut() {
             // What the mailbox got before (from the driver thread, or from a
             // pass without the inbox) is older than anything delivered now.
@@ -847,7 +853,7 @@ impl Board {
     /// Until when an application thread can be counted on to take the
     /// link's frames in itself (its polling takes in every endpoint's), so
     /// the driver need not watch the link; `None`: the driver watches.
-    pub fn driven_until(&self, now_ns: u64) -> Option<u64> {
+    pub(super) fn driven_until(&self, now_ns: u64) -> Option<u64> {
         self.slots
             .values()
             .filter_map(|s| s.mailbox.driven_until(now_ns))
@@ -857,12 +863,13 @@ impl Board {
     /// Moves the mailboxes that got something since the last call into
     /// `rings`: ring them once the lock is released. (The board keeps its
     /// own list's buffer: a pass that rings nobody allocates nothing.)
-    pub fn take_rings(&mut self, rings: &mut Vec<Arc<Mailbox>>) {
+    pub(super) fn take_rings(&mut self, rings: &mut Vec<Arc<Mailbox>>) {
         rings.append(&mut self.rings);
     }
 
     /// Regions the memory maps (windows, pull destinations, cached).
-    pub fn mapped_regions(&self) -> usize {
+    #[cfg(test)]
+    pub(super) fn mapped_regions(&self) -> usize {
         self.memory.regions()
     }
 }

@@ -20,11 +20,11 @@ use super::Shared;
 
 /// An eventfd that wakes the driver.
 #[derive(Debug)]
-pub struct WakeFd(OwnedFd);
+pub(super) struct WakeFd(OwnedFd);
 
 impl WakeFd {
     /// A fresh, non-blocking eventfd.
-    pub fn new() -> io::Result<WakeFd> {
+    pub(super) fn new() -> io::Result<WakeFd> {
         // SAFETY: plain syscall; the result is checked before use.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -35,7 +35,7 @@ impl WakeFd {
     }
 
     /// Makes the descriptor readable.
-    pub fn notify(&self) {
+    pub(super) fn notify(&self) {
         let one: u64 = 1;
         // SAFETY: writes the 8 bytes of `one` to an open eventfd. A full
         // counter (EAGAIN) still leaves it readable, which is all we need.
@@ -88,7 +88,7 @@ fn wait(wire: Option<RawFd>, wake: RawFd, timeout: Option<Duration>) -> (libc::c
 }
 
 /// The driver thread's body; returns when the transport stops.
-pub fn run(shared: Arc<Shared>) {
+pub(super) fn run(shared: Arc<Shared>) {
     let wire_fd = shared.wire_fd;
     let spin = shared.config.nic_spin;
     let mut errors = 0u64;

@@ -38,7 +38,7 @@ struct Areas {
 /// Queues and regions of this process, shared between the engine (which
 /// owns one clone) and the transport (which fills and empties them).
 #[derive(Clone, Debug, Default)]
-pub struct NativeMemory {
+pub(super) struct NativeMemory {
     areas: Arc<Mutex<Areas>>,
 }
 
@@ -70,7 +70,7 @@ impl NativeMemory {
     }
 
     /// Maps the queues of endpoint `endpoint`.
-    pub fn add_endpoint(&self, endpoint: u8, send_slots: u16, recv_slots: u16) {
+    pub(super) fn add_endpoint(&self, endpoint: u8, send_slots: u16, recv_slots: u16) {
         self.lock().queues.insert(
             endpoint,
             Queues {
@@ -81,13 +81,13 @@ impl NativeMemory {
     }
 
     /// Unmaps the queues of endpoint `endpoint`.
-    pub fn remove_endpoint(&self, endpoint: u8) {
+    pub(super) fn remove_endpoint(&self, endpoint: u8) {
         self.lock().queues.remove(&endpoint);
     }
 
     /// Puts a MEDIUM fragment in send-queue slot `slot`; false if there is no
     /// such slot.
-    pub fn put_send_fragment(&self, endpoint: u8, slot: u16, data: Vec<u8>) -> bool {
+    pub(super) fn put_send_fragment(&self, endpoint: u8, slot: u16, data: Vec<u8>) -> bool {
         let mut areas = self.lock();
         let found = areas
             .queues
@@ -104,7 +104,7 @@ impl NativeMemory {
 
     /// Takes the first `len` bytes of receive-queue slot `slot` out, leaving
     /// the slot empty.
-    pub fn take_recv_fragment(&self, endpoint: u8, slot: u16, len: u16) -> Option<Vec<u8>> {
+    pub(super) fn take_recv_fragment(&self, endpoint: u8, slot: u16, len: u16) -> Option<Vec<u8>> {
         let mut areas = self.lock();
         let s = areas
             .queues
@@ -125,17 +125,18 @@ impl NativeMemory {
     /// `data` names a pending request's buffer, which MX requires the
     /// application to keep, and the region is removed before that request's
     /// completion is reported.
-    pub fn add_region(&self, handle: RegionHandle, data: Segments) {
+    pub(super) fn add_region(&self, handle: RegionHandle, data: Segments) {
         self.lock().regions.insert(handle, data);
     }
 
     /// Unmaps region `handle`.
-    pub fn remove_region(&self, handle: RegionHandle) {
+    pub(super) fn remove_region(&self, handle: RegionHandle) {
         self.lock().regions.remove(&handle);
     }
 
     /// Number of regions mapped.
-    pub fn regions(&self) -> usize {
+    #[cfg(test)]
+    pub(super) fn regions(&self) -> usize {
         self.lock().regions.len()
     }
 }

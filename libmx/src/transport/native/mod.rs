@@ -46,54 +46,57 @@ use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 
-pub use board::BoardCounters;
-pub use peers::{board_name, PeersFileEntry};
-pub use wire::{SeqpacketWire, Wire};
+#[cfg(test)]
+pub(crate) use board::BoardCounters;
+pub(crate) use peers::{board_name, PeersFileEntry};
+#[cfg(test)]
+pub(crate) use wire::SeqpacketWire;
+pub(crate) use wire::Wire;
 
 use board::{Board, Clock, Inbox, PeerView};
 use driver::WakeFd;
 use port::NativePort;
 
 /// Endpoints of the native board (MXoE's 8-bit endpoint id).
-pub const MAX_ENDPOINTS: u32 = 256;
+pub(crate) const MAX_ENDPOINTS: u32 = 256;
 /// Default delay of an explicit ack: Open-MX's, a 64th of a second. Within
 /// it, the partner's next message carries the ack: a ping-pong costs one
 /// frame per message instead of a message and an ack. Nothing waits on it:
 /// the core acks a NOTIFY at once, a stream is acked every
 /// `imm_ack_threshold` messages, an eager send completes before its ack,
 /// and a closing endpoint flushes the acks it owes.
-pub const DEFAULT_ACK_DELAY: Duration = xmx_mx::config::DEFAULT_ACK_DELAY;
+pub(crate) const DEFAULT_ACK_DELAY: Duration = xmx_mx::config::DEFAULT_ACK_DELAY;
 
 /// What the native transport is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NativeConfig {
+pub(crate) struct NativeConfig {
     /// `XMX_IFACE`: the interface.
-    pub iface: String,
+    pub(crate) iface: String,
     /// `XMX_HOSTNAME` (else the system hostname), as `host:board`.
-    pub hostname: String,
+    pub(crate) hostname: String,
     /// `XMX_PEERS`: the peers listed in that file.
-    pub peers: Vec<PeersFileEntry>,
+    pub(crate) peers: Vec<PeersFileEntry>,
     /// `XMX_NIC_SPIN_US` (default 0): how long the driver thread polls the
     /// link after traffic before it sleeps.
-    pub nic_spin: Duration,
+    pub(crate) nic_spin: Duration,
     /// `XMX_QDISC_BYPASS` (default 1): frames skip the interface's queueing
     /// discipline (0 lets `tc` shape or impair them).
-    pub qdisc_bypass: bool,
+    pub(crate) qdisc_bypass: bool,
     /// `XMX_ACK_DELAY_US`: the library's explicit-ack delay.
-    pub ack_delay: Duration,
+    pub(crate) ack_delay: Duration,
     /// `XMX_RESEND_DELAY_US`: the library's first retransmission delay
     /// (default: MX's).
-    pub resend_delay: Option<Duration>,
+    pub(crate) resend_delay: Option<Duration>,
     /// `XMX_PULL_TIMEOUT_MS`: how long a pull waits for replies before it
     /// asks again (default: the engine's).
-    pub pull_timeout: Option<Duration>,
+    pub(crate) pull_timeout: Option<Duration>,
     /// `XMX_DISCOVERY_MS` (default 1000): how long a hostname lookup waits
     /// for HOST_REPLY answers.
-    pub discovery_wait: Duration,
+    pub(crate) discovery_wait: Duration,
     /// `XMX_LINGER_MS` (default one and a half resend delays): how long a
     /// closed endpoint still repeats its last acks to peers that resend (see
     /// `board`); `mx_finalize` waits for the lingering endpoints.
-    pub linger: Duration,
+    pub(crate) linger: Duration,
 }
 
 fn system_hostname() -> String {
@@ -110,7 +113,7 @@ fn system_hostname() -> String {
 
 impl NativeConfig {
     /// Reads the configuration through `lookup` (e.g. the environment).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let iface = lookup("XMX_IFACE")
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
@@ -163,7 +166,7 @@ impl NativeConfig {
 
 /// Whether the native transport is the default: no `XMX_TRANSPORT`, an
 /// `XMX_IFACE`, and no Xen frontend device in this domain.
-pub fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
+pub(crate) fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
     lookup("XMX_TRANSPORT").is_none()
         && lookup("XMX_IFACE").is_some_and(|s| !s.trim().is_empty())
         && !std::path::Path::new("/dev/xen/evtchn").exists()
@@ -252,7 +255,7 @@ impl Shared {
 }
 
 /// The native board of this process. See the module documentation.
-pub struct Native {
+pub(crate) struct Native {
     shared: Arc<Shared>,
     driver: Mutex<Option<JoinHandle<()>>>,
 }
@@ -282,7 +285,7 @@ fn random_u32() -> u32 {
 impl Native {
     /// Starts a board on `wire` (its MAC is the board address) and its
     /// driver thread.
-    pub fn start(config: NativeConfig, wire: Box<dyn Wire>) -> Result<Arc<Native>, String> {
+    pub(crate) fn start(config: NativeConfig, wire: Box<dyn Wire>) -> Result<Arc<Native>, String> {
         let mac = wire.mac();
         let entries = peers::initial_table(mac, &config.hostname, &config.peers)?;
         let view = Arc::new(PeerView::default());
@@ -330,7 +333,7 @@ impl Native {
     }
 
     /// Opens interface `XMX_IFACE` and starts the board on it.
-    pub fn open(config: NativeConfig) -> Result<Arc<Native>, String> {
+    pub(crate) fn open(config: NativeConfig) -> Result<Arc<Native>, String> {
         let nic = NicConfig {
             qdisc_bypass: config.qdisc_bypass,
             ..NicConfig::default()
@@ -340,23 +343,21 @@ impl Native {
         Native::start(config, Box::new(socket))
     }
 
-    /// The board address.
-    pub fn mac(&self) -> Mac {
-        self.shared.mac
-    }
-
     /// What went wrong so far.
-    pub fn counters(&self) -> BoardCounters {
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> BoardCounters {
         lock(&self.shared.board).counters().clone()
     }
 
     /// Regions currently mapped for the engine.
-    pub fn mapped_regions(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn mapped_regions(&self) -> usize {
         lock(&self.shared.board).mapped_regions()
     }
 
     /// Hits and misses of endpoint `index`'s registration cache.
-    pub fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
+    #[cfg(test)]
+    pub(crate) fn cache_stats(&self, index: u8) -> Option<(u64, u64)> {
         lock(&self.shared.board).cache_stats(index)
     }
 
@@ -589,7 +590,7 @@ impl Transport for Native {
 
 /// The process's native board, started on first use and shared by every
 /// `mx_init` while it lives.
-pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
+pub(crate) fn process_wide() -> MxResult<Arc<dyn Transport>> {
     static CURRENT: Mutex<Weak<Native>> = Mutex::new(Weak::new());
     super::process_wide(&CURRENT, "native", || {
         Native::open(NativeConfig::from_lookup(|k| std::env::var(k).ok())?)

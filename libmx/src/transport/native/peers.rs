@@ -20,30 +20,30 @@ use xmx_wire::mxoe::{Mac, HOSTNAME_LEN_MAX};
 
 /// Every native peer is in one virtual cluster: isolation is a matter for
 /// the Xen backend, not for a host talking for itself.
-pub const CLUSTER: ClusterId = ClusterId(0);
+pub(super) const CLUSTER: ClusterId = ClusterId(0);
 
 /// One entry of the `XMX_PEERS` file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PeersFileEntry {
+pub(crate) struct PeersFileEntry {
     /// Peer index to use, if fixed.
     #[serde(default)]
-    pub index: Option<u16>,
+    pub(crate) index: Option<u16>,
     /// Board address, `xx:xx:xx:xx:xx:xx`.
-    pub mac: String,
+    pub(crate) mac: String,
     /// MX hostname, if known.
     #[serde(default)]
-    pub hostname: Option<String>,
+    pub(crate) hostname: Option<String>,
 }
 
 /// Parses the content of an `XMX_PEERS` file.
-pub fn parse_specs(text: &str) -> Result<Vec<PeersFileEntry>, String> {
+pub(super) fn parse_specs(text: &str) -> Result<Vec<PeersFileEntry>, String> {
     serde_json::from_str(text).map_err(|e| format!("peer list: {e}"))
 }
 
 /// The MX hostname for `name`: itself if it names a board (`host:N`), else
 /// board 0 of that host.
-pub fn board_name(name: &str) -> String {
+pub(crate) fn board_name(name: &str) -> String {
     let name = name.trim();
     match name.rsplit_once(':') {
         Some((host, board)) if !host.is_empty() && board.parse::<u32>().is_ok() => name.to_owned(),
@@ -52,7 +52,7 @@ pub fn board_name(name: &str) -> String {
 }
 
 /// Checks that a hostname fits a HOST_REPLY: 1 to 79 bytes, no NUL.
-pub fn check_hostname(name: &str) -> Result<(), String> {
+pub(super) fn check_hostname(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() >= HOSTNAME_LEN_MAX || name.contains('\0') {
         return Err(format!(
             "hostname {name:?} must have 1 to {} bytes and no NUL",
@@ -69,7 +69,7 @@ fn free_index(entries: &[PeerEntry]) -> Option<u16> {
 
 /// The table for the board `own` named `own_name`, with the peers of
 /// `specs`. Unknown hostnames are empty.
-pub fn initial_table(
+pub(super) fn initial_table(
     own: Mac,
     own_name: &str,
     specs: &[PeersFileEntry],
@@ -136,7 +136,7 @@ pub fn initial_table(
 
 /// `entries` with `mac` added at the lowest free index, or renamed if
 /// present (`None` keeps its name).
-pub fn with_peer(
+pub(super) fn with_peer(
     entries: &[PeerEntry],
     mac: Mac,
     hostname: Option<&str>,
@@ -169,7 +169,7 @@ pub fn with_peer(
 }
 
 /// `entries` without `mac`.
-pub fn without_peer(entries: &[PeerEntry], mac: Mac) -> Vec<PeerEntry> {
+pub(super) fn without_peer(entries: &[PeerEntry], mac: Mac) -> Vec<PeerEntry> {
     entries.iter().filter(|e| e.mac != mac).cloned().collect()
 }
 

@@ -19,7 +19,7 @@ use crate::transport::{Port, PullProgress, Regions};
 /// thread's, whichever holds the endpoint) takes the link's frames in itself
 /// and gets the endpoint's own straight into `inbox`; only what the driver
 /// thread or another endpoint's pass took in for it waits in the mailbox.
-pub struct NativePort {
+pub(super) struct NativePort {
     shared: Arc<Shared>,
     index: u8,
     session: u32,
@@ -143,7 +143,7 @@ impl Drop for NativePort {
 
 /// An endpoint's LARGE buffers: registered as regions of the engine, whose
 /// memory is the application's own (see `memory`).
-pub struct NativeRegions {
+pub(super) struct NativeRegions {
     shared: Arc<Shared>,
     index: u8,
     mailbox: Arc<Mailbox>,

@@ -2,17 +2,19 @@
 //! a descriptor that polls readable when frames wait.
 //!
 //! The interface is an AF_PACKET socket ([`PacketSocket`]); tests of the
-//! transport itself join two engines with a [`SeqpacketWire`] pair instead,
-//! which needs no privilege.
+//! transport itself join two engines with a `SeqpacketWire` pair instead,
+//! which needs no privilege (built for unit tests only).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
+#[cfg(test)]
+use std::os::fd::{FromRawFd, OwnedFd};
 
 use xmx_nic::PacketSocket;
 use xmx_wire::mxoe::Mac;
 
 /// A link carrying MXoE frames.
-pub trait Wire: Send {
+pub(crate) trait Wire: Send {
     /// The board address frames from this link carry.
     fn mac(&self) -> Mac;
     /// Polls readable (`POLLIN`) while frames wait to be received.
@@ -49,7 +51,7 @@ impl Wire for PacketSocket {
 
 /// The pending error of a socket (`SO_ERROR`), which clears it; a socket
 /// that polls `POLLERR` keeps doing so until its error is read.
-pub fn take_socket_error(fd: RawFd) -> Option<io::Error> {
+pub(super) fn take_socket_error(fd: RawFd) -> Option<io::Error> {
     let mut errno: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `errno` and `len` are writable locals of the sizes getsockopt
@@ -72,19 +74,22 @@ pub fn take_socket_error(fd: RawFd) -> Option<io::Error> {
 /// One end of a pair of connected datagram sockets standing in for a cable:
 /// each datagram is a frame, delivered whole and in order. A full peer drops
 /// frames, as a congested link would.
+#[cfg(test)]
 #[derive(Debug)]
-pub struct SeqpacketWire {
+pub(crate) struct SeqpacketWire {
     fd: OwnedFd,
     mac: Mac,
     buf: Vec<u8>,
 }
 
 /// Largest frame a [`SeqpacketWire`] carries (a 9000-byte MTU).
+#[cfg(test)]
 const SEQPACKET_FRAME_MAX: usize = 9000 + 14;
 
+#[cfg(test)]
 impl SeqpacketWire {
     /// Two ends joined to each other, with board addresses `a` and `b`.
-    pub fn pair(a: Mac, b: Mac) -> io::Result<(SeqpacketWire, SeqpacketWire)> {
+    pub(crate) fn pair(a: Mac, b: Mac) -> io::Result<(SeqpacketWire, SeqpacketWire)> {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: `fds` has room for the two descriptors socketpair writes.
         let rc = unsafe {
@@ -109,6 +114,7 @@ impl SeqpacketWire {
     }
 }
 
+#[cfg(test)]
 impl Wire for SeqpacketWire {
     fn mac(&self) -> Mac {
         self.mac

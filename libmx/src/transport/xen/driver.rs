@@ -88,7 +88,7 @@ fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
 }
 
 /// The driver thread's body; returns when the transport stops.
-pub fn run(shared: Arc<Shared>) {
+pub(super) fn run(shared: Arc<Shared>) {
     let ready = libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
     loop {
         if shared.stop.load(Ordering::SeqCst) {

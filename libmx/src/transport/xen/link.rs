@@ -37,27 +37,7 @@ const POST_WAIT: Duration = Duration::from_millis(200);
 /// Region ids kept free of send windows, so a receive can always pull.
 const PULL_RESERVE: usize = 8;
 /// Unused windows the registration cache keeps registered at most.
-pub const CACHE_CAPACITY: usize = 32;
-
-/// Counters of one link, for the logs and the tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LinkCounters {
-    /// Requests posted on the send ring.
-    pub posted: u64,
-    /// Requests dropped: no room in time, or the link was down.
-    pub dropped: u64,
-    /// Events that could not become frames.
-    pub unreadable: u64,
-    /// Requests the backend refused (a lost frame for the core).
-    pub refused: u64,
-    /// Pulls finished (successfully or not).
-    pub pulls: u64,
-    /// Re-mappings after a reconnection.
-    pub remaps: u64,
-    /// Pull requests held back because the send ring was full, or asked again after the
-    /// backend refused them for lack of room: posted later, never failed for it.
-    pub pulls_deferred: u64,
-}
+pub(crate) const CACHE_CAPACITY: usize = 32;
 
 /// How long a pull is held back (the send ring full, or the backend refusing it for lack
 /// of room) before its receive fails: a backend that stays alive but never makes room must
@@ -86,7 +66,7 @@ enum PullPost {
 }
 
 /// An endpoint's rings and requests; see the module documentation.
-pub struct Link {
+pub(crate) struct Link {
     channel: Option<EndpointChannel>,
     index: u8,
     /// The session the protocol core was opened with.
@@ -110,7 +90,6 @@ pub struct Link {
     ring_slots: u32,
     /// The backend let the endpoint go; nothing is posted until it is back.
     down: bool,
-    counters: LinkCounters,
     /// Regions per endpoint the backend allows (at most 256).
     max_regions: usize,
     /// Set when windows are registered without the guest daemon.
@@ -121,7 +100,7 @@ pub struct Link {
 /// the link grants each window's pages itself and registers them on its own send ring,
 /// waiting for the backend's completion; a deregistration is posted without waiting and
 /// the pages' grants end at once (the hypervisor frees them when the backend unmaps).
-pub struct OwnGrants {
+pub(crate) struct OwnGrants {
     gnttab: Arc<dyn GrantTable>,
     backend: DomId,
     /// Region ids not in use, lowest last.
@@ -137,7 +116,7 @@ const REGISTER_WAIT: Duration = Duration::from_secs(5);
 impl Link {
     /// The link of an opened endpoint. `max_regions` is the backend's limit of
     /// regions per endpoint; `rcache` keeps windows registered across messages.
-    pub fn new(mut channel: EndpointChannel, max_regions: u32, rcache: bool) -> Link {
+    pub(crate) fn new(mut channel: EndpointChannel, max_regions: u32, rcache: bool) -> Link {
         let index = channel.endpoint();
         // A fresh ring: every slot is free.
         let ring_slots = channel.free_send_slots().unwrap_or(0);
@@ -160,7 +139,6 @@ impl Link {
             max_send_windows: max_regions.saturating_sub(PULL_RESERVE).max(1),
             ring_slots,
             down: false,
-            counters: LinkCounters::default(),
             max_regions,
             own_grants: None,
         }
@@ -169,18 +147,13 @@ impl Link {
     /// From now on, register windows without the guest daemon: grant their pages through
     /// `gnttab` to `backend` and register them on the send ring. For an endpoint with no
     /// window registered yet (the ids are the link's to choose).
-    pub fn register_with_own_grants(&mut self, gnttab: Arc<dyn GrantTable>, backend: DomId) {
+    pub(crate) fn register_with_own_grants(&mut self, gnttab: Arc<dyn GrantTable>, backend: DomId) {
         self.own_grants = Some(OwnGrants {
             gnttab,
             backend,
             free_ids: (0..self.max_regions).rev().map(|i| i as u8).collect(),
             stash: Vec::new(),
         });
-    }
-
-    /// Whether windows are registered without the guest daemon.
-    pub fn registers_with_own_grants(&self) -> bool {
-        self.own_grants.is_some()
     }
 
     /// The cache and the registrar it uses: `outer` (the daemon), or the link itself when
@@ -219,28 +192,13 @@ impl Link {
         )
     }
 
-    /// The endpoint index.
-    pub fn index(&self) -> u8 {
-        self.index
-    }
-
     /// The session the protocol core uses.
-    pub fn session(&self) -> u32 {
+    pub(crate) fn session(&self) -> u32 {
         self.session
     }
 
-    /// Counters so far.
-    pub fn counters(&self) -> LinkCounters {
-        self.counters
-    }
-
-    /// Hits and misses of the registration cache.
-    pub fn cache_stats(&self) -> xmx_frontend::RcacheStats {
-        self.cache.stats()
-    }
-
     /// The port's descriptor, while the link is up.
-    pub fn port_fd(&self) -> Option<RawFd> {
+    pub(crate) fn port_fd(&self) -> Option<RawFd> {
         match &self.channel {
             Some(c) if !self.down => Some(c.port_fd().as_raw_fd()),
             _ => None,
@@ -253,9 +211,8 @@ impl Link {
     }
 
     /// Posts a frame of the protocol core, converted.
-    pub fn post(&mut self, out: Outbound, mailbox: &Mailbox, reg: &mut dyn Registrar) {
+    pub(crate) fn post(&mut self, out: Outbound, mailbox: &Mailbox, reg: &mut dyn Registrar) {
         if self.down || self.channel.is_none() {
-            self.counters.dropped += 1;
             return;
         }
         let tag = self.tag();
@@ -266,7 +223,6 @@ impl Link {
             }
             Outbound::Medium(m) => {
                 let Some(slots) = self.take_slots(m.fragments.len(), mailbox, reg) else {
-                    self.counters.dropped += 1;
                     tracing::debug!(
                         index = self.index,
                         "no send-queue slot in time; MEDIUM dropped"
@@ -283,7 +239,6 @@ impl Link {
                     Ok(r) if written => r,
                     Ok(_) | Err(_) => {
                         self.slots.put_back(slots);
-                        self.counters.dropped += 1;
                         tracing::warn!(
                             index = self.index,
                             "MEDIUM message does not fit the send queue"
@@ -340,7 +295,6 @@ impl Link {
                     if let Err(e) = channel.flush() {
                         tracing::warn!(index = self.index, %e, "notifying the backend");
                     }
-                    self.counters.posted += 1;
                     return true;
                 }
                 Err(xmx_frontend::Error::Ring(RingError::Full)) => {
@@ -360,14 +314,13 @@ impl Link {
             }
         }
         self.slots.complete(request.tag);
-        self.counters.dropped += 1;
         false
     }
 
     /// Takes in every event waiting: frames and finished pulls go to
     /// `mailbox`, completions free what their request held. Returns how many
     /// things were delivered to the mailbox.
-    pub fn take_in(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
+    pub(crate) fn take_in(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
         self.post_deferred(mailbox, reg);
         // What a registration took in while it waited came first.
         let mut inbound = match self.own_grants.as_mut() {
@@ -397,7 +350,6 @@ impl Link {
             match converted {
                 Ok(i) => inbound.push(i),
                 Err(e) => {
-                    self.counters.unreadable += 1;
                     tracing::warn!(index = self.index, %e, "event dropped");
                 }
             }
@@ -430,7 +382,6 @@ impl Link {
                         if result == Err(Status::NoResources) {
                             let since = *sink.held_since.get_or_insert_with(Instant::now);
                             if since.elapsed() < PULL_HELD_MAX {
-                                self.counters.pulls_deferred += 1;
                                 self.deferred.push_back(sink);
                                 continue;
                             }
@@ -440,7 +391,6 @@ impl Link {
                         self.slots.complete(tag);
                         if let Err(status) = result {
                             // Lost, as on a wire: the core sends it again.
-                            self.counters.refused += 1;
                             tracing::debug!(index = self.index, tag, %status, "request refused by the backend");
                         }
                     }
@@ -459,7 +409,7 @@ impl Link {
 
     /// Takes events in, then arms the event ring so the backend signals the
     /// port at the next one (taking in again what raced with the arming).
-    pub fn take_in_and_arm(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
+    pub(crate) fn take_in_and_arm(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
         let mut delivered = 0;
         loop {
             delivered += self.take_in(mailbox, reg);
@@ -478,7 +428,7 @@ impl Link {
     }
 
     /// Consumes the port's notification after the driver's poll saw it.
-    pub fn take_notification(&mut self) {
+    pub(crate) fn take_notification(&mut self) {
         let closed = match &self.channel {
             Some(c) => {
                 if let Err(e) = c.take_notification() {
@@ -494,7 +444,7 @@ impl Link {
     }
 
     /// The backend let the endpoint go: stop posting until it is re-opened.
-    pub fn set_down(&mut self) {
+    pub(crate) fn set_down(&mut self) {
         if !self.down {
             tracing::info!(index = self.index, "endpoint disconnected from the backend");
         }
@@ -507,7 +457,6 @@ impl Link {
         result: Result<u32, Status>,
         reg: &mut dyn Registrar,
     ) -> (RequestId, Result<(), Status>) {
-        self.counters.pulls += 1;
         let outcome = match result {
             Ok(_) => {
                 let copied = self
@@ -557,7 +506,7 @@ impl Link {
 
     /// Learns the peer's session from a connect that came another way (a
     /// direct channel).
-    pub fn observe(&mut self, frame: &Frame<Vec<u8>>) {
+    pub(crate) fn observe(&mut self, frame: &Frame<Vec<u8>>) {
         self.sessions.observe(frame);
     }
 
@@ -569,7 +518,7 @@ impl Link {
     ///
     /// # Safety
     /// `dst` must be valid for `n` bytes of writes.
-    pub unsafe fn read_lent(
+    pub(crate) unsafe fn read_lent(
         &self,
         window: RdmaWindow,
         offset: usize,
@@ -596,12 +545,16 @@ impl Link {
     }
 
     /// `peer`'s session is known without a connect (this endpoint's own).
-    pub fn learn_session(&mut self, peer: PeerAddr, session: u32) {
+    pub(crate) fn learn_session(&mut self, peer: PeerAddr, session: u32) {
         self.sessions.learn(peer, session);
     }
 
     /// Lends a LARGE send's data to peers: copied into a window they pull from.
-    pub fn register(&mut self, reg: &mut dyn Registrar, data: &Segments) -> Option<RdmaWindow> {
+    pub(crate) fn register(
+        &mut self,
+        reg: &mut dyn Registrar,
+        data: &Segments,
+    ) -> Option<RdmaWindow> {
         if data.is_empty() || self.down || self.channel.is_none() {
             return None;
         }
@@ -633,7 +586,7 @@ impl Link {
     }
 
     /// The send lending `window` is over.
-    pub fn release(&mut self, reg: &mut dyn Registrar, window: RdmaWindow) {
+    pub(crate) fn release(&mut self, reg: &mut dyn Registrar, window: RdmaWindow) {
         self.lent_data.remove(&(window.id, window.seqnum));
         if let Some(lease) = self.lent.remove(&(window.id, window.seqnum)) {
             let (cache, mut via) = self.split(reg);
@@ -644,7 +597,7 @@ impl Link {
     }
 
     /// The application's `[addr, addr + len)` is going away.
-    pub fn invalidate(&mut self, reg: &mut dyn Registrar, addr: usize, len: usize) {
+    pub(crate) fn invalidate(&mut self, reg: &mut dyn Registrar, addr: usize, len: usize) {
         let (cache, mut via) = self.split(reg);
         if let Err(e) = cache.invalidate(&mut via, addr, len) {
             tracing::warn!(index = self.index, %e, "invalidating cached windows");
@@ -653,7 +606,7 @@ impl Link {
 
     /// Starts pulling `length` bytes of `source`'s `window` into `dest`.
     #[allow(clippy::too_many_arguments)]
-    pub fn pull(
+    pub(crate) fn pull(
         &mut self,
         reg: &mut dyn Registrar,
         mailbox: &Mailbox,
@@ -710,7 +663,6 @@ impl Link {
     ) -> Result<(), Sink> {
         // Behind pulls already waiting: receives are pulled in the order they took them.
         if !self.deferred.is_empty() && !self.down {
-            self.counters.pulls_deferred += 1;
             self.deferred.push_back(sink);
             return Ok(());
         }
@@ -720,7 +672,6 @@ impl Link {
                 Ok(())
             }
             PullPost::RingFull => {
-                self.counters.pulls_deferred += 1;
                 self.deferred.push_back(sink);
                 Ok(())
             }
@@ -755,7 +706,6 @@ impl Link {
                 if let Err(e) = channel.flush() {
                     tracing::warn!(index = self.index, %e, "notifying the backend");
                 }
-                self.counters.posted += 1;
                 PullPost::Posted(tag)
             }
             Err(xmx_frontend::Error::Ring(RingError::Full)) => {
@@ -803,7 +753,7 @@ impl Link {
 
     /// Whether pulls wait for room in the send ring: whoever drives the link looks at it
     /// again soon rather than sleeping until an event.
-    pub fn has_deferred_pulls(&self) -> bool {
+    pub(crate) fn has_deferred_pulls(&self) -> bool {
         !self.deferred.is_empty() && !self.down
     }
 
@@ -812,7 +762,12 @@ impl Link {
     /// daemon registered them again) and pulls again what was being pulled. A
     /// send lent out keeps its window when the daemon kept the regions, so a
     /// peer's pull of it succeeds once the backend is back.
-    pub fn remap(&mut self, client: &mut FrontdClient, h: EndpointHandoff, mailbox: &Mailbox) {
+    pub(crate) fn remap(
+        &mut self,
+        client: &mut FrontdClient,
+        h: EndpointHandoff,
+        mailbox: &Mailbox,
+    ) {
         let Some(channel) = self.channel.as_mut() else {
             return;
         };
@@ -823,7 +778,6 @@ impl Link {
             tracing::warn!(index = self.index, %e, "re-opened endpoint not taken");
             return;
         }
-        self.counters.remaps += 1;
         if new_session != self.session {
             tracing::warn!(
                 index = self.index,
@@ -876,7 +830,7 @@ impl Link {
     /// posted, so that frames the core sent last (the ack of a final NOTIFY,
     /// say) leave before the endpoint is closed under them; what arrives
     /// meanwhile is taken in. True if the ring emptied.
-    pub fn flush_sends(
+    pub(crate) fn flush_sends(
         &mut self,
         mailbox: &Mailbox,
         reg: &mut dyn Registrar,
@@ -908,7 +862,7 @@ impl Link {
     /// The endpoint is closing: forget its pulls and windows (nothing is
     /// copied into the application's memory from now on) and give the
     /// channel back to be closed.
-    pub fn close(&mut self) -> Option<EndpointChannel> {
+    pub(crate) fn close(&mut self) -> Option<EndpointChannel> {
         let s = self.cache.stats();
         tracing::info!(
             index = self.index,
@@ -927,7 +881,7 @@ impl Link {
     }
 
     /// The endpoint is gone for good (the daemon could not re-open it).
-    pub fn lose(&mut self) {
+    pub(crate) fn lose(&mut self) {
         self.set_down();
         drop(self.close());
     }

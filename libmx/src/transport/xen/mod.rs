@@ -38,13 +38,13 @@
 //! device to connect), `XMX_LINGER_MS` (default one and a half resend delays: how long a
 //! closed endpoint still answers resent frames with acks, after the last one).
 
-pub mod direct;
+pub(crate) mod direct;
 mod driver;
-pub mod link;
-pub mod peers;
+pub(crate) mod link;
+pub(crate) mod peers;
 mod port;
-pub mod slots;
-pub mod windows;
+pub(crate) mod slots;
+pub(crate) mod windows;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -69,9 +69,8 @@ use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 
-pub use link::{LinkCounters, CACHE_CAPACITY};
 use port::LinkRef;
-pub use port::{XenPort, XenRegions};
+pub(crate) use port::XenPort;
 
 use crate::transport::mailbox::Mailbox;
 use link::Link;
@@ -81,7 +80,7 @@ use windows::Daemon;
 
 /// Default delay of an explicit ack: the native transport's (Open-MX's), for
 /// the same reason: replies carry the acks.
-pub const DEFAULT_ACK_DELAY: Duration = super::native::DEFAULT_ACK_DELAY;
+pub(crate) const DEFAULT_ACK_DELAY: Duration = super::native::DEFAULT_ACK_DELAY;
 /// How long closing an endpoint waits for the backend to take the requests
 /// posted last.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
@@ -94,30 +93,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What the Xen transport is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct XenConfig {
+pub(crate) struct XenConfig {
     /// `XMX_FRONTD_SOCKET`: the guest daemon's socket.
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// `XMX_TOOLSTACK_DOMID`: the domain publishing the peer views.
-    pub toolstack: u16,
+    pub(crate) toolstack: u16,
     /// `XMX_ACK_DELAY_US`: the library's explicit-ack delay.
-    pub ack_delay: Duration,
+    pub(crate) ack_delay: Duration,
     /// `XMX_RESEND_DELAY_US`: the library's first retransmission delay.
-    pub resend_delay: Option<Duration>,
+    pub(crate) resend_delay: Option<Duration>,
     /// `XMX_DISCOVERY_MS`: how long a hostname lookup waits for the view.
-    pub discovery_wait: Duration,
+    pub(crate) discovery_wait: Duration,
     /// `XMX_CONNECT_TIMEOUT_MS`: how long opening waits for the device.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// `XMX_LINGER_MS`: how long a closed endpoint keeps answering resent
     /// frames, after the last one.
-    pub linger: Duration,
+    pub(crate) linger: Duration,
     /// Neither `XMX_DIRECT=0` nor `MX_DISABLE_SHMEM=1`: frames to co-located
     /// guests go through direct channels when dom0 offers them ([`direct`]).
-    pub direct: bool,
+    pub(crate) direct: bool,
 }
 
 impl XenConfig {
     /// Reads the configuration through `lookup` (e.g. the environment).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let number = |name: &str| -> Result<Option<u64>, String> {
             lookup(name)
                 .filter(|v| !v.trim().is_empty())
@@ -165,7 +164,7 @@ impl XenConfig {
 /// Whether the Xen transport is the default: no `XMX_TRANSPORT`, and a guest
 /// daemon named by `XMX_FRONTD_SOCKET` (as `xmx sim run` and the guest's
 /// environment set it).
-pub fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
+pub(crate) fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
     lookup("XMX_TRANSPORT").is_none() && lookup(SOCKET_ENV).is_some_and(|s| !s.trim().is_empty())
 }
 
@@ -382,7 +381,7 @@ impl Shared {
 }
 
 /// The guest's board. See the module documentation.
-pub struct Xen {
+pub(crate) struct Xen {
     shared: Arc<Shared>,
     driver: Mutex<Option<JoinHandle<()>>>,
 }
@@ -420,7 +419,7 @@ fn connected_board(client: &mut FrontdClient, timeout: Duration) -> Result<Daemo
 impl Xen {
     /// Connects to the guest daemon, loads the peer view and starts the
     /// driver thread.
-    pub fn open(config: XenConfig) -> Result<Arc<Xen>, String> {
+    pub(crate) fn open(config: XenConfig) -> Result<Arc<Xen>, String> {
         let mut client = FrontdClient::connect(&config.socket).map_err(|e| e.to_string())?;
         let board = connected_board(&mut client, config.connect_timeout)?;
         let client_fd = client.fd().as_raw_fd();
@@ -492,25 +491,6 @@ impl Xen {
             shared,
             driver: Mutex::new(Some(driver)),
         }))
-    }
-
-    /// The board address.
-    pub fn mac(&self) -> Mac {
-        self.shared.board.mac
-    }
-
-    /// Counters of endpoint `index`'s link.
-    pub fn link_counters(&self, index: u8) -> Option<LinkCounters> {
-        let ep = lock(&self.shared.endpoints).get(&index).cloned()?;
-        let c = lock(&ep.link).counters();
-        Some(c)
-    }
-
-    /// The registration cache's counters of endpoint `index`.
-    pub fn cache_stats(&self, index: u8) -> Option<xmx_frontend::RcacheStats> {
-        let ep = lock(&self.shared.endpoints).get(&index).cloned()?;
-        let s = lock(&ep.link).cache_stats();
-        Some(s)
     }
 }
 
@@ -661,7 +641,7 @@ impl Transport for Xen {
 
 /// The process's Xen board, opened on first use and shared by every
 /// `mx_init` while it lives.
-pub fn process_wide() -> MxResult<Arc<dyn Transport>> {
+pub(crate) fn process_wide() -> MxResult<Arc<dyn Transport>> {
     static CURRENT: Mutex<Weak<Xen>> = Mutex::new(Weak::new());
     super::process_wide(&CURRENT, "xen", || {
         Xen::open(XenConfig::from_lookup(|k| std::env::var(k).ok())?)

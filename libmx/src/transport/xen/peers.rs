@@ -13,10 +13,10 @@ use std::time::Instant;
 use xmx_engine::{ClusterId, PeerEntry, PeerTable};
 use xmx_hv::{Error as HvError, Xenstore, XBT_NULL};
 
-pub use xmx_wire::peer_view::view_dir;
+pub(crate) use xmx_wire::peer_view::view_dir;
 
 /// One node of the view: its name (the index) and value (`"<mac> <hostname>"`).
-pub fn parse_entry(name: &str, value: &str) -> Result<PeerEntry, String> {
+pub(crate) fn parse_entry(name: &str, value: &str) -> Result<PeerEntry, String> {
     let e = xmx_wire::peer_view::parse_entry(name, value)?;
     Ok(PeerEntry {
         index: e.index,
@@ -29,7 +29,7 @@ pub fn parse_entry(name: &str, value: &str) -> Result<PeerEntry, String> {
 
 /// A whole view from its nodes; malformed nodes and later duplicates are left
 /// out (and reported), so one bad node does not hide the others.
-pub fn parse_view(nodes: &[(String, String)]) -> (PeerTable, Vec<String>) {
+pub(crate) fn parse_view(nodes: &[(String, String)]) -> (PeerTable, Vec<String>) {
     let mut problems = Vec::new();
     let mut entries: Vec<PeerEntry> = Vec::new();
     for (name, value) in nodes {
@@ -51,7 +51,7 @@ pub fn parse_view(nodes: &[(String, String)]) -> (PeerTable, Vec<String>) {
 }
 
 /// Reads the nodes of `dir`; a missing directory is an empty view.
-pub fn read_nodes(xs: &dyn Xenstore, dir: &str) -> Result<Vec<(String, String)>, HvError> {
+pub(crate) fn read_nodes(xs: &dyn Xenstore, dir: &str) -> Result<Vec<(String, String)>, HvError> {
     let names = match xs.directory(XBT_NULL, dir) {
         Ok(n) => n,
         Err(HvError::NotFound(_)) => return Ok(Vec::new()),
@@ -72,7 +72,7 @@ pub fn read_nodes(xs: &dyn Xenstore, dir: &str) -> Result<Vec<(String, String)>,
 
 /// The view lookups read, and a signal for threads waiting for it to change.
 #[derive(Default)]
-pub struct PeerView {
+pub(crate) struct PeerView {
     table: RwLock<PeerTable>,
     version: Mutex<u64>,
     changed: Condvar,
@@ -80,19 +80,19 @@ pub struct PeerView {
 
 impl PeerView {
     /// Reads the table.
-    pub fn read<T>(&self, f: impl FnOnce(&PeerTable) -> T) -> T {
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&PeerTable) -> T) -> T {
         f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Replaces the table and wakes the waiters.
-    pub fn publish(&self, table: PeerTable) {
+    pub(crate) fn publish(&self, table: PeerTable) {
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = table;
         *self.version.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         self.changed.notify_all();
     }
 
     /// Reloads the table from xenstore.
-    pub fn reload(&self, xs: &dyn Xenstore, dir: &str) -> Result<(), HvError> {
+    pub(crate) fn reload(&self, xs: &dyn Xenstore, dir: &str) -> Result<(), HvError> {
         let nodes = read_nodes(xs, dir)?;
         let (table, problems) = parse_view(&nodes);
         for p in problems {
@@ -105,7 +105,7 @@ impl PeerView {
 
     /// The first `find` answer, waiting for the view to change until
     /// `deadline` while there is none.
-    pub fn wait_for<T>(
+    pub(crate) fn wait_for<T>(
         &self,
         deadline: Instant,
         find: impl Fn(&PeerTable) -> Option<T>,

@@ -19,22 +19,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What the port, its regions and the driver thread share about one
 /// endpoint.
-pub struct EndpointShared {
+pub(super) struct EndpointShared {
     /// The endpoint index.
-    pub index: u8,
+    pub(crate) index: u8,
     /// Arrivals, taken without the link's lock.
-    pub mailbox: Mailbox,
+    pub(crate) mailbox: Mailbox,
     /// The rings and requests.
-    pub link: Mutex<Link>,
+    pub(crate) link: Mutex<Link>,
     /// Its direct channels to co-located guests.
-    pub direct: Mutex<super::direct::EndpointDirect>,
+    pub(crate) direct: Mutex<super::direct::EndpointDirect>,
     /// Why the endpoint is lost for good, once it is (the daemon is gone, or
     /// could not re-open it); read on every progress without the link's lock.
-    pub lost: OnceLock<&'static str>,
+    pub(crate) lost: OnceLock<&'static str>,
 }
 
 /// The endpoint's link as its direct channels see it.
-pub(super) struct LinkRef<'a>(pub &'a Mutex<Link>);
+pub(super) struct LinkRef<'a>(pub(crate) &'a Mutex<Link>);
 
 impl super::direct::LinkAccess for LinkRef<'_> {
     fn observe(&mut self, frame: &Frame<Vec<u8>>) {
@@ -54,7 +54,7 @@ impl super::direct::LinkAccess for LinkRef<'_> {
 }
 
 /// An open endpoint of a guest.
-pub struct XenPort {
+pub(crate) struct XenPort {
     shared: Arc<Shared>,
     ep: Arc<EndpointShared>,
     session: u32,
@@ -183,7 +183,7 @@ impl Drop for XenPort {
 }
 
 /// An endpoint's LARGE buffers: copied into and out of granted windows.
-pub struct XenRegions {
+pub(crate) struct XenRegions {
     shared: Arc<Shared>,
     ep: Arc<EndpointShared>,
 }

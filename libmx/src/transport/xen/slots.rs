@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 /// The send queue's slots, and the requests holding some.
 #[derive(Debug, Clone)]
-pub struct SendSlots {
+pub(crate) struct SendSlots {
     free: Vec<u16>,
     held: HashMap<u32, Vec<u16>>,
     count: u16,
@@ -17,7 +17,7 @@ pub struct SendSlots {
 
 impl SendSlots {
     /// A queue of `count` slots, all free.
-    pub fn new(count: u16) -> SendSlots {
+    pub(crate) fn new(count: u16) -> SendSlots {
         SendSlots {
             // Popped from the end: the lowest slots go first.
             free: (0..count).rev().collect(),
@@ -27,17 +27,18 @@ impl SendSlots {
     }
 
     /// Slots in the queue.
-    pub fn count(&self) -> u16 {
+    pub(crate) fn count(&self) -> u16 {
         self.count
     }
 
     /// Slots free now.
-    pub fn available(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn available(&self) -> usize {
         self.free.len()
     }
 
     /// Takes `n` free slots, or none if fewer are free.
-    pub fn take(&mut self, n: usize) -> Option<Vec<u16>> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<Vec<u16>> {
         if n > self.free.len() {
             return None;
         }
@@ -48,7 +49,7 @@ impl SendSlots {
     }
 
     /// Gives slots taken by [`SendSlots::take`] back unused.
-    pub fn put_back(&mut self, slots: Vec<u16>) {
+    pub(crate) fn put_back(&mut self, slots: Vec<u16>) {
         for s in slots.into_iter().rev() {
             if s < self.count && !self.free.contains(&s) {
                 self.free.push(s);
@@ -57,7 +58,7 @@ impl SendSlots {
     }
 
     /// Records that the request tagged `tag` holds `slots`.
-    pub fn hold(&mut self, tag: u32, slots: Vec<u16>) {
+    pub(crate) fn hold(&mut self, tag: u32, slots: Vec<u16>) {
         if let Some(old) = self.held.insert(tag, slots) {
             // Tags are not reused while in flight; should one be, its slots
             // are not lost.
@@ -67,7 +68,7 @@ impl SendSlots {
 
     /// The request tagged `tag` completed: its slots are free. False if it
     /// held none.
-    pub fn complete(&mut self, tag: u32) -> bool {
+    pub(crate) fn complete(&mut self, tag: u32) -> bool {
         match self.held.remove(&tag) {
             Some(slots) => {
                 self.put_back(slots);
@@ -78,13 +79,14 @@ impl SendSlots {
     }
 
     /// Requests holding slots.
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
         self.held.len()
     }
 
     /// Every slot free again: the rings were replaced and no completion will
     /// come for what was in flight.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = SendSlots::new(self.count);
     }
 }

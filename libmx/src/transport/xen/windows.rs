@@ -15,7 +15,7 @@ use crate::segments::Segments;
 
 /// Copies the whole of `data` into the start of `window`; false if it does
 /// not fit or the window refuses.
-pub fn fill(window: &RegionWindow, data: &Segments) -> bool {
+pub(crate) fn fill(window: &RegionWindow, data: &Segments) -> bool {
     if data.len() > window.len() {
         return false;
     }
@@ -35,7 +35,7 @@ pub fn fill(window: &RegionWindow, data: &Segments) -> bool {
 
 /// Copies the first `length` bytes of `window` into `dest`; false if they do
 /// not fit or the window refuses.
-pub fn drain(window: &RegionWindow, dest: &Segments, length: usize) -> bool {
+pub(crate) fn drain(window: &RegionWindow, dest: &Segments, length: usize) -> bool {
     if length > dest.len() || length > window.len() {
         return false;
     }
@@ -59,12 +59,12 @@ pub fn drain(window: &RegionWindow, dest: &Segments, length: usize) -> bool {
 }
 
 /// The key a buffer is cached under: its first byte and its length.
-pub fn key(data: &Segments) -> (usize, usize) {
+pub(crate) fn key(data: &Segments) -> (usize, usize) {
     (data.parts().first().map_or(0, |p| p.0), data.len())
 }
 
 /// The guest daemon as the registration cache's registrar.
-pub struct Daemon<'a>(pub &'a Mutex<FrontdClient>);
+pub(crate) struct Daemon<'a>(pub(crate) &'a Mutex<FrontdClient>);
 
 impl Registrar for Daemon<'_> {
     fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
@@ -89,12 +89,12 @@ impl Registrar for Daemon<'_> {
 /// `XMX_OWN_GRANTS`: `0` sends every registration through the guest daemon, as
 /// before registration without it existed (for comparisons); anything else, or unset, lets
 /// links with the cache off register their windows themselves.
-pub const OWN_GRANTS_ENV: &str = "XMX_OWN_GRANTS";
+pub(crate) const OWN_GRANTS_ENV: &str = "XMX_OWN_GRANTS";
 
 /// What registering without the daemon needs: this process's grant table and the domain
 /// of the device's backend (the frontend's `backend-id` in xenstore). None (registration
 /// goes through the daemon) if either is missing or `XMX_OWN_GRANTS=0`.
-pub fn own_grants_platform(
+pub(crate) fn own_grants_platform(
     platform: Option<&dyn xmx_hv::Platform>,
     xs: Option<&dyn xmx_hv::Xenstore>,
     domid: u16,

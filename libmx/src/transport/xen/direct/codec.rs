@@ -8,46 +8,46 @@ use xmx_mx::frame::{
 use xmx_mx::{Body, Frame, RdmaWindow, Seqnum};
 
 /// The longest payload a record carries (a MEDIUM fragment is at most a page).
-pub const MAX_PAYLOAD: usize = 4096;
+pub(crate) const MAX_PAYLOAD: usize = 4096;
 /// The longest encoded frame.
-pub const MAX_FRAME: usize = MAX_PAYLOAD + 64;
+pub(crate) const MAX_FRAME: usize = MAX_PAYLOAD + 64;
 /// The most LARGE data one record carries.
-pub const MAX_DATA: usize = 32 << 10;
+pub(crate) const MAX_DATA: usize = 32 << 10;
 /// The head of the pull records.
-pub const PULL_HEAD: usize = 16;
+pub(crate) const PULL_HEAD: usize = 16;
 /// The longest record of any kind.
-pub const MAX_RECORD: usize = PULL_HEAD + MAX_DATA;
+pub(crate) const MAX_RECORD: usize = PULL_HEAD + MAX_DATA;
 
 /// A LARGE receiver asks for the data of a window (`tag` names the pull).
-pub const PULL: u8 = 20;
+pub(crate) const PULL: u8 = 20;
 /// LARGE data answering a pull: `len` bytes at `offset` of the message.
-pub const DATA: u8 = 21;
+pub(crate) const DATA: u8 = 21;
 /// The window of a pull is not (or no longer) lent.
-pub const PULL_ERR: u8 = 22;
+pub(crate) const PULL_ERR: u8 = 22;
 
 /// The head of a pull record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PullHead {
+pub(crate) struct PullHead {
     /// PULL, DATA or PULL_ERR.
-    pub kind: u8,
+    pub(crate) kind: u8,
     /// The endpoint it is for.
-    pub dst_endpoint: u8,
+    pub(crate) dst_endpoint: u8,
     /// The endpoint it is from.
-    pub src_endpoint: u8,
+    pub(crate) src_endpoint: u8,
     /// The puller's name for the pull.
-    pub tag: u32,
+    pub(crate) tag: u32,
     /// PULL: the window (id, seqnum, offset in its first page as
     /// [`RdmaWindow`]); DATA: unused.
-    pub window: RdmaWindow,
+    pub(crate) window: RdmaWindow,
     /// PULL: bytes asked; DATA: offset of the bytes in the message.
-    pub a: u32,
+    pub(crate) a: u32,
     /// DATA: bytes that follow the head.
-    pub b: u32,
+    pub(crate) b: u32,
 }
 
 impl PullHead {
     /// Its 16 bytes.
-    pub fn encode(&self) -> [u8; PULL_HEAD] {
+    pub(crate) fn encode(&self) -> [u8; PULL_HEAD] {
         let mut h = [0u8; PULL_HEAD];
         h[..4].copy_from_slice(&[self.kind, self.dst_endpoint, self.src_endpoint, 0]);
         h[4..8].copy_from_slice(&self.tag.to_le_bytes());
@@ -68,7 +68,7 @@ impl PullHead {
 
     /// The head at the start of `bytes` (a record of `len` bytes in all), if
     /// it is one and its lengths agree with `len`.
-    pub fn decode(bytes: &[u8], len: usize) -> Option<PullHead> {
+    pub(crate) fn decode(bytes: &[u8], len: usize) -> Option<PullHead> {
         let h: &[u8; PULL_HEAD] = bytes.first_chunk()?;
         let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
         let kind = h[0];
@@ -121,7 +121,7 @@ const NOTIFY: u8 = 9;
 
 /// Appends `frame` to `out`; false (and nothing appended) if its payload is
 /// too long for a record.
-pub fn encode(frame: &Frame<Vec<u8>>, out: &mut Vec<u8>) -> bool {
+pub(crate) fn encode(frame: &Frame<Vec<u8>>, out: &mut Vec<u8>) -> bool {
     let start = out.len();
     let head = |out: &mut Vec<u8>, tag: u8| {
         out.extend_from_slice(&[tag, frame.dst_endpoint, frame.src_endpoint, 0]);
@@ -228,7 +228,7 @@ impl Reader<'_> {
 
 /// The frame `bytes` encode, with `peer_index` as its source; `None` if the
 /// bytes are not one well-formed frame.
-pub fn decode(bytes: &[u8], peer_index: u16) -> Option<Frame<Vec<u8>>> {
+pub(crate) fn decode(bytes: &[u8], peer_index: u16) -> Option<Frame<Vec<u8>>> {
     let mut r = Reader(bytes);
     let [tag, dst_endpoint, src_endpoint, _] = r.take::<4>()?;
     let body = match tag {

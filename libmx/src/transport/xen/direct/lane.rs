@@ -24,11 +24,11 @@ use xmx_hv::PAGE_SIZE;
 use super::codec::MAX_RECORD as MAX_FRAME;
 
 /// Pages of one lane's data area.
-pub const DATA_PAGES: usize = 128;
+pub(crate) const DATA_PAGES: usize = 128;
 /// Bytes of one lane's data area.
-pub const DATA_BYTES: usize = DATA_PAGES * PAGE_SIZE;
+pub(crate) const DATA_BYTES: usize = DATA_PAGES * PAGE_SIZE;
 /// Pages of a whole channel: the control page and two data areas.
-pub const CHANNEL_PAGES: usize = 1 + 2 * DATA_PAGES;
+pub(crate) const CHANNEL_PAGES: usize = 1 + 2 * DATA_PAGES;
 
 const HEADER: usize = 8;
 const KIND_FRAME: u32 = 1;
@@ -36,7 +36,7 @@ const KIND_PAD: u32 = 2;
 
 /// The peer broke the ring's rules: the channel must be dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Broken(pub &'static str);
+pub(crate) struct Broken(pub(crate) &'static str);
 
 /// Where a lane's words and data live in the channel.
 #[derive(Clone, Copy, Debug)]
@@ -68,10 +68,10 @@ fn padded(len: usize) -> usize {
 
 /// A record `peek` found: where its bytes are and how many.
 #[derive(Clone, Copy, Debug)]
-pub struct Record {
+pub(crate) struct Record {
     pos: usize,
     /// Its length in bytes.
-    pub len: usize,
+    pub(crate) len: usize,
 }
 
 /// One end of a lane.
@@ -103,7 +103,7 @@ impl End {
 
 /// What a push did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pushed {
+pub(crate) enum Pushed {
     /// No room: the caller sends another way (the core retransmits anyway).
     Full,
     /// In the ring.
@@ -114,23 +114,23 @@ pub enum Pushed {
 }
 
 /// The producing end of a lane.
-pub struct Producer {
+pub(crate) struct Producer {
     end: End,
     prod: u32,
 }
 
 /// The consuming end of a lane.
-pub struct Consumer {
+pub(crate) struct Consumer {
     end: End,
     cons: u32,
 }
 
 /// The two ends one side of a channel drives.
-pub struct Lanes {
+pub(crate) struct Lanes {
     /// Where this side sends.
-    pub tx: Producer,
+    pub(crate) tx: Producer,
     /// Where this side receives.
-    pub rx: Consumer,
+    pub(crate) rx: Consumer,
 }
 
 impl Lanes {
@@ -142,7 +142,7 @@ impl Lanes {
     /// # Safety
     /// `base` must point to a mapping of at least `CHANNEL_PAGES` pages that
     /// stays mapped as long as the returned lanes live.
-    pub unsafe fn new(base: *mut u8, creator: bool) -> Lanes {
+    pub(crate) unsafe fn new(base: *mut u8, creator: bool) -> Lanes {
         let (tx, rx) = if creator { (0, 1) } else { (1, 0) };
         let tx = End { base, at: at(tx) };
         let rx = End { base, at: at(rx) };
@@ -159,14 +159,14 @@ impl Lanes {
 
 impl Producer {
     /// Appends one record holding `bytes` (at most `MAX_FRAME`).
-    pub fn push(&mut self, bytes: &[u8]) -> Result<Pushed, Broken> {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Result<Pushed, Broken> {
         self.push_parts(bytes, 0, |_| true)
     }
 
     /// Appends one record of `head` followed by `body_len` bytes that `fill`
     /// writes at the pointer it gets (it returns false to give the record
     /// up: nothing is published then).
-    pub fn push_parts(
+    pub(crate) fn push_parts(
         &mut self,
         head: &[u8],
         body_len: usize,
@@ -233,7 +233,7 @@ impl Producer {
 
     /// Fault injection (`XMX_DIRECT_FAULT`, tests of the peer's defences):
     /// publishes a producer index that is not a multiple of 8.
-    pub fn publish_garbage_index(&mut self) {
+    pub(crate) fn publish_garbage_index(&mut self) {
         self.end
             .word(self.end.at.prod)
             .store(self.prod.wrapping_add(4), Ordering::Release);
@@ -241,7 +241,7 @@ impl Producer {
 
     /// Fault injection: publishes a record whose header claims more bytes
     /// than a record may hold (a slot rewritten by its producer).
-    pub fn publish_rewritten_slot(&mut self) {
+    pub(crate) fn publish_rewritten_slot(&mut self) {
         let cons = self.end.word(self.end.at.cons).load(Ordering::Acquire);
         let pos = self.prod as usize % DATA_BYTES;
         if DATA_BYTES - (self.prod.wrapping_sub(cons) as usize) < HEADER || DATA_BYTES - pos < 64 {
@@ -267,7 +267,8 @@ impl Producer {
 impl Consumer {
     /// Copies the next record into `out` (replacing its contents); false if
     /// the lane is empty.
-    pub fn pop(&mut self, out: &mut Vec<u8>) -> Result<bool, Broken> {
+    #[cfg(test)]
+    pub(crate) fn pop(&mut self, out: &mut Vec<u8>) -> Result<bool, Broken> {
         let Some(rec) = self.peek()? else {
             return Ok(false);
         };
@@ -285,7 +286,7 @@ impl Consumer {
 
     /// The next record, checked to lie inside what the producer published
     /// (pad records are skipped); `None` if the lane is empty.
-    pub fn peek(&mut self) -> Result<Option<Record>, Broken> {
+    pub(crate) fn peek(&mut self) -> Result<Option<Record>, Broken> {
         loop {
             let prod = self.end.word(self.end.at.prod).load(Ordering::Acquire);
             let avail = prod.wrapping_sub(self.cons) as usize;
@@ -326,7 +327,13 @@ impl Consumer {
     ///
     /// # Safety
     /// `dst` must be valid for `n` bytes of writes and not overlap the lane.
-    pub unsafe fn copy_out(&self, rec: Record, offset: usize, dst: *mut u8, n: usize) -> usize {
+    pub(crate) unsafe fn copy_out(
+        &self,
+        rec: Record,
+        offset: usize,
+        dst: *mut u8,
+        n: usize,
+    ) -> usize {
         let n = n.min(rec.len.saturating_sub(offset));
         if n > 0 {
             // SAFETY: `rec` was checked by `peek` to lie inside the data area
@@ -341,7 +348,7 @@ impl Consumer {
 
     /// Done with `rec` (the one `peek` returned): its room goes back to the
     /// producer.
-    pub fn advance(&mut self, rec: Record) {
+    pub(crate) fn advance(&mut self, rec: Record) {
         self.cons = self.cons.wrapping_add(padded(rec.len) as u32);
         self.end
             .word(self.end.at.cons)
@@ -350,7 +357,7 @@ impl Consumer {
 
     /// Whether the producer asked for a signal when room is made (and
     /// forgets the request): call after taking records.
-    pub fn room_wanted(&self) -> bool {
+    pub(crate) fn room_wanted(&self) -> bool {
         fence(Ordering::SeqCst);
         let w = self.end.word(self.end.at.space);
         if w.load(Ordering::Relaxed) != 0 {
@@ -362,7 +369,7 @@ impl Consumer {
 
     /// Asks the producer to signal the next record; true if one is there
     /// already (take it in instead of sleeping).
-    pub fn arm(&self) -> bool {
+    pub(crate) fn arm(&self) -> bool {
         self.end.word(self.end.at.wants).store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         self.end.word(self.end.at.prod).load(Ordering::Acquire) != self.cons

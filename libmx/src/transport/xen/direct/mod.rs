@@ -37,8 +37,8 @@
 //! endpoint than the channel's is dropped, and a peer that breaks the ring's
 //! rules loses this channel only: the endpoint goes on through the backend.
 
-pub mod codec;
-pub mod lane;
+pub(crate) mod codec;
+pub(crate) mod lane;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,7 +67,7 @@ const TOKEN: &str = "xmx-libmx:direct";
 const TAKE_BATCH: usize = 256;
 /// How long a direct pull may go without data before it is finished
 /// through the backend (the peer stopped serving it, or is gone).
-pub const PULL_STALL: Duration = Duration::from_secs(1);
+pub(crate) const PULL_STALL: Duration = Duration::from_secs(1);
 /// Frames a faulty side (`XMX_DIRECT_FAULT`) sends correctly first.
 const FAULT_AFTER: u64 = 200;
 
@@ -75,7 +75,7 @@ const FAULT_AFTER: u64 = 200;
 /// (`XMX_DIRECT_FAULT`): misbehaviour, to check that the peer's library
 /// survives it, or a legal extreme no timing would reliably produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// `garbage-index`: a producer index that is not a multiple of 8.
     GarbageIndex,
     /// `rewritten-slot`: a record header claiming 4 GiB.
@@ -146,17 +146,17 @@ enum Slot {
 }
 
 /// A LARGE receive pulling over a channel.
-pub struct Sink {
+pub(crate) struct Sink {
     /// The receive.
-    pub id: RequestId,
+    pub(crate) id: RequestId,
     /// The sender.
-    pub source: PeerAddr,
+    pub(crate) source: PeerAddr,
     /// Its window.
-    pub window: RdmaWindow,
+    pub(crate) window: RdmaWindow,
     /// Where the data goes.
-    pub dest: Segments,
+    pub(crate) dest: Segments,
     /// Bytes pulled.
-    pub length: u32,
+    pub(crate) length: u32,
     got: u64,
     /// When data last came (or the pull was asked).
     progress: std::time::Instant,
@@ -165,7 +165,7 @@ pub struct Sink {
 impl Sink {
     /// A pull of `length` bytes of `source`'s `window` into `dest`, for
     /// receive `id`.
-    pub fn new(
+    pub(crate) fn new(
         id: RequestId,
         source: PeerAddr,
         window: RdmaWindow,
@@ -199,7 +199,7 @@ const MAX_JOBS: usize = 64;
 
 /// How a direct channel reads the LARGE data this endpoint lends and tells
 /// its link what it learns.
-pub trait LinkAccess {
+pub(crate) trait LinkAccess {
     /// A connect request or reply came off a channel.
     fn observe(&mut self, frame: &Frame<Vec<u8>>);
     /// Copies `n` bytes at `offset` of the data lent under `window` to
@@ -218,7 +218,7 @@ pub trait LinkAccess {
 
 /// An endpoint's direct channels.
 #[derive(Default)]
-pub struct EndpointDirect {
+pub(crate) struct EndpointDirect {
     slots: HashMap<PeerAddr, Slot>,
     scratch: Vec<u8>,
     sinks: HashMap<u32, Sink>,
@@ -234,28 +234,28 @@ pub struct EndpointDirect {
 
 impl EndpointDirect {
     /// Whether any channel is open (the driver then watches its lanes).
-    pub fn any_open(&self) -> bool {
+    pub(crate) fn any_open(&self) -> bool {
         self.slots.values().any(|s| matches!(s, Slot::Open(_)))
     }
 
     /// Whether a pull over a channel is under way (its stall must be
     /// noticed even if nothing else happens).
-    pub fn pulling(&self) -> bool {
+    pub(crate) fn pulling(&self) -> bool {
         !self.sinks.is_empty()
     }
 
     /// A RNDV announces `window` to `peer`.
-    pub fn announce(&mut self, window: RdmaWindow, peer: PeerAddr) {
+    pub(crate) fn announce(&mut self, window: RdmaWindow, peer: PeerAddr) {
         self.announced.insert((window.id, window.seqnum), peer);
     }
 
     /// The send lending `window` is over.
-    pub fn withdraw(&mut self, window: RdmaWindow) {
+    pub(crate) fn withdraw(&mut self, window: RdmaWindow) {
         self.announced.remove(&(window.id, window.seqnum));
     }
 
     /// The pulls to do again through the backend.
-    pub fn take_orphans(&mut self) -> Vec<Sink> {
+    pub(crate) fn take_orphans(&mut self) -> Vec<Sink> {
         std::mem::take(&mut self.orphans)
     }
 
@@ -289,7 +289,7 @@ struct Offers {
 
 /// The process's side of every direct channel: its xenstore connection,
 /// grant table and event channels, and the offers.
-pub struct Hub {
+pub(crate) struct Hub {
     domid: DomId,
     toolstack: DomId,
     gnttab: Arc<dyn GrantTable>,
@@ -304,11 +304,11 @@ pub struct Hub {
 }
 
 /// Why the hub could not start (the library then uses the backend only).
-pub type StartError = String;
+pub(crate) type StartError = String;
 
 impl Hub {
     /// Attaches to the platform and watches this guest's offers.
-    pub fn start(platform: &dyn Platform, toolstack: DomId) -> Result<Hub, StartError> {
+    pub(crate) fn start(platform: &dyn Platform, toolstack: DomId) -> Result<Hub, StartError> {
         let err = |what: &str, e: xmx_hv::Error| format!("{what}: {e}");
         let domid = platform.domid();
         let gnttab = platform.grant_table().map_err(|e| err("grant table", e))?;
@@ -338,17 +338,17 @@ impl Hub {
     }
 
     /// The descriptor that is readable when xenstore changed.
-    pub fn store_fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn store_fd(&self) -> std::os::fd::RawFd {
         self.xs.watch_fd()
     }
 
     /// The descriptor that is readable when a peer signalled.
-    pub fn event_fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn event_fd(&self) -> std::os::fd::RawFd {
         self.evtchn.fd()
     }
 
     /// Takes the pending signals (their lanes are looked at next).
-    pub fn drain_events(&self) {
+    pub(crate) fn drain_events(&self) {
         let mut ports = Vec::new();
         if let Err(e) = self.evtchn.pending(&mut ports) {
             tracing::debug!(%e, "direct channel events");
@@ -359,7 +359,7 @@ impl Hub {
     }
 
     /// Takes the xenstore events; true if any came (call [`Hub::rescan`]).
-    pub fn drain_store(&self) -> bool {
+    pub(crate) fn drain_store(&self) -> bool {
         let mut fired = false;
         while let Ok(Some(_)) = self.xs.next_watch_event(Some(Duration::ZERO)) {
             fired = true;
@@ -422,7 +422,7 @@ impl Hub {
     /// to an offered peer of a higher domain id creates the channel (that
     /// frame and those after it go through the backend until the peer
     /// accepts).
-    pub fn transmit(
+    pub(crate) fn transmit(
         &self,
         endpoint: u8,
         d: &mut EndpointDirect,
@@ -618,7 +618,12 @@ impl Hub {
 
     /// Starts pulling a LARGE message over the channel to `source`, if it
     /// has one; `None`: pull through the backend.
-    pub fn pull(&self, d: &mut EndpointDirect, endpoint: u8, sink: Sink) -> Option<PullProgress> {
+    pub(crate) fn pull(
+        &self,
+        d: &mut EndpointDirect,
+        endpoint: u8,
+        sink: Sink,
+    ) -> Option<PullProgress> {
         let Some(Slot::Open(ch)) = d.slots.get_mut(&sink.source) else {
             return None;
         };
@@ -822,7 +827,7 @@ impl Hub {
     /// request and reply first (the link learns the peers' sessions from
     /// them, which its pulls through the backend name) and lends the data
     /// of LARGE sends.
-    pub fn take_in(
+    pub(crate) fn take_in(
         &self,
         endpoint: u8,
         d: &mut EndpointDirect,
@@ -924,7 +929,7 @@ impl Hub {
 
     /// Asks every channel's peer to signal the next frame; true if one is
     /// there already.
-    pub fn arm(&self, d: &EndpointDirect) -> bool {
+    pub(crate) fn arm(&self, d: &EndpointDirect) -> bool {
         if self.fault == Some(Fault::Unarmed) {
             return false;
         }
@@ -941,7 +946,7 @@ impl Hub {
     /// closed by the peer, notes what the peer accepted, and accepts what
     /// peers created for `endpoints` (index and direct state of each open
     /// endpoint of this process).
-    pub fn rescan(&self, endpoints: &[(u8, &Mutex<EndpointDirect>)], view: &PeerView) {
+    pub(crate) fn rescan(&self, endpoints: &[(u8, &Mutex<EndpointDirect>)], view: &PeerView) {
         self.reload_offers();
         let generation = self.generation();
         let offers: BTreeMap<Mac, DomId> = lock(&self.offers).by_mac.clone();
@@ -1049,7 +1054,7 @@ impl Hub {
     }
 
     /// The endpoint closes: so do its channels.
-    pub fn close_endpoint(&self, d: &mut EndpointDirect) {
+    pub(crate) fn close_endpoint(&self, d: &mut EndpointDirect) {
         for (_, slot) in d.slots.drain() {
             if let Slot::Open(ch) = slot {
                 self.close(ch, "endpoint closed");
