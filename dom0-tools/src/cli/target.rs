@@ -15,21 +15,21 @@ pub struct Target {
     /// xmxd's control socket [default: $XMX_SIM_DIR/xmxd.sock on the simulator,
     /// /run/xmx/xmxd.sock on Xen].
     #[arg(long, env = "XMX_XMXD_SOCKET")]
-    pub xmxd_socket: Option<PathBuf>,
+    pub(crate) xmxd_socket: Option<PathBuf>,
     /// A host of a simulated cluster whose daemons to talk to, when no socket is given.
     #[command(flatten)]
-    pub sim: SimHost,
+    pub(crate) sim: SimHost,
 }
 
 /// A host of a simulated cluster (`xmx sim up`).
 #[derive(Debug, Clone, clap::Args)]
-pub struct SimHost {
+pub(crate) struct SimHost {
     /// Talk to the daemons of this host of the simulated cluster (e.g. h0).
     #[arg(long, env = "XMX_SIM_HOST")]
-    pub sim_host: Option<String>,
+    pub(crate) sim_host: Option<String>,
     /// The simulated cluster's name.
     #[arg(long, env = "XMX_SIM_NAME", default_value = cluster::DEFAULT_NAME)]
-    pub sim_name: String,
+    pub(crate) sim_name: String,
 }
 
 impl SimHost {
@@ -46,7 +46,7 @@ impl SimHost {
 
 impl Target {
     /// The socket path this target names.
-    pub fn socket(&self) -> Result<PathBuf> {
+    pub(crate) fn socket(&self) -> Result<PathBuf> {
         if let Some(p) = &self.xmxd_socket {
             return Ok(p.clone());
         }
@@ -57,7 +57,7 @@ impl Target {
     }
 
     /// A connection to xmxd.
-    pub fn connect(&self) -> Result<ControlClient> {
+    pub(crate) fn connect(&self) -> Result<ControlClient> {
         let path = self.socket()?;
         ControlClient::connect(&path)
             .with_context(|| format!("connecting to xmxd at {} (is it running?)", path.display()))
@@ -66,19 +66,19 @@ impl Target {
 
 /// Where the backend listens.
 #[derive(Debug, Clone, clap::Args)]
-pub struct BackendTarget {
+pub(crate) struct BackendTarget {
     /// xmx-backd's control socket [default: $XMX_SIM_DIR/backd.sock on the simulator,
     /// /run/xmx/backd.sock on Xen].
     #[arg(long, env = "XMX_BACKD_SOCKET")]
-    pub backd_socket: Option<PathBuf>,
+    pub(crate) backd_socket: Option<PathBuf>,
     /// A host of a simulated cluster whose daemons to talk to, when no socket is given.
     #[command(flatten)]
-    pub sim: SimHost,
+    pub(crate) sim: SimHost,
 }
 
 impl BackendTarget {
     /// A connection to the backend.
-    pub fn connect(&self) -> Result<AdminClient> {
+    pub(crate) fn connect(&self) -> Result<AdminClient> {
         let path = match (&self.backd_socket, self.sim.dir()?) {
             (Some(p), _) => p.clone(),
             (None, Some(dir)) => dir.join("backd.sock"),

@@ -36,64 +36,63 @@ use xmx_wire::{Error, Result};
 use super::names;
 
 /// First bytes of every discovery message.
-pub const MAGIC: u32 = 0x584d_5844;
+pub(crate) const MAGIC: u32 = 0x584d_5844;
 /// Version of the message layout.
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 /// Peer index field meaning "no index claimed".
-pub const NO_INDEX: u16 = 0xffff;
+pub(crate) const NO_INDEX: u16 = 0xffff;
 /// Longest message: a RAW frame's whole payload.
-pub const MESSAGE_LEN_MAX: usize = RAW_PAYLOAD_LEN_MAX;
+pub(crate) const MESSAGE_LEN_MAX: usize = RAW_PAYLOAD_LEN_MAX;
 
 /// Byte offsets of a message.
-pub mod field {
+pub(crate) mod field {
     use std::ops::Range;
 
     /// The magic number, [`MAGIC`](super::MAGIC).
-    pub const MAGIC: Range<usize> = 0..4;
+    pub(crate) const MAGIC: Range<usize> = 0..4;
     /// The layout version.
-    pub const VERSION: usize = 4;
+    pub(crate) const VERSION: usize = 4;
     /// The message kind.
-    pub const KIND: usize = 5;
-    /// Reserved, 0.
-    pub const RESERVED: Range<usize> = 6..8;
+    pub(crate) const KIND: usize = 5;
+    // Bytes 6..8 are reserved, 0.
     /// Generation of the sender's guest list.
-    pub const GENERATION: Range<usize> = 8..12;
+    pub(crate) const GENERATION: Range<usize> = 8..12;
     /// How long the sender's list stays valid, in milliseconds.
-    pub const TTL_MS: Range<usize> = 12..16;
+    pub(crate) const TTL_MS: Range<usize> = 12..16;
     /// This message's position in its generation.
-    pub const FRAGMENT: usize = 16;
+    pub(crate) const FRAGMENT: usize = 16;
     /// Messages in the generation.
-    pub const FRAGMENTS: usize = 17;
+    pub(crate) const FRAGMENTS: usize = 17;
     /// Entries in this message.
-    pub const ENTRIES: usize = 18;
+    pub(crate) const ENTRIES: usize = 18;
     /// Length of the host name.
-    pub const HOST_NAME_LEN: usize = 19;
+    pub(crate) const HOST_NAME_LEN: usize = 19;
     /// The host name, then the entries.
-    pub const HOST_NAME: usize = 20;
+    pub(crate) const HOST_NAME: usize = 20;
 
     /// Offsets inside one entry.
-    pub mod entry {
+    pub(crate) mod entry {
         use std::ops::Range;
 
         /// Peer index claimed ([`NO_INDEX`](super::super::NO_INDEX): none yet).
-        pub const INDEX: Range<usize> = 0..2;
+        pub(crate) const INDEX: Range<usize> = 0..2;
         /// When the claim was first made, in seconds since the epoch.
-        pub const SINCE: Range<usize> = 2..6;
+        pub(crate) const SINCE: Range<usize> = 2..6;
         /// Board MAC of the guest.
-        pub const MAC: Range<usize> = 6..12;
+        pub(crate) const MAC: Range<usize> = 6..12;
         /// Cluster id.
-        pub const CLUSTER: Range<usize> = 12..16;
+        pub(crate) const CLUSTER: Range<usize> = 12..16;
         /// Length of the cluster name, which follows; then the guest name's length and
         /// bytes.
-        pub const CLUSTER_NAME_LEN: usize = 16;
+        pub(crate) const CLUSTER_NAME_LEN: usize = 16;
         /// Length of the fixed part, up to the cluster name.
-        pub const FIXED_LEN: usize = 17;
+        pub(crate) const FIXED_LEN: usize = 17;
     }
 }
 
 /// What a message asks or tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// The sender's guests.
     Announce = 1,
     /// The sender just started: everyone announces at once.
@@ -149,13 +148,13 @@ fn bytes(buf: &[u8], at: usize, len: usize) -> Result<&[u8]> {
 
 /// A zero-copy view of a discovery message's fixed header.
 #[derive(Debug, Clone, Copy)]
-pub struct MessagePacket<T: AsRef<[u8]>> {
+pub(crate) struct MessagePacket<T: AsRef<[u8]>> {
     buffer: T,
 }
 
 impl<T: AsRef<[u8]>> MessagePacket<T> {
     /// Wrap a buffer that holds at least the header and the host name it announces.
-    pub fn new_checked(buffer: T) -> Result<Self> {
+    pub(crate) fn new_checked(buffer: T) -> Result<Self> {
         let buf = buffer.as_ref();
         let name_len = usize::from(byte(buf, field::HOST_NAME_LEN)?);
         bytes(buf, field::HOST_NAME, name_len)?;
@@ -163,54 +162,54 @@ impl<T: AsRef<[u8]>> MessagePacket<T> {
     }
 
     /// The magic number.
-    pub fn magic(&self) -> u32 {
+    pub(crate) fn magic(&self) -> u32 {
         be32(self.buffer.as_ref(), field::MAGIC.start).unwrap_or(0)
     }
 
     /// The layout version.
-    pub fn version(&self) -> u8 {
+    pub(crate) fn version(&self) -> u8 {
         byte(self.buffer.as_ref(), field::VERSION).unwrap_or(0)
     }
 
     /// The raw kind byte.
-    pub fn kind(&self) -> u8 {
+    pub(crate) fn kind(&self) -> u8 {
         byte(self.buffer.as_ref(), field::KIND).unwrap_or(0)
     }
 
     /// Generation of the sender's list.
-    pub fn generation(&self) -> u32 {
+    pub(crate) fn generation(&self) -> u32 {
         be32(self.buffer.as_ref(), field::GENERATION.start).unwrap_or(0)
     }
 
     /// How long the sender's list stays valid, in milliseconds.
-    pub fn ttl_ms(&self) -> u32 {
+    pub(crate) fn ttl_ms(&self) -> u32 {
         be32(self.buffer.as_ref(), field::TTL_MS.start).unwrap_or(0)
     }
 
     /// Position of this message in its generation.
-    pub fn fragment(&self) -> u8 {
+    pub(crate) fn fragment(&self) -> u8 {
         byte(self.buffer.as_ref(), field::FRAGMENT).unwrap_or(0)
     }
 
     /// Messages in the generation.
-    pub fn fragments(&self) -> u8 {
+    pub(crate) fn fragments(&self) -> u8 {
         byte(self.buffer.as_ref(), field::FRAGMENTS).unwrap_or(0)
     }
 
     /// Entries in this message.
-    pub fn entry_count(&self) -> u8 {
+    pub(crate) fn entry_count(&self) -> u8 {
         byte(self.buffer.as_ref(), field::ENTRIES).unwrap_or(0)
     }
 
     /// The sender's host name bytes.
-    pub fn host_name(&self) -> &[u8] {
+    pub(crate) fn host_name(&self) -> &[u8] {
         let buf = self.buffer.as_ref();
         let len = usize::from(byte(buf, field::HOST_NAME_LEN).unwrap_or(0));
         bytes(buf, field::HOST_NAME, len).unwrap_or(&[])
     }
 
     /// Everything after the host name: the entries, then any padding.
-    pub fn entries_bytes(&self) -> &[u8] {
+    pub(crate) fn entries_bytes(&self) -> &[u8] {
         let buf = self.buffer.as_ref();
         let start = field::HOST_NAME + self.host_name().len();
         buf.get(start..).unwrap_or(&[])
@@ -219,24 +218,24 @@ impl<T: AsRef<[u8]>> MessagePacket<T> {
 
 /// One guest as a host announces it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EntryRepr {
+pub(crate) struct EntryRepr {
     /// The peer index claimed for it, if any yet.
-    pub index: Option<u16>,
+    pub(crate) index: Option<u16>,
     /// When that claim was first made (seconds since the epoch).
-    pub since: u32,
+    pub(crate) since: u32,
     /// Its board MAC.
-    pub mac: Mac,
+    pub(crate) mac: Mac,
     /// Its cluster's id.
-    pub cluster: u32,
+    pub(crate) cluster: u32,
     /// Its cluster's name.
-    pub cluster_name: String,
+    pub(crate) cluster_name: String,
     /// Its (base) guest name.
-    pub guest: String,
+    pub(crate) guest: String,
 }
 
 impl EntryRepr {
     /// Bytes the entry occupies.
-    pub fn buffer_len(&self) -> usize {
+    pub(crate) fn buffer_len(&self) -> usize {
         field::entry::FIXED_LEN + self.cluster_name.len() + 1 + self.guest.len()
     }
 
@@ -317,26 +316,26 @@ impl EntryRepr {
 
 /// A whole discovery message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MessageRepr {
+pub(crate) struct MessageRepr {
     /// What the message asks or tells.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// Generation of the sender's guest list (changes whenever the list does).
-    pub generation: u32,
+    pub(crate) generation: u32,
     /// How long to keep the sender's guests without news, in milliseconds.
-    pub ttl_ms: u32,
+    pub(crate) ttl_ms: u32,
     /// This message's position in its generation, from 0.
-    pub fragment: u8,
+    pub(crate) fragment: u8,
     /// Messages the generation takes (at least 1).
-    pub fragments: u8,
+    pub(crate) fragments: u8,
     /// The sender's host name.
-    pub host_name: String,
+    pub(crate) host_name: String,
     /// The guests this message carries (none in a [`Kind::Solicit`]).
-    pub entries: Vec<EntryRepr>,
+    pub(crate) entries: Vec<EntryRepr>,
 }
 
 impl MessageRepr {
     /// Read and validate a message.
-    pub fn parse<T: AsRef<[u8]>>(packet: &MessagePacket<T>) -> Result<MessageRepr> {
+    pub(crate) fn parse<T: AsRef<[u8]>>(packet: &MessagePacket<T>) -> Result<MessageRepr> {
         if packet.magic() != MAGIC {
             return Err(Error::Unknown {
                 what: "discovery magic",
@@ -389,7 +388,7 @@ impl MessageRepr {
     }
 
     /// Bytes the message occupies.
-    pub fn buffer_len(&self) -> usize {
+    pub(crate) fn buffer_len(&self) -> usize {
         field::HOST_NAME
             + self.host_name.len()
             + self
@@ -400,7 +399,7 @@ impl MessageRepr {
     }
 
     /// The message's bytes, after checking every field fits its encoding.
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+    pub(crate) fn to_bytes(&self) -> Result<Vec<u8>> {
         names::check_host_name(&self.host_name).map_err(|_| Error::Invalid {
             field: "host name",
             reason: "not a host name",
@@ -445,7 +444,7 @@ impl MessageRepr {
 }
 
 /// Split `entries` into messages of one generation, each within a RAW frame.
-pub fn announcements(
+pub(crate) fn announcements(
     host_name: &str,
     generation: u32,
     ttl_ms: u32,
@@ -496,7 +495,7 @@ pub fn announcements(
 }
 
 /// A solicitation from `host_name`.
-pub fn solicitation(host_name: &str, ttl_ms: u32) -> MessageRepr {
+pub(crate) fn solicitation(host_name: &str, ttl_ms: u32) -> MessageRepr {
     MessageRepr {
         kind: Kind::Solicit,
         generation: 0,
@@ -509,7 +508,7 @@ pub fn solicitation(host_name: &str, ttl_ms: u32) -> MessageRepr {
 }
 
 /// A whole MXoE frame carrying `message` from `src` to `dst`.
-pub fn frame(src: Mac, dst: Mac, message: &MessageRepr) -> Result<Vec<u8>> {
+pub(crate) fn frame(src: Mac, dst: Mac, message: &MessageRepr) -> Result<Vec<u8>> {
     let payload = message.to_bytes()?;
     FrameRepr {
         head: HeadRepr {
@@ -523,7 +522,7 @@ pub fn frame(src: Mac, dst: Mac, message: &MessageRepr) -> Result<Vec<u8>> {
 }
 
 /// The sender and message of a frame, if it is a discovery frame.
-pub fn parse_frame(frame: &[u8]) -> Result<(Mac, MessageRepr)> {
+pub(crate) fn parse_frame(frame: &[u8]) -> Result<(Mac, MessageRepr)> {
     let parsed = FrameRepr::parse(frame)?;
     let PacketRepr::Raw(raw) = parsed.packet else {
         return Err(Error::Unknown {

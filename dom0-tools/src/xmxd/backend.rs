@@ -11,7 +11,7 @@ use xmx_backend::admin::{AdminClient, GuestReport, PeerSpec, ReplyError, Request
 use xmx_hv::DomId;
 
 /// The backend's control socket, as a reconnecting client.
-pub struct BackendLink {
+pub(crate) struct BackendLink {
     path: Option<PathBuf>,
     client: Option<AdminClient>,
     wanted: Option<Vec<PeerSpec>>,
@@ -23,7 +23,7 @@ pub struct BackendLink {
 
 impl BackendLink {
     /// A link to the socket at `path` (None: no backend; nothing is pushed).
-    pub fn new(path: Option<PathBuf>, probe_every: Duration, now: Instant) -> BackendLink {
+    pub(crate) fn new(path: Option<PathBuf>, probe_every: Duration, now: Instant) -> BackendLink {
         BackendLink {
             path,
             client: None,
@@ -36,17 +36,17 @@ impl BackendLink {
     }
 
     /// The socket, if any.
-    pub fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
     /// Whether the backend holds the last table given to [`BackendLink::push`].
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.path.is_none() || (self.wanted.is_some() && self.wanted == self.synced)
     }
 
     /// One request, on a fresh connection if the old one broke.
-    pub fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
+    pub(crate) fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
         let Some(path) = self.path.clone() else {
             return Err(ReplyError::new("not_found", "no backend socket configured"));
         };
@@ -98,7 +98,7 @@ impl BackendLink {
     }
 
     /// Make `specs` the table the backend should hold, and push it if it does not yet.
-    pub fn push(&mut self, specs: Vec<PeerSpec>) {
+    pub(crate) fn push(&mut self, specs: Vec<PeerSpec>) {
         self.wanted = Some(specs);
         self.sync();
     }
@@ -123,7 +123,7 @@ impl BackendLink {
 
     /// Let time pass: probe the backend now and then (a restarted one lost its table) and
     /// retry a push that failed.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if self.path.is_none() || now < self.next_probe {
             return;
         }
@@ -135,12 +135,12 @@ impl BackendLink {
     }
 
     /// When [`BackendLink::handle_timeout`] wants to run.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.path.as_ref().map(|_| self.next_probe)
     }
 
     /// The devices the backend serves now.
-    pub fn guests(&mut self) -> Result<Vec<GuestReport>, ReplyError> {
+    pub(crate) fn guests(&mut self) -> Result<Vec<GuestReport>, ReplyError> {
         let v = self.call(&Request::Guests)?;
         serde_json::from_value(v).map_err(|e| ReplyError::new("protocol", format!("guests: {e}")))
     }
@@ -148,7 +148,7 @@ impl BackendLink {
     /// Wait until the backend no longer serves device 0 of `domu` (it has seen the device
     /// removed), up to `timeout`. The backend publishes no event for this, so its device
     /// list is polled; true if it let go (or there is no backend to ask).
-    pub fn wait_released(&mut self, domu: DomId, timeout: Duration) -> bool {
+    pub(crate) fn wait_released(&mut self, domu: DomId, timeout: Duration) -> bool {
         if self.path.is_none() {
             return true;
         }

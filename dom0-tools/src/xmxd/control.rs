@@ -46,11 +46,11 @@ use super::table::{Conflict, Peer};
 use xmx_wire::mxoe::Mac;
 
 /// Longest request or reply line.
-pub const MAX_LINE: usize = 1 << 20;
+pub(crate) const MAX_LINE: usize = 1 << 20;
 /// Connections served at once; more are refused.
 const MAX_CONNECTIONS: usize = 16;
 /// Longest wait a `peers` request may ask for.
-pub const MAX_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// A request on the control socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,7 +67,7 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<u64>,
         /// How long to wait for that, in milliseconds (none: do not wait; at most
-        /// [`MAX_WAIT`]).
+        /// `MAX_WAIT`, 60 s).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
@@ -138,11 +138,11 @@ pub enum Request {
 
 /// Reply of `direct`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DirectReport {
+pub(crate) struct DirectReport {
     /// Whether channels are offered.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// The pairs of domains offered a channel now (lower domid first).
-    pub pairs: Vec<(DomId, DomId)>,
+    pub(crate) pairs: Vec<(DomId, DomId)>,
 }
 
 /// Reply of `qos`.
@@ -158,36 +158,36 @@ pub struct QosReport {
 
 /// Reply of `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     /// This host's name.
-    pub host: String,
+    pub(crate) host: String,
     /// This host's NIC address on the fabric, as the other hosts know it.
     #[serde(with = "mac_text")]
-    pub host_mac: Mac,
+    pub(crate) host_mac: Mac,
     /// The discovery interface, if any.
-    pub iface: Option<String>,
+    pub(crate) iface: Option<String>,
     /// Other hosts heard from.
-    pub remote_hosts: Vec<String>,
+    pub(crate) remote_hosts: Vec<String>,
     /// Generation of the peer table (bumped on every change).
-    pub table_generation: u64,
+    pub(crate) table_generation: u64,
     /// Entries in the peer table.
-    pub peers: usize,
+    pub(crate) peers: usize,
     /// Whether the last peer table reached the backend.
-    pub backend_synced: bool,
+    pub(crate) backend_synced: bool,
     /// The backend's control socket, if xmxd talks to one.
-    pub backend_socket: Option<PathBuf>,
+    pub(crate) backend_socket: Option<PathBuf>,
     /// Where xmxd keeps its guests and clusters.
-    pub state_file: PathBuf,
+    pub(crate) state_file: PathBuf,
 }
 
 /// Reply of `peers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeersReport {
     /// This host's name.
-    pub host: String,
+    pub(crate) host: String,
     /// This host's NIC address on the fabric.
     #[serde(with = "mac_text")]
-    pub host_mac: Mac,
+    pub(crate) host_mac: Mac,
     /// Generation of the peer table (bumped on every change).
     pub generation: u64,
     /// Only this cluster's peers are listed, when a guest's view was asked.
@@ -195,7 +195,7 @@ pub struct PeersReport {
     /// The peers, in index order.
     pub peers: Vec<Peer>,
     /// Announced guests left out of the table, and why (empty in a guest's view).
-    pub conflicts: Vec<Conflict>,
+    pub(crate) conflicts: Vec<Conflict>,
 }
 
 /// One guest this host knows (entry of `guests`, reply of `attach`).
@@ -208,16 +208,16 @@ pub struct GuestStatus {
     /// Its cluster's name.
     pub cluster: String,
     /// Its cluster's id.
-    pub cluster_id: u32,
+    pub(crate) cluster_id: u32,
     /// Its board MAC.
     #[serde(with = "mac_text")]
     pub mac: Mac,
     /// Its peer index, if the table holds it.
-    pub index: Option<u16>,
+    pub(crate) index: Option<u16>,
     /// The xmx device is attached.
     pub attached: bool,
     /// Attached whenever a domain of this name runs here.
-    pub auto_attach: bool,
+    pub(crate) auto_attach: bool,
 }
 
 /// One entry of `clusters`.
@@ -232,11 +232,11 @@ pub struct ClusterReport {
 }
 
 /// Answers requests; given to [`ControlServer::start`].
-pub type Dispatch = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
+pub(crate) type Dispatch = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
 
 /// The listening control socket. Dropping it stops accepting and removes the socket file;
 /// connections being served finish their current request.
-pub struct ControlServer {
+pub(crate) struct ControlServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
@@ -244,7 +244,7 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Listen at `path` (a stale socket there is replaced).
-    pub fn start(path: &Path, dispatch: Dispatch) -> std::io::Result<ControlServer> {
+    pub(crate) fn start(path: &Path, dispatch: Dispatch) -> std::io::Result<ControlServer> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
@@ -283,11 +283,6 @@ impl ControlServer {
             stop,
             acceptor: Some(acceptor),
         })
-    }
-
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

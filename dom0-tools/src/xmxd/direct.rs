@@ -21,18 +21,18 @@ use super::xsnodes;
 
 /// A guest that may take part in a channel: its domain, MAC and cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// The guest's domain on this host.
-    pub domid: DomId,
+    pub(crate) domid: DomId,
     /// Its board MAC.
-    pub mac: Mac,
+    pub(crate) mac: Mac,
     /// Its cluster's id.
-    pub cluster: u32,
+    pub(crate) cluster: u32,
 }
 
 /// The pairs offered now.
 #[derive(Debug)]
-pub struct Broker {
+pub(crate) struct Broker {
     toolstack: DomId,
     enabled: bool,
     published: BTreeMap<(DomId, DomId), (Mac, Mac)>,
@@ -40,7 +40,7 @@ pub struct Broker {
 }
 
 /// The pairs `members` qualify for: same cluster, different domains.
-pub fn pairs(members: &[Member]) -> BTreeMap<(DomId, DomId), (Mac, Mac)> {
+pub(crate) fn pairs(members: &[Member]) -> BTreeMap<(DomId, DomId), (Mac, Mac)> {
     let mut out = BTreeMap::new();
     for a in members {
         for b in members {
@@ -55,7 +55,7 @@ pub fn pairs(members: &[Member]) -> BTreeMap<(DomId, DomId), (Mac, Mac)> {
 impl Broker {
     /// Starts from nothing: what an earlier run of xmxd offered is revoked
     /// (the guests fall back, and get a new offer at the first sync).
-    pub fn new(xs: &dyn Xenstore, toolstack: DomId) -> Result<Broker> {
+    pub(crate) fn new(xs: &dyn Xenstore, toolstack: DomId) -> Result<Broker> {
         xsnodes::remove_node(xs, &direct::root(toolstack))?;
         in_transaction(xs, |tx| {
             xs.mkdir(tx, &direct::root(toolstack))?;
@@ -70,22 +70,22 @@ impl Broker {
     }
 
     /// Whether channels are offered at all.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled
     }
 
     /// Turns offering on or off (off revokes every channel at the next sync).
-    pub fn set_enabled(&mut self, on: bool) {
+    pub(crate) fn set_enabled(&mut self, on: bool) {
         self.enabled = on;
     }
 
     /// The pairs offered now.
-    pub fn offered(&self) -> Vec<(DomId, DomId)> {
+    pub(crate) fn offered(&self) -> Vec<(DomId, DomId)> {
         self.published.keys().copied().collect()
     }
 
     /// Makes xenstore offer exactly the pairs `members` qualify for.
-    pub fn sync(&mut self, xs: &dyn Xenstore, members: &[Member]) {
+    pub(crate) fn sync(&mut self, xs: &dyn Xenstore, members: &[Member]) {
         let wanted = if self.enabled {
             pairs(members)
         } else {

@@ -1,7 +1,7 @@
 //! Who runs which guests across the fabric, learnt from the other hosts' announcements.
 //!
-//! Sans-IO: [`Discovery`] takes frames and time and hands back frames to send. Each host
-//! broadcasts its guest list ([`announce`](super::announce)) every `interval` and at once
+//! Sans-IO: `Discovery` takes frames and time and hands back frames to send. Each host
+//! broadcasts its guest list (`announce`) every `interval` and at once
 //! when the list changes; a newly started host solicits the others so it learns the
 //! fabric within one round trip. What a host announced is soft state: it is forgotten
 //! `ttl` after the last message heard from that host, so a host that dies leaves the
@@ -29,11 +29,11 @@ pub struct DiscoveryConfig {
 /// the traffic to them, so a host that announces often must not lose its peers over a
 /// flap of a few seconds. Open-MX never forgets a peer; the default interval (2 s) gives
 /// this value too, so only short intervals are affected.
-pub const MIN_TTL: Duration = Duration::from_secs(8);
+pub(crate) const MIN_TTL: Duration = Duration::from_secs(8);
 
 impl DiscoveryConfig {
     /// Announce every `interval`, be forgotten after four silent intervals, and never
-    /// after less than [`MIN_TTL`].
+    /// after less than `MIN_TTL`, 8 s.
     pub fn every(interval: Duration) -> Self {
         DiscoveryConfig {
             interval,
@@ -54,15 +54,15 @@ const MIN_INTERVAL: Duration = Duration::from_millis(10);
 /// Most remote hosts remembered: a fabric of this many hosts is far beyond what one
 /// Ethernet segment carries, and the bound keeps a stream of forged sources from growing
 /// the map without end.
-pub const MAX_HOSTS: usize = 4096;
+pub(crate) const MAX_HOSTS: usize = 4096;
 
 /// What one remote host announced.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteHost {
+pub(crate) struct RemoteHost {
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its guests, from its last complete generation.
-    pub entries: Vec<EntryRepr>,
+    pub(crate) entries: Vec<EntryRepr>,
     generation: Option<u32>,
     expires: Instant,
     partial: Option<Partial>,
@@ -77,7 +77,7 @@ struct Partial {
 
 /// The discovery state of one host.
 #[derive(Debug)]
-pub struct Discovery {
+pub(crate) struct Discovery {
     me: Mac,
     host_name: String,
     cfg: DiscoveryConfig,
@@ -90,14 +90,14 @@ pub struct Discovery {
     answered_at: Option<Instant>,
     out: VecDeque<Vec<u8>>,
     /// Frames not understood (not ours, malformed), for the counters.
-    pub rejected: u64,
+    pub(crate) rejected: u64,
 }
 
 impl Discovery {
     /// A host whose NIC is `me`. `generation` seeds the list's generation: give a value
     /// that differs between runs (a restarted host must not look unchanged). The first
     /// messages (a solicitation and an announcement) are queued at once.
-    pub fn new(
+    pub(crate) fn new(
         me: Mac,
         host_name: &str,
         cfg: DiscoveryConfig,
@@ -124,13 +124,8 @@ impl Discovery {
     }
 
     /// This host's NIC address, its identity on the fabric.
-    pub fn me(&self) -> Mac {
+    pub(crate) fn me(&self) -> Mac {
         self.me
-    }
-
-    /// This host's name.
-    pub fn host_name(&self) -> &str {
-        &self.host_name
     }
 
     fn ttl_ms(&self) -> u32 {
@@ -159,7 +154,7 @@ impl Discovery {
 
     /// Ask the others for their lists and announce ours now, as a starting host does:
     /// after a link failure, each side may have missed the other's news.
-    pub fn reannounce(&mut self, now: Instant) {
+    pub(crate) fn reannounce(&mut self, now: Instant) {
         self.queue(
             Mac::BROADCAST,
             &announce::solicitation(&self.host_name, self.ttl_ms()),
@@ -168,7 +163,7 @@ impl Discovery {
     }
 
     /// Replace this host's guest list; a changed list is announced at once.
-    pub fn set_local(&mut self, entries: Vec<EntryRepr>, now: Instant) {
+    pub(crate) fn set_local(&mut self, entries: Vec<EntryRepr>, now: Instant) {
         if entries == self.local {
             return;
         }
@@ -177,13 +172,8 @@ impl Discovery {
         self.announce_now(now);
     }
 
-    /// This host's guest list as announced.
-    pub fn local(&self) -> &[EntryRepr] {
-        &self.local
-    }
-
     /// Take in a frame from the fabric; true if a host's list changed.
-    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) -> bool {
+    pub(crate) fn handle_frame(&mut self, now: Instant, frame: &[u8]) -> bool {
         let (src, msg) = match announce::parse_frame(frame) {
             Ok(v) => v,
             Err(e) => {
@@ -271,7 +261,7 @@ impl Discovery {
     }
 
     /// Let time pass: announce when due, forget silent hosts. True if a host was forgotten.
-    pub fn handle_timeout(&mut self, now: Instant) -> bool {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> bool {
         if now >= self.next_announce {
             self.announce_now(now);
         }
@@ -288,7 +278,7 @@ impl Discovery {
     }
 
     /// When [`Discovery::handle_timeout`] should run next.
-    pub fn poll_timeout(&self) -> Instant {
+    pub(crate) fn poll_timeout(&self) -> Instant {
         self.hosts
             .values()
             .map(|h| h.expires)
@@ -296,12 +286,12 @@ impl Discovery {
     }
 
     /// The next frame to put on the fabric.
-    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn poll_transmit(&mut self) -> Option<Vec<u8>> {
         self.out.pop_front()
     }
 
     /// Remote hosts with at least one complete generation, by NIC address.
-    pub fn hosts(&self) -> impl Iterator<Item = (Mac, &RemoteHost)> {
+    pub(crate) fn hosts(&self) -> impl Iterator<Item = (Mac, &RemoteHost)> {
         self.hosts
             .iter()
             .filter(|(_, h)| h.generation.is_some())
@@ -309,7 +299,7 @@ impl Discovery {
     }
 
     /// Every remote host heard of, complete or not.
-    pub fn known_hosts(&self) -> usize {
+    pub(crate) fn known_hosts(&self) -> usize {
         self.hosts.len()
     }
 }

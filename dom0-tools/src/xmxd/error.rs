@@ -33,7 +33,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// The `kind` of a control-socket reply (the same vocabulary as `xmx-backd`'s).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Error::Invalid(_) => "invalid",
             Error::NotFound(_) => "not_found",
@@ -46,7 +46,7 @@ impl Error {
     }
 
     /// This error as a reply error.
-    pub fn to_reply(&self) -> ReplyError {
+    pub(crate) fn to_reply(&self) -> ReplyError {
         ReplyError::new(self.kind(), self.to_string())
     }
 }

@@ -202,7 +202,7 @@ impl PacketFabric {
     /// renamed or merely downed interface keeps its index: this socket stays valid and
     /// hears it again once the link is up, so `None` is the answer then, as it is while
     /// no interface bears the name.
-    pub fn reopen_if_replaced(&self) -> io::Result<Option<PacketFabric>> {
+    pub(crate) fn reopen_if_replaced(&self) -> io::Result<Option<PacketFabric>> {
         let index = self.current_index()?;
         if index == 0 || index == self.ifindex {
             return Ok(None);
@@ -220,17 +220,17 @@ impl PacketFabric {
     }
 
     /// The interface's name.
-    pub fn ifname(&self) -> &str {
+    pub(crate) fn ifname(&self) -> &str {
         &self.ifname
     }
 
     /// A descriptor that polls readable while a frame waits.
-    pub fn raw_fd(&self) -> RawFd {
+    pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
     /// Send one whole frame (Ethernet header included).
-    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+    pub(crate) fn send(&self, frame: &[u8]) -> io::Result<()> {
         // SAFETY: `frame` is valid for `frame.len()` bytes for the duration of the call.
         let n = unsafe {
             libc::send(
@@ -248,7 +248,7 @@ impl PacketFabric {
 
     /// Hand every waiting frame to `f`, without blocking; returns how many there were.
     /// Frames longer than the receive buffer are dropped.
-    pub fn recv_all(&self, mut f: impl FnMut(&[u8])) -> io::Result<usize> {
+    pub(crate) fn recv_all(&self, mut f: impl FnMut(&[u8])) -> io::Result<usize> {
         let mut buf = [0u8; RECV_BUF];
         let mut count = 0;
         loop {

@@ -34,7 +34,7 @@
 //!
 //! The hosts exchange their guest lists as MXoE RAW packets (type 1, the channel MX's
 //! mapper uses to map a fabric), broadcast on the interface the backend serves; see
-//! [`announce`] for the layout. The alternatives were weighed:
+//! `announce` for the layout. The alternatives were weighed:
 //!
 //! - HOST_QUERY / HOST_REPLY through the engine map a *known* MAC to a hostname; the
 //!   engine answers them only for peers already in the table. They cannot find guests no
@@ -45,7 +45,7 @@
 //! RAW frames need no configuration and reach exactly the hosts that can exchange MXoE
 //! traffic with us: those on the same Ethernet segment. They work the same between the
 //! namespaces of `xmx sim` and on physical NICs. xmxd opens its own AF_PACKET socket with a
-//! BPF filter ([`fabric`]), so discovery never touches the backend's rings, and the backend
+//! BPF filter (`fabric`), so discovery never touches the backend's rings, and the backend
 //! ignores RAW frames (it counts broadcast ones as frames for no local guest).
 //!
 //! # The peer table
@@ -70,15 +70,15 @@
 //! Moving a running guest re-attaches its device with the new cluster (the backend reads a
 //! device's identity when it connects, so the guest's frontend reconnects).
 
-pub mod announce;
-pub mod backend;
+pub(crate) mod announce;
+pub(crate) mod backend;
 pub mod control;
-pub mod direct;
+pub(crate) mod direct;
 pub mod discovery;
-pub mod error;
-pub mod fabric;
+pub(crate) mod error;
+pub(crate) mod fabric;
 pub mod names;
-pub mod service;
+pub(crate) mod service;
 pub mod state;
 pub mod table;
 pub mod xsnodes;

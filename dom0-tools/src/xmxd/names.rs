@@ -5,7 +5,7 @@
 //!
 //! - a cluster's id (what the engine and the backend's `cluster` key carry) is a hash of its
 //!   name, except the default cluster, which is 0 as in the backend;
-//! - a guest's board MAC is a hash of its base name (see [`base_name`]), in the locally
+//! - a guest's board MAC is a hash of its base name (see `base_name`), in the locally
 //!   administered range `06:xx:xx:xx:xx:xx`, so re-creating or migrating a guest of the
 //!   same name gives it the same MX address;
 //! - its MX hostname is `<name>:0` (board 0 of the "host" that is the guest).
@@ -15,25 +15,25 @@ use xmx_wire::mxoe::Mac;
 use super::error::{Error, Result};
 
 /// The cluster every guest is in unless put elsewhere.
-pub const DEFAULT_CLUSTER: &str = "default";
+pub(crate) const DEFAULT_CLUSTER: &str = "default";
 /// Id of [`DEFAULT_CLUSTER`]: the backend's and the engine's default.
-pub const DEFAULT_CLUSTER_ID: u32 = 0;
+pub(crate) const DEFAULT_CLUSTER_ID: u32 = 0;
 /// Longest cluster name.
-pub const CLUSTER_NAME_MAX: usize = 32;
+pub(crate) const CLUSTER_NAME_MAX: usize = 32;
 /// Longest guest (domain) name.
-pub const GUEST_NAME_MAX: usize = 64;
+pub(crate) const GUEST_NAME_MAX: usize = 64;
 /// Longest host name announced on the fabric.
-pub const HOST_NAME_MAX: usize = 63;
+pub(crate) const HOST_NAME_MAX: usize = 63;
 /// First octet of every guest MAC: unicast, locally administered, and distinct from the
 /// `02:...` addresses the simulator gives host NICs.
-pub const GUEST_MAC_PREFIX: u8 = 0x06;
+pub(crate) const GUEST_MAC_PREFIX: u8 = 0x06;
 
 /// Suffixes xl puts on a domain's name while it migrates (`libxl` renames the receiving
 /// copy when the migration succeeds and the sending copy before destroying it).
 const MIGRATION_SUFFIXES: [&str; 2] = ["--incoming", "--migratedaway"];
 
 /// A cluster name: 1 to 32 of `[A-Za-z0-9_.-]`, not starting with `-`.
-pub fn check_cluster_name(name: &str) -> Result<()> {
+pub(crate) fn check_cluster_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= CLUSTER_NAME_MAX
         && !name.starts_with('-')
@@ -51,7 +51,7 @@ pub fn check_cluster_name(name: &str) -> Result<()> {
 
 /// A guest name as Xen allows domain names, and safe in a xenstore path: 1 to 64 bytes,
 /// no `/`, no whitespace or control characters.
-pub fn check_guest_name(name: &str) -> Result<()> {
+pub(crate) fn check_guest_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= GUEST_NAME_MAX
         && !name
@@ -67,7 +67,7 @@ pub fn check_guest_name(name: &str) -> Result<()> {
 }
 
 /// A host name for announcements: 1 to 63 bytes, printable, no whitespace.
-pub fn check_host_name(name: &str) -> Result<()> {
+pub(crate) fn check_host_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= HOST_NAME_MAX
         && name
@@ -84,7 +84,7 @@ pub fn check_host_name(name: &str) -> Result<()> {
 
 /// The name a guest is known by across migrations: the domain name without xl's
 /// migration suffix.
-pub fn base_name(domain_name: &str) -> &str {
+pub(crate) fn base_name(domain_name: &str) -> &str {
     MIGRATION_SUFFIXES
         .iter()
         .find_map(|s| domain_name.strip_suffix(s))
@@ -124,7 +124,7 @@ pub fn cluster_id(name: &str) -> u32 {
     }
 }
 
-/// The board MAC of guest `name` (its base name is used: see [`base_name`]).
+/// The board MAC of guest `name` (its base name is used: see `base_name`).
 pub fn guest_mac(name: &str) -> Mac {
     let h = mix(fnv1a64(&[b"xmx-guest:", base_name(name).as_bytes()]));
     let b = h.to_be_bytes();
@@ -132,7 +132,7 @@ pub fn guest_mac(name: &str) -> Mac {
 }
 
 /// The MX hostname of guest `name`.
-pub fn guest_hostname(name: &str) -> String {
+pub(crate) fn guest_hostname(name: &str) -> String {
     format!("{}:0", base_name(name))
 }
 

@@ -44,11 +44,11 @@ use super::xsnodes;
 #[derive(Debug, Clone)]
 pub struct Config {
     /// This host's name, announced with its guests.
-    pub host_name: String,
+    pub(crate) host_name: String,
     /// The domain xmxd and the backend run in (0: dom0).
     pub toolstack: DomId,
     /// Where the state file lives.
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Where to serve the control socket, if anywhere.
     pub control_socket: Option<PathBuf>,
     /// The local backend's control socket, if there is a backend to feed.
@@ -59,7 +59,7 @@ pub struct Config {
     /// and pushes its first table (so it does not push a table without the other hosts).
     pub settle: Duration,
     /// How long a re-attach waits for the backend to let go of the old device.
-    pub release_timeout: Duration,
+    pub(crate) release_timeout: Duration,
 }
 
 impl Config {
@@ -1045,7 +1045,7 @@ impl Core {
     }
 
     /// Reply of `status`.
-    pub fn status(&self) -> StatusReport {
+    pub(crate) fn status(&self) -> StatusReport {
         StatusReport {
             host: self.cfg.host_name.clone(),
             host_mac: self.discovery.me(),
@@ -1060,7 +1060,7 @@ impl Core {
     }
 
     /// The whole table as `peers` reports it.
-    pub fn table_report(&self) -> PeersReport {
+    pub(crate) fn table_report(&self) -> PeersReport {
         PeersReport {
             host: self.cfg.host_name.clone(),
             host_mac: self.discovery.me(),
@@ -1073,7 +1073,7 @@ impl Core {
 
     /// Reply of `peers`: the whole table, or what guest `guest` (a name or a domid of this
     /// host) may see.
-    pub fn peers(&self, guest: Option<&str>) -> Result<PeersReport> {
+    pub(crate) fn peers(&self, guest: Option<&str>) -> Result<PeersReport> {
         let mut report = self.table_report();
         if let Some(guest) = guest {
             let name = self.resolve_guest(guest)?;
@@ -1109,7 +1109,7 @@ impl Core {
     }
 
     /// Reply of `guests`: every guest recorded here.
-    pub fn guests(&self) -> Vec<GuestStatus> {
+    pub(crate) fn guests(&self) -> Vec<GuestStatus> {
         self.store
             .state
             .guests
@@ -1119,7 +1119,7 @@ impl Core {
     }
 
     /// Reply of `clusters`.
-    pub fn clusters(&self) -> Vec<ClusterReport> {
+    pub(crate) fn clusters(&self) -> Vec<ClusterReport> {
         self.store
             .state
             .clusters
@@ -1281,18 +1281,8 @@ impl Xmxd {
         }
     }
 
-    /// The control socket's path, if it listens.
-    pub fn control_socket(&self) -> Option<&Path> {
-        self.control.as_ref().map(ControlServer::path)
-    }
-
-    /// Stop and wait for the loop; its result.
-    pub fn stop(mut self) -> Result<()> {
-        self.halt()
-    }
-
-    /// Wait until the loop ends by itself (a fatal error) or [`Xmxd::stop`] is called from
-    /// elsewhere through a [`Stopper`].
+    /// Wait until the loop ends by itself (a fatal error) or a [`Stopper`] stops it from
+    /// elsewhere.
     pub fn join(mut self) -> Result<()> {
         let result = match self.thread.take() {
             Some(t) => t

@@ -16,44 +16,44 @@ use super::error::{Error, Result};
 use super::names::{self, DEFAULT_CLUSTER};
 
 /// Name of the state file inside the state directory.
-pub const STATE_FILE: &str = "state.json";
+pub(crate) const STATE_FILE: &str = "state.json";
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/xmx";
 
 /// A virtual cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClusterRecord {
+pub(crate) struct ClusterRecord {
     /// Its id, derived from its name ([`names::cluster_id`]); kept for people reading the
     /// file, recomputed on load.
-    pub id: u32,
+    pub(crate) id: u32,
 }
 
 /// What this host knows of one guest, by name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GuestRecord {
+pub(crate) struct GuestRecord {
     /// Its cluster (exactly one).
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Its board MAC, recorded when first derived.
     #[serde(with = "mac_text")]
-    pub mac: Mac,
+    pub(crate) mac: Mac,
     /// Attach the xmx device whenever a domain of this name runs here.
-    pub auto_attach: bool,
+    pub(crate) auto_attach: bool,
     /// The peer index this guest holds, once placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub index: Option<u16>,
+    pub(crate) index: Option<u16>,
     /// When the index was first claimed (seconds since the epoch): the older claim keeps
     /// an index both claim.
     #[serde(default)]
-    pub since: u32,
+    pub(crate) since: u32,
 }
 
 /// The whole state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct State {
+pub(crate) struct State {
     /// Clusters by name; the default cluster is always there.
-    pub clusters: BTreeMap<String, ClusterRecord>,
+    pub(crate) clusters: BTreeMap<String, ClusterRecord>,
     /// Guests by (base) name.
-    pub guests: BTreeMap<String, GuestRecord>,
+    pub(crate) guests: BTreeMap<String, GuestRecord>,
 }
 
 impl Default for State {
@@ -103,12 +103,12 @@ impl State {
     }
 
     /// The id of cluster `name`, if it exists here.
-    pub fn cluster_id(&self, name: &str) -> Option<u32> {
+    pub(crate) fn cluster_id(&self, name: &str) -> Option<u32> {
         self.clusters.get(name).map(|c| c.id)
     }
 
     /// Create cluster `name`; returns its id.
-    pub fn create_cluster(&mut self, name: &str) -> Result<u32> {
+    pub(crate) fn create_cluster(&mut self, name: &str) -> Result<u32> {
         names::check_cluster_name(name)?;
         if self.clusters.contains_key(name) {
             return Err(Error::Exists(format!("cluster {name}")));
@@ -125,7 +125,7 @@ impl State {
 
     /// Delete cluster `name`. Its members go back to the default cluster if `force`, else
     /// a cluster with members is refused. Returns the guests moved.
-    pub fn delete_cluster(&mut self, name: &str, force: bool) -> Result<Vec<String>> {
+    pub(crate) fn delete_cluster(&mut self, name: &str, force: bool) -> Result<Vec<String>> {
         if name == DEFAULT_CLUSTER {
             return Err(Error::Invalid(
                 "the default cluster cannot be deleted".into(),
@@ -151,7 +151,7 @@ impl State {
     }
 
     /// Guests recorded in cluster `name`.
-    pub fn members(&self, name: &str) -> Vec<String> {
+    pub(crate) fn members(&self, name: &str) -> Vec<String> {
         self.guests
             .iter()
             .filter(|(_, g)| g.cluster == name)
@@ -161,7 +161,7 @@ impl State {
 
     /// The record of guest `name`, made (default cluster, derived MAC, no auto-attach) if
     /// there is none.
-    pub fn guest_entry(&mut self, name: &str) -> Result<&mut GuestRecord> {
+    pub(crate) fn guest_entry(&mut self, name: &str) -> Result<&mut GuestRecord> {
         names::check_guest_name(name)?;
         Ok(self
             .guests
@@ -176,7 +176,7 @@ impl State {
     }
 
     /// Put guest `guest` in cluster `cluster` (which must exist). True if it moved.
-    pub fn set_guest_cluster(&mut self, guest: &str, cluster: &str) -> Result<bool> {
+    pub(crate) fn set_guest_cluster(&mut self, guest: &str, cluster: &str) -> Result<bool> {
         if !self.clusters.contains_key(cluster) {
             return Err(Error::NotFound(format!("cluster {cluster}")));
         }
@@ -191,15 +191,15 @@ impl State {
 
 /// The state and the file it lives in.
 #[derive(Debug)]
-pub struct StateStore {
+pub(crate) struct StateStore {
     path: PathBuf,
     /// The current state; call [`StateStore::save`] after changing it.
-    pub state: State,
+    pub(crate) state: State,
 }
 
 impl StateStore {
     /// Load `dir/state.json`, or start empty if there is none. The directory is created.
-    pub fn open(dir: &Path) -> Result<StateStore> {
+    pub(crate) fn open(dir: &Path) -> Result<StateStore> {
         fs::create_dir_all(dir)?;
         let path = dir.join(STATE_FILE);
         let mut state = match fs::read(&path) {
@@ -213,12 +213,12 @@ impl StateStore {
     }
 
     /// Where the state is kept.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Write the state: a temporary file, fsync'd, renamed over the old one.
-    pub fn save(&self) -> Result<()> {
+    pub(crate) fn save(&self) -> Result<()> {
         let tmp = self.path.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(&self.state)
             .map_err(|e| Error::Invalid(format!("encoding the state: {e}")))?;
@@ -236,11 +236,11 @@ pub(crate) mod mac_text {
     use serde::{Deserialize, Deserializer, Serializer};
     use xmx_wire::mxoe::Mac;
 
-    pub fn serialize<S: Serializer>(mac: &Mac, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(mac: &Mac, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(mac)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Mac, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Mac, D::Error> {
         let text = String::deserialize(d)?;
         text.parse()
             .map_err(|e| serde::de::Error::custom(format!("MAC {text:?}: {e}")))

@@ -2,7 +2,7 @@
 //!
 //! One index space for the whole fabric, as MX expects: a peer index names the same
 //! board on every host. There is no leader: each guest's own host claims an index for it
-//! and announces the claim; every host runs the same pure function ([`compute`]) over the
+//! and announces the claim; every host runs the same pure function (`compute`) over the
 //! same announcements and so reaches the same table. The rules:
 //!
 //! 1. One MAC, one entry. A MAC announced by two hosts (a guest caught mid-migration, or
@@ -14,7 +14,7 @@
 //!    the lowest MAC: a guest that already had an index keeps it when a newcomer claims
 //!    the same one. Losers are left out until their host claims again.
 //!
-//! A host re-claims for its own losers with [`pick_index`]: the index the MAC held before
+//! A host re-claims for its own losers with `pick_index`: the index the MAC held before
 //! if it is free (so a migrated guest keeps its index), else the lowest index no one
 //! claims and no remembered MAC held, so indices are not reused while peers may still
 //! hold them.
@@ -30,19 +30,19 @@ use super::names;
 use super::state::mac_text;
 
 /// Peer indices are 16 bits, and [`announce::NO_INDEX`](super::announce::NO_INDEX) is taken.
-pub const INDEX_LIMIT: u16 = u16::MAX;
+pub(crate) const INDEX_LIMIT: u16 = u16::MAX;
 
 /// One guest as some host announced it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// The NIC address of the announcing host.
-    pub host: Mac,
+    pub(crate) host: Mac,
     /// Its name.
-    pub host_name: String,
+    pub(crate) host_name: String,
     /// True if the announcing host is this one.
-    pub local: bool,
+    pub(crate) local: bool,
     /// The guest.
-    pub entry: EntryRepr,
+    pub(crate) entry: EntryRepr,
 }
 
 /// One row of the table.
@@ -60,7 +60,7 @@ pub struct Peer {
     /// Its cluster's name.
     pub cluster: String,
     /// Its cluster's id.
-    pub cluster_id: u32,
+    pub(crate) cluster_id: u32,
     /// Name of the host running the guest.
     pub host: String,
     /// NIC address of that host.
@@ -72,16 +72,16 @@ pub struct Peer {
 
 /// Why an announced guest is not in the table (or shares it uneasily).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     /// The guest's (base) name.
-    pub guest: String,
+    pub(crate) guest: String,
     /// Its board MAC.
     #[serde(with = "mac_text")]
-    pub mac: Mac,
+    pub(crate) mac: Mac,
     /// Name of the host that announced it.
-    pub host: String,
+    pub(crate) host: String,
     /// Which rule left it out, for people.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The computed table.
@@ -90,9 +90,9 @@ pub struct FabricTable {
     /// Placed peers in index order.
     pub peers: Vec<Peer>,
     /// Guests announced without a usable index (none claimed yet, or a lost claim).
-    pub unplaced: Vec<Claim>,
+    pub(crate) unplaced: Vec<Claim>,
     /// Claims left out by a rule, with the reason.
-    pub conflicts: Vec<Conflict>,
+    pub(crate) conflicts: Vec<Conflict>,
 }
 
 fn conflict(c: &Claim, reason: String) -> Conflict {
@@ -105,7 +105,7 @@ fn conflict(c: &Claim, reason: String) -> Conflict {
 }
 
 /// The table every host computes from the same claims (see the module documentation).
-pub fn compute(claims: &[Claim]) -> FabricTable {
+pub(crate) fn compute(claims: &[Claim]) -> FabricTable {
     let mut table = FabricTable::default();
 
     // 1. One MAC, one entry: the lowest announcing host keeps it.
@@ -205,19 +205,19 @@ fn duplicate_reason(kept: &Claim, dropped: &Claim) -> String {
 
 impl FabricTable {
     /// The entry of `mac`, if placed.
-    pub fn by_mac(&self, mac: Mac) -> Option<&Peer> {
+    pub(crate) fn by_mac(&self, mac: Mac) -> Option<&Peer> {
         self.peers.iter().find(|p| p.mac == mac)
     }
 
     /// The peers a guest of cluster `cluster_id` may see and reach.
-    pub fn visible_to(&self, cluster_id: u32) -> impl Iterator<Item = &Peer> {
+    pub(crate) fn visible_to(&self, cluster_id: u32) -> impl Iterator<Item = &Peer> {
         self.peers
             .iter()
             .filter(move |p| p.cluster_id == cluster_id)
     }
 
     /// The table as `xmx-backd`'s `set-peers` takes it.
-    pub fn to_specs(&self) -> Vec<PeerSpec> {
+    pub(crate) fn to_specs(&self) -> Vec<PeerSpec> {
         self.peers
             .iter()
             .map(|p| PeerSpec {
@@ -233,7 +233,11 @@ impl FabricTable {
 /// An index for `mac`, not claimed by any of `claims` (other than `mac`'s own) and, unless
 /// none is left, not held before by another MAC in `remembered`. The index `mac` held
 /// before is taken again if it is free.
-pub fn pick_index(mac: Mac, claims: &[Claim], remembered: &HashMap<Mac, u16>) -> Option<u16> {
+pub(crate) fn pick_index(
+    mac: Mac,
+    claims: &[Claim],
+    remembered: &HashMap<Mac, u16>,
+) -> Option<u16> {
     let taken: BTreeSet<u16> = claims
         .iter()
         .filter(|c| c.entry.mac != mac)

@@ -33,7 +33,7 @@ pub fn root(toolstack: DomId) -> String {
 }
 
 /// Where the wishes of domains live.
-pub fn wishes_dir(toolstack: DomId) -> String {
+pub(crate) fn wishes_dir(toolstack: DomId) -> String {
     format!("{}/guests", root(toolstack))
 }
 
@@ -53,19 +53,24 @@ pub fn peers_dir(toolstack: DomId, domu: DomId) -> String {
 }
 
 /// The QoS weight node of a guest, by name.
-pub fn qos_path(toolstack: DomId, guest: &str) -> String {
+pub(crate) fn qos_path(toolstack: DomId, guest: &str) -> String {
     format!("{}/qos/{guest}", root(toolstack))
 }
 
 /// A guest's recorded QoS weight (1 if none, or if the node does not read well).
-pub fn read_qos(xs: &dyn Xenstore, toolstack: DomId, guest: &str) -> Result<u32> {
+pub(crate) fn read_qos(xs: &dyn Xenstore, toolstack: DomId, guest: &str) -> Result<u32> {
     Ok(read_opt(xs, &qos_path(toolstack, guest))?
         .and_then(|w| xmx_backend::xenbus::toolstack::parse_qos_weight(&w).ok())
         .unwrap_or(1))
 }
 
 /// Record a guest's QoS weight (checked: 1 to the maximum).
-pub fn write_qos(xs: &dyn Xenstore, toolstack: DomId, guest: &str, weight: u32) -> Result<()> {
+pub(crate) fn write_qos(
+    xs: &dyn Xenstore,
+    toolstack: DomId,
+    guest: &str,
+    weight: u32,
+) -> Result<()> {
     xmx_backend::xenbus::toolstack::parse_qos_weight(&weight.to_string())?;
     xs.write(
         XBT_NULL,
@@ -95,7 +100,7 @@ fn read_opt(xs: &dyn Xenstore, path: &str) -> Result<Option<String>> {
 }
 
 /// Make the root (and the wishes directory) private to the toolstack domain.
-pub fn ensure_root(xs: &dyn Xenstore, toolstack: DomId) -> Result<()> {
+pub(crate) fn ensure_root(xs: &dyn Xenstore, toolstack: DomId) -> Result<()> {
     let private = [XsPerm {
         domid: toolstack,
         access: XsAccess::None,
@@ -111,22 +116,31 @@ pub fn ensure_root(xs: &dyn Xenstore, toolstack: DomId) -> Result<()> {
 
 /// The wish of domain `domu`: `None` if it has none, else the cluster it asks for (empty:
 /// whatever xmxd has recorded, or the default cluster).
-pub fn read_wish(xs: &dyn Xenstore, toolstack: DomId, domu: DomId) -> Result<Option<String>> {
+pub(crate) fn read_wish(
+    xs: &dyn Xenstore,
+    toolstack: DomId,
+    domu: DomId,
+) -> Result<Option<String>> {
     read_opt(xs, &wish_path(toolstack, domu))
 }
 
 /// Record that domain `domu` wants xmx (in `cluster`, if not empty).
-pub fn write_wish(xs: &dyn Xenstore, toolstack: DomId, domu: DomId, cluster: &str) -> Result<()> {
+pub(crate) fn write_wish(
+    xs: &dyn Xenstore,
+    toolstack: DomId,
+    domu: DomId,
+    cluster: &str,
+) -> Result<()> {
     xs.write(XBT_NULL, &wish_path(toolstack, domu), cluster.as_bytes())
 }
 
 /// Forget domain `domu`'s wish; a missing one is fine.
-pub fn remove_wish(xs: &dyn Xenstore, toolstack: DomId, domu: DomId) -> Result<()> {
+pub(crate) fn remove_wish(xs: &dyn Xenstore, toolstack: DomId, domu: DomId) -> Result<()> {
     remove_node(xs, &wish_path(toolstack, domu))
 }
 
 /// Remove `path` and what is below it; a missing node is fine.
-pub fn remove_node(xs: &dyn Xenstore, path: &str) -> Result<()> {
+pub(crate) fn remove_node(xs: &dyn Xenstore, path: &str) -> Result<()> {
     // xenstored fails the removal of a missing node whose parent is missing too: look
     // first, so "already gone" is never an error.
     match xs.read(XBT_NULL, path) {
@@ -140,7 +154,7 @@ pub fn remove_node(xs: &dyn Xenstore, path: &str) -> Result<()> {
 }
 
 /// Domains with a wish node.
-pub fn wished_domains(xs: &dyn Xenstore, toolstack: DomId) -> Result<Vec<DomId>> {
+pub(crate) fn wished_domains(xs: &dyn Xenstore, toolstack: DomId) -> Result<Vec<DomId>> {
     match xs.directory(XBT_NULL, &wishes_dir(toolstack)) {
         Ok(names) => Ok(names.iter().filter_map(|n| n.parse().ok()).collect()),
         Err(Error::NotFound(_)) => Ok(Vec::new()),
@@ -149,12 +163,12 @@ pub fn wished_domains(xs: &dyn Xenstore, toolstack: DomId) -> Result<Vec<DomId>>
 }
 
 /// The name of domain `domid`, if written yet.
-pub fn domain_name(xs: &dyn Xenstore, domid: DomId) -> Result<Option<String>> {
+pub(crate) fn domain_name(xs: &dyn Xenstore, domid: DomId) -> Result<Option<String>> {
     Ok(read_opt(xs, &name_path(domid))?.filter(|n| !n.is_empty()))
 }
 
 /// Whether domain `domid` may write node `path` (it owns it, or is granted write).
-pub fn writable_by(xs: &dyn Xenstore, path: &str, domid: DomId) -> Result<bool> {
+pub(crate) fn writable_by(xs: &dyn Xenstore, path: &str, domid: DomId) -> Result<bool> {
     let perms = match xs.get_perms(XBT_NULL, path) {
         Ok(p) => p,
         Err(Error::NotFound(_)) => return Ok(false),
@@ -172,7 +186,7 @@ pub fn writable_by(xs: &dyn Xenstore, path: &str, domid: DomId) -> Result<bool> 
 }
 
 /// Every domain with a home in xenstore.
-pub fn listed_domains(xs: &dyn Xenstore) -> Result<Vec<DomId>> {
+pub(crate) fn listed_domains(xs: &dyn Xenstore) -> Result<Vec<DomId>> {
     match xs.directory(XBT_NULL, "/local/domain") {
         Ok(names) => Ok(names.iter().filter_map(|n| n.parse().ok()).collect()),
         Err(Error::NotFound(_)) => Ok(Vec::new()),
@@ -181,7 +195,7 @@ pub fn listed_domains(xs: &dyn Xenstore) -> Result<Vec<DomId>> {
 }
 
 /// Rewrite the mirror of the clusters from `state`, in one transaction.
-pub fn mirror_clusters(xs: &dyn Xenstore, toolstack: DomId, state: &State) -> Result<()> {
+pub(crate) fn mirror_clusters(xs: &dyn Xenstore, toolstack: DomId, state: &State) -> Result<()> {
     let dir = clusters_dir(toolstack);
     in_transaction(xs, |tx| {
         if xs.read(tx, &dir).is_ok() {
@@ -204,7 +218,7 @@ pub fn mirror_clusters(xs: &dyn Xenstore, toolstack: DomId, state: &State) -> Re
 /// Make `peers_dir(domu)` hold exactly `peers` (index -> value), readable by `domu`: only
 /// the differences from `before` (what was published last) are written, in one
 /// transaction.
-pub fn publish_peers(
+pub(crate) fn publish_peers(
     xs: &dyn Xenstore,
     toolstack: DomId,
     domu: DomId,
