@@ -300,30 +300,27 @@ impl Shared {
         }
     }
 
-    /// The hub looks at the offers and channels again.
-    ///
-    /// What a channel holds is taken in first. A peer that closes its
-    /// endpoint ends its channels without waiting for its frames to be
-    /// read: MX completes an eager send once it is buffered, so those
-    /// frames may be the last of messages its application saw complete,
-    /// and their sender is gone and will not resend them. Frames are on
-    /// the channel before the peer's xenstore change that brought us here,
-    /// so taking in now gets every one of them (a frame written after the
-    /// take-in comes from a live peer, which resends it through the backend).
+    /// The hub looks at the offers and channels again; a channel that ends
+    /// is emptied into its endpoint's mailbox first ([`direct::Hub::rescan`]).
     fn direct_rescan(&self) {
         let Some(hub) = &self.direct else { return };
         let endpoints = self.endpoints();
+        let mut links: Vec<LinkRef<'_>> = endpoints.iter().map(|e| LinkRef(&e.link)).collect();
+        let mut list: Vec<direct::Attached<'_>> = endpoints
+            .iter()
+            .zip(links.iter_mut())
+            .map(|(e, link)| direct::Attached {
+                index: e.index,
+                direct: &e.direct,
+                mailbox: &e.mailbox,
+                link,
+            })
+            .collect();
+        hub.rescan(&mut list, &self.view);
+        drop(list);
         for ep in &endpoints {
-            let mut d = lock(&ep.direct);
-            hub.take_in(ep.index, &mut d, &ep.mailbox, &mut LinkRef(&ep.link));
-            let orphans = d.take_orphans();
-            drop(d);
+            let orphans = lock(&ep.direct).take_orphans();
             self.resume_pulls(ep, orphans);
-        }
-        let list: Vec<(u8, &Mutex<direct::EndpointDirect>)> =
-            endpoints.iter().map(|e| (e.index, &e.direct)).collect();
-        hub.rescan(&list, &self.view);
-        for ep in &endpoints {
             ep.mailbox.ring();
         }
     }
@@ -566,7 +563,14 @@ impl Transport for Xen {
         lock(&self.shared.endpoints).insert(index, ep.clone());
         if let Some(hub) = &self.shared.direct {
             // Channels peers created for this endpoint id before it opened.
-            hub.rescan(&[(index, &ep.direct)], &self.shared.view);
+            let mut link = LinkRef(&ep.link);
+            let mut list = [direct::Attached {
+                index,
+                direct: &ep.direct,
+                mailbox: &ep.mailbox,
+                link: &mut link,
+            }];
+            hub.rescan(&mut list, &self.shared.view);
         }
         self.shared.kick();
         tracing::debug!(index, "xen endpoint open");

@@ -199,6 +199,19 @@ const MAX_JOBS: usize = 64;
 
 /// How a direct channel reads the LARGE data this endpoint lends and tells
 /// its link what it learns.
+/// An open endpoint of this process, as [`Hub::rescan`] sees it: its
+/// channels, and where what they hold goes when one ends.
+pub(crate) struct Attached<'a> {
+    /// The endpoint's index.
+    pub(crate) index: u8,
+    /// Its direct state.
+    pub(crate) direct: &'a Mutex<EndpointDirect>,
+    /// Its mailbox.
+    pub(crate) mailbox: &'a Mailbox,
+    /// Its link.
+    pub(crate) link: &'a mut dyn LinkAccess,
+}
+
 pub(crate) trait LinkAccess {
     /// A connect request or reply came off a channel.
     fn observe(&mut self, frame: &Frame<Vec<u8>>);
@@ -944,14 +957,21 @@ impl Hub {
 
     /// xenstore changed: follows the offers, closes what was revoked or
     /// closed by the peer, notes what the peer accepted, and accepts what
-    /// peers created for `endpoints` (index and direct state of each open
-    /// endpoint of this process).
-    pub(crate) fn rescan(&self, endpoints: &[(u8, &Mutex<EndpointDirect>)], view: &PeerView) {
+    /// peers created for `endpoints` (each open endpoint of this process).
+    ///
+    /// A channel that ends here is emptied into its endpoint's mailbox
+    /// first, at the moment its end is seen. MX completes an eager send once
+    /// it is buffered, so a peer may close its endpoint (which ends its
+    /// channels) right after its last sends, and it will not resend them;
+    /// a NIC delivers what a closed port sent, and so does the channel. What
+    /// the peer wrote before the change seen here is all on the channel by
+    /// then, whenever the rescan began.
+    pub(crate) fn rescan(&self, endpoints: &mut [Attached<'_>], view: &PeerView) {
         self.reload_offers();
         let generation = self.generation();
         let offers: BTreeMap<Mac, DomId> = lock(&self.offers).by_mac.clone();
-        for (_, d) in endpoints {
-            let mut d = lock(d);
+        for ep in endpoints.iter_mut() {
+            let mut d = lock(ep.direct);
             let open: Vec<PeerAddr> = d
                 .slots
                 .iter()
@@ -982,14 +1002,15 @@ impl Hub {
                     Err(_) => Some("its nodes are gone"),
                 };
                 if let Some(why) = why {
+                    self.take_in(ep.index, &mut d, ep.mailbox, &mut *ep.link);
                     d.end(self, addr, generation, why);
                 }
             }
         }
         // Endpoints that talked to a peer now offered again create their
         // channel at once, not at their next frame.
-        for (endpoint, d) in endpoints {
-            let mut d = lock(d);
+        for ep in endpoints.iter() {
+            let (endpoint, mut d) = (&ep.index, lock(ep.direct));
             let stale: Vec<PeerAddr> = d
                 .slots
                 .iter()
@@ -1026,7 +1047,7 @@ impl Hub {
                 let Some((cep, aep)) = names::parse_channel_name(&name) else {
                     continue;
                 };
-                let Some((_, d)) = endpoints.iter().find(|(i, _)| *i == aep) else {
+                let Some(d) = endpoints.iter().find(|e| e.index == aep).map(|e| e.direct) else {
                     continue;
                 };
                 let source = PeerAddr::new(peer_index, cep);
