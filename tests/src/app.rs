@@ -145,6 +145,12 @@ impl App {
         self.finish_now()
     }
 
+    /// Whether the application has ended (its result is read by
+    /// [`finish`](Self::finish)).
+    pub fn ended(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
     /// Waits until a process of the application has a thread named
     /// `thread` (libmyriexpress's `mx-progress` runs once an endpoint is
     /// open). Nothing announces another process's threads: /proc is read

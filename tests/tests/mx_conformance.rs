@@ -189,9 +189,11 @@ fn conformance_native() {
             netns_cmd(&pair.ns_b, &p.bin, &["-l", "2"], &eb),
         );
         // The library starts its progression thread when the first
-        // endpoint opens.
+        // endpoint opens. A passive side that needs no peer (it sends to
+        // itself) may have opened, finished and gone before it is seen:
+        // its output is judged below.
         assert!(
-            passive.wait_thread("mx-progress", Duration::from_secs(30)),
+            passive.wait_thread("mx-progress", Duration::from_secs(30)) || passive.ended(),
             "{}: the passive side opened its endpoint",
             p.name
         );
