@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::abi::{MxReturn, MX_API};
 use crate::doorbell::Unattended;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, StallView};
 use crate::errors::{Failure, MxResult};
 use crate::raw::RawEndpoint;
 use crate::settings::Settings;
@@ -52,13 +52,19 @@ pub(crate) struct Library {
     next_handle: AtomicU32,
     background: Arc<Background>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The stall watch's thread, when `XMX_STALL_REPORT_MS` asks for one.
+    stall_watch: Mutex<Option<JoinHandle<()>>>,
+    /// Set at finalize: the stall watch ends.
+    stall_watch_stop: Arc<(Mutex<bool>, Condvar)>,
 }
 
 static LIBRARY: RwLock<Option<Arc<Library>>> = RwLock::new(None);
 
-fn tracing_init(verbose: Option<u32>) {
+fn tracing_init(verbose: Option<u32>, stall_report: bool) {
     let filter = match (std::env::var("RUST_LOG").ok(), verbose) {
         (Some(f), _) => f,
+        // A stall report asked for is shown even when nothing else is.
+        (None, Some(0)) | (None, None) if stall_report => "warn".into(),
         (None, Some(0)) | (None, None) => return,
         (None, Some(1)) => "info".into(),
         (None, Some(2)) => "debug".into(),
@@ -76,7 +82,7 @@ pub(crate) fn init(api: c_int) -> MxResult<()> {
     let mut slot = LIBRARY.write().unwrap_or_else(|e| e.into_inner());
     let settings = Settings::from_lookup(|k| std::env::var(k).ok())
         .map_err(|e| Failure::new(MxReturn::BadParamVal, e))?;
-    tracing_init(settings.verbose);
+    tracing_init(settings.verbose, settings.stall_report.is_some());
     crate::errors::set_default(settings.errors_are_fatal);
     if slot.is_some() {
         return Err(Failure::new(
@@ -104,6 +110,8 @@ pub(crate) fn init(api: c_int) -> MxResult<()> {
         next_handle: AtomicU32::new(1),
         background: Arc::new(Background::default()),
         thread: Mutex::new(None),
+        stall_watch: Mutex::new(None),
+        stall_watch_stop: Arc::default(),
     }));
     Ok(())
 }
@@ -133,6 +141,19 @@ pub(crate) fn finalize() -> MxResult<()> {
     let t = lib.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(t) = t {
         let _ = t.join();
+    }
+    {
+        let (stop, cond) = &*lib.stall_watch_stop;
+        *stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cond.notify_all();
+    }
+    let w = lib
+        .stall_watch
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(w) = w {
+        let _ = w.join();
     }
     Ok(())
 }
@@ -215,6 +236,19 @@ impl Library {
                 .map_err(|e| tracing::warn!(%e, "no background progression thread"))
                 .ok();
         }
+        drop(t);
+        if let Some(after) = self.settings.stall_report {
+            let mut w = self.stall_watch.lock().unwrap_or_else(|e| e.into_inner());
+            if w.is_none() {
+                let stop = self.stall_watch_stop.clone();
+                let me = Arc::downgrade(self);
+                *w = std::thread::Builder::new()
+                    .name("mx-stall-watch".into())
+                    .spawn(move || watch_stalls(&stop, me, after))
+                    .map_err(|e| tracing::warn!(%e, "no stall watch"))
+                    .ok();
+            }
+        }
     }
 
     /// Unregisters a closed endpoint; returns it if it was open.
@@ -257,6 +291,63 @@ impl Library {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&h)
+    }
+}
+
+/// The stall watch: every quarter of `after`, each endpoint with requests
+/// pending is checked for completions; one that has had none for `after`
+/// has its state logged as a warning, once until it completes something
+/// again. It only reads: a stall it reports goes on as before.
+fn watch_stalls(stop: &(Mutex<bool>, Condvar), lib: std::sync::Weak<Library>, after: Duration) {
+    // Per endpoint handle: completions last seen, since when, reported.
+    let mut seen: HashMap<u32, (u64, std::time::Instant, bool)> = HashMap::new();
+    let tick = (after / 4).max(Duration::from_millis(10));
+    loop {
+        {
+            let (flag, cond) = stop;
+            let s = flag.lock().unwrap_or_else(|e| e.into_inner());
+            let (s, _) = cond
+                .wait_timeout_while(s, tick, |stopped| !*stopped)
+                .unwrap_or_else(|e| e.into_inner());
+            if *s {
+                return;
+            }
+        }
+        let Some(lib) = lib.upgrade() else { return };
+        let now = std::time::Instant::now();
+        let eps = lib.endpoints();
+        seen.retain(|h, _| eps.iter().any(|e| e.handle() == *h));
+        for ep in eps {
+            let entry = seen.entry(ep.handle()).or_insert((0, now, false));
+            match ep.stall_view() {
+                StallView::Locked => {
+                    if now.duration_since(entry.1) >= after && !entry.2 {
+                        entry.2 = true;
+                        tracing::warn!(
+                            handle = ep.handle(),
+                            "stall: the endpoint's lock has been held for a second at least"
+                        );
+                    }
+                }
+                StallView::Seen {
+                    completed,
+                    pending,
+                    text,
+                } => {
+                    if completed != entry.0 || pending == 0 {
+                        *entry = (completed, now, false);
+                    } else if now.duration_since(entry.1) >= after && !entry.2 {
+                        entry.2 = true;
+                        tracing::warn!(
+                            handle = ep.handle(),
+                            pending,
+                            "stall: no request completed for {} ms\n{text}",
+                            now.duration_since(entry.1).as_millis()
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

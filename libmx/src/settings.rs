@@ -41,12 +41,6 @@ pub(crate) struct Settings {
     /// granted windows the data is copied through, so it is never stale and
     /// is on unless `MX_RCACHE=0`.
     pub(crate) rcache: bool,
-    /// `MX_DISABLE_SHMEM`: no shared-memory shortcut between co-located
-    /// endpoints (transports with such a shortcut honour it).
-    // No transport has such a shortcut yet: the knob is parsed (an unparsable
-    // value is warned about) but read only by the tests.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) disable_shmem: bool,
     /// `MX_ZOMBIE_SEND`: eager sends that may complete before their ack
     /// (0: every send waits for its ack).
     pub(crate) zombie_max: usize,
@@ -56,6 +50,10 @@ pub(crate) struct Settings {
     pub(crate) transport: TransportKind,
     /// `XMX_SPIN_US`: how long a wait spins before it sleeps.
     pub(crate) spin: Duration,
+    /// `XMX_STALL_REPORT_MS`: an endpoint with requests pending and none
+    /// completed for this long has its state logged (a warning), once per
+    /// stall. Off unless set: a diagnosis aid, not a timeout.
+    pub(crate) stall_report: Option<Duration>,
 }
 
 /// Default number of sends allowed to complete before their ack.
@@ -89,8 +87,6 @@ impl Settings {
             ),
             verbose,
             rcache: int("MX_RCACHE", lookup("MX_RCACHE")).is_none_or(|n| n != 0),
-            disable_shmem: int("MX_DISABLE_SHMEM", lookup("MX_DISABLE_SHMEM"))
-                .is_some_and(|n| n != 0),
             zombie_max: int("MX_ZOMBIE_SEND", lookup("MX_ZOMBIE_SEND"))
                 .map_or(DEFAULT_ZOMBIE_MAX, |n| n.max(0) as usize),
             config: Config::default().with_env(&lookup),
@@ -101,6 +97,9 @@ impl Settings {
                         n.clamp(0, 1_000_000)
                     }) as u64,
             ),
+            stall_report: int("XMX_STALL_REPORT_MS", lookup("XMX_STALL_REPORT_MS"))
+                .filter(|&n| n > 0)
+                .map(|n| Duration::from_millis(n as u64)),
         })
     }
 }
@@ -123,7 +122,7 @@ mod tests {
         let s = with(&[]).unwrap();
         assert!(s.errors_are_fatal);
         assert!(s.rcache);
-        assert!(!s.disable_shmem);
+        assert_eq!(s.stall_report, None);
         assert_eq!(s.zombie_max, DEFAULT_ZOMBIE_MAX);
         assert_eq!(s.transport, TransportKind::Loopback);
         assert_eq!(s.verbose, None);
@@ -134,7 +133,7 @@ mod tests {
         let s = with(&[
             ("MX_ERRORS_ARE_FATAL", "0"),
             ("MX_RCACHE", "0"),
-            ("MX_DISABLE_SHMEM", "1"),
+            ("XMX_STALL_REPORT_MS", "1500"),
             ("MX_ZOMBIE_SEND", "0"),
             ("MX_MAX_RETRIES", "3"),
             ("MX_IMM_ACK", "1"),
@@ -143,7 +142,8 @@ mod tests {
         ])
         .unwrap();
         assert!(!s.errors_are_fatal);
-        assert!(!s.rcache && s.disable_shmem);
+        assert!(!s.rcache);
+        assert_eq!(s.stall_report, Some(Duration::from_millis(1500)));
         assert_eq!(s.zombie_max, 0);
         assert_eq!(s.config.max_retries, 3);
         assert_eq!(s.config.imm_ack_threshold, 1);

@@ -139,6 +139,48 @@ fn conformance_on_loopback() {
     }
 }
 
+/// A wait that makes no progress is reported on standard error when
+/// `XMX_STALL_REPORT_MS` asks for it (with the receive that waits), and not
+/// otherwise.
+#[test]
+fn a_stalled_wait_is_reported_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = cprog::build("stall", dir.path());
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new("timeout");
+        cmd.args(["-k", "5", "60"])
+            .arg(&bin)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("XMX_TRANSPORT", "loopback")
+            .env_remove("RUST_LOG")
+            .env_remove("XMX_STALL_REPORT_MS");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().expect("running the program");
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            o.status.success() && stdout.contains("PASS"),
+            "stall failed ({:?}):\n{stdout}\n{stderr}",
+            o.status
+        );
+        stderr
+    };
+    let reported = run(&[("XMX_STALL_REPORT_MS", "200")]);
+    assert_eq!(
+        reported.matches("stall: no request completed").count(),
+        1,
+        "one report per stall:\n{reported}"
+    );
+    assert!(
+        reported.contains("receives posted 1"),
+        "the report names the waiting receive:\n{reported}"
+    );
+    let quiet = run(&[]);
+    assert!(!quiet.contains("stall"), "no report unless asked:\n{quiet}");
+}
+
 /// Two processes in two namespaces on the native transport, each its own
 /// board on a veth.
 #[test]

@@ -151,10 +151,13 @@ fn c_programs_on_impaired_links() {
     // when buffered. The side that receives last and exits at once may have
     // its last ack lost: its endpoint lingers, answering what is resent
     // (with the resend delay below, 300 ms cover four resends).
+    // A transfer that stops making progress says where it stood (the
+    // applications' standard error shows when a pair fails).
     let env = [
         ("XMX_RESEND_DELAY_US", "20000"),
         ("MX_ZOMBIE_SEND", "0"),
         ("XMX_LINGER_MS", "300"),
+        ("XMX_STALL_REPORT_MS", "15000"),
     ];
     let dir = tempfile::tempdir().unwrap();
     let programs = build_all(dir.path());
@@ -254,6 +257,7 @@ fn impaired_link_matrix() {
             ("XMX_RESEND_DELAY_US", "20000"),
             ("MX_ZOMBIE_SEND", "0"),
             ("XMX_LINGER_MS", row.linger_ms),
+            ("XMX_STALL_REPORT_MS", "15000"),
         ];
         run_all(&c, &programs, &env);
         for (h, r) in relays.iter().enumerate() {

@@ -875,3 +875,48 @@ fn an_endpoint_connected_to_itself_at_open_sends_at_once() {
         "{sent:?}"
     );
 }
+
+#[test]
+fn a_stall_report_names_what_waits_and_nothing_once_it_is_done() {
+    let mut s = pair(21, Channel::perfect(), Config::default());
+    assert_eq!(s.connect(0, 1, KEY), Status::Success);
+    let to = s.addr(1);
+    let now = s.now;
+    let big = pattern(5, 70_000);
+    let window = RdmaWindow {
+        id: 4,
+        seqnum: 9,
+        offset: 0,
+    };
+    s.register_window(0, window, big.clone());
+    let id = s.nodes[0]
+        .ep
+        .send_large(now, to, 0x77, big.len() as u32, window)
+        .unwrap();
+    let waiting = s.nodes[0].ep.stall_report(now);
+    assert!(
+        waiting.contains("sends eager 0, large 1"),
+        "the LARGE send is counted:\n{waiting}"
+    );
+    assert!(
+        waiting.contains(&format!(
+            "send {} to {}:{} match 0x77",
+            id.0, to.peer_index, to.endpoint
+        )) && waiting.contains("70000 bytes window 4/9, notified None"),
+        "the LARGE send is listed with its window:\n{waiting}"
+    );
+    assert!(
+        waiting.contains(&format!("partner {}:{}", to.peer_index, to.endpoint))
+            && waiting.contains("unacked 1"),
+        "the partner shows the message unacked:\n{waiting}"
+    );
+    let recv = s.nodes[1].ep.post_recv(now, 0x77, !0, 70_000).unwrap();
+    s.run_to_quiescence(now + Duration::from_secs(60));
+    assert_eq!(recvs(&mut s, 1)[0].id, recv);
+    assert_eq!(s.pulled[&(1, recv.0)], big);
+    let done = s.nodes[0].ep.stall_report(s.now);
+    assert!(
+        done.contains(": 0 requests") && !done.contains("partner"),
+        "nothing waits once the message is through:\n{done}"
+    );
+}

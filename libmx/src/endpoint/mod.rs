@@ -87,6 +87,21 @@ pub(crate) struct State {
     completed: bool,
 }
 
+/// What [`Endpoint::stall_view`] saw.
+pub(crate) enum StallView {
+    /// The endpoint's lock stayed held past the watch's patience.
+    Locked,
+    /// The endpoint's state.
+    Seen {
+        /// Requests completed since the endpoint opened.
+        completed: u64,
+        /// Requests (the application's and the core's) not finished.
+        pending: usize,
+        /// The account of the core and the port.
+        text: String,
+    },
+}
+
 /// An open endpoint.
 pub(crate) struct Endpoint {
     handle: u32,
@@ -276,6 +291,42 @@ impl Endpoint {
 
     fn closed_failure(&self) -> Failure {
         Failure::new(MxReturn::BadEndpoint, "the endpoint is closed")
+    }
+
+    /// Where the endpoint stands, for the stall watch (`XMX_STALL_REPORT_MS`):
+    /// completions so far, requests pending, and a text account of the
+    /// protocol core and the port. Tries the lock for a while and never
+    /// blocks on it: a lock held that long is itself what gets reported.
+    pub(crate) fn stall_view(&self) -> StallView {
+        let mut tries = 0;
+        let st = loop {
+            match self.state.try_lock() {
+                Ok(st) => break st,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return StallView::Locked,
+            }
+        };
+        let mut text = st.core.stall_report(runtime::now());
+        text.push_str(&format!(
+            "  library: {} requests, {} completed unreported, {} LARGE sends waiting for a window, {} zombies, closed {}\n",
+            st.requests.len(),
+            st.done.len(),
+            st.waiting_large.len(),
+            st.zombies,
+            self.closed.load(Ordering::SeqCst)
+        ));
+        if let Some(port) = st.port.as_ref() {
+            text.push_str(&port.describe());
+        }
+        StallView::Seen {
+            completed: st.next_done,
+            pending: st.requests.len() + st.core.pending_requests(),
+            text,
+        }
     }
 
     /// `mx_close_endpoint`: pending requests are dropped, blocked calls

@@ -151,6 +151,11 @@ pub(crate) trait Port: Send {
     fn before_sleep(&mut self) -> bool {
         false
     }
+    /// Where the port stands (pulls in progress, rings), as lines of text
+    /// for a stall report; empty when it has nothing to say.
+    fn describe(&self) -> String {
+        String::new()
+    }
     /// Why the endpoint can never reach the network again (its backend or
     /// guest daemon is gone, and nothing re-opened it), if so: pending
     /// requests then fail at once rather than after the retry budget.

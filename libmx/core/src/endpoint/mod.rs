@@ -17,6 +17,7 @@ mod ack;
 mod close;
 mod connect;
 mod recv;
+mod report;
 mod send;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

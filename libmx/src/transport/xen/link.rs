@@ -192,6 +192,39 @@ impl Link {
         )
     }
 
+    /// Pulls, windows and rings, as lines of text for a stall report.
+    pub(crate) fn describe(&self) -> String {
+        let mut out = format!(
+            "  link: {} pulls at the backend, {} held back, {} windows lent, {} of {} send slots free ({} sends in flight){}{}\n",
+            self.sinks.len(),
+            self.deferred.len(),
+            self.lent.len(),
+            self.slots.available(),
+            self.slots.count(),
+            self.slots.in_flight(),
+            if self.down { ", down" } else { "" },
+            if self.channel.is_none() { ", closed" } else { "" },
+        );
+        let mut sinks: Vec<(&u32, &Sink)> = self.sinks.iter().collect();
+        sinks.sort_by_key(|(tag, _)| **tag);
+        for (tag, s) in sinks.iter().take(4) {
+            out.push_str(&format!(
+                "    pull tag {tag} for recv {}: {} bytes from {}:{} session {:#x} window {}/{}\n",
+                s.id.0,
+                s.length,
+                s.source.peer_index,
+                s.source.endpoint,
+                s.session,
+                s.window.id,
+                s.window.seqnum
+            ));
+        }
+        if sinks.len() > 4 {
+            out.push_str(&format!("    ... and {} more\n", sinks.len() - 4));
+        }
+        out
+    }
+
     /// The session the protocol core uses.
     pub(crate) fn session(&self) -> u32 {
         self.session

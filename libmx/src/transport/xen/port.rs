@@ -80,6 +80,18 @@ impl XenPort {
 }
 
 impl Port for XenPort {
+    fn describe(&self) -> String {
+        let mut out = match self.ep.link.try_lock() {
+            Ok(link) => link.describe(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().describe(),
+            Err(std::sync::TryLockError::WouldBlock) => "  link: its lock is held\n".into(),
+        };
+        if let Some(why) = self.ep.lost.get() {
+            out.push_str(&format!("  link: lost ({why})\n"));
+        }
+        out
+    }
+
     fn index(&self) -> u8 {
         self.ep.index
     }

@@ -32,7 +32,6 @@ impl SendSlots {
     }
 
     /// Slots free now.
-    #[cfg(test)]
     pub(crate) fn available(&self) -> usize {
         self.free.len()
     }
@@ -79,7 +78,6 @@ impl SendSlots {
     }
 
     /// Requests holding slots.
-    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
         self.held.len()
     }
