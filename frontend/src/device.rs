@@ -847,7 +847,7 @@ impl Frontend {
             None => (0..max)
                 .map(|i| i as u8)
                 .find(|i| !self.endpoints.contains_key(i))
-                .ok_or(Error::Exhausted("endpoint"))?,
+                .ok_or(Error::Exhausted("endpoint".into()))?,
         };
         let share = self.share_endpoint(index, geometry, 0, 0)?;
         self.endpoints.insert(index, share);
@@ -991,7 +991,7 @@ impl Frontend {
         let region_id = (0..max)
             .map(|i| i as u8)
             .find(|i| !share.regions.contains_key(i))
-            .ok_or(Error::Exhausted("region id"))?;
+            .ok_or(Error::Exhausted("region id".into()))?;
         let backend = self.backend_id;
         let pages = self.gnttab.grant_pages(backend, nr_pages, true)?;
         let packed = pack_info_pages(pages.refs());

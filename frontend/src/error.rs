@@ -38,9 +38,10 @@ pub enum Error {
     /// The other side went away.
     #[error("closed: {0}")]
     Closed(String),
-    /// Every endpoint index or region id is taken.
+    /// Every endpoint index or region id is taken (what ran out: the guest daemon's
+    /// own words when it is the one that refused).
     #[error("no free {0}")]
-    Exhausted(&'static str),
+    Exhausted(std::borrow::Cow<'static, str>),
     /// A system call failed (sockets, descriptors, waiting).
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -289,7 +289,7 @@ mod tests {
     impl Registrar for Fake {
         fn register(&mut self, endpoint: u8, length: u32) -> Result<RegionWindow> {
             if std::mem::take(&mut self.fail_next) {
-                return Err(Error::Exhausted("region id"));
+                return Err(Error::Exhausted("region id".into()));
             }
             self.registered += 1;
             self.live += 1;

@@ -175,10 +175,15 @@ impl ErrorReply {
             Error::Timeout(_) => (ErrorCode::Timeout, None),
             _ => (ErrorCode::Failed, None),
         };
+        // What ran out, alone: the application's side words it again.
+        let message = match e {
+            Error::Exhausted(what) => what.to_string(),
+            _ => e.to_string(),
+        };
         ErrorReply {
             code,
             refused,
-            message: e.to_string(),
+            message,
         }
     }
 
@@ -188,7 +193,7 @@ impl ErrorReply {
             (ErrorCode::Refused, Some((op, status))) => Error::Refused { op, status },
             (ErrorCode::NotConnected, _) => Error::NotConnected(self.message),
             (ErrorCode::Invalid, _) => Error::Invalid(self.message),
-            (ErrorCode::Exhausted, _) => Error::Exhausted("daemon resource"),
+            (ErrorCode::Exhausted, _) => Error::Exhausted(self.message.into()),
             (ErrorCode::Timeout, _) => Error::Timeout(self.message),
             _ => Error::Protocol(format!("xmx-frontd: {}", self.message)),
         }
@@ -585,6 +590,18 @@ mod tests {
                     }
                 ));
             }
+            other => panic!("{other:?}"),
+        }
+        // A resource the daemon ran out of keeps its name across the socket.
+        let e = ErrorReply::from_error(&Error::Exhausted("region id".into()));
+        match round_trip(&Message::Reply {
+            seq: 2,
+            reply: Reply::Error(e),
+        }) {
+            Message::Reply {
+                reply: Reply::Error(got),
+                ..
+            } => assert_eq!(got.into_error().to_string(), "no free region id"),
             other => panic!("{other:?}"),
         }
         match round_trip(&Message::Notice(Notice::EndpointLost {

@@ -1056,7 +1056,7 @@ impl Registrar for OwnGrantsRegistrar<'_> {
             .d
             .free_ids
             .pop()
-            .ok_or(xmx_frontend::Error::Exhausted("region id"))?;
+            .ok_or(xmx_frontend::Error::Exhausted("region id".into()))?;
         let granted = xmx_frontend::own_grants::grant_region(
             self.d.gnttab.as_ref(),
             self.d.backend,
@@ -1074,7 +1074,7 @@ impl Registrar for OwnGrantsRegistrar<'_> {
         let tag = self.tag();
         if !self.post(tag, SendOp::Register(request)) {
             self.d.free_ids.push(id);
-            return Err(xmx_frontend::Error::Exhausted("send ring slot"));
+            return Err(xmx_frontend::Error::Exhausted("send ring slot".into()));
         }
         match self.completion(tag) {
             Some(Ok(_)) => Ok(window),
@@ -1110,7 +1110,7 @@ impl Registrar for OwnGrantsRegistrar<'_> {
             Ok(())
         } else {
             // The backend keeps the region until the endpoint closes; its id is not reused.
-            Err(xmx_frontend::Error::Exhausted("send ring slot"))
+            Err(xmx_frontend::Error::Exhausted("send ring slot".into()))
         }
     }
 }

@@ -695,7 +695,7 @@ mod tests {
             status: CtrlStatus::Quota,
         };
         assert_eq!(open_refusal(quota, None), OpenError::NoResources);
-        let full = FrontError::Exhausted("endpoint index");
+        let full = FrontError::Exhausted("endpoint index".into());
         assert_eq!(open_refusal(full, None), OpenError::NoResources);
         let away = open_refusal(FrontError::NotConnected("backend closing".into()), None);
         assert_eq!(Failure::from(away.clone()).code, MxReturn::NoDev);
