@@ -450,8 +450,45 @@ impl SimCluster {
     }
 }
 
+impl SimCluster {
+    /// A test failed with the cluster up: the end of every daemon's log, on the test's
+    /// standard error (where the failure is read), before `sim down` removes them.
+    fn show_daemon_logs(&self) {
+        let root = std::path::Path::new("/run/xmx").join(&self.name);
+        let Ok(hosts) = std::fs::read_dir(&root) else {
+            return;
+        };
+        let mut logs: Vec<PathBuf> = hosts
+            .flatten()
+            .filter_map(|h| std::fs::read_dir(h.path().join("logs")).ok())
+            .flat_map(|d| d.flatten().map(|e| e.path()))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let Ok(text) = std::fs::read_to_string(&log) else {
+                continue;
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(DAEMON_LOG_TAIL)..];
+            eprintln!(
+                "--- {} (last {} of {} lines)\n{}",
+                log.display(),
+                tail.len(),
+                lines.len(),
+                tail.join("\n")
+            );
+        }
+    }
+}
+
+/// Lines of each daemon's log a failed test shows.
+const DAEMON_LOG_TAIL: usize = 60;
+
 impl Drop for SimCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.show_daemon_logs();
+        }
         let started = Instant::now();
         let o = Command::new(&self.xmx)
             .args(["sim", "down", "--name", &self.name])
