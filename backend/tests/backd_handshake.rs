@@ -7,6 +7,7 @@ use xmx_backend::admin::{GuestReport, Request};
 use xmx_backend::service::Quotas;
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Platform, XsAccess, XsPerm, DOM0};
+use xmx_wire::msg::{CtrlOp, CtrlStatus};
 use xmx_wire::xenbus::{keys, XenbusState};
 
 #[test]
@@ -296,14 +297,25 @@ fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
         .1
         .expect("endpoint 2");
     assert_ne!(c.session, 0x1234_5678);
-    // A frontend that closes lets its endpoints go: nothing is kept for them.
+    // A frontend that closes its device with endpoints open (a suspend, or one that gave
+    // up on an unanswered request) comes back to the sessions it had.
     g.close();
-    assert_eq!(g.read_backend(keys::ENDPOINT_SESSIONS), None);
     g.set_state(XenbusState::Initialising);
     g.connect();
     let a3 = g
         .open_endpoint_resuming(0, small_endpoint(1), a.session)
         .1
-        .expect("endpoint 0 after a close");
-    assert_ne!(a3.session, a.session);
+        .expect("endpoint 0 after the device came back");
+    assert_eq!(a3.session, a.session);
+    // An endpoint the guest closed lets its session go: nothing is kept for it.
+    let closed = g.call(CtrlOp::EndpointClose { endpoint: 0 });
+    assert_eq!(closed.status, CtrlStatus::Ok);
+    g.close();
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    let a4 = g
+        .open_endpoint_resuming(0, small_endpoint(1), a.session)
+        .1
+        .expect("endpoint 0 after its close");
+    assert_ne!(a4.session, a.session);
 }

@@ -121,6 +121,17 @@ pub struct BackendInfo {
     pub local_delivery: bool,
 }
 
+/// What a disconnection does with the endpoints open in the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndpointsAtClose {
+    /// Closed one by one first: they are gone for good, and so are their sessions.
+    Closed,
+    /// Left to the device's release: the backend keeps their sessions recorded, and the
+    /// endpoints re-opened after the reconnection keep them, so peers' messages and acks
+    /// in flight still reach them (a suspend, or giving up on an unanswered request).
+    Kept,
+}
+
 /// Whether the frontend wants to be connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -810,7 +821,7 @@ impl Frontend {
     /// the frontend reconnects as after any disconnection.
     fn fail_if_broken(&mut self) {
         if self.broken {
-            if let Err(e) = self.disconnect() {
+            if let Err(e) = self.disconnect(EndpointsAtClose::Kept) {
                 tracing::warn!(error = %e, "disconnecting from an unresponsive backend");
             }
         }
@@ -1241,15 +1252,15 @@ impl Frontend {
         self.suspend()
     }
 
-    /// Disconnect for a suspend: close the endpoints in the backend, say Closing, wait
-    /// for the backend to let go (Closed), release the ring, say Closed. Endpoints keep their
-    /// pages; [`Frontend::resume`] opens them again.
+    /// Disconnect for a suspend: say Closing, wait for the backend to let go (Closed),
+    /// release the ring, say Closed. Endpoints keep their pages and their sessions;
+    /// [`Frontend::resume`] opens them again.
     pub fn suspend(&mut self) -> Result<()> {
         if self.mode != Mode::Active {
             return Ok(());
         }
         self.mode = Mode::Suspended;
-        let result = self.disconnect();
+        let result = self.disconnect(EndpointsAtClose::Kept);
         self.events.push_back(FrontendEvent::Suspended);
         result
     }
@@ -1290,7 +1301,7 @@ impl Frontend {
     /// applications must be gone or have unmapped.
     pub fn shutdown(&mut self) -> Result<()> {
         self.mode = Mode::Stopped;
-        let result = self.disconnect();
+        let result = self.disconnect(EndpointsAtClose::Closed);
         let indices: Vec<u8> = self.endpoints.keys().copied().collect();
         for i in indices {
             let _ = self.close_endpoint(i);
@@ -1301,11 +1312,12 @@ impl Frontend {
         result
     }
 
-    /// Our side of a close: ENDPOINT_CLOSE for each endpoint, Closing, wait for the
-    /// backend to be Closed (it has released everything then), teardown.
-    fn disconnect(&mut self) -> Result<()> {
+    /// Our side of a close: ENDPOINT_CLOSE for each endpoint if they are `Closed` for
+    /// good, Closing, wait for the backend to be Closed (it has released everything then),
+    /// teardown.
+    fn disconnect(&mut self, endpoints: EndpointsAtClose) -> Result<()> {
         let was_connected = self.is_connected();
-        if was_connected && !self.broken {
+        if was_connected && !self.broken && endpoints == EndpointsAtClose::Closed {
             let open: Vec<u8> = self
                 .endpoints
                 .iter()

@@ -259,8 +259,8 @@ fn an_endpoint_comes_back_after_suspend_and_resume() {
     );
     rx.wait_line(Duration::from_secs(30), |l| l == "ready");
     // The receiver's guest is suspended: its device disconnects and the
-    // backend forgets the endpoint; on resume the daemon opens it again and
-    // the library remaps it.
+    // backend lets the endpoint go (keeping its session recorded); on resume
+    // the daemon opens it again in that session and the library remaps it.
     let domid = c.host(1).guests[0].domid;
     let admin = c.sim_admin(1);
     admin.suspend(domid).expect("suspending h1-g0");
@@ -282,4 +282,6 @@ fn an_endpoint_comes_back_after_suspend_and_resume() {
     );
     let log = strip_ansi(&rx.stderr);
     assert!(log.contains("endpoint re-opened and remapped"), "{log}");
+    // In its own session: peers that knew the endpoint before still reach it.
+    assert!(!log.contains("new session"), "{log}");
 }

@@ -166,7 +166,8 @@ pub mod keys {
     /// Backend: "1" if co-located guests are served without the wire.
     pub const FEATURE_LOCAL_DELIVERY: &str = "feature-local-delivery";
     /// Backend: `endpoint-sessions/<endpoint>` holds the session the backend gave each
-    /// open endpoint, so that a restarted backend lets the endpoint keep it.
+    /// open endpoint, so that the endpoint keeps it when its device reconnects (a
+    /// restarted backend, a resumed guest, a frontend that started over).
     pub const ENDPOINT_SESSIONS: &str = "endpoint-sessions";
 }
 

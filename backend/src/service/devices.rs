@@ -348,9 +348,10 @@ impl Backend {
             },
             Step::Close => self.close_device(key, None),
             Step::Restart => {
+                // The sessions stay recorded: the frontend re-opens its endpoints asking
+                // to keep them (after a resume, or after it gave up on this backend).
                 if let Some(conn) = self.devices.get_mut(&key).and_then(|d| d.conn.take()) {
                     self.release(conn);
-                    self.forget_sessions(key);
                 }
                 self.publish_init_wait(key);
             }
@@ -444,7 +445,8 @@ impl Backend {
     }
 
     /// The sessions recorded for a device's endpoints (by a previous run of the backend,
-    /// if it died with them open); unreadable entries are skipped.
+    /// if it died with them open, or before the guest's frontend closed and came back);
+    /// unreadable entries are skipped.
     fn recorded_sessions(&self, backend_dir: &str) -> BTreeMap<u8, u32> {
         let dir = xenbus::key_path(backend_dir, keys::ENDPOINT_SESSIONS);
         let Ok(entries) = self.xs.directory(XBT_NULL, &dir) else {
@@ -461,8 +463,7 @@ impl Backend {
             .collect()
     }
 
-    /// The guest let its endpoints go (or lost them to a close): their sessions are not
-    /// to be resumed. Only a backend that dies or stops leaves them recorded.
+    /// The backend threw the guest out: its endpoints' sessions are not to be resumed.
     fn forget_sessions(&self, key: DeviceKey) {
         let Some(device) = self.devices.get(&key) else {
             return;
@@ -507,7 +508,14 @@ impl Backend {
         }
         if let Some(conn) = conn {
             self.release(conn);
-            self.forget_sessions(key);
+            // A guest the backend threw out starts over with new sessions; one that closed
+            // its device itself may come back asking to keep them (a frontend that gave up
+            // on an unanswered request, a resumed guest), and peers then still reach its
+            // endpoints. Only the very session recorded can be kept, and an endpoint the
+            // guest closed has its record removed then.
+            if reason.is_some() {
+                self.forget_sessions(key);
+            }
         }
         if let Some(r) = reason {
             self.write_backend(key, &[("error", r)]);

@@ -14,7 +14,7 @@
 //!    under it), closes the device, so that the frontend starts over and opens its
 //!    endpoints again, keeping their sessions (see `EndpointOpen::resume_session`);
 //! 5. when a closed frontend starts again (Initialising or InitWait, as after a resume or a
-//!    migration), goes back to InitWait.
+//!    migration), goes back to InitWait; its endpoints keep their sessions as in 4.
 //!
 //! [`step`] is that decision as a pure function; the daemon does the I/O around it.
 

@@ -157,8 +157,9 @@ pub struct EndpointOpen {
     pub info_ref: GrantRef,
     /// What the info page lists.
     pub pages: EndpointPages,
-    /// The session the endpoint had before its device reconnected (a backend restart), or
-    /// 0 for a new endpoint. The backend keeps it only if it recorded that very session for
+    /// The session the endpoint had before its device reconnected (a backend restart, a
+    /// resume, a frontend that gave up on the backend and started over), or 0 for a new
+    /// endpoint. The backend keeps it only if it recorded that very session for
     /// this endpoint of this device: a guest cannot choose a session, only keep its own.
     pub resume_session: u32,
 }

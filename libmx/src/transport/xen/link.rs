@@ -65,6 +65,17 @@ enum PullPost {
     Failed,
 }
 
+/// How [`Link::remap`] took a re-opened endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Remapped {
+    /// In its session: it goes on where it was.
+    Resumed,
+    /// Under a new session: its peers no longer reach it.
+    SessionChanged,
+    /// Not at all (the link was closed, or the new pages could not be mapped).
+    NotTaken,
+}
+
 /// An endpoint's rings and requests; see the module documentation.
 pub(crate) struct Link {
     channel: Option<EndpointChannel>,
@@ -800,24 +811,29 @@ impl Link {
         client: &mut FrontdClient,
         h: EndpointHandoff,
         mailbox: &Mailbox,
-    ) {
+    ) -> Remapped {
         let Some(channel) = self.channel.as_mut() else {
-            return;
+            return Remapped::NotTaken;
         };
         let new_session = h.session_id;
         // The daemon registers again only the regions it registered itself.
         let regions_kept = h.regions_kept && self.own_grants.is_none();
         if let Err(e) = client.remap(channel, h) {
             tracing::warn!(index = self.index, %e, "re-opened endpoint not taken");
-            return;
+            return Remapped::NotTaken;
         }
         if new_session != self.session {
+            // Peers address the endpoint (and the acks of its messages) by the old
+            // session, which the backend now refuses: nothing it has in flight would
+            // complete. It is lost, and its requests fail now rather than at their
+            // timeouts.
             tracing::warn!(
                 index = self.index,
                 old = self.session,
                 new = new_session,
-                "the backend gave the endpoint a new session"
+                "the backend gave the endpoint a new session; the endpoint is lost"
             );
+            return Remapped::SessionChanged;
         }
         self.slots.reset();
         if !regions_kept {
@@ -857,6 +873,7 @@ impl Link {
             }
         }
         tracing::info!(index = self.index, "endpoint re-opened and remapped");
+        Remapped::Resumed
     }
 
     /// Waits (up to `timeout`) until the backend has taken every request

@@ -283,8 +283,14 @@ impl Shared {
                     // Lock order: link, then client.
                     let mut link = lock(&ep.link);
                     let mut client = lock(&self.client);
-                    link.remap(&mut client, h, &ep.mailbox);
+                    let remapped = link.remap(&mut client, h, &ep.mailbox);
                     drop(client);
+                    if remapped == link::Remapped::SessionChanged {
+                        link.lose();
+                        let _ = ep.lost.set(
+                            "the backend re-opened the endpoint under a new session: its peers no longer reach it",
+                        );
+                    }
                     drop(link);
                     ep.mailbox.ring();
                 }
