@@ -940,3 +940,31 @@ impl Backend {
         tracing::info!("xmx backend stopped");
     }
 }
+
+#[cfg(test)]
+mod control_socket_tests {
+    use super::*;
+
+    #[test]
+    fn refusals_keep_the_sockets_words() {
+        let (tx, _rx) = mpsc::sync_channel(1);
+        let handle = ControlHandle {
+            tx,
+            wake: Arc::new(EventFd::new().unwrap()),
+            closed: Arc::new(AtomicBool::new(false)),
+        };
+        let line = |r: Refusal| serde_json::to_string(&handle.refuse(r)).unwrap();
+        assert_eq!(
+            line(Refusal::TooLong),
+            r#"{"ok":false,"error":{"kind":"invalid","message":"request line too long"}}"#
+        );
+        assert_eq!(
+            line(Refusal::Busy),
+            r#"{"ok":false,"error":{"kind":"busy","message":"too many control connections"}}"#
+        );
+        assert_eq!(
+            line(Refusal::NotRequest("expected value".into())),
+            r#"{"ok":false,"error":{"kind":"invalid","message":"request: expected value"}}"#
+        );
+    }
+}
