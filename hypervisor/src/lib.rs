@@ -14,7 +14,6 @@
 //! chosen at run time, so the same binaries run on real Xen and on the simulator.
 
 pub mod conformance;
-#[cfg(feature = "daemon")]
 pub mod daemon;
 pub mod error;
 mod fdframe;

@@ -1,7 +1,8 @@
 //! The status and control socket of `xmx-backd`.
 //!
-//! A unix stream socket (`--control PATH`); one JSON object per line each way, requests
-//! served in order per connection.
+//! A unix stream socket (`--control PATH`, mode 0600); one JSON object per line each way,
+//! requests served in order per connection, by the daemons' shared control server
+//! ([`xmx_hv::daemon::control`]).
 //!
 //! # Requests
 //!
@@ -42,15 +43,12 @@
 //! - `attach`, `detach`: R = `null`.
 
 pub mod client;
-pub mod server;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub use client::AdminClient;
-
-/// Longest request or reply line.
-pub const MAX_LINE: usize = 1 << 20;
+pub use xmx_hv::daemon::control::{Reply, ReplyError};
 
 /// A request on the control socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,92 +103,21 @@ pub struct PeerSpec {
     pub cluster: u32,
 }
 
-/// The error part of a failed reply.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReplyError {
-    /// Machine-readable class (see the module documentation).
-    pub kind: String,
-    /// What went wrong, for people.
-    pub message: String,
-}
-
-impl ReplyError {
-    /// An error of `kind`.
-    pub fn new(kind: &str, message: impl Into<String>) -> Self {
-        ReplyError {
-            kind: kind.to_string(),
-            message: message.into(),
-        }
-    }
-
-    /// The reply error for a platform error.
-    pub fn from_hv(e: &xmx_hv::Error) -> Self {
-        use xmx_hv::Error as E;
-        let kind = match e {
-            E::NotFound(_) => "not_found",
-            E::Denied(_) => "denied",
-            E::Busy(_) | E::Again => "busy",
-            E::Exists(_) => "exists",
-            E::Invalid(_) => "invalid",
-            E::Quota(_) => "quota",
-            E::Closed(_) => "closed",
-            E::Io(_) => "io",
-            E::Unsupported(_) | E::Protocol(_) | E::Xs(_) => "protocol",
-        };
-        ReplyError::new(kind, e.to_string())
-    }
-}
-
-impl std::fmt::Display for ReplyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
-    }
-}
-
-impl std::error::Error for ReplyError {}
-
-/// One reply line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Reply {
-    /// True for success: `result` is set; false: `error` is.
-    pub ok: bool,
-    /// What the request returns (see the module documentation), on success.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
-    /// Why the request failed, on failure.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ReplyError>,
-}
-
-impl Reply {
-    /// A successful reply carrying `result`.
-    pub fn ok(result: serde_json::Value) -> Self {
-        Reply {
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
-    }
-
-    /// A failed reply.
-    pub fn err(error: ReplyError) -> Self {
-        Reply {
-            ok: false,
-            result: None,
-            error: Some(error),
-        }
-    }
-
-    /// The result, or the error.
-    pub fn into_result(self) -> Result<serde_json::Value, ReplyError> {
-        if self.ok {
-            Ok(self.result.unwrap_or(serde_json::Value::Null))
-        } else {
-            Err(self
-                .error
-                .unwrap_or_else(|| ReplyError::new("protocol", "failure without an error")))
-        }
-    }
+/// The reply error for a platform error, in this socket's kinds.
+pub(crate) fn hv_reply_error(e: &xmx_hv::Error) -> ReplyError {
+    use xmx_hv::Error as E;
+    let kind = match e {
+        E::NotFound(_) => "not_found",
+        E::Denied(_) => "denied",
+        E::Busy(_) | E::Again => "busy",
+        E::Exists(_) => "exists",
+        E::Invalid(_) => "invalid",
+        E::Quota(_) => "quota",
+        E::Closed(_) => "closed",
+        E::Io(_) => "io",
+        E::Unsupported(_) | E::Protocol(_) | E::Xs(_) => "protocol",
+    };
+    ReplyError::new(kind, e.to_string())
 }
 
 /// Engine-wide receive counters.
@@ -416,26 +343,6 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn replies_round_trip() {
-        let ok = Reply::ok(serde_json::json!({"peers": 2}));
-        assert_eq!(
-            serde_json::to_string(&ok).unwrap(),
-            r#"{"ok":true,"result":{"peers":2}}"#
-        );
-        let err = Reply::err(ReplyError::new("invalid", "bad mac"));
-        let text = serde_json::to_string(&err).unwrap();
-        assert_eq!(
-            text,
-            r#"{"ok":false,"error":{"kind":"invalid","message":"bad mac"}}"#
-        );
-        let back: Reply = serde_json::from_str(&text).unwrap();
-        assert_eq!(
-            back.into_result().unwrap_err(),
-            ReplyError::new("invalid", "bad mac")
-        );
     }
 
     #[test]

@@ -70,12 +70,12 @@ impl Backend {
                 };
                 toolstack::attach(self.xs.as_ref(), self.domid, &spec)
                     .map(|()| serde_json::Value::Null)
-                    .map_err(|e| ReplyError::from_hv(&e))
+                    .map_err(|e| crate::admin::hv_reply_error(&e))
             }),
             Request::Detach { domid, devid } => {
                 toolstack::detach(self.xs.as_ref(), self.domid, domid, devid)
                     .map(|()| serde_json::Value::Null)
-                    .map_err(|e| ReplyError::from_hv(&e))
+                    .map_err(|e| crate::admin::hv_reply_error(&e))
             }
         };
         match result {

@@ -62,11 +62,11 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::{DomId, EventChannels, GrantTable, Platform, Port, Xenstore};
 use xmx_wire::ring::RingError;
 
-use crate::admin::server::{AdminServer, Dispatch};
 use crate::admin::{BackendCounters, Reply, ReplyError, Request};
 use control::{ControlCtx, SessionIds};
 use devices::Device;
 use xmx_engine::{Engine, EngineConfig};
+use xmx_hv::daemon::control::{LineServer, LineService, Refusal};
 
 pub use guest::DeviceKey;
 pub use link::{FrameLink, LinkFault};
@@ -171,6 +171,23 @@ impl ControlHandle {
     }
 }
 
+impl LineService for ControlHandle {
+    type Request = Request;
+    type Reply = Reply;
+
+    fn answer(&self, request: Request) -> Reply {
+        self.call(request)
+    }
+
+    fn refuse(&self, refusal: Refusal) -> Reply {
+        Reply::err(match refusal {
+            Refusal::NotRequest(e) => ReplyError::new("invalid", format!("request: {e}")),
+            Refusal::TooLong => ReplyError::new("invalid", "request line too long"),
+            Refusal::Busy => ReplyError::new("busy", "too many control connections"),
+        })
+    }
+}
+
 /// Stops a running backend from another thread; cheap to clone.
 #[derive(Clone)]
 pub struct Stopper {
@@ -263,7 +280,7 @@ pub struct Backend {
     stop: Arc<AtomicBool>,
     commands: Option<Receiver<Command>>,
     control: ControlHandle,
-    admin: Option<AdminServer>,
+    admin: Option<LineServer>,
     /// Scratch lists reused every round.
     ports: Vec<Port>,
     released: Vec<u16>,
@@ -367,14 +384,11 @@ impl Backend {
         };
         let admin = match &cfg.control_socket {
             Some(path) => {
-                let handle = control.clone();
-                let dispatch: Dispatch = Arc::new(move |req| handle.call(req));
-                Some(
-                    AdminServer::start(path, dispatch).map_err(|source| BackendError::Sys {
-                        op: "control socket",
-                        source,
-                    })?,
-                )
+                let server = LineServer::start(path, Some(0o600), "backd-admin", control.clone());
+                Some(server.map_err(|source| BackendError::Sys {
+                    op: "control socket",
+                    source,
+                })?)
             }
             None => None,
         };
@@ -924,5 +938,33 @@ impl Backend {
             .xs
             .unwatch(xmx_hv::xs::wire::RELEASE_DOMAIN, WATCH_RELEASE);
         tracing::info!("xmx backend stopped");
+    }
+}
+
+#[cfg(test)]
+mod control_socket_tests {
+    use super::*;
+
+    #[test]
+    fn refusals_keep_the_sockets_words() {
+        let (tx, _rx) = mpsc::sync_channel(1);
+        let handle = ControlHandle {
+            tx,
+            wake: Arc::new(EventFd::new().unwrap()),
+            closed: Arc::new(AtomicBool::new(false)),
+        };
+        let line = |r: Refusal| serde_json::to_string(&handle.refuse(r)).unwrap();
+        assert_eq!(
+            line(Refusal::TooLong),
+            r#"{"ok":false,"error":{"kind":"invalid","message":"request line too long"}}"#
+        );
+        assert_eq!(
+            line(Refusal::Busy),
+            r#"{"ok":false,"error":{"kind":"busy","message":"too many control connections"}}"#
+        );
+        assert_eq!(
+            line(Refusal::NotRequest("expected value".into())),
+            r#"{"ok":false,"error":{"kind":"invalid","message":"request: expected value"}}"#
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! xmxd's control socket: what `xmx` asks of it.
 //!
 //! A unix stream socket (`--control PATH`, mode 0600), one JSON object per line each way,
-//! answered in order; unknown fields are refused (requests that take none ignore them).
-//! Replies have `xmx-backd`'s shape: `{"ok":true,"result":R}` or
+//! answered in order by the daemons' shared control server ([`xmx_hv::daemon::control`]);
+//! unknown fields are refused (requests that take none ignore them). Replies have the
+//! shape of every daemon's ([`Reply`]): `{"ok":true,"result":R}` or
 //! `{"ok":false,"error":{"kind":K,"message":M}}`.
 //!
 //! ```text
@@ -27,28 +28,17 @@
 //!                                                     false revokes every direct channel)
 //! ```
 
-use std::io::BufReader;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use xmx_backend::admin::{Reply, ReplyError};
-use xmx_hv::sim::admin::{read_line_bounded, send_all};
+use xmx_hv::daemon::control::{LineClient, Refusal, Reply, ReplyError};
 use xmx_hv::DomId;
 
 use super::state::mac_text;
 use super::table::{Conflict, Peer};
 use xmx_wire::mxoe::Mac;
 
-/// Longest request or reply line.
-pub(crate) const MAX_LINE: usize = 1 << 20;
-/// Connections served at once; more are refused.
-const MAX_CONNECTIONS: usize = 16;
 /// Longest wait a `peers` request may ask for.
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 
@@ -231,160 +221,40 @@ pub struct ClusterReport {
     pub members: Vec<String>,
 }
 
-/// Answers requests; given to [`ControlServer::start`].
-pub(crate) type Dispatch = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
-
-/// The listening control socket. Dropping it stops accepting and removes the socket file;
-/// connections being served finish their current request.
-pub(crate) struct ControlServer {
-    path: PathBuf,
-    stop: Arc<AtomicBool>,
-    acceptor: Option<JoinHandle<()>>,
-}
-
-impl ControlServer {
-    /// Listen at `path` (a stale socket there is replaced).
-    pub(crate) fn start(path: &Path, dispatch: Dispatch) -> std::io::Result<ControlServer> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        match std::fs::remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        // Bound and listening under a temporary name, then renamed into place: whoever
-        // waits for `path` to appear can connect at once (binding at `path` itself would
-        // show the file before the socket listens, and refuse connections meanwhile).
-        let file = path
-            .file_name()
-            .ok_or_else(|| std::io::Error::other("control socket path has no file name"))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(file);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        let _ = std::fs::remove_file(&tmp);
-        let listener = UnixListener::bind(&tmp)?;
-        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let acceptor = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("xmxd-control".into())
-                .spawn(move || accept_loop(listener, stop, dispatch))?
-        };
-        Ok(ControlServer {
-            path: path.to_path_buf(),
-            stop,
-            acceptor: Some(acceptor),
-        })
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wake the acceptor with a connection of our own.
-        let _ = UnixStream::connect(&self.path);
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-fn accept_loop(listener: UnixListener, stop: Arc<AtomicBool>, dispatch: Dispatch) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        let Ok(conn) = conn else { continue };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            let reply = Reply::err(ReplyError::new("busy", "too many connections"));
-            let _ = write_reply(&conn, &reply);
-            continue;
-        }
-        let dispatch = dispatch.clone();
-        let active = active.clone();
-        let spawned = std::thread::Builder::new()
-            .name("xmxd-conn".into())
-            .spawn(move || {
-                serve(conn, &dispatch);
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            tracing::warn!("no thread for a control connection");
-        }
-    }
-}
-
-fn write_reply(conn: &UnixStream, reply: &Reply) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(reply).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    send_all(conn, &line)
-}
-
-fn serve(conn: UnixStream, dispatch: &Dispatch) {
-    let Ok(write_half) = conn.try_clone() else {
-        return;
-    };
-    let mut reader = BufReader::new(conn);
-    loop {
-        let line = match read_line_bounded(&mut reader, MAX_LINE) {
-            Ok(Some(line)) => line,
-            Ok(None) => return,
-            Err(e) => {
-                let _ = write_reply(
-                    &write_half,
-                    &Reply::err(ReplyError::new("invalid", e.to_string())),
-                );
-                return;
-            }
-        };
-        let reply = match serde_json::from_slice::<Request>(&line) {
-            Ok(request) => dispatch(request),
-            Err(e) => Reply::err(ReplyError::new("invalid", format!("request: {e}"))),
-        };
-        if write_reply(&write_half, &reply).is_err() {
-            return;
-        }
-    }
+/// How xmxd words the control server's refusals.
+pub(crate) fn refusal_reply(refusal: Refusal) -> Reply {
+    Reply::err(match refusal {
+        Refusal::NotRequest(e) => ReplyError::new("invalid", format!("request: {e}")),
+        Refusal::TooLong => ReplyError::new(
+            "invalid",
+            format!(
+                "line longer than {} bytes",
+                xmx_hv::daemon::control::MAX_LINE
+            ),
+        ),
+        Refusal::Busy => ReplyError::new("busy", "too many connections"),
+    })
 }
 
 /// A client of xmxd's control socket.
 pub struct ControlClient {
-    conn: BufReader<UnixStream>,
+    conn: LineClient,
 }
 
 impl ControlClient {
     /// Connect to the socket at `path`.
     pub fn connect(path: &Path) -> std::io::Result<ControlClient> {
-        let sock = UnixStream::connect(path)?;
-        sock.set_read_timeout(Some(MAX_WAIT + Duration::from_secs(30)))?;
         Ok(ControlClient {
-            conn: BufReader::new(sock),
+            conn: LineClient::connect(path, Some(MAX_WAIT + Duration::from_secs(30)))?,
         })
     }
 
     /// Send one request and wait for its reply.
     pub fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
-        let io = |e: std::io::Error| ReplyError::new("io", e.to_string());
-        let mut line =
-            serde_json::to_vec(request).map_err(|e| ReplyError::new("invalid", e.to_string()))?;
-        line.push(b'\n');
-        send_all(self.conn.get_ref(), &line).map_err(io)?;
-        let reply = read_line_bounded(&mut self.conn, MAX_LINE)
-            .map_err(io)?
-            .ok_or_else(|| ReplyError::new("closed", "xmxd closed the connection"))?;
-        let reply: Reply = serde_json::from_slice(&reply)
-            .map_err(|e| ReplyError::new("protocol", format!("reply: {e}")))?;
+        let reply: Reply = self
+            .conn
+            .call(request)
+            .map_err(|e| e.into_reply_error("xmxd"))?;
         reply.into_result()
     }
 
@@ -401,6 +271,9 @@ impl ControlClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use xmx_hv::daemon::control::{LineServer, LineService};
 
     #[test]
     fn requests_have_the_documented_json_form() {
@@ -462,23 +335,42 @@ mod tests {
         }
     }
 
+    /// Answers `status` only, refusing as xmxd does.
+    struct StatusOnly;
+
+    impl LineService for StatusOnly {
+        type Request = Request;
+        type Reply = Reply;
+
+        fn answer(&self, request: Request) -> Reply {
+            match request {
+                Request::Status => Reply::ok(serde_json::json!("fine")),
+                _ => Reply::err(ReplyError::new("not_found", "nope")),
+            }
+        }
+
+        fn refuse(&self, refusal: Refusal) -> Reply {
+            refusal_reply(refusal)
+        }
+    }
+
     #[test]
-    fn the_server_answers_in_order_and_refuses_garbage() {
+    fn the_client_calls_and_garbage_is_refused_in_xmxds_words() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.sock");
-        let dispatch: Dispatch = Arc::new(|req| match req {
-            Request::Status => Reply::ok(serde_json::json!("fine")),
-            _ => Reply::err(ReplyError::new("not_found", "nope")),
-        });
-        let server = ControlServer::start(&path, dispatch).unwrap();
+        let server = LineServer::start(&path, Some(0o600), "xmxd-test", StatusOnly).unwrap();
         let mut c = ControlClient::connect(&path).unwrap();
         assert_eq!(c.call(&Request::Status).unwrap(), serde_json::json!("fine"));
         let e = c.call(&Request::Detach { domid: 1 }).unwrap_err();
         assert_eq!(e.kind, "not_found");
-        send_all(c.conn.get_ref(), b"{\"op\":\n").unwrap();
-        let line = read_line_bounded(&mut c.conn, MAX_LINE).unwrap().unwrap();
-        let reply: Reply = serde_json::from_slice(&line).unwrap();
-        assert_eq!(reply.into_result().unwrap_err().kind, "invalid");
+        let mut raw = UnixStream::connect(&path).unwrap();
+        raw.write_all(b"{\"op\":\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&raw).read_line(&mut line).unwrap();
+        let reply: Reply = serde_json::from_str(&line).unwrap();
+        let e = reply.into_result().unwrap_err();
+        assert_eq!(e.kind, "invalid");
+        assert!(e.message.starts_with("request: "), "{e}");
         drop(server);
         assert!(!path.exists());
     }

@@ -1,6 +1,6 @@
 //! The error type of xmxd and its reply kinds.
 
-use xmx_backend::admin::ReplyError;
+use xmx_hv::daemon::control::ReplyError;
 
 /// Why an xmxd operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use serde_json::json;
-use xmx_backend::admin::Reply;
 use xmx_backend::service::LinkFault;
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
+use xmx_hv::daemon::control::{LineServer, LineService, Refusal, Reply};
 use xmx_hv::xs::wire::{INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, Platform, Xenstore};
 use xmx_wire::mxoe::Mac;
@@ -28,8 +28,8 @@ use xmx_wire::{peer_view, xenbus};
 use super::announce::EntryRepr;
 use super::backend::BackendLink;
 use super::control::{
-    ClusterReport, ControlServer, DirectReport, Dispatch, GuestStatus, PeersReport, QosReport,
-    Request, StatusReport, MAX_WAIT,
+    refusal_reply, ClusterReport, DirectReport, GuestStatus, PeersReport, QosReport, Request,
+    StatusReport, MAX_WAIT,
 };
 use super::direct;
 use super::discovery::{Discovery, DiscoveryConfig};
@@ -1137,6 +1137,9 @@ impl Core {
 struct Shared {
     core: Mutex<Core>,
     changed: Condvar,
+    /// Set when xmxd stops: stopping the control socket waits for the requests being
+    /// answered, so a `peers` request waiting for a change must not wait any longer.
+    closing: AtomicBool,
 }
 
 impl Shared {
@@ -1161,7 +1164,7 @@ impl Shared {
             let wait = Duration::from_millis(timeout_ms.unwrap_or(0)).min(MAX_WAIT);
             let deadline = Instant::now() + wait;
             let mut core = self.lock();
-            while core.generation <= *after {
+            while core.generation <= *after && !self.closing.load(Ordering::Acquire) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -1178,6 +1181,22 @@ impl Shared {
             Err(e) => Reply::err(e.to_reply()),
         }
     }
+
+    /// [`Shared::dispatch`], then a wake-up of the loop: timers may have moved, and the
+    /// loop recomputes its sleep.
+    fn answer(&self, request: Request, wake: &EventFd) -> Reply {
+        let reply = self.dispatch(request);
+        let _ = wake.write(1);
+        reply
+    }
+
+    /// Ends the waits of requests being answered, for good.
+    fn close(&self) {
+        // Under the lock: a waiter between its check and its wait would miss the notice.
+        let _core = self.lock();
+        self.closing.store(true, Ordering::Release);
+        self.changed.notify_all();
+    }
 }
 
 /// A running xmxd: the loop thread and the control socket. Dropping it stops both.
@@ -1186,7 +1205,26 @@ pub struct Xmxd {
     stop: Arc<AtomicBool>,
     wake: Arc<EventFd>,
     thread: Option<JoinHandle<Result<()>>>,
-    control: Option<ControlServer>,
+    control: Option<LineServer>,
+}
+
+/// What the control socket asks of a running xmxd.
+struct ControlSide {
+    shared: Arc<Shared>,
+    wake: Arc<EventFd>,
+}
+
+impl LineService for ControlSide {
+    type Request = Request;
+    type Reply = Reply;
+
+    fn answer(&self, request: Request) -> Reply {
+        self.shared.answer(request, &self.wake)
+    }
+
+    fn refuse(&self, refusal: Refusal) -> Reply {
+        refusal_reply(refusal)
+    }
 }
 
 fn borrow(fd: RawFd) -> BorrowedFd<'static> {
@@ -1209,6 +1247,7 @@ impl Xmxd {
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
             changed: Condvar::new(),
+            closing: AtomicBool::new(false),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(
@@ -1229,24 +1268,18 @@ impl Xmxd {
             control: None,
         };
         if let Some(path) = control_path {
-            let shared = xmxd.shared.clone();
-            let wake = xmxd.wake.clone();
-            let dispatch: Dispatch = Arc::new(move |req| {
-                let reply = shared.dispatch(req);
-                // Timers may have moved: let the loop recompute its sleep.
-                let _ = wake.write(1);
-                reply
-            });
-            xmxd.control = Some(ControlServer::start(&path, dispatch)?);
+            let side = ControlSide {
+                shared: xmxd.shared.clone(),
+                wake: xmxd.wake.clone(),
+            };
+            xmxd.control = Some(LineServer::start(&path, Some(0o600), "xmxd-control", side)?);
         }
         Ok(xmxd)
     }
 
     /// Answer a request as the control socket does.
     pub fn call(&self, request: Request) -> Reply {
-        let reply = self.shared.dispatch(request);
-        let _ = self.wake.write(1);
-        reply
+        self.shared.answer(request, &self.wake)
     }
 
     /// The current peer table report.
@@ -1290,6 +1323,7 @@ impl Xmxd {
                 .unwrap_or_else(|_| Err(Error::Io(std::io::Error::other("xmxd loop panicked")))),
             None => Ok(()),
         };
+        self.shared.close();
         self.control = None;
         result
     }
@@ -1303,6 +1337,7 @@ impl Xmxd {
     }
 
     fn halt(&mut self) -> Result<()> {
+        self.shared.close();
         self.control = None;
         self.stop.store(true, Ordering::Release);
         let _ = self.wake.write(1);

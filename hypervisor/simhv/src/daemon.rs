@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::fcntl::{Flock, FlockArg};
+use xmx_hv::daemon::control::LineServer;
 use xmx_hv::sim::{layout, SimAdmin, SimPlatform};
 use xmx_hv::{DomId, Error, Result};
 
-use crate::admin::AdminServer;
+use crate::admin::serve_admin;
 use crate::config::Config;
 use crate::domains::Host;
 
@@ -27,7 +28,7 @@ pub struct Daemon;
 pub struct DaemonHandle {
     dir: PathBuf,
     host: Arc<Host>,
-    admin: Option<AdminServer>,
+    admin: Option<LineServer>,
     lock: Option<Flock<File>>,
 }
 
@@ -61,8 +62,7 @@ impl Daemon {
             lock: Some(lock),
         };
         host.start_dom0()?;
-        let ctl = crate::domains::bind_ctl(&dir)?;
-        handle.admin = Some(AdminServer::start(host, ctl)?);
+        handle.admin = Some(serve_admin(host, &layout::ctl_sock(&dir))?);
         write_ready(&dir)?;
         tracing::info!(dir = %dir.display(), "xmx-simhv ready");
         Ok(handle)
@@ -128,7 +128,6 @@ impl DaemonHandle {
             a.stop();
         }
         self.host.shutdown();
-        let _ = std::fs::remove_file(layout::ctl_sock(&self.dir));
         // Released last: no other daemon may start on the directory while we clean it.
         self.lock = None;
         tracing::info!(dir = %self.dir.display(), "xmx-simhv stopped");

@@ -77,11 +77,6 @@ fn bind_socket(path: &Path) -> Result<UnixListener> {
     })
 }
 
-/// Bind `DIR/ctl.sock`, replacing a stale one.
-pub(crate) fn bind_ctl(dir: &Path) -> Result<UnixListener> {
-    bind_socket(&layout::ctl_sock(dir))
-}
-
 fn validate_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(Error::Invalid(format!(

@@ -215,7 +215,7 @@ fn garbage_on_ctl_sock_gets_errors_and_does_not_stop_the_daemon() {
     let hog = UnixStream::connect(layout::ctl_sock(host.path())).unwrap();
     let chunk = vec![b'x'; 64 * 1024];
     let mut sent = 0usize;
-    while sent <= xmx_hv::sim::admin::MAX_LINE + chunk.len() {
+    while sent <= xmx_hv::daemon::control::MAX_LINE + chunk.len() {
         if (&hog).write_all(&chunk).is_err() {
             break;
         }

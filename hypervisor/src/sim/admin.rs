@@ -3,24 +3,19 @@
 //! One JSON object per line each way. A request is tagged by `op`:
 //! `{"op":"create","name":"guest1"}` (optionally `"domid":N`), `{"op":"destroy","domid":N}`,
 //! `{"op":"suspend","domid":N}`, `{"op":"resume","domid":N}`, `{"op":"list"}`,
-//! `{"op":"state","domid":N}`. A reply is `{"ok":true,"result":...}` or
-//! `{"ok":false,"error":{"kind":"not_found","message":"..."}}`.
+//! `{"op":"state","domid":N}`. A reply is a [`Reply`]: `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":{"kind":"not_found","message":"..."}}`, the kind named by
+//! [`error_kind`].
 
-use std::io::{self, BufRead, BufReader, Read};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::io;
 use std::path::Path;
 use std::sync::Mutex;
 
-use nix::errno::Errno;
-use nix::sys::socket::{send, MsgFlags};
 use serde::{Deserialize, Serialize};
 
 use super::layout;
+use crate::daemon::control::{CallError, LineClient, Reply, ReplyError};
 use crate::{DomId, Error, Result};
-
-/// Longest line either side accepts.
-pub const MAX_LINE: usize = 1 << 20;
 
 /// An admin request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,49 +116,9 @@ pub struct DomainState {
     pub xenstore: XenstoreUsage,
 }
 
-/// The error part of a failed reply.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AdminError {
-    /// The error's kind, as [`error_kind`] names it (e.g. `not_found`).
-    pub kind: String,
-    /// The error's text.
-    pub message: String,
-}
-
-/// One reply line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AdminReply {
-    /// Whether the request succeeded.
-    pub ok: bool,
-    /// The result of a successful request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
-    /// Why the request failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<AdminError>,
-}
-
-impl AdminReply {
-    /// A successful reply.
-    pub fn ok(result: serde_json::Value) -> AdminReply {
-        AdminReply {
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
-    }
-
-    /// A failed reply.
-    pub fn err(e: &Error) -> AdminReply {
-        AdminReply {
-            ok: false,
-            result: None,
-            error: Some(AdminError {
-                kind: error_kind(e).to_string(),
-                message: e.to_string(),
-            }),
-        }
-    }
+/// The failed reply for `e`.
+pub fn error_reply(e: &Error) -> Reply {
+    Reply::err(ReplyError::new(error_kind(e), e.to_string()))
 }
 
 /// The `kind` string of an error.
@@ -202,57 +157,23 @@ pub fn error_from_kind(kind: &str, message: String) -> Error {
     }
 }
 
-/// Write all of `buf` to a socket without risking SIGPIPE.
-pub fn send_all(sock: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        match send(sock.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-/// Read one line of at most `max` bytes (newline excluded). `Ok(None)` at end of stream.
-pub fn read_line_bounded<R: BufRead>(r: &mut R, max: usize) -> io::Result<Option<Vec<u8>>> {
-    let mut line = Vec::new();
-    let n = r
-        .by_ref()
-        .take(max as u64 + 1)
-        .read_until(b'\n', &mut line)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if line.last() == Some(&b'\n') {
-        line.pop();
-    } else if line.len() > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("line longer than {max} bytes"),
-        ));
-    }
-    Ok(Some(line))
-}
-
 /// A client of a simhv's admin socket.
 pub struct SimAdmin {
-    inner: Mutex<BufReader<UnixStream>>,
+    inner: Mutex<LineClient>,
 }
 
 impl SimAdmin {
     /// Connect to `DIR/ctl.sock`.
     pub fn connect(dir: &Path) -> Result<SimAdmin> {
         let path = layout::ctl_sock(dir);
-        let sock = UnixStream::connect(&path).map_err(|e| match e.kind() {
+        let client = LineClient::connect(&path, None).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
                 Error::NotFound(format!("no xmx-simhv at {} ({e})", dir.display()))
             }
             _ => Error::Io(e),
         })?;
         Ok(SimAdmin {
-            inner: Mutex::new(BufReader::new(sock)),
+            inner: Mutex::new(client),
         })
     }
 
@@ -262,24 +183,15 @@ impl SimAdmin {
             .inner
             .lock()
             .map_err(|_| Error::Closed("admin connection poisoned".into()))?;
-        let mut line =
-            serde_json::to_vec(req).map_err(|e| Error::Invalid(format!("encoding: {e}")))?;
-        line.push(b'\n');
-        send_all(inner.get_ref(), &line).map_err(closed)?;
-        let reply = read_line_bounded(&mut *inner, MAX_LINE)
-            .map_err(closed)?
-            .ok_or_else(|| Error::Closed("xmx-simhv closed the admin connection".into()))?;
-        let reply: AdminReply = serde_json::from_slice(&reply)
-            .map_err(|e| Error::Protocol(format!("admin reply: {e}")))?;
-        if reply.ok {
-            Ok(reply.result.unwrap_or(serde_json::Value::Null))
-        } else {
-            let e = reply.error.unwrap_or(AdminError {
-                kind: "protocol".into(),
-                message: "failure without an error".into(),
-            });
-            Err(error_from_kind(&e.kind, e.message))
-        }
+        let reply: Reply = inner.call(req).map_err(|e| match e {
+            CallError::Invalid(m) => Error::Invalid(format!("encoding: {m}")),
+            CallError::Io(e) => closed(e),
+            CallError::Closed => Error::Closed("xmx-simhv closed the admin connection".into()),
+            CallError::Protocol(m) => Error::Protocol(format!("admin reply: {m}")),
+        })?;
+        reply
+            .into_result()
+            .map_err(|e| error_from_kind(&e.kind, e.message))
     }
 
     fn call_as<T: for<'de> Deserialize<'de>>(&self, req: &AdminRequest) -> Result<T> {
@@ -374,20 +286,10 @@ mod tests {
             Error::Invalid("x".into()),
             Error::Exists("x".into()),
         ] {
-            let reply = AdminReply::err(&e);
+            let reply = error_reply(&e);
             let err = reply.error.unwrap();
             let back = error_from_kind(&err.kind, "x".into());
             assert_eq!(error_kind(&back), error_kind(&e));
         }
-    }
-
-    #[test]
-    fn bounded_lines() {
-        let mut r = io::Cursor::new(b"abc\ndefgh\n".to_vec());
-        assert_eq!(read_line_bounded(&mut r, 4).unwrap().unwrap(), b"abc");
-        assert!(read_line_bounded(&mut r, 4).is_err());
-        let mut r = io::Cursor::new(b"last".to_vec());
-        assert_eq!(read_line_bounded(&mut r, 4).unwrap().unwrap(), b"last");
-        assert!(read_line_bounded(&mut r, 4).unwrap().is_none());
     }
 }

@@ -1,15 +1,20 @@
 //! How a daemon of the platform starts: every xmx daemon (xmx-simhv, xmx-backd, xmxd,
 //! xmx-frontd) logs alike, takes its stop signals alike and names its host alike, so the
 //! administrator meets one behaviour and each daemon's `main` keeps only what is its own.
+//!
+//! Their control sockets are served and called alike too ([`control`]). That part is built
+//! without the `daemon` feature: the clients of those sockets (tools, tests, [`crate::sim`]'s
+//! admin client) are not daemons.
 
-use std::process::ExitCode;
+pub mod control;
 
 use nix::sys::signal::{SigSet, Signal};
-use tracing_subscriber::EnvFilter;
 
 /// Logs to standard error through `tracing`, filtered by `RUST_LOG` (`info` when unset or
 /// unreadable).
+#[cfg(feature = "daemon")]
 pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -19,13 +24,14 @@ pub fn init_logging() {
 
 /// Starts logging, then runs the daemon: an error it returns is logged and the process
 /// exits with failure.
-pub fn main(run: impl FnOnce() -> Result<(), String>) -> ExitCode {
+#[cfg(feature = "daemon")]
+pub fn main(run: impl FnOnce() -> Result<(), String>) -> std::process::ExitCode {
     init_logging();
     match run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            ExitCode::FAILURE
+            std::process::ExitCode::FAILURE
         }
     }
 }
