@@ -98,6 +98,20 @@ int main(void) {
   CHECK(mx_decompose_endpoint_addr(me, &n, &e));
   EXPECT(n == nic && e == eid, "a real address still decomposes");
 
+  /* An address of a board that left the peer table since it was connected (its
+   * guest destroyed): the send is taken and fails with a status, not a fatal
+   * error. The NIC id is the low 48 bits of the first word (the library's
+   * layout, which nothing but a test may rely on). */
+  mx_endpoint_addr_t gone = me;
+  gone.stuff[0] ^= 0x0000010000000000ull;
+  mx_request_t gr;
+  int before = handled;
+  CHECK(mx_isend(ep, &seg, 1, gone, 3, NULL, &gr));
+  s = test_wait(ep, &gr);
+  EXPECT(s.code == MX_STATUS_ENDPOINT_UNREACHABLE, "a send to a vanished board: %s",
+         mx_strstatus(s.code));
+  EXPECT(handled == before, "no error for it");
+
   CHECK(mx_close_endpoint(ep));
   CHECK(mx_finalize());
   EXPECT_CODE(mx_finalize(), MX_NOT_INITIALIZED);

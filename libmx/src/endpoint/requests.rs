@@ -117,7 +117,15 @@ impl Endpoint {
         sync: bool,
     ) -> MxResult<usize> {
         let addr = Addr::decode(dest);
-        let peer = self.peer_of(&addr)?;
+        let peer = match self.peer_of(&addr) {
+            Ok(peer) => Some(peer),
+            // An address a connect gave (it carries the partner's session) whose NIC
+            // left the peer table since (its guest destroyed, its host gone): the send is
+            // taken and fails with a status, as one to a partner that stopped answering
+            // does; an error return would be fatal to the application by default.
+            Err(_) if addr.session != 0 && Addr::is_ours(dest) => None,
+            Err(e) => return Err(e),
+        };
         let len = segs.len() as u32;
         counters::add(Counter::Sends, 1);
         self.with_state(|ep, st| {
@@ -130,6 +138,12 @@ impl Endpoint {
             };
             r.match_info = match_info;
             r.msg_length = len;
+            let Some(peer) = peer else {
+                r.code = Status::EndpointUnreachable;
+                let seq = ep.new_request(st, r);
+                ep.complete(st, seq);
+                return Ok(ep.token(seq));
+            };
             r.dest = Some(peer);
             if eager {
                 let data = segs.gather();
