@@ -793,7 +793,19 @@ impl Frontend {
 
     fn call(&mut self, op: CtrlOp) -> Result<CtrlReply> {
         let timeout = self.cfg.ctrl_timeout;
-        match self.ctrl()?.call(op, timeout) {
+        let kind = op.kind();
+        let started = std::time::Instant::now();
+        let result = self.ctrl()?.call(op, timeout);
+        if started.elapsed() >= timeout / 10 {
+            // Slow answers come before a timeout: they say when the backend began to lag.
+            tracing::warn!(
+                ?kind,
+                took_ms = started.elapsed().as_millis() as u64,
+                ok = result.is_ok(),
+                "the backend answered a control request late"
+            );
+        }
+        match result {
             Ok(rsp) => Ok(rsp.reply),
             Err(e @ Error::Timeout(_)) => {
                 tracing::error!(error = %e, "the backend does not answer; disconnecting");

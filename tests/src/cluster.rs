@@ -484,11 +484,53 @@ impl SimCluster {
 /// Lines of each daemon's log a failed test shows.
 const DAEMON_LOG_TAIL: usize = 60;
 
+impl SimCluster {
+    /// With `XMX_DAEMON_WARNINGS=FILE` (a soak's), every warning and error the daemons
+    /// logged is appended to FILE, passed or failed: a lag that did not fail this test is
+    /// how a later failure begins.
+    fn keep_daemon_warnings(&self) {
+        let Some(file) = std::env::var_os("XMX_DAEMON_WARNINGS") else {
+            return;
+        };
+        let root = std::path::Path::new("/run/xmx").join(&self.name);
+        let mut found = String::new();
+        for host in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            for log in std::fs::read_dir(host.path().join("logs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let Ok(text) = std::fs::read_to_string(log.path()) else {
+                    continue;
+                };
+                for line in text
+                    .lines()
+                    .filter(|l| l.contains(" WARN") || l.contains("ERROR"))
+                {
+                    found.push_str(&format!("{}: {line}\n", log.path().display()));
+                }
+            }
+        }
+        if found.is_empty() {
+            return;
+        }
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+        {
+            let _ = f.write_all(found.as_bytes());
+        }
+    }
+}
+
 impl Drop for SimCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.show_daemon_logs();
         }
+        self.keep_daemon_warnings();
         let started = Instant::now();
         let o = Command::new(&self.xmx)
             .args(["sim", "down", "--name", &self.name])

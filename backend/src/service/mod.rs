@@ -135,6 +135,9 @@ const COMMAND_QUEUE: usize = 64;
 /// How long a caller waits for the loop to answer.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A service round at least this long is logged as a warning.
+const SLOW_ROUND: Duration = Duration::from_secs(1);
+
 /// Sends requests to a running backend and waits for its answers; cheap to clone.
 #[derive(Clone)]
 pub struct ControlHandle {
@@ -466,7 +469,17 @@ impl Backend {
         let mut idle_since: Option<Instant> = None;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            if self.round(now)? {
+            let worked = self.round(now)?;
+            let took = now.elapsed();
+            if took >= SLOW_ROUND {
+                // One thread serves every guest: a round this long delays all of them (a
+                // control request unanswered past its caller's timeout disconnects it).
+                tracing::warn!(
+                    took_ms = took.as_millis() as u64,
+                    "a service round took long"
+                );
+            }
+            if worked {
                 idle_since = None;
                 continue;
             }
