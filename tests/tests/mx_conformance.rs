@@ -99,8 +99,10 @@ fn check(place: &str, p: &Program, passive: &str, active: &str) {
     println!("{place}: {} passed", p.name);
 }
 
-/// Runs `bin` with the loopback transport; returns its stdout once it passed.
-fn on_loopback(bin: &Path, env: &[(&str, &str)]) -> String {
+/// Runs `bin` with the loopback transport (none of the MX or xmx knobs the
+/// test's environment may hold, only `env`); returns its (stdout, stderr)
+/// once it passed.
+fn on_loopback_with_stderr(bin: &Path, env: &[(&str, &str)]) -> (String, String) {
     let mut cmd = Command::new("timeout");
     cmd.args(["-k", "5", "300"])
         .arg(bin)
@@ -108,20 +110,26 @@ fn on_loopback(bin: &Path, env: &[(&str, &str)]) -> String {
         .env("XMX_TRANSPORT", "loopback")
         .env_remove("MX_ERRORS_ARE_FATAL")
         .env_remove("MX_RCACHE")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env_remove("XMX_STALL_REPORT_MS");
     for (k, v) in env {
         cmd.env(k, v);
     }
     let o = cmd.output().expect("running the program");
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(
         o.status.success() && stdout.contains("PASS"),
-        "{} failed ({:?}):\n{stdout}\n{}",
+        "{} failed ({:?}):\n{stdout}\n{stderr}",
         bin.display(),
         o.status,
-        String::from_utf8_lossy(&o.stderr)
     );
-    stdout
+    (stdout, stderr)
+}
+
+/// [`on_loopback_with_stderr`]'s stdout.
+fn on_loopback(bin: &Path, env: &[(&str, &str)]) -> String {
+    on_loopback_with_stderr(bin, env).0
 }
 
 /// Both sides in one process, two endpoints; then the one-process programs.
@@ -146,27 +154,7 @@ fn conformance_on_loopback() {
 fn a_stalled_wait_is_reported_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let bin = cprog::build("stall", dir.path());
-    let run = |env: &[(&str, &str)]| {
-        let mut cmd = Command::new("timeout");
-        cmd.args(["-k", "5", "60"])
-            .arg(&bin)
-            .env("LD_LIBRARY_PATH", lib_dir())
-            .env("XMX_TRANSPORT", "loopback")
-            .env_remove("RUST_LOG")
-            .env_remove("XMX_STALL_REPORT_MS");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let o = cmd.output().expect("running the program");
-        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert!(
-            o.status.success() && stdout.contains("PASS"),
-            "stall failed ({:?}):\n{stdout}\n{stderr}",
-            o.status
-        );
-        stderr
-    };
+    let run = |env: &[(&str, &str)]| on_loopback_with_stderr(&bin, env).1;
     let reported = run(&[("XMX_STALL_REPORT_MS", "200")]);
     assert_eq!(
         reported.matches("stall: no request completed").count(),

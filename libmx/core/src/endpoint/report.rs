@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use super::{Endpoint, RecvState, Request, SendPayload};
+use super::{Endpoint, RecvState, Request, Retx, SendPayload};
 use crate::time::Instant;
 
 /// Requests listed one by one per state; the rest are counted.
@@ -73,6 +73,15 @@ impl Endpoint {
                 p.ack,
             );
         }
+        let retx_text = |retx: Option<Retx>| match retx {
+            Some(x) => format!(
+                "seq {} sent {}x, resend in {} ms",
+                x.seqnum,
+                x.transmissions,
+                until(x.next_resend)
+            ),
+            None => "no seqnum yet".into(),
+        };
         let mut sends_eager = Vec::new();
         let mut sends_large = Vec::new();
         let mut connects = Vec::new();
@@ -91,15 +100,7 @@ impl Endpoint {
                     ms(c.submitted)
                 )),
                 Request::Send(s) => {
-                    let retx = match s.retx {
-                        Some(x) => format!(
-                            "seq {} sent {}x, resend in {} ms",
-                            x.seqnum,
-                            x.transmissions,
-                            until(x.next_resend)
-                        ),
-                        None => "no seqnum yet".into(),
-                    };
+                    let retx = retx_text(s.retx);
                     let line = format!(
                         "send {} to {}:{} match {:#x}: {retx}, {} ms old",
                         id.0,
@@ -139,15 +140,7 @@ impl Endpoint {
                         id.0,
                         large.source.peer_index,
                         large.source.endpoint,
-                        match retx {
-                            Some(x) => format!(
-                                "seq {} sent {}x, resend in {} ms",
-                                x.seqnum,
-                                x.transmissions,
-                                until(x.next_resend)
-                            ),
-                            None => "no seqnum yet".into(),
-                        }
+                        retx_text(*retx)
                     )),
                 },
             }
