@@ -446,3 +446,82 @@ fn the_admin_operations_refuse_what_makes_no_sense() {
         Err(Error::NotFound(_))
     ));
 }
+
+#[test]
+fn a_process_of_the_moved_domain_adopts_its_restored_grants() {
+    let src = Host::start();
+    let dst = Host::start();
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let gt = src.attach(g).grant_table().unwrap();
+    let rw = gt.grant_pages(DOM0, 3, true).unwrap();
+    let ro = gt.grant_pages(DOM0, 1, false).unwrap();
+    fill_all(&rw, 9);
+    fill_all(&ro, 10);
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let d = migrate_domain(&src.admin, &dst.admin, g, &options)
+        .unwrap()
+        .dest_domid;
+
+    let moved = dst.attach(d).sim_grant_table().unwrap();
+    let other = dst.attach(d).sim_grant_table().unwrap();
+    // The claim must match the grants: grantee and access.
+    assert!(matches!(
+        moved.adopt(1, rw.refs(), true),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        moved.adopt(DOM0, ro.refs(), true),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        moved.adopt(DOM0, &[8, 8], true),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        moved.adopt(DOM0, &[500], true),
+        Err(Error::NotFound(_))
+    ));
+    let mine = moved.adopt(DOM0, rw.refs(), true).unwrap();
+    assert_eq!(mine.refs(), rw.refs());
+    // SAFETY: the adopted grants hold 3 pages.
+    let all = unsafe { hv_util::bytes(mine.as_ptr(), 3 * PAGE_SIZE) };
+    for i in 0..3 {
+        assert!(is_pattern(&all[i * PAGE_SIZE..][..PAGE_SIZE], 9, i));
+    }
+    // Once only, all or nothing.
+    assert!(matches!(
+        other.adopt(DOM0, rw.refs(), true),
+        Err(Error::NotFound(_))
+    ));
+    let mut both = ro.refs().to_vec();
+    both.push(rw.refs()[0]);
+    assert!(matches!(
+        other.adopt(DOM0, &both, false),
+        Err(Error::NotFound(_))
+    ));
+    let theirs = other.adopt(DOM0, ro.refs(), false).unwrap();
+    assert!(!theirs.writable());
+
+    // Adopted grants are the adopter's: mapped ones refuse to end, then end.
+    let dom0 = dst.attach(DOM0);
+    let mapped = dom0
+        .grant_table()
+        .unwrap()
+        .map(d, mine.refs(), true)
+        .unwrap();
+    let mine = match mine.end_access() {
+        Err((back, Error::Busy(_))) => back,
+        other => panic!("ending mapped grants: {:?}", other.err().map(|(_, e)| e)),
+    };
+    drop(mapped);
+    mine.end_access().map_err(|(_, e)| e).unwrap();
+    assert_eq!((dst.state(d).grants_active, dst.state(d).mem_pages), (1, 1));
+    // Dropped, as any grant of the handle.
+    drop(theirs);
+    let s = dst.state(d);
+    assert_eq!((s.grants_active, s.mem_pages), (0, 0));
+}

@@ -9,7 +9,10 @@
 //! channels, and mappings held by others (they stay with the source domain and are
 //! released when it is destroyed); grants ended by their owner while still mapped
 //! ([`Owner::Released`]) die with the source. Restored grants are held by the domain
-//! ([`Owner::Restored`]), since the connections that made them are on the source host.
+//! ([`Owner::Restored`]), since the connections that made them are on the source host,
+//! until a process of the domain takes them over (`GrantAdopt` on `hv.sock`), as the
+//! process that made them does once it re-attaches to this host; on Xen the guest's
+//! kernel keeps them across the migration and its processes notice nothing.
 //!
 //! Dirty pages: the simulated platform has no dirty logging (processes write the memory
 //! file through their own mappings, the daemon sees nothing), so each round reads every
@@ -21,19 +24,21 @@
 //! the host's lock released: it guards the control path of every domain of the host, and
 //! a round of a large domain takes long.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use xmx_hv::sim::admin::{Restored, RunState, SaveInfo, SaveRound};
-use xmx_hv::{DomId, Error, Result, DOM0, PAGE_SIZE};
+use xmx_hv::sim::proto::Response;
+use xmx_hv::{DomId, Error, GrantRef, Result, DOM0, PAGE_SIZE};
 
 use super::mem::read_fully_at;
 use super::stream::{GrantRecord, Record, StreamReader, StreamWriter};
 use super::table::{GTF_PERMIT_ACCESS, GTF_READONLY, GTF_TYPE_MASK};
-use super::{entry_flags, Domain, Grant, Hv, Owner};
+use super::{entry_flags, no_fds, ConnId, Domain, Grant, Hv, HvState, Owner};
 use crate::config::Config;
 
 /// What the destination holds of a domain being sent: the frames sent so far, non-zero.
@@ -239,6 +244,56 @@ impl Hv {
             "migration stream restored"
         );
         Ok(restored)
+    }
+}
+
+impl HvState {
+    /// Make `conn` the owner of restored grants of its domain `domid`, all or nothing.
+    pub(super) fn grant_adopt(
+        &mut self,
+        conn: ConnId,
+        domid: DomId,
+        remote: DomId,
+        writable: bool,
+        refs: &[GrantRef],
+    ) -> Result<(Response, Vec<OwnedFd>)> {
+        if refs.is_empty() {
+            return Err(Error::Invalid("adopting zero grants".into()));
+        }
+        // Allowed while suspended, as teardown is: it only changes who may end the grants.
+        let dom = self.domain_mut(domid)?;
+        let mut seen = HashSet::with_capacity(refs.len());
+        let mut grants = Vec::with_capacity(refs.len());
+        for &r in refs {
+            if !seen.insert(r) {
+                return Err(Error::Invalid(format!("grant ref {r} listed twice")));
+            }
+            let g = match dom.grants.get(&r) {
+                Some(g) if g.owner == Owner::Restored => g,
+                _ => {
+                    return Err(Error::NotFound(format!(
+                        "grant ref {r} of domain {domid} is not a restored grant left to adopt"
+                    )))
+                }
+            };
+            let entry = dom.table.read(r)?;
+            if entry.domid != remote || g.readonly == writable {
+                return Err(Error::Invalid(format!(
+                    "grant ref {r} grants domain {} {} access, not domain {remote} {} access",
+                    entry.domid,
+                    if g.readonly { "read-only" } else { "writable" },
+                    if writable { "writable" } else { "read-only" },
+                )));
+            }
+            grants.push((r, g.frame));
+        }
+        for &r in refs {
+            if let Some(g) = dom.grants.get_mut(&r) {
+                g.owner = Owner::Conn(conn);
+            }
+        }
+        tracing::debug!(domid, remote, count = refs.len(), "restored grants adopted");
+        no_fds(Response::Granted { grants })
     }
 }
 
@@ -478,8 +533,6 @@ impl Domain {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
-
-    use xmx_hv::GrantRef;
 
     use super::*;
 

@@ -367,6 +367,11 @@ impl Hv {
             } => st.bind(cfg, conn, domid, remote, remote_port),
             Request::EvtchnClose { port } => st.close(conn, domid, port),
             Request::EvtchnStatus { port } => st.port_status(domid, port),
+            Request::GrantAdopt {
+                remote,
+                writable,
+                refs,
+            } => st.grant_adopt(conn, domid, remote, writable, &refs),
         };
         st.flush_frees();
         result
