@@ -234,8 +234,9 @@ pub struct SaveRound {
     pub frames_sent: u32,
     /// Grant entries written (the last round only).
     pub grants_sent: usize,
-    /// Of those, grants another domain still mapped: their mappings stay behind on the
-    /// source host (the backend should have unmapped them before the suspend completed).
+    /// Grants another domain still mapped at the last round (sent ones, and ones their
+    /// owner ended, which are not sent): those mappings stay behind on the source host;
+    /// the backend should have let go of the guest's pages before the suspend completed.
     pub grants_still_mapped: usize,
     /// Bytes of the stream file.
     pub bytes: u64,

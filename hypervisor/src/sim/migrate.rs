@@ -19,6 +19,10 @@
 //! end. Any failure before the destination resumes rolls back: the incoming domain is
 //! destroyed, the source stops sending and is resumed if this migration suspended it.
 //!
+//! A domain already suspended when the migration begins is not suspended again (nor
+//! resumed on a rollback); it runs on the destination afterwards, as `xl migrate`
+//! unpauses the domain it moved.
+//!
 //! Frames keep their numbers, grant refs their entries (granted-to domid included: dom0
 //! is 0 on both hosts; a grant to another guest names a domid that means something else
 //! on the destination, as on Xen, and is the guest's to revoke). The domain gets a new
@@ -26,6 +30,7 @@
 //! the guest's grants before the source domain goes (a suspended domain's grants already
 //! refuse new mappings with `Busy`).
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -39,7 +44,8 @@ pub const INCOMING_SUFFIX: &str = "--incoming";
 /// How [`migrate_domain`] runs the rounds.
 #[derive(Debug, Clone)]
 pub struct MigrateOptions {
-    /// Live rounds at most (the first, full, one included) before the suspend.
+    /// Live rounds at most (the first, full, one included; there is always one) before
+    /// the suspend.
     pub max_live_rounds: u32,
     /// Stop the live rounds once one sends at most this many frames.
     pub converged_frames: u32,
@@ -338,7 +344,6 @@ impl WorkDir {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)

@@ -452,13 +452,16 @@ impl Domain {
             .grants
             .iter()
             .filter(|(_, g)| g.owner != Owner::Released)
-            .map(|(&r, g)| {
-                let domid = self.table.read(r).map(|e| e.domid).unwrap_or(DOM0);
-                GrantRecord {
+            .filter_map(|(&r, g)| match self.table.read(r) {
+                Ok(entry) => Some(GrantRecord {
                     gref: r,
                     frame: g.frame,
-                    domid,
+                    domid: entry.domid,
                     flags: GTF_PERMIT_ACCESS | if g.readonly { GTF_READONLY } else { 0 },
+                }),
+                Err(e) => {
+                    tracing::error!(gref = r, error = %e, "a grant without its entry is not sent");
+                    None
                 }
             })
             .collect();
