@@ -12,7 +12,7 @@ use xmx_hv::daemon::control::{LineServer, LineService, Refusal, Reply};
 use xmx_hv::sim::admin::{error_reply, AdminRequest};
 use xmx_hv::Error;
 
-use crate::domains::Host;
+use crate::domains::{Host, Spec};
 
 /// The admin protocol of one host.
 struct HostAdmin(Arc<Host>);
@@ -58,9 +58,29 @@ pub(crate) fn serve_admin(host: Arc<Host>, path: &Path) -> xmx_hv::Result<LineSe
 fn execute(host: &Host, req: AdminRequest) -> xmx_hv::Result<serde_json::Value> {
     let encoding = |e: serde_json::Error| Error::Protocol(format!("encoding: {e}"));
     match req {
-        AdminRequest::Create { name, domid } => {
-            let domid = host.create(&name, domid)?;
+        AdminRequest::Create {
+            name,
+            domid,
+            mem_limit,
+            incoming,
+        } => {
+            let spec = Spec {
+                mem_limit,
+                incoming,
+            };
+            let domid = host.create(&name, domid, &spec)?;
             Ok(json!({ "domid": domid }))
+        }
+        AdminRequest::Rename { domid, name } => host.rename(domid, &name).map(|_| json!(null)),
+        AdminRequest::SaveBegin { domid } => {
+            serde_json::to_value(host.save_begin(domid)?).map_err(encoding)
+        }
+        AdminRequest::Save { domid, path, last } => {
+            serde_json::to_value(host.save(domid, &path, last)?).map_err(encoding)
+        }
+        AdminRequest::SaveEnd { domid } => host.save_end(domid).map(|_| json!(null)),
+        AdminRequest::Restore { domid, path } => {
+            serde_json::to_value(host.restore(domid, &path)?).map_err(encoding)
         }
         AdminRequest::Destroy { domid } => host.destroy(domid).map(|_| json!(null)),
         AdminRequest::Suspend { domid } => host.suspend(domid).map(|_| json!(null)),

@@ -10,6 +10,10 @@
 //! (teardown operations — ending grants, unmapping, closing ports — still work, so a
 //! process of a suspended domain can always let go of what it holds).
 //!
+//! Migration (the hypervisor's half; see `crate::hv`'s `migrate`): an incoming domain is
+//! created suspended, without the `control/shutdown` request, receives its streams, is
+//! renamed to the migrating domain's name and resumed; the source domain is destroyed.
+//!
 //! Lifecycle operations are serialised by one lock; the hypervisor state has its own.
 
 use std::collections::BTreeMap;
@@ -23,7 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use xmx_hv::sim::admin::{DomainInfo, DomainState, RunState, XenstoreUsage};
+use xmx_hv::sim::admin::{
+    DomainInfo, DomainState, Restored, RunState, SaveInfo, SaveRound, XenstoreUsage,
+};
 use xmx_hv::sim::layout;
 use xmx_hv::{DomId, Error, Result, XsAccess, XsPerm, DOM0};
 
@@ -37,6 +43,15 @@ pub const DOMID_FIRST_RESERVED: DomId = 0x7ff0;
 pub const MAX_NAME_LEN: usize = 64;
 /// dom0's name, as the toolstack writes it.
 pub const DOM0_NAME: &str = "Domain-0";
+
+/// How to create a domain, beyond its name and domid.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spec {
+    /// Memory limit in bytes; the host's configured one if none.
+    pub mem_limit: Option<u64>,
+    /// Created suspended to receive a migration stream.
+    pub incoming: bool,
+}
 
 /// The threads serving one domain.
 struct Runtime {
@@ -92,6 +107,17 @@ fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Stream files are named by the admin client, whose working directory is not ours.
+fn stream_path(path: &Path) -> Result<()> {
+    if !path.is_absolute() {
+        return Err(Error::Invalid(format!(
+            "stream file {} is not an absolute path",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 impl Host {
     /// A host with no domain yet.
     pub(crate) fn new(dir: &Path, config: Config) -> Host {
@@ -108,12 +134,12 @@ impl Host {
     /// Bring up dom0.
     pub(crate) fn start_dom0(&self) -> Result<()> {
         let mut rt = lock(&self.runtimes);
-        self.create_locked(&mut rt, DOM0, DOM0_NAME)?;
+        self.create_locked(&mut rt, DOM0, DOM0_NAME, &Spec::default())?;
         Ok(())
     }
 
     /// Create a domain; the lowest free domid from 1 unless `domid` is given.
-    pub(crate) fn create(&self, name: &str, domid: Option<DomId>) -> Result<DomId> {
+    pub(crate) fn create(&self, name: &str, domid: Option<DomId>, spec: &Spec) -> Result<DomId> {
         validate_name(name)?;
         let mut rt = lock(&self.runtimes);
         if self.hv.name_taken(name) {
@@ -130,8 +156,27 @@ impl Host {
                 .find(|d| !rt.contains_key(d))
                 .ok_or_else(|| Error::Quota("no free domid".into()))?,
         };
-        self.create_locked(&mut rt, domid, name)?;
+        self.create_locked(&mut rt, domid, name, spec)?;
         Ok(domid)
+    }
+
+    /// Rename a domain (not dom0), in the hypervisor and in xenstore's
+    /// `/local/domain/N/name`.
+    pub(crate) fn rename(&self, domid: DomId, name: &str) -> Result<()> {
+        if domid == DOM0 {
+            return Err(Error::Invalid("dom0 cannot be renamed".into()));
+        }
+        validate_name(name)?;
+        let _rt = lock(&self.runtimes);
+        let old = self.hv.counters(domid)?.name;
+        self.hv.rename(domid, name)?;
+        let path = format!("/local/domain/{domid}/name");
+        if let Err(e) = self.toolstack_write_identity(&path, name.as_bytes(), domid) {
+            let _ = self.hv.rename(domid, &old);
+            return Err(e);
+        }
+        tracing::info!(domid, from = %old, to = name, "domain renamed");
+        Ok(())
     }
 
     fn create_locked(
@@ -139,15 +184,16 @@ impl Host {
         rt: &mut BTreeMap<DomId, Runtime>,
         domid: DomId,
         name: &str,
+        spec: &Spec,
     ) -> Result<()> {
         let dir = layout::dom_dir(&self.dir, domid);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
         DirBuilder::new().mode(0o700).create(&dir)?;
-        match self.bring_up(rt, domid, name) {
+        match self.bring_up(rt, domid, name, spec) {
             Ok(()) => {
-                tracing::info!(domid, name, "domain created");
+                tracing::info!(domid, name, incoming = spec.incoming, "domain created");
                 Ok(())
             }
             Err(e) => {
@@ -169,8 +215,15 @@ impl Host {
         }
     }
 
-    fn bring_up(&self, rt: &mut BTreeMap<DomId, Runtime>, domid: DomId, name: &str) -> Result<()> {
-        self.hv.add_domain(&self.dir, domid, name)?;
+    fn bring_up(
+        &self,
+        rt: &mut BTreeMap<DomId, Runtime>,
+        domid: DomId,
+        name: &str,
+        spec: &Spec,
+    ) -> Result<()> {
+        self.hv
+            .add_domain(&self.dir, domid, name, spec.mem_limit, spec.incoming)?;
         let hv_listener = bind_socket(&layout::hv_sock(&self.dir, domid))?;
         let xs_listener = bind_socket(&layout::xenstore_sock(&self.dir, domid))?;
         let stop: OwnedFd =
@@ -292,6 +345,28 @@ impl Host {
         Ok(())
     }
 
+    /// Start sending a domain to another host.
+    pub(crate) fn save_begin(&self, domid: DomId) -> Result<SaveInfo> {
+        self.hv.save_begin(domid)
+    }
+
+    /// One round of a domain's migration stream, written to a new file at `path`.
+    pub(crate) fn save(&self, domid: DomId, path: &Path, last: bool) -> Result<SaveRound> {
+        stream_path(path)?;
+        self.hv.save_round(domid, path, last)
+    }
+
+    /// Stop sending a domain.
+    pub(crate) fn save_end(&self, domid: DomId) -> Result<()> {
+        self.hv.save_end(domid)
+    }
+
+    /// Apply a migration stream to an incoming domain.
+    pub(crate) fn restore(&self, domid: DomId, path: &Path) -> Result<Restored> {
+        stream_path(path)?;
+        self.hv.restore(domid, path)
+    }
+
     /// Resume a suspended domain.
     pub(crate) fn resume(&self, domid: DomId) -> Result<()> {
         let _rt = lock(&self.runtimes);
@@ -325,6 +400,7 @@ impl Host {
             ports_open: c.ports_open,
             hv_connections: c.hv_connections,
             mem_pages: c.mem_pages,
+            mem_limit: c.mem_limit,
             xenstore: XenstoreUsage {
                 nodes: u.nodes,
                 watches: u.watches,

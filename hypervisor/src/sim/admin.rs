@@ -3,12 +3,17 @@
 //! One JSON object per line each way. A request is tagged by `op`:
 //! `{"op":"create","name":"guest1"}` (optionally `"domid":N`), `{"op":"destroy","domid":N}`,
 //! `{"op":"suspend","domid":N}`, `{"op":"resume","domid":N}`, `{"op":"list"}`,
-//! `{"op":"state","domid":N}`. A reply is a [`Reply`]: `{"ok":true,"result":...}` or
+//! `{"op":"state","domid":N}`; for migrating a domain between hosts (see
+//! [`super::migrate`]): `{"op":"create","name":"g--incoming","incoming":true,
+//! "mem_limit":BYTES}`, `{"op":"rename","domid":N,"name":"g"}`, and on the source
+//! `{"op":"save_begin","domid":N}`, `{"op":"save","domid":N,"path":"/dir/round-1",
+//! "last":false}`, `{"op":"save_end","domid":N}`, on the destination
+//! `{"op":"restore","domid":N,"path":"/dir/round-1"}`. A reply is a [`Reply`]: `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":{"kind":"not_found","message":"..."}}`, the kind named by
 //! [`error_kind`].
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +33,53 @@ pub enum AdminRequest {
         /// The domid to create it as.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         domid: Option<DomId>,
+        /// Its memory limit in bytes instead of the host's default (a migrated domain
+        /// keeps the limit it had on its source host).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mem_limit: Option<u64>,
+        /// Create it paused to receive a migration stream (`restore`): it stays suspended,
+        /// without the `control/shutdown` request a suspend writes, and cannot be resumed
+        /// before its last stream is restored.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        incoming: bool,
+    },
+    /// Rename a domain (not dom0); names stay unique on a host.
+    Rename {
+        /// The domain to rename.
+        domid: DomId,
+        /// Its new name.
+        name: String,
+    },
+    /// Start sending a domain to another host: the daemon starts remembering what each
+    /// `save` round sent, so that the next round sends only the frames that changed.
+    SaveBegin {
+        /// The domain to send.
+        domid: DomId,
+    },
+    /// One round of a migration stream: write the domain's frames that changed since the
+    /// last round (all non-zero frames in the first) to a new file at `path`; the last
+    /// round (the domain must be suspended) adds its grant table.
+    Save {
+        /// The domain being sent.
+        domid: DomId,
+        /// Where to write the stream: a file that must not exist yet.
+        path: PathBuf,
+        /// Whether this is the last round.
+        #[serde(default)]
+        last: bool,
+    },
+    /// Stop sending a domain (after a migration, completed or not): forget what was sent.
+    SaveEnd {
+        /// The domain that was being sent.
+        domid: DomId,
+    },
+    /// Apply one migration stream (a file written by `save` on the source host) to an
+    /// incoming domain.
+    Restore {
+        /// The incoming domain.
+        domid: DomId,
+        /// The stream file.
+        path: PathBuf,
     },
     /// Destroy a domain and everything it holds.
     Destroy {
@@ -112,6 +164,9 @@ pub struct DomainState {
     pub hv_connections: usize,
     /// Pages of this domain's memory file in use.
     pub mem_pages: usize,
+    /// The domain's memory limit in bytes.
+    #[serde(default)]
+    pub mem_limit: u64,
     /// What xenstored holds for the domain.
     pub xenstore: XenstoreUsage,
 }
@@ -155,6 +210,47 @@ pub fn error_from_kind(kind: &str, message: String) -> Error {
         "io" => Error::Io(io::Error::other(message)),
         _ => Error::Protocol(format!("{kind}: {message}")),
     }
+}
+
+/// What `save_begin` reports of the domain being sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaveInfo {
+    /// The domain's name.
+    pub name: String,
+    /// Its memory limit in bytes, for the incoming domain.
+    pub mem_limit: u64,
+    /// Frames ever handed out (the extent of its memory that a stream covers).
+    pub frames: u32,
+    /// Grant entries in use.
+    pub grants: usize,
+}
+
+/// What one `save` round wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaveRound {
+    /// Frames read and compared with what earlier rounds sent.
+    pub frames_scanned: u32,
+    /// Frames written to the stream (changed since the last round).
+    pub frames_sent: u32,
+    /// Grant entries written (the last round only).
+    pub grants_sent: usize,
+    /// Grants another domain still mapped at the last round (sent ones, and ones their
+    /// owner ended, which are not sent): those mappings stay behind on the source host;
+    /// the backend should have let go of the guest's pages before the suspend completed.
+    pub grants_still_mapped: usize,
+    /// Bytes of the stream file.
+    pub bytes: u64,
+}
+
+/// What one `restore` applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restored {
+    /// Frames written into the domain's memory.
+    pub frames: u32,
+    /// Grant entries installed (a last stream only).
+    pub grants: usize,
+    /// Whether the stream was a last one: the domain is complete and may be resumed.
+    pub complete: bool,
 }
 
 /// A client of a simhv's admin socket.
@@ -201,15 +297,68 @@ impl SimAdmin {
 
     /// Create a domain named `name` (with `domid` if given); returns its domid.
     pub fn create(&self, name: &str, domid: Option<DomId>) -> Result<DomId> {
+        self.create_with(AdminRequest::Create {
+            name: name.to_string(),
+            domid,
+            mem_limit: None,
+            incoming: false,
+        })
+    }
+
+    /// Create a paused domain to receive a migration stream, with a memory limit of
+    /// `mem_limit` bytes; returns its domid.
+    pub fn create_incoming(&self, name: &str, mem_limit: u64) -> Result<DomId> {
+        self.create_with(AdminRequest::Create {
+            name: name.to_string(),
+            domid: None,
+            mem_limit: Some(mem_limit),
+            incoming: true,
+        })
+    }
+
+    fn create_with(&self, req: AdminRequest) -> Result<DomId> {
         #[derive(Deserialize)]
         struct Created {
             domid: DomId,
         }
-        let c: Created = self.call_as(&AdminRequest::Create {
-            name: name.to_string(),
-            domid,
-        })?;
+        let c: Created = self.call_as(&req)?;
         Ok(c.domid)
+    }
+
+    /// Rename a domain.
+    pub fn rename(&self, domid: DomId, name: &str) -> Result<()> {
+        self.call(&AdminRequest::Rename {
+            domid,
+            name: name.to_string(),
+        })
+        .map(|_| ())
+    }
+
+    /// Start sending a domain to another host.
+    pub fn save_begin(&self, domid: DomId) -> Result<SaveInfo> {
+        self.call_as(&AdminRequest::SaveBegin { domid })
+    }
+
+    /// Write one round of a domain's migration stream to a new file at `path`.
+    pub fn save(&self, domid: DomId, path: &Path, last: bool) -> Result<SaveRound> {
+        self.call_as(&AdminRequest::Save {
+            domid,
+            path: path.to_path_buf(),
+            last,
+        })
+    }
+
+    /// Stop sending a domain.
+    pub fn save_end(&self, domid: DomId) -> Result<()> {
+        self.call(&AdminRequest::SaveEnd { domid }).map(|_| ())
+    }
+
+    /// Apply the migration stream at `path` to an incoming domain.
+    pub fn restore(&self, domid: DomId, path: &Path) -> Result<Restored> {
+        self.call_as(&AdminRequest::Restore {
+            domid,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Destroy a domain.
@@ -256,6 +405,8 @@ mod tests {
         let r = AdminRequest::Create {
             name: "g1".into(),
             domid: None,
+            mem_limit: None,
+            incoming: false,
         };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
@@ -267,9 +418,34 @@ mod tests {
             back,
             AdminRequest::Create {
                 name: "g1".into(),
-                domid: Some(5)
+                domid: Some(5),
+                mem_limit: None,
+                incoming: false,
             }
         );
+        let r = AdminRequest::Save {
+            domid: 3,
+            path: "/m/round-1".into(),
+            last: true,
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"op":"save","domid":3,"path":"/m/round-1","last":true}"#
+        );
+        let back: AdminRequest = serde_json::from_str(
+            r#"{"op":"create","name":"g--incoming","mem_limit":4096,"incoming":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            back,
+            AdminRequest::Create {
+                name: "g--incoming".into(),
+                domid: None,
+                mem_limit: Some(4096),
+                incoming: true,
+            }
+        );
+        assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"restore","domid":1}"#).is_err());
         let back: AdminRequest = serde_json::from_str(r#"{"op":"list"}"#).unwrap();
         assert_eq!(back, AdminRequest::List);
         assert!(serde_json::from_str::<AdminRequest>(r#"{"op":"destroy"}"#).is_err());

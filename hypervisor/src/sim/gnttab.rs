@@ -71,6 +71,44 @@ impl SimGrantTable {
         self.instance
     }
 
+    /// Take over grants of this domain that a migration restored (see the simhv's
+    /// migration): they become this handle's, as if granted through it, and are mapped
+    /// here anew. `remote` and `writable` must be what the grants say. If mapping them
+    /// fails they stay this handle's and end when it closes.
+    pub fn adopt(&self, remote: DomId, refs: &[GrantRef], writable: bool) -> Result<GrantedPages> {
+        if refs.is_empty() {
+            return Err(Error::Invalid("adopting zero grants".into()));
+        }
+        let (resp, _) = self.conn.call(&Request::GrantAdopt {
+            remote,
+            writable,
+            refs: refs.to_vec(),
+        })?;
+        let Response::Granted { grants } = resp else {
+            return Err(Error::Protocol("unexpected reply to adopt".into()));
+        };
+        if grants.len() != refs.len() || grants.iter().zip(refs).any(|(g, r)| g.0 != *r) {
+            return Err(Error::Protocol(
+                "daemon adopted other grants than asked".into(),
+            ));
+        }
+        let frames: Vec<u32> = grants.iter().map(|g| g.1).collect();
+        let region = Region::map_frames(self.own_mem.as_fd(), &frames, true)?;
+        Ok(GrantedPages {
+            ptr: region.as_ptr(),
+            len: region.len(),
+            refs: refs.to_vec(),
+            remote,
+            writable,
+            owner: Some(Box::new(SimGrantedOwner {
+                conn: self.conn.clone(),
+                region: Some(region),
+                mem: self.own_mem.clone(),
+                frames,
+            })),
+        })
+    }
+
     fn remote_fd(
         &self,
         instance: u64,

@@ -22,7 +22,8 @@
 //!   *is* that domain.
 //!
 //! The `hv.sock` protocol is in [`proto`], framing and descriptor passing in [`transport`],
-//! the admin protocol and its client in [`admin`].
+//! the admin protocol and its client in [`admin`], moving a domain to another simhv in
+//! [`migrate`].
 //!
 //! Isolation is enforced on every request (which domain may map or copy which grant,
 //! bind which port). It does not extend to processes of the same user tampering with the
@@ -33,6 +34,7 @@ mod conn;
 pub mod evtchn;
 pub mod gnttab;
 pub mod layout;
+pub mod migrate;
 pub mod mmap;
 pub mod proto;
 pub mod transport;

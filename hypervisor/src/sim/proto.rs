@@ -24,6 +24,7 @@
 //! | EvtchnBind | `remote u16, remote_port u32` | as above | rx, tx |
 //! | EvtchnClose | `port u32` | – | – |
 //! | EvtchnStatus | `port u32` | `state u8, remote u16, remote_port u32` | – |
+//! | GrantAdopt | `remote u16, writable u8, [ref u32]` | `[(ref u32, frame u32)]` | – |
 //!
 //! A copy segment is `source side, dest side, len u16`, a side being
 //! `kind u8 (0 local, 1 foreign), domid u16, gref u32, offset u16`.
@@ -96,6 +97,9 @@ pub enum Op {
     EvtchnClose = 10,
     /// Ask what a port is connected to.
     EvtchnStatus = 11,
+    /// Take over grants a migration restored (their maker's connection stayed behind on
+    /// the source host).
+    GrantAdopt = 12,
 }
 
 impl Op {
@@ -113,6 +117,7 @@ impl Op {
             9 => Op::EvtchnBind,
             10 => Op::EvtchnClose,
             11 => Op::EvtchnStatus,
+            12 => Op::GrantAdopt,
             _ => return None,
         })
     }
@@ -214,6 +219,18 @@ pub enum Request {
         /// The local port.
         port: Port,
     },
+    /// Make this connection the owner of grants restored by a migration, as if it had
+    /// made them (it may end them, they end when it closes); answered with
+    /// [`Response::Granted`]. Every ref must be a restored grant to `remote` with this
+    /// access, not adopted yet.
+    GrantAdopt {
+        /// The grantee the grants name.
+        remote: DomId,
+        /// Whether the grants let the grantee map them writable.
+        writable: bool,
+        /// The grants, in page order.
+        refs: Vec<GrantRef>,
+    },
 }
 
 /// The fixed part of a request body.
@@ -254,6 +271,7 @@ impl Request {
             Request::EvtchnBind { .. } => Op::EvtchnBind,
             Request::EvtchnClose { .. } => Op::EvtchnClose,
             Request::EvtchnStatus { .. } => Op::EvtchnStatus,
+            Request::GrantAdopt { .. } => Op::GrantAdopt,
         }
     }
 
@@ -278,6 +296,11 @@ impl Request {
                 put_u32_array(out, refs);
             }
             Request::Map {
+                remote,
+                writable,
+                refs,
+            }
+            | Request::GrantAdopt {
                 remote,
                 writable,
                 refs,
@@ -343,6 +366,11 @@ impl Request {
                 writable: r.bool()?,
                 refs: r.u32_array()?,
             },
+            Op::GrantAdopt => Request::GrantAdopt {
+                remote: r.u16()?,
+                writable: r.bool()?,
+                refs: r.u32_array()?,
+            },
             Op::Unmap => Request::Unmap { handle: r.u64()? },
             Op::Copy => {
                 let n = r.u32()? as usize;
@@ -389,7 +417,7 @@ pub enum Response {
         /// Entries in the domain's grant table.
         table_size: u32,
     },
-    /// Reply to [`Request::GrantAlloc`].
+    /// Reply to [`Request::GrantAlloc`] and [`Request::GrantAdopt`].
     Granted {
         /// One (grant ref, frame of the domain's memory file) pair per page, in page order.
         grants: Vec<(GrantRef, u32)>,
@@ -583,7 +611,7 @@ impl Response {
                 instance: r.u64()?,
                 table_size: r.u32()?,
             },
-            Op::GrantAlloc => {
+            Op::GrantAlloc | Op::GrantAdopt => {
                 let n = r.u32()? as usize;
                 r.need(n.saturating_mul(8))?;
                 let mut grants = Vec::with_capacity(n);
@@ -860,6 +888,11 @@ mod tests {
             },
             Request::EvtchnClose { port: 7 },
             Request::EvtchnStatus { port: 7 },
+            Request::GrantAdopt {
+                remote: 0,
+                writable: true,
+                refs: vec![8, 12],
+            },
         ]
     }
 
@@ -974,11 +1007,11 @@ mod tests {
             if buf.len() >= 4 {
                 buf[0] = 1;
                 buf[1] = 0;
-                buf[2] = (x % 12) as u8;
+                buf[2] = (x % 13) as u8;
                 buf[3] = 0;
             }
             let _ = Request::parse(&buf);
-            for op in 1..=11 {
+            for op in 1..=12 {
                 let _ = Response::parse(&buf, Op::from_code(op).unwrap(), 0);
             }
         }
@@ -1002,6 +1035,12 @@ mod tests {
                 },
             ),
             (Op::GrantEnd, Response::Done),
+            (
+                Op::GrantAdopt,
+                Response::Granted {
+                    grants: vec![(10, 2)],
+                },
+            ),
             (
                 Op::Map,
                 Response::Mapped {

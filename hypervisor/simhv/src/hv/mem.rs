@@ -92,6 +92,71 @@ impl MemFile {
         self.in_use
     }
 
+    /// The limit in bytes (whole frames).
+    pub(crate) fn limit_bytes(&self) -> u64 {
+        self.limit_frames as u64 * PAGE_SIZE as u64
+    }
+
+    /// The limit in frames.
+    pub(crate) fn limit_frames(&self) -> u32 {
+        self.limit_frames
+    }
+
+    /// Frames ever handed out: every frame below lies inside the file.
+    pub(crate) fn extent(&self) -> u32 {
+        self.next_fresh
+    }
+
+    /// Another descriptor of the memory, for migration rounds: they read or write every
+    /// frame, which must not happen under the host's lock.
+    pub(crate) fn clone_file(&self) -> io::Result<File> {
+        self.rw.try_clone()
+    }
+
+    /// A restore wrote frames below `extent` through [`MemFile::clone_file`] (writing
+    /// extends the file): take the file's new size and the extent into account. The frames
+    /// are in no allocator set until [`MemFile::adopt`]; an incoming domain allocates
+    /// nothing before then (it is suspended).
+    pub(crate) fn note_restored(&mut self, extent: u32) -> io::Result<()> {
+        let len = self.rw.metadata()?.len();
+        let frames = len.div_ceil(PAGE_SIZE as u64).min(u32::MAX as u64) as u32;
+        self.size_frames = self.size_frames.max(frames);
+        self.next_fresh = self.next_fresh.max(extent);
+        if self.size_frames < self.next_fresh {
+            // The last frames of the extent were zero, so nothing wrote them: grow the file
+            // so that they lie inside it, as `contains` promises.
+            self.rw.set_len(self.next_fresh as u64 * PAGE_SIZE as u64)?;
+            self.size_frames = self.next_fresh;
+        }
+        Ok(())
+    }
+
+    /// Take `used` as the frames in use after a restore (the frames of the restored
+    /// grants); every other frame below the extent is zeroed and becomes free, since
+    /// free frames must be zero (the stream mirrors the source's memory, frames a process
+    /// wrote without a grant and frames of grants not restored included).
+    pub(crate) fn adopt(&mut self, used: &BTreeSet<u32>) -> Result<()> {
+        if self.in_use != 0 {
+            return Err(Error::Invalid(format!(
+                "restoring grants over {} frames in use",
+                self.in_use
+            )));
+        }
+        if let Some(&last) = used.last() {
+            if last >= self.next_fresh {
+                return Err(Error::Invalid(format!(
+                    "a restored grant names frame {last}, beyond the {} frames restored",
+                    self.next_fresh
+                )));
+            }
+        }
+        self.free.clear();
+        self.dirty = (0..self.next_fresh).filter(|f| !used.contains(f)).collect();
+        self.in_use = used.len();
+        self.flush();
+        Ok(())
+    }
+
     /// Whether `frame` has ever been handed out (so it lies inside the file).
     pub(crate) fn contains(&self, frame: u32) -> bool {
         frame < self.next_fresh
@@ -221,7 +286,7 @@ impl MemFile {
 }
 
 /// Like `read_exact_at`, but a file cut short by someone else reads as zeros.
-fn read_fully_at(f: &File, buf: &mut [u8], mut at: u64) -> io::Result<()> {
+pub(crate) fn read_fully_at(f: &File, buf: &mut [u8], mut at: u64) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         match f.read_at(&mut buf[done..], at) {
@@ -318,6 +383,31 @@ mod tests {
         let len = std::fs::metadata(dir.path().join("mem")).unwrap().len();
         // Growth stops at the limit.
         assert_eq!(len, 4 * PAGE_SIZE as u64);
+    }
+
+    #[test]
+    fn restored_memory_keeps_the_used_frames_and_zeroes_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = MemFile::create(&dir.path().join("mem"), 1 << 20).unwrap();
+        let f = m.clone_file().unwrap();
+        for frame in [0u64, 2, 3] {
+            f.write_all_at(&[frame as u8 + 1; PAGE_SIZE], frame * PAGE_SIZE as u64)
+                .unwrap();
+        }
+        // Frame 4 was zero on the source: the stream did not carry it.
+        m.note_restored(5).unwrap();
+        assert_eq!(m.extent(), 5);
+        assert!(std::fs::metadata(dir.path().join("mem")).unwrap().len() >= 5 * PAGE_SIZE as u64);
+        m.adopt(&[2, 3].into_iter().collect()).unwrap();
+        assert_eq!(m.in_use(), 2);
+        let mut b = [0u8; 4];
+        m.read(2, 0, &mut b).unwrap();
+        assert_eq!(b, [3; 4]);
+        // Frame 0 was not in use on the source: zeroed, and handed out first.
+        assert_eq!(m.alloc(3).unwrap(), vec![0, 1, 4]);
+        m.read(0, 0, &mut b).unwrap();
+        assert_eq!(b, [0; 4]);
+        assert!(m.adopt(&BTreeSet::new()).is_err());
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! (ESRCH), a port that is not unbound for the caller is `Invalid` (EINVAL).
 
 pub(crate) mod mem;
+mod migrate;
 pub(crate) mod serve;
 pub(crate) mod status;
+mod stream;
 pub(crate) mod table;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -69,15 +71,30 @@ struct Domain {
     mappings: HashMap<u64, Mapping>,
     mapped_pages: usize,
     ports: BTreeMap<Port, PortEntry>,
+    /// Set while the domain is sent to another host (see [`migrate`]).
+    outgoing: Option<migrate::Outgoing>,
+    /// Set while the domain receives a migration stream, until its last one.
+    incoming: Option<migrate::Incoming>,
 }
 
 struct Grant {
     frame: u32,
     readonly: bool,
-    /// None once the owning connection let go while a remote still mapped it.
-    owner: Option<ConnId>,
+    owner: Owner,
     maps: u32,
     maps_rw: u32,
+}
+
+/// Who holds a grant, that is, who may end it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// The `hv.sock` connection that made it.
+    Conn(ConnId),
+    /// Nobody: its owner let go while a remote still mapped it; freed at the last unmap.
+    Released,
+    /// The domain itself: restored by a migration, its maker's connection is on the
+    /// source host. It lasts as long as the domain.
+    Restored,
 }
 
 struct Mapping {
@@ -125,6 +142,7 @@ pub(crate) struct Counters {
     pub ports_open: usize,
     pub hv_connections: usize,
     pub mem_pages: usize,
+    pub mem_limit: u64,
 }
 
 impl Hv {
@@ -146,13 +164,23 @@ impl Hv {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Create the memory and grant-table files of `domid` in its (existing) directory.
-    pub(crate) fn add_domain(&self, dir: &Path, domid: DomId, name: &str) -> Result<u64> {
+    /// Create the memory and grant-table files of `domid` in its (existing) directory,
+    /// with a memory limit of `mem_limit` bytes (the host's default if none); an
+    /// `incoming` domain is created suspended to receive a migration stream.
+    pub(crate) fn add_domain(
+        &self,
+        dir: &Path,
+        domid: DomId,
+        name: &str,
+        mem_limit: Option<u64>,
+        incoming: bool,
+    ) -> Result<u64> {
         let mut st = self.lock();
         if st.domains.contains_key(&domid) {
             return Err(Error::Exists(format!("domain {domid}")));
         }
-        let mem = MemFile::create(&layout::mem_file(dir, domid), self.config.mem_limit)?;
+        let limit = mem_limit.unwrap_or(self.config.mem_limit);
+        let mem = MemFile::create(&layout::mem_file(dir, domid), limit)?;
         let table =
             TableFile::create(&layout::gnttab_file(dir, domid), self.config.gnttab_entries)?;
         let instance = st.next_instance;
@@ -162,13 +190,19 @@ impl Hv {
             Domain {
                 name: name.to_string(),
                 instance,
-                run: RunState::Running,
+                run: if incoming {
+                    RunState::Suspended
+                } else {
+                    RunState::Running
+                },
                 mem,
                 table,
                 grants: HashMap::new(),
                 mappings: HashMap::new(),
                 mapped_pages: 0,
                 ports: BTreeMap::new(),
+                outgoing: None,
+                incoming: incoming.then(migrate::Incoming::default),
             },
         );
         Ok(instance)
@@ -198,6 +232,24 @@ impl Hv {
         self.lock().domains.values().any(|d| d.name == name)
     }
 
+    /// Rename a domain; names stay unique.
+    pub(crate) fn rename(&self, domid: DomId, name: &str) -> Result<()> {
+        let mut st = self.lock();
+        if st
+            .domains
+            .iter()
+            .any(|(d, dom)| *d != domid && dom.name == name)
+        {
+            return Err(Error::Exists(format!("a domain is named {name:?}")));
+        }
+        let dom = st
+            .domains
+            .get_mut(&domid)
+            .ok_or_else(|| Error::NotFound(format!("domain {domid}")))?;
+        dom.name = name.to_string();
+        Ok(())
+    }
+
     /// Set a domain running or suspended.
     pub(crate) fn set_run(&self, domid: DomId, run: RunState) -> Result<()> {
         let mut st = self.lock();
@@ -212,6 +264,11 @@ impl Hv {
                     RunState::Running => "running",
                     RunState::Suspended => "suspended",
                 }
+            )));
+        }
+        if run == RunState::Running && dom.incoming.is_some() {
+            return Err(Error::Invalid(format!(
+                "domain {domid} has not received the last round of its migration"
             )));
         }
         dom.run = run;
@@ -230,7 +287,11 @@ impl Hv {
             run: dom.run,
             instance: dom.instance,
             grants_active: dom.grants.len(),
-            grants_deferred: dom.grants.values().filter(|g| g.owner.is_none()).count(),
+            grants_deferred: dom
+                .grants
+                .values()
+                .filter(|g| g.owner == Owner::Released)
+                .count(),
             grants_mapped_by_others: dom.grants.values().filter(|g| g.maps > 0).count(),
             mappings_held: dom.mapped_pages,
             ports_open: dom.ports.len(),
@@ -240,6 +301,7 @@ impl Hv {
                 .filter(|c| c.domid == domid && c.instance == dom.instance)
                 .count(),
             mem_pages: dom.mem.in_use(),
+            mem_limit: dom.mem.limit_bytes(),
         })
     }
 
@@ -305,6 +367,11 @@ impl Hv {
             } => st.bind(cfg, conn, domid, remote, remote_port),
             Request::EvtchnClose { port } => st.close(conn, domid, port),
             Request::EvtchnStatus { port } => st.port_status(domid, port),
+            Request::GrantAdopt {
+                remote,
+                writable,
+                refs,
+            } => st.grant_adopt(conn, domid, remote, writable, &refs),
         };
         st.flush_frees();
         result
@@ -495,7 +562,7 @@ impl HvState {
                 Grant {
                     frame,
                     readonly: !writable,
-                    owner: Some(conn),
+                    owner: Owner::Conn(conn),
                     maps: 0,
                     maps_rw: 0,
                 },
@@ -533,7 +600,7 @@ impl HvState {
                 return Err(Error::Invalid(format!("grant ref {r} listed twice")));
             }
             match dom.grants.get(&r) {
-                Some(g) if g.owner == Some(conn) => {}
+                Some(g) if g.owner == Owner::Conn(conn) => {}
                 _ => {
                     return Err(Error::NotFound(format!(
                         "grant ref {r} is not held by this handle"
@@ -557,7 +624,7 @@ impl HvState {
         for &r in refs {
             if busy.contains(&r) {
                 if let Some(g) = dom.grants.get_mut(&r) {
-                    g.owner = None;
+                    g.owner = Owner::Released;
                 }
             } else {
                 dom.free_grant(r);
@@ -689,7 +756,7 @@ impl HvState {
             if m.writable {
                 grant.maps_rw = grant.maps_rw.saturating_sub(1);
             }
-            if grant.maps == 0 && grant.owner.is_none() {
+            if grant.maps == 0 && grant.owner == Owner::Released {
                 g.free_grant(r);
             } else {
                 let flags = entry_flags(grant);
@@ -1087,14 +1154,14 @@ impl HvState {
             let owned: Vec<GrantRef> = d
                 .grants
                 .iter()
-                .filter(|(_, g)| g.owner == Some(conn))
+                .filter(|(_, g)| g.owner == Owner::Conn(conn))
                 .map(|(r, _)| *r)
                 .collect();
             for r in owned {
                 let busy = d.grants.get(&r).is_some_and(|g| d.grant_busy(r, g));
                 if busy {
                     if let Some(g) = d.grants.get_mut(&r) {
-                        g.owner = None;
+                        g.owner = Owner::Released;
                     }
                 } else {
                     d.free_grant(r);

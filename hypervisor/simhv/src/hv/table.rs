@@ -140,6 +140,36 @@ impl TableFile {
         }
     }
 
+    /// Take `used` as the refs in use after a restore, on a table that handed none out.
+    pub(crate) fn adopt_refs(&mut self, used: &BTreeSet<u32>) -> io::Result<()> {
+        let fresh = RESERVED_REFS.min(self.entries);
+        if self.next_fresh != fresh || !self.free.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "restoring grants into a table in use",
+            ));
+        }
+        if let Some(&r) = used
+            .iter()
+            .find(|&&r| r < RESERVED_REFS || r >= self.entries)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "grant ref {r} is reserved or outside the table of {} entries",
+                    self.entries
+                ),
+            ));
+        }
+        if let Some(&last) = used.last() {
+            self.next_fresh = last + 1;
+        }
+        self.free = (fresh..self.next_fresh)
+            .filter(|r| !used.contains(r))
+            .collect();
+        Ok(())
+    }
+
     /// Read entry `r`.
     pub(crate) fn read(&self, r: GrantRef) -> io::Result<EntryV1> {
         if r >= self.entries {
@@ -256,5 +286,23 @@ mod tests {
         assert_eq!(t.available(), 1);
         assert_eq!(t.alloc_ref(), Some(9));
         assert!(t.read(11).is_err());
+    }
+
+    #[test]
+    fn restored_refs_are_in_use_and_the_gaps_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = TableFile::create(&dir.path().join("g"), 16).unwrap();
+        t.adopt_refs(&[9, 12].into_iter().collect()).unwrap();
+        assert_eq!(t.available(), 16 - 8 - 2);
+        assert_eq!(t.alloc_ref(), Some(8));
+        assert_eq!(t.alloc_ref(), Some(10));
+        assert_eq!(t.alloc_ref(), Some(11));
+        assert_eq!(t.alloc_ref(), Some(13));
+        // Only once, and only into a fresh table.
+        assert!(t.adopt_refs(&BTreeSet::new()).is_err());
+        let mut u = TableFile::create(&dir.path().join("h"), 16).unwrap();
+        assert!(u.adopt_refs(&[3].into_iter().collect()).is_err());
+        assert!(u.adopt_refs(&[16].into_iter().collect()).is_err());
+        assert_eq!(u.available(), 8);
     }
 }

@@ -1,0 +1,366 @@
+//! Moving a domain from one simulated host to another, shaped like `xl migrate`: the
+//! hypervisor's half (memory and grant table; guest processes do not follow yet).
+//!
+//! 1. The source starts sending (`save_begin`); the destination creates `NAME--incoming`,
+//!    paused, with the source's memory limit (refused if `NAME` or `NAME--incoming`
+//!    exists there).
+//! 2. Live rounds while the domain runs: the first sends every non-zero frame, the next
+//!    ones the frames that changed since, until a round sends few frames
+//!    ([`MigrateOptions::converged_frames`]) or [`MigrateOptions::max_live_rounds`] are
+//!    done, or a round sends no fewer frames than the one before (the guest writes faster
+//!    than the rounds copy).
+//! 3. The source domain is suspended (the downtime starts), the last round sends what
+//!    changed and the grant table, the destination renames the domain `NAME` and resumes
+//!    it (the downtime ends), and the source domain is destroyed.
+//!
+//! Each round is a stream file (format and the reason for files in the simhv's
+//! `hv::stream`) in a fresh directory under [`MigrateOptions::work_dir`], which both
+//! daemons must be able to reach; it is removed once applied, and the directory at the
+//! end. Any failure before the destination resumes rolls back: the incoming domain is
+//! destroyed, the source stops sending and is resumed if this migration suspended it.
+//!
+//! A domain already suspended when the migration begins is not suspended again (nor
+//! resumed on a rollback); it runs on the destination afterwards, as `xl migrate`
+//! unpauses the domain it moved.
+//!
+//! Frames keep their numbers, grant refs their entries (granted-to domid included: dom0
+//! is 0 on both hosts; a grant to another guest names a domid that means something else
+//! on the destination, as on Xen, and is the guest's to revoke). The domain gets a new
+//! domid. Event channels and mappings held by others do not move: the backend must unmap
+//! the guest's grants before the source domain goes (a suspended domain's grants already
+//! refuse new mappings with `Busy`).
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::admin::{RunState, SaveRound, SimAdmin};
+use crate::{DomId, Error, Result};
+
+/// Suffix of the destination's domain while it receives the migration, as `xl` names it.
+pub const INCOMING_SUFFIX: &str = "--incoming";
+
+/// How [`migrate_domain`] runs the rounds.
+#[derive(Debug, Clone)]
+pub struct MigrateOptions {
+    /// Live rounds at most (the first, full, one included; there is always one) before
+    /// the suspend.
+    pub max_live_rounds: u32,
+    /// Stop the live rounds once one sends at most this many frames.
+    pub converged_frames: u32,
+    /// Where the stream files go (in a new directory of their own); the system's
+    /// temporary directory if none. Both daemons must reach it.
+    pub work_dir: Option<PathBuf>,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        // Xen's defaults are alike: a few iterations, stop when little is dirty.
+        MigrateOptions {
+            max_live_rounds: 5,
+            converged_frames: 64,
+            work_dir: None,
+        }
+    }
+}
+
+/// One round of a migration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundReport {
+    /// 1 for the first round.
+    pub round: u32,
+    /// Whether the domain ran during the round (false for the last round).
+    pub live: bool,
+    /// Frames the round read on the source.
+    pub frames_scanned: u32,
+    /// Frames the round copied (changed since the round before).
+    pub frames_sent: u32,
+    /// Grant entries copied (the last round only).
+    pub grants: usize,
+    /// Bytes of the round's stream.
+    pub bytes: u64,
+    /// Time to save and restore the round.
+    pub duration: Duration,
+}
+
+/// What a migration did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// The domain's name, on both hosts.
+    pub name: String,
+    /// Its domid on the source host (destroyed now).
+    pub source_domid: DomId,
+    /// Its domid on the destination host.
+    pub dest_domid: DomId,
+    /// Every round, the last one last.
+    pub rounds: Vec<RoundReport>,
+    /// From the suspend on the source to the resume on the destination.
+    pub downtime: Duration,
+    /// The whole migration.
+    pub total: Duration,
+}
+
+impl MigrationReport {
+    /// Bytes of every round's stream.
+    pub fn bytes(&self) -> u64 {
+        self.rounds.iter().map(|r| r.bytes).sum()
+    }
+}
+
+/// Move domain `domid` of `source` to `dest` (see the module docs).
+pub fn migrate_domain(
+    source: &SimAdmin,
+    dest: &SimAdmin,
+    domid: DomId,
+    options: &MigrateOptions,
+) -> Result<MigrationReport> {
+    let mut m = Migration::begin(source, dest, domid, options.work_dir.as_deref())?;
+    let mut before: Option<u32> = None;
+    loop {
+        let r = m.live_round()?;
+        let converged = r.frames_sent <= options.converged_frames;
+        let not_shrinking = before.is_some_and(|b| r.frames_sent >= b);
+        if converged || not_shrinking || r.round >= options.max_live_rounds {
+            break;
+        }
+        before = Some(r.frames_sent);
+    }
+    m.finish()
+}
+
+/// A migration step by step, for callers that act between the steps (a test writing to
+/// the guest's memory between two rounds, a toolstack telling the guest's peers).
+/// Dropped before [`Migration::finish`] succeeds, it rolls back.
+pub struct Migration<'a> {
+    source: &'a SimAdmin,
+    dest: &'a SimAdmin,
+    domid: DomId,
+    name: String,
+    incoming: DomId,
+    work: WorkDir,
+    rounds: Vec<RoundReport>,
+    started: Instant,
+    /// Whether this migration suspended the source domain (to resume it on a rollback).
+    suspended_here: bool,
+    /// Whether the source domain was suspended before the migration.
+    was_suspended: bool,
+    done: bool,
+}
+
+impl<'a> Migration<'a> {
+    /// Start moving `domid` of `source` to `dest`: the source starts sending, the
+    /// destination creates `NAME--incoming`. Stream files go in a new directory under
+    /// `work_dir` (the system's temporary directory if none).
+    pub fn begin(
+        source: &'a SimAdmin,
+        dest: &'a SimAdmin,
+        domid: DomId,
+        work_dir: Option<&Path>,
+    ) -> Result<Migration<'a>> {
+        let started = Instant::now();
+        let was_suspended = source.state(domid)?.state == RunState::Suspended;
+        let info = source.save_begin(domid)?;
+        let name = info.name.clone();
+        let end_sending = |e: Error| {
+            if let Err(e2) = source.save_end(domid) {
+                tracing::warn!(domid, error = %e2, "ending the sending after a failure");
+            }
+            e
+        };
+        let incoming_name = format!("{name}{INCOMING_SUFFIX}");
+        let taken = dest.list().map_err(end_sending)?;
+        if let Some(d) = taken
+            .iter()
+            .find(|d| d.name == name || d.name == incoming_name)
+        {
+            return Err(end_sending(Error::Exists(format!(
+                "the destination has a domain named {:?} (domid {})",
+                d.name, d.domid
+            ))));
+        }
+        let work = WorkDir::create(work_dir, &name).map_err(end_sending)?;
+        let incoming = dest
+            .create_incoming(&incoming_name, info.mem_limit)
+            .map_err(end_sending)?;
+        tracing::info!(
+            domid,
+            name = %name,
+            incoming,
+            frames = info.frames,
+            grants = info.grants,
+            "migration started"
+        );
+        Ok(Migration {
+            source,
+            dest,
+            domid,
+            name,
+            incoming,
+            work,
+            rounds: Vec::new(),
+            started,
+            suspended_here: false,
+            was_suspended,
+            done: false,
+        })
+    }
+
+    /// The incoming domain's domid on the destination.
+    pub fn incoming_domid(&self) -> DomId {
+        self.incoming
+    }
+
+    /// The rounds so far.
+    pub fn rounds(&self) -> &[RoundReport] {
+        &self.rounds
+    }
+
+    /// One round while the domain runs.
+    pub fn live_round(&mut self) -> Result<RoundReport> {
+        self.round(false)
+    }
+
+    fn round(&mut self, last: bool) -> Result<RoundReport> {
+        let n = self.rounds.len() as u32 + 1;
+        let at = Instant::now();
+        let path = self.work.path.join(format!("round-{n}"));
+        let saved: SaveRound = self.source.save(self.domid, &path, last)?;
+        let restored = self.dest.restore(self.incoming, &path);
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "removing a stream file");
+        }
+        let restored = restored?;
+        if last && !restored.complete {
+            return Err(Error::Protocol(
+                "the destination did not complete the domain with the last round".into(),
+            ));
+        }
+        let report = RoundReport {
+            round: n,
+            live: !last,
+            frames_scanned: saved.frames_scanned,
+            frames_sent: saved.frames_sent,
+            grants: saved.grants_sent,
+            bytes: saved.bytes,
+            duration: at.elapsed(),
+        };
+        tracing::info!(
+            domid = self.domid,
+            round = n,
+            live = !last,
+            frames_sent = report.frames_sent,
+            frames_scanned = report.frames_scanned,
+            bytes = report.bytes,
+            millis = report.duration.as_millis() as u64,
+            "migration round"
+        );
+        self.rounds.push(report.clone());
+        Ok(report)
+    }
+
+    /// Suspend the source domain, copy the rest and the grant table, rename and resume
+    /// the domain on the destination, destroy the source domain.
+    pub fn finish(mut self) -> Result<MigrationReport> {
+        let suspended_at = Instant::now();
+        if !self.was_suspended {
+            self.source.suspend(self.domid)?;
+            self.suspended_here = true;
+        }
+        self.round(true)?;
+        self.dest.rename(self.incoming, &self.name)?;
+        self.dest.resume(self.incoming)?;
+        let downtime = suspended_at.elapsed();
+        // The domain runs on the destination now: whatever happens below, no rollback.
+        self.done = true;
+        let destroyed = self.source.destroy(self.domid);
+        let report = MigrationReport {
+            name: self.name.clone(),
+            source_domid: self.domid,
+            dest_domid: self.incoming,
+            rounds: std::mem::take(&mut self.rounds),
+            downtime,
+            total: self.started.elapsed(),
+        };
+        if let Err(e) = destroyed {
+            return Err(Error::Protocol(format!(
+                "{} runs as domain {} on the destination, but destroying domain {} on the \
+                 source failed: {e}",
+                self.name, self.incoming, self.domid
+            )));
+        }
+        tracing::info!(
+            name = %report.name,
+            source = report.source_domid,
+            dest = report.dest_domid,
+            rounds = report.rounds.len(),
+            bytes = report.bytes(),
+            downtime_ms = report.downtime.as_millis() as u64,
+            "migration done"
+        );
+        Ok(report)
+    }
+
+    fn roll_back(&mut self) {
+        tracing::warn!(domid = self.domid, name = %self.name, "migration rolled back");
+        if let Err(e) = self.dest.destroy(self.incoming) {
+            tracing::warn!(incoming = self.incoming, error = %e, "destroying the incoming domain");
+        }
+        if let Err(e) = self.source.save_end(self.domid) {
+            tracing::debug!(domid = self.domid, error = %e, "ending the sending");
+        }
+        if self.suspended_here {
+            if let Err(e) = self.source.resume(self.domid) {
+                tracing::warn!(domid = self.domid, error = %e, "resuming the source domain");
+            }
+        }
+    }
+}
+
+impl Drop for Migration<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.roll_back();
+        }
+    }
+}
+
+/// The directory of one migration's stream files, removed with it.
+struct WorkDir {
+    path: PathBuf,
+}
+
+impl WorkDir {
+    fn create(base: Option<&Path>, name: &str) -> Result<WorkDir> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = match base {
+            Some(b) => b.to_path_buf(),
+            None => std::env::temp_dir(),
+        };
+        // The daemons run elsewhere: they need a path that does not depend on our cwd.
+        let base = std::path::absolute(&base)?;
+        let path = base.join(format!(
+            "xmx-migrate-{name}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("creating {}: {e}", path.display()),
+                ))
+            })?;
+        Ok(WorkDir { path })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "removing the migration directory");
+        }
+    }
+}
