@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -32,6 +32,11 @@ pub const DEFAULT_SOCKET: &str = "/run/xenstored/socket";
 pub const XENBUS_DEVICE: &str = "/dev/xen/xenbus";
 /// Environment variable naming the socket or device to use, as libxenstore reads it.
 pub const PATH_ENV: &str = "XENSTORED_PATH";
+/// How long a request waits for xenstored's reply by default. xenstored answers every
+/// request at once (nothing in the protocol blocks), so a reply this late means a stuck or
+/// starved daemon: the caller gets a clear error instead of hanging with whatever locks it
+/// holds. Generous, because dom0's xenstored on a loaded host can be slow.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A xenstore connection; see the module documentation.
 pub struct XsClient {
@@ -41,6 +46,8 @@ pub struct XsClient {
     reader: Mutex<Option<JoinHandle<()>>>,
     next_req_id: AtomicU32,
     endpoint: String,
+    /// Bound on each request's wait for its reply, in milliseconds.
+    request_timeout_ms: AtomicU64,
 }
 
 /// The sending side of the connection.
@@ -226,11 +233,22 @@ impl XsClient {
             reader: Mutex::new(Some(reader)),
             next_req_id: AtomicU32::new(1),
             endpoint,
+            request_timeout_ms: AtomicU64::new(REQUEST_TIMEOUT.as_millis() as u64),
         })
     }
 
-    /// Send one request and wait for its reply. Returns the reply payload, or the
-    /// error xenstored answered with. `msg_type` is raw so any type can be sent.
+    /// Sets how long each request waits for its reply ([`REQUEST_TIMEOUT`] by default).
+    pub fn set_request_timeout(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.request_timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Send one request and wait for its reply, at most the request timeout. Returns the
+    /// reply payload, the error xenstored answered with, or a timed-out I/O error (a reply
+    /// that comes later is dropped; the connection stays usable). `msg_type` is raw so any
+    /// type can be sent.
     pub fn request(
         &self,
         msg_type: u32,
@@ -259,13 +277,36 @@ impl XsClient {
             lock(&self.shared.pending).waiting.remove(&req_id);
             return Err(Error::Closed(format!("{}: send: {e}", self.endpoint)));
         }
-        let reply = rx_reply.recv().map_err(|_| {
-            let reason = lock(&self.shared.pending)
-                .closed
-                .clone()
-                .unwrap_or_else(|| "closed".into());
-            Error::Closed(format!("{}: {reason}", self.endpoint))
-        })?;
+        let timeout = Duration::from_millis(self.request_timeout_ms.load(Ordering::Relaxed));
+        let reply = match rx_reply.recv_timeout(timeout) {
+            Ok(reply) => reply,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Forget the request so its late reply is dropped rather than delivered
+                // to nobody; a reply that raced in just now is taken after all.
+                lock(&self.shared.pending).waiting.remove(&req_id);
+                match rx_reply.try_recv() {
+                    Ok(reply) => reply,
+                    Err(_) => {
+                        tracing::warn!(endpoint = %self.endpoint, what, ?timeout, "xenstore request unanswered");
+                        return Err(Error::Io(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "{what}: xenstore ({}) did not answer in {} ms",
+                                self.endpoint,
+                                timeout.as_millis()
+                            ),
+                        )));
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let reason = lock(&self.shared.pending)
+                    .closed
+                    .clone()
+                    .unwrap_or_else(|| "closed".into());
+                return Err(Error::Closed(format!("{}: {reason}", self.endpoint)));
+            }
+        };
         if reply.kind() == Some(MsgType::Error) {
             let name = wire::one_string(&reply.payload)
                 .map_err(|e| Error::Protocol(format!("{what}: bad error reply: {e}")))?;
@@ -613,6 +654,37 @@ mod tests {
             payload.to_vec(),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn an_unanswered_request_times_out_and_its_late_reply_is_dropped() {
+        let mut held: Option<Frame> = None;
+        let (client, h) = scripted_server(move |req| {
+            let path = wire::split_strings(&req.payload).unwrap()[0].to_string();
+            if path == "/stuck" {
+                // Not answered until the next request comes.
+                held = Some(req.clone());
+                return Vec::new();
+            }
+            let mut out: Vec<Frame> = held
+                .take()
+                .map(|r| reply(&r, b"late"))
+                .into_iter()
+                .collect();
+            out.push(reply(req, b"fresh"));
+            out
+        });
+        client.set_request_timeout(Duration::from_millis(200));
+        let Err(Error::Io(e)) = client.read(0, "/stuck") else {
+            panic!("an unanswered read must time out");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("did not answer in 200 ms"), "{e}");
+        // The late reply to the first read is not taken for the second's.
+        assert_eq!(client.read(0, "/next").unwrap(), b"fresh");
+        assert_eq!(client.read(0, "/again").unwrap(), b"fresh");
+        drop(client);
+        assert_eq!(h.join().unwrap().len(), 3);
     }
 
     #[test]

@@ -6,6 +6,30 @@
 # Kernel arguments: xmx.log= RUST_LOG of xmx-frontd and the MX programs (default warn),
 # xmx.jobtimeout= seconds a job may run (default 180).
 
+# xmx_children_of PID: the process ids whose parent is PID (the guest's busybox has no pgrep).
+xmx_children_of() {
+    local s
+    for s in /proc/[0-9]*/stat; do
+        [ "$(sed 's/.*) //' "$s" 2>/dev/null | cut -d' ' -f2)" = "$1" ] || continue
+        s=${s#/proc/}
+        echo "${s%/stat}"
+    done
+}
+
+# xmx_dump_job PID: where each thread of PID's child processes waits (state, wait channel,
+# kernel stack); shown when a job nears its deadline, so a hang says where it hangs.
+xmx_dump_job() {
+    local p t
+    for p in $(xmx_children_of "$1"); do
+        for t in /proc/"$p"/task/*; do
+            echo "job thread $p/${t##*/} $(cat "$t/comm" 2>/dev/null):" \
+                "state $(sed 's/.*) //' "$t/stat" 2>/dev/null | cut -d' ' -f1)," \
+                "waits in $(cat "$t/wchan" 2>/dev/null)"
+            sed 's/^/    /' "$t/stack" 2>/dev/null
+        done
+    done
+}
+
 # xmx_job_new PATH LAST: the job at PATH is not job LAST.
 xmx_job_new() {
     local v
@@ -14,11 +38,13 @@ xmx_job_new() {
 }
 
 scenario_domu() {
-    local home job id cmd status last=none failed=0 rust_log jobtimeout frontd
+    local home job id cmd status last=none failed=0 rust_log jobtimeout frontd jobpid watch
     home=/local/domain/$(xenstore-read domid) || return 2
     rust_log=$(xmx_arg log warn)
     jobtimeout=$(xmx_arg jobtimeout 180)
     export XMX_PLATFORM=linux XMX_FRONTD_SOCKET=/run/xmx/frontd.sock RUST_LOG="$rust_log"
+    # An endpoint whose requests stop completing for 20 s logs what it waits for.
+    export XMX_STALL_REPORT_MS=20000
     mkdir -p /run/xmx
     xmx-frontd --socket "$XMX_FRONTD_SOCKET" &
     frontd=$!
@@ -44,8 +70,20 @@ scenario_domu() {
         [ "$cmd" = end ] && break
         xmx_log "job $id: $cmd"
         # shellcheck disable=SC2086 # the job is a command line
-        timeout "$jobtimeout" $cmd
+        timeout "$jobtimeout" $cmd &
+        jobpid=$!
+        # Five seconds before the deadline, a job still running shows where it waits.
+        (
+            sleep $((jobtimeout > 10 ? jobtimeout - 5 : jobtimeout))
+            xmx_log "job $id: still running 5 s before its deadline; its threads:"
+            xmx_dump_job "$jobpid"
+        ) &
+        watch=$!
+        wait "$jobpid"
         status=$?
+        # shellcheck disable=SC2046 # a list of pids
+        kill $(xmx_children_of "$watch") "$watch" 2>/dev/null
+        wait "$watch" 2>/dev/null
         xmx_log "job $id: status $status"
         [ "$status" = 0 ] || failed=$((failed + 1))
         xenstore-write "$home/data/xmx-job-done" "$id $status"
