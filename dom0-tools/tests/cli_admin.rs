@@ -10,7 +10,7 @@ use std::time::Duration;
 use xmx_backend::admin::CountersReport;
 use xmx_tools::xmxd::control::{ClusterReport, GuestStatus, PeersReport, QosReport};
 use xmx_tools::xmxd::names;
-use xmxd_util::SimHost;
+use xmxd_util::XmxdHost;
 
 /// The `xmx` binary (package xmx-lab, the one entry point over the administration
 /// subcommands and the lab), next to this package's xmxd.
@@ -61,7 +61,7 @@ struct Sockets {
 }
 
 impl Sockets {
-    fn of(host: &SimHost) -> Sockets {
+    fn of(host: &XmxdHost) -> Sockets {
         let s = |p: PathBuf| p.display().to_string();
         Sockets {
             xmxd: s(host.xmxd_socket()),
@@ -113,7 +113,7 @@ fn every_admin_subcommand_has_help() {
 
 #[test]
 fn the_subcommands_drive_a_running_host() {
-    let mut host = SimHost::start("h0");
+    let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, Duration::from_millis(100));
     let s = Sockets::of(&host);
     let vm1 = host.create("vm1");
@@ -259,7 +259,7 @@ fn qos_weights_follow_the_guests_name_and_reach_the_backend() {
     use xmx_wire::xenbus::{self, keys};
     use xmxd_util::{eventually, read, Frontend};
 
-    let mut host = SimHost::start("h0");
+    let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, Duration::from_millis(100));
     let s = Sockets::of(&host);
     let vm1 = host.create("vm1");

@@ -11,7 +11,7 @@ use xmx_tools::xmxd::control::{GuestStatus, PeersReport, Request};
 use xmx_tools::xmxd::names;
 use xmx_tools::xmxd::xsnodes;
 use xmx_wire::xenbus::{self, keys};
-use xmxd_util::{children, eventually, read, wait_node, Frontend, SimHost};
+use xmxd_util::{children, eventually, read, wait_node, Frontend, XmxdHost};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -19,7 +19,7 @@ fn backend_dir(domid: DomId) -> String {
     xenbus::backend_dir(DOM0, domid, 0)
 }
 
-fn peers(host: &SimHost) -> PeersReport {
+fn peers(host: &XmxdHost) -> PeersReport {
     serde_json::from_value(host.call(Request::Peers {
         guest: None,
         after: None,
@@ -30,7 +30,7 @@ fn peers(host: &SimHost) -> PeersReport {
 
 #[test]
 fn a_flagged_domain_gets_its_device_and_a_destroyed_one_leaves_nothing() {
-    let mut host = SimHost::start("h0");
+    let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, INTERVAL);
     let xs = host.dom0_xs();
     let dom0_before = host.admin.state(DOM0).unwrap();
@@ -174,7 +174,7 @@ fn a_flagged_domain_gets_its_device_and_a_destroyed_one_leaves_nothing() {
 
 #[test]
 fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrored() {
-    let mut host = SimHost::start("h0");
+    let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, INTERVAL);
     let xs = host.dom0_xs();
     host.call(Request::ClusterCreate {

@@ -13,7 +13,7 @@ use xmx_nic::testbed::VethPair;
 use xmx_tools::xmxd::control::{PeersReport, Request};
 use xmx_tools::xmxd::table::Peer;
 use xmx_tools::xmxd::{names, xsnodes, Core, PacketFabric};
-use xmxd_util::SimHost;
+use xmxd_util::XmxdHost;
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -38,7 +38,7 @@ fn view(core: &Core) -> Vec<(u16, String, String, String, String)> {
 }
 
 /// Wait until both hosts hold the same table of `n` peers in which `cond` holds; return it.
-fn agree(a: &SimHost, b: &SimHost, n: usize, mut cond: impl FnMut(&[Peer]) -> bool) -> Vec<Peer> {
+fn agree(a: &XmxdHost, b: &XmxdHost, n: usize, mut cond: impl FnMut(&[Peer]) -> bool) -> Vec<Peer> {
     loop {
         a.wait("table complete", |c| {
             c.table().peers.len() == n && cond(&c.table().peers)
@@ -54,7 +54,7 @@ fn agree(a: &SimHost, b: &SimHost, n: usize, mut cond: impl FnMut(&[Peer]) -> bo
     }
 }
 
-fn guest_view(host: &SimHost, guest: &str) -> Vec<String> {
+fn guest_view(host: &XmxdHost, guest: &str) -> Vec<String> {
     let r: PeersReport = serde_json::from_value(host.call(Request::Peers {
         guest: Some(guest.into()),
         after: None,
@@ -64,7 +64,7 @@ fn guest_view(host: &SimHost, guest: &str) -> Vec<String> {
     r.peers.into_iter().map(|p| p.guest).collect()
 }
 
-fn attach(host: &SimHost, domid: u16) {
+fn attach(host: &XmxdHost, domid: u16) {
     host.call(Request::Attach {
         domid,
         cluster: None,
@@ -74,8 +74,8 @@ fn attach(host: &SimHost, domid: u16) {
 #[test]
 fn two_hosts_agree_on_one_table_and_clusters_split_it() {
     let pair = VethPair::create("xd", 9000).unwrap();
-    let mut a = SimHost::start("ha");
-    let mut b = SimHost::start("hb");
+    let mut a = XmxdHost::start("ha");
+    let mut b = XmxdHost::start("hb");
     let fa = PacketFabric::open_in_netns(&pair.ns_a, &pair.if_a).unwrap();
     let fb = PacketFabric::open_in_netns(&pair.ns_b, &pair.if_b).unwrap();
     let (mac_a, mac_b) = (fa.mac(), fb.mac());
@@ -105,7 +105,7 @@ fn two_hosts_agree_on_one_table_and_clusters_split_it() {
         assert_eq!((p.host.as_str(), p.host_mac), (host, mac));
     }
     // Each side marks its own guests local.
-    let locals = |h: &SimHost| -> Vec<String> {
+    let locals = |h: &XmxdHost| -> Vec<String> {
         let mut l: Vec<String> = h.xmxd().inspect(|c| {
             c.table()
                 .peers
@@ -147,7 +147,7 @@ fn two_hosts_agree_on_one_table_and_clusters_split_it() {
     assert_eq!(from_b, ["a2", "b1"]);
     assert_eq!(guest_view(&b, "a1"), ["a1"]);
     // Each guest finds the same view in xenstore, and only its own.
-    let xs_of = |h: &SimHost, d: u16| {
+    let xs_of = |h: &XmxdHost, d: u16| {
         SimPlatform::attach(h.hv_dir(), d)
             .unwrap()
             .xenstore()

@@ -12,7 +12,7 @@ use xmx_hv::sim::layout;
 use xmx_hv::DOM0;
 use xmx_tools::xmxd::{names, xsnodes};
 use xmx_wire::xenbus::{self, keys};
-use xmxd_util::{read, SimHost};
+use xmxd_util::{read, XmxdHost};
 
 fn hook(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -20,7 +20,7 @@ fn hook(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn run(host: &SimHost, script: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+fn run(host: &XmxdHost, script: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let out = Command::new(hook(script))
         .args(args)
         .envs(env.iter().copied())
@@ -33,7 +33,7 @@ fn run(host: &SimHost, script: &str, args: &[&str], env: &[(&str, &str)]) -> Out
     out
 }
 
-fn ok(host: &SimHost, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+fn ok(host: &XmxdHost, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let out = run(host, script, args, env);
     assert!(
         out.status.success(),
@@ -43,7 +43,7 @@ fn ok(host: &SimHost, script: &str, args: &[&str], env: &[(&str, &str)]) -> Stri
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn cluster_key(host: &SimHost, domid: u16) -> Option<String> {
+fn cluster_key(host: &XmxdHost, domid: u16) -> Option<String> {
     let bdir = xenbus::backend_dir(DOM0, domid, 0);
     read(
         host.dom0_xs().as_ref(),
@@ -64,7 +64,7 @@ fn xmx_hook_attaches_detaches_and_wraps_xl_create() {
         tools_present(),
         "xenstore-utils is missing (.ci/run installs it)"
     );
-    let mut host = SimHost::start("h0");
+    let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, Duration::from_millis(100));
     let xs = host.dom0_xs();
 
@@ -163,7 +163,7 @@ fn vif_xmx_records_the_wish_and_chains_to_the_vif_script() {
         tools_present(),
         "xenstore-utils is missing (.ci/run installs it)"
     );
-    let mut host = SimHost::start("h0");
+    let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, Duration::from_millis(100));
     let xs = host.dom0_xs();
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use xmx_nic::testbed::VethPair;
 use xmx_tools::xmxd::control::Request;
 use xmx_tools::xmxd::PacketFabric;
-use xmxd_util::SimHost;
+use xmxd_util::XmxdHost;
 
 /// Announcements as often as the simulated clusters send them.
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -26,7 +26,7 @@ fn ip(args: &[&str]) {
     );
 }
 
-fn attach(host: &SimHost, name: &str) {
+fn attach(host: &XmxdHost, name: &str) {
     let domid = host.create(name);
     host.call(Request::Attach {
         domid,
@@ -34,7 +34,7 @@ fn attach(host: &SimHost, name: &str) {
     });
 }
 
-fn guests_of(host: &SimHost) -> Vec<String> {
+fn guests_of(host: &XmxdHost) -> Vec<String> {
     let mut g: Vec<String> = host
         .xmxd()
         .inspect(|c| c.table().peers.iter().map(|p| p.guest.clone()).collect());
@@ -43,9 +43,9 @@ fn guests_of(host: &SimHost) -> Vec<String> {
 }
 
 /// Two hosts with one guest each, both tables complete.
-fn two_hosts(pair: &VethPair) -> (SimHost, SimHost) {
-    let mut a = SimHost::start("ha");
-    let mut b = SimHost::start("hb");
+fn two_hosts(pair: &VethPair) -> (XmxdHost, XmxdHost) {
+    let mut a = XmxdHost::start("ha");
+    let mut b = XmxdHost::start("hb");
     a.start_xmxd(
         Some(PacketFabric::open_in_netns(&pair.ns_a, &pair.if_a).unwrap()),
         INTERVAL,

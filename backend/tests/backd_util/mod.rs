@@ -4,75 +4,41 @@
 //! channel).
 #![allow(dead_code)]
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xmx_backend::admin::{CountersReport, PeerSpec, Request};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, Quotas};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
-use xmx_hv::sim::admin::DomainState;
-use xmx_hv::sim::{SimAdmin, SimPlatform};
+use xmx_hv::sim::SimPlatform;
 use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, Platform, Port, Xenstore, DOM0, PAGE_SIZE,
     XBT_NULL,
 };
 use xmx_nic::{NicConfig, PacketSocket};
-use xmx_simhv::{Config, Daemon, DaemonHandle};
 use xmx_wire::msg::{
     pack_info_page, pack_info_pages, CtrlFront, CtrlOp, CtrlRequest, CtrlResponse, EndpointOpen,
     EndpointPages, Event, EventBack, RegionRegister, SendFront, SendRequest, PROTOCOL_VERSION,
 };
-use xmx_wire::mxoe::Mac;
 use xmx_wire::ring::{init_shared, SharedMem};
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
-/// How long any wait in these tests may take before the test fails.
-pub const WAIT: Duration = Duration::from_secs(20);
+#[allow(unused_imports)] // each test binary uses its part
+pub use xmx_simkit::{eventually, guest_mac, wait_removed, SimHost, WAIT};
 
-/// A simulated host living in a temporary directory.
-pub struct Host {
-    pub daemon: Option<DaemonHandle>,
-    pub admin: SimAdmin,
-    pub dir: tempfile::TempDir,
+/// A simulated host in a temporary directory, with what the backend tests start on it.
+pub struct Host(SimHost);
+
+impl std::ops::Deref for Host {
+    type Target = SimHost;
+    fn deref(&self) -> &SimHost {
+        &self.0
+    }
 }
 
 impl Host {
     pub fn start() -> Host {
-        let dir = tempfile::Builder::new().prefix("backd").tempdir().unwrap();
-        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
-        let admin = SimAdmin::connect(dir.path()).unwrap();
-        Host {
-            daemon: Some(daemon),
-            admin,
-            dir,
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn create(&self, name: &str) -> DomId {
-        self.admin.create(name, None).unwrap()
-    }
-
-    pub fn attach(&self, domid: DomId) -> SimPlatform {
-        SimPlatform::attach(self.path(), domid).unwrap()
-    }
-
-    pub fn state(&self, domid: DomId) -> DomainState {
-        self.admin.state(domid).unwrap()
-    }
-
-    /// Foreign pages dom0 (the backend) has mapped.
-    pub fn dom0_mappings(&self) -> usize {
-        self.state(DOM0).mappings_held
-    }
-
-    /// Grants of `domid` that another domain maps.
-    pub fn mapped_by_others(&self, domid: DomId) -> usize {
-        self.state(domid).grants_mapped_by_others
+        Host(SimHost::start())
     }
 
     /// A backend in dom0 of this host, on its own thread, without a NIC.
@@ -124,14 +90,6 @@ impl Host {
     }
 }
 
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-    }
-}
-
 /// Gives `backend` the peer table the tests use: the guests of MAC ending 1 and 2 (peer
 /// indices 0 and 1, hostnames `g1:0` and `g2:0`), both in cluster 1.
 pub fn set_two_guest_peers(backend: &BackendThread) {
@@ -161,33 +119,6 @@ pub fn counters(backend: &BackendThread) -> CountersReport {
             .unwrap(),
     )
     .unwrap()
-}
-
-/// The board MAC tests give guest `last`.
-pub fn guest_mac(last: u8) -> Mac {
-    Mac([0x02, 0x00, 0x00, 0x00, 0x00, last])
-}
-
-/// Poll `cond` until it holds (for counters the test cannot wait on by event).
-pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::yield_now();
-    }
-}
-
-/// Wait, on a xenstore watch, until `path` does not exist.
-pub fn wait_removed(xs: &dyn Xenstore, path: &str) {
-    let token = format!("removed:{path}");
-    xs.watch(path, &token).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while xs.read(XBT_NULL, path).is_ok() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "{path} was never removed");
-        let _ = xs.next_watch_event(Some(left)).unwrap();
-    }
-    xs.unwatch(path, &token).unwrap();
 }
 
 /// Ring memory over pages this guest granted.

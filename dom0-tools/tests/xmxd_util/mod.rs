@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
-use xmx_hv::sim::{SimAdmin, SimPlatform};
+use xmx_hv::sim::SimPlatform;
 use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, Platform, Port, Xenstore, DOM0, PAGE_SIZE,
     XBT_NULL,
 };
-use xmx_simhv::{Config as SimConfig, Daemon, DaemonHandle};
 use xmx_tools::xmxd::control::Request;
 use xmx_tools::xmxd::discovery::DiscoveryConfig;
 use xmx_tools::xmxd::{Config, PacketFabric, Xmxd};
@@ -20,56 +19,59 @@ use xmx_wire::msg::{CtrlFront, PROTOCOL_VERSION};
 use xmx_wire::ring::SharedMem;
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
-/// How long any wait in these tests may take before the test fails.
-pub const WAIT: Duration = Duration::from_secs(20);
+#[allow(unused_imports)] // each test binary uses its part
+pub use xmx_simkit::{eventually, SimHost, WAIT};
 
 /// One simulated host: its hypervisor, its backend (no NIC) and, once started, its xmxd.
-pub struct SimHost {
+pub struct XmxdHost {
     pub name: String,
     pub xmxd: Option<Xmxd>,
     pub backend: Option<BackendThread>,
-    pub daemon: Option<DaemonHandle>,
-    pub admin: SimAdmin,
-    pub dir: tempfile::TempDir,
+    sim: SimHost,
 }
 
-impl SimHost {
+impl std::ops::Deref for XmxdHost {
+    type Target = SimHost;
+    fn deref(&self) -> &SimHost {
+        &self.sim
+    }
+}
+
+impl XmxdHost {
     /// A host with its simhv and backend running.
-    pub fn start(name: &str) -> SimHost {
-        let dir = tempfile::Builder::new().prefix("xmxd").tempdir().unwrap();
-        let daemon = Daemon::start(dir.path().join("hv"), SimConfig::default()).unwrap();
-        let admin = SimAdmin::connect(&dir.path().join("hv")).unwrap();
-        let dom0 = SimPlatform::attach(dir.path().join("hv"), DOM0).unwrap();
+    pub fn start(name: &str) -> XmxdHost {
+        let sim = SimHost::start_with_hv_subdir("hv");
         let cfg = BackendConfig {
             host_name: name.into(),
-            control_socket: Some(dir.path().join("backd.sock")),
+            control_socket: Some(sim.root().join("backd.sock")),
             ..BackendConfig::default()
         };
-        let backend = Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap();
-        SimHost {
+        let backend = Backend::new(&sim.attach(DOM0), None, cfg)
+            .unwrap()
+            .spawn()
+            .unwrap();
+        XmxdHost {
             name: name.into(),
             xmxd: None,
             backend: Some(backend),
-            daemon: Some(daemon),
-            admin,
-            dir,
+            sim,
         }
     }
 
     pub fn hv_dir(&self) -> PathBuf {
-        self.dir.path().join("hv")
+        self.sim.path().to_path_buf()
     }
 
     pub fn backend_socket(&self) -> PathBuf {
-        self.dir.path().join("backd.sock")
+        self.sim.root().join("backd.sock")
     }
 
     pub fn xmxd_socket(&self) -> PathBuf {
-        self.dir.path().join("xmxd.sock")
+        self.sim.root().join("xmxd.sock")
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.sim.root().join("state")
     }
 
     /// xmxd's configuration for this host, announcing every `interval`.
@@ -112,14 +114,7 @@ impl SimHost {
 
     /// A xenstore connection as dom0.
     pub fn dom0_xs(&self) -> Box<dyn Xenstore> {
-        SimPlatform::attach(self.hv_dir(), DOM0)
-            .unwrap()
-            .xenstore()
-            .unwrap()
-    }
-
-    pub fn create(&self, name: &str) -> DomId {
-        self.admin.create(name, None).unwrap()
+        self.xs0()
     }
 
     pub fn destroy(&self, domid: DomId) {
@@ -127,24 +122,13 @@ impl SimHost {
     }
 }
 
-impl Drop for SimHost {
+impl Drop for XmxdHost {
     fn drop(&mut self) {
         self.xmxd = None;
+        // The daemons go before the hypervisor they run on (the field drops after this).
         if let Some(b) = self.backend.take() {
             let _ = b.stop();
         }
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-    }
-}
-
-/// Poll `cond` until it holds, for state that changes without an event to wait on.
-pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::yield_now();
     }
 }
 

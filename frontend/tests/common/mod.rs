@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -12,58 +11,40 @@ use std::time::{Duration, Instant};
 
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Frontend, FrontendConfig};
-use xmx_hv::sim::admin::DomainState;
-use xmx_hv::sim::{SimAdmin, SimPlatform};
+use xmx_hv::sim::SimPlatform;
 use xmx_hv::{
     DomId, EventChannels, GrantTable, MappedPages, Platform, Port, Xenstore, DOM0, XBT_NULL,
 };
-use xmx_simhv::{Config, Daemon, DaemonHandle};
 use xmx_wire::msg::{
     unpack_info_page, unpack_info_pages, CtrlBack, CtrlKind, CtrlOp, CtrlReply, CtrlResponse,
     CtrlStatus, EndpointPages,
 };
-use xmx_wire::mxoe::Mac;
 use xmx_wire::ring::SharedMem;
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
-/// How long any wait of these tests may take before the test fails.
-pub const WAIT: Duration = Duration::from_secs(20);
+#[allow(unused_imports)] // each test binary uses its part
+pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
 
-/// A simulated host in a temporary directory.
-pub struct Host {
-    pub daemon: Option<DaemonHandle>,
-    pub admin: SimAdmin,
-    pub dir: tempfile::TempDir,
+/// A simulated host in a temporary directory, with the guests and frontends the tests
+/// create on it.
+pub struct Host(SimHost);
+
+impl std::ops::Deref for Host {
+    type Target = SimHost;
+    fn deref(&self) -> &SimHost {
+        &self.0
+    }
 }
 
 impl Host {
     pub fn start() -> Host {
-        let dir = tempfile::Builder::new().prefix("xmxfe").tempdir().unwrap();
-        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
-        let admin = SimAdmin::connect(dir.path()).unwrap();
-        Host {
-            daemon: Some(daemon),
-            admin,
-            dir,
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn attach(&self, domid: DomId) -> SimPlatform {
-        SimPlatform::attach(self.path(), domid).unwrap()
-    }
-
-    pub fn state(&self, domid: DomId) -> DomainState {
-        self.admin.state(domid).unwrap()
+        Host(SimHost::start())
     }
 
     /// Create a guest and its xmx device 0, as the toolstack does.
     pub fn guest(&self, name: &str, mac_last: u8) -> DomId {
-        let domid = self.admin.create(name, None).unwrap();
-        let xs0 = self.attach(DOM0).xenstore().unwrap();
+        let domid = self.create(name);
+        let xs0 = self.xs0();
         let spec = DeviceSpec {
             domu: domid,
             devid: 0,
@@ -78,28 +59,6 @@ impl Host {
     /// A frontend of `domid`'s device 0.
     pub fn frontend(&self, domid: DomId, cfg: FrontendConfig) -> Frontend {
         Frontend::new(Arc::new(self.attach(domid)), cfg).unwrap()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-    }
-}
-
-/// The board MAC tests give guest `last`.
-pub fn guest_mac(last: u8) -> Mac {
-    Mac([0x02, 0x00, 0x00, 0x00, 0x00, last])
-}
-
-/// Poll `cond` until it holds (for counters nothing signals).
-pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::yield_now();
     }
 }
 

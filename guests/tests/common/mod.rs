@@ -3,65 +3,50 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
-use xmx_hv::sim::admin::DomainState;
-use xmx_hv::sim::{SimAdmin, SimPlatform};
-use xmx_hv::{DomId, Platform, Xenstore, DOM0, XBT_NULL};
-use xmx_simhv::{Config, Daemon, DaemonHandle};
-use xmx_wire::mxoe::Mac;
+use xmx_hv::{DomId, Xenstore, DOM0, XBT_NULL};
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
-/// How long any wait of these tests may take.
-pub const WAIT: Duration = Duration::from_secs(20);
+#[allow(unused_imports)] // each test binary uses its part
+pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
 
+/// A simulated host with the backend running in dom0.
 pub struct Host {
     pub backend: Option<BackendThread>,
-    pub daemon: Option<DaemonHandle>,
-    pub admin: SimAdmin,
-    pub dir: tempfile::TempDir,
+    sim: SimHost,
+}
+
+impl std::ops::Deref for Host {
+    type Target = SimHost;
+    fn deref(&self) -> &SimHost {
+        &self.sim
+    }
 }
 
 impl Host {
     /// A simulated host with the backend running in dom0.
     pub fn start() -> Host {
-        let dir = tempfile::Builder::new().prefix("xmxg").tempdir().unwrap();
-        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
-        let admin = SimAdmin::connect(dir.path()).unwrap();
-        let dom0 = SimPlatform::attach(dir.path(), DOM0).unwrap();
+        let sim = SimHost::start();
         let cfg = BackendConfig {
             host_name: "testhost".into(),
             ..BackendConfig::default()
         };
-        let backend = Backend::new(&dom0, None, cfg).unwrap().spawn().unwrap();
+        let backend = Backend::new(&sim.attach(DOM0), None, cfg)
+            .unwrap()
+            .spawn()
+            .unwrap();
         Host {
             backend: Some(backend),
-            daemon: Some(daemon),
-            admin,
-            dir,
+            sim,
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn state(&self, domid: DomId) -> DomainState {
-        self.admin.state(domid).unwrap()
-    }
-
-    pub fn xs0(&self) -> Box<dyn Xenstore> {
-        SimPlatform::attach(self.path(), DOM0)
-            .unwrap()
-            .xenstore()
-            .unwrap()
     }
 
     /// Create a guest with its xmx device 0 and put it in the peer table as peer 0.
@@ -150,11 +135,9 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
+        // The backend goes before the hypervisor it runs on (the field drops after this).
         if let Some(b) = self.backend.take() {
             let _ = b.stop();
-        }
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
         }
     }
 }
@@ -204,19 +187,6 @@ pub fn wait_child(mut child: Child) -> std::process::ExitStatus {
             let _ = waiter.join();
             panic!("child {pid} did not exit in time");
         }
-    }
-}
-
-pub fn guest_mac(last: u8) -> Mac {
-    Mac([0x02, 0x00, 0x00, 0x00, 0x00, last])
-}
-
-/// Poll `cond` until it holds (for counters nothing signals).
-pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::yield_now();
     }
 }
 

@@ -1,76 +1,10 @@
 //! Helpers shared by the simhv integration tests: a host in a temporary directory.
 #![allow(dead_code)]
 
-use std::path::Path;
-use std::time::{Duration, Instant};
-
-use xmx_hv::sim::admin::DomainState;
-use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::DomId;
-use xmx_simhv::{Config, Daemon, DaemonHandle};
 
-/// A simulated host living in a temporary directory.
-pub struct Host {
-    pub daemon: Option<DaemonHandle>,
-    pub admin: SimAdmin,
-    pub dir: tempfile::TempDir,
-}
-
-impl Host {
-    pub fn start() -> Host {
-        Self::start_with(Config::default())
-    }
-
-    pub fn start_with(config: Config) -> Host {
-        let dir = tempfile::Builder::new().prefix("simhv").tempdir().unwrap();
-        let daemon = Daemon::start(dir.path(), config).unwrap();
-        let admin = SimAdmin::connect(dir.path()).unwrap();
-        Host {
-            daemon: Some(daemon),
-            admin,
-            dir,
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn create(&self, name: &str) -> DomId {
-        self.admin.create(name, None).unwrap()
-    }
-
-    pub fn attach(&self, domid: DomId) -> SimPlatform {
-        SimPlatform::attach(self.path(), domid).unwrap()
-    }
-
-    pub fn state(&self, domid: DomId) -> DomainState {
-        self.admin.state(domid).unwrap()
-    }
-
-    /// Wait (bounded) until the daemon has processed a connection close that this
-    /// process cannot observe directly; `cond` reads the daemon's counters.
-    pub fn settle(&self, domid: DomId, cond: impl Fn(&DomainState) -> bool) -> DomainState {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let s = self.state(domid);
-            if cond(&s) {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "daemon never settled: {s:?}");
-            std::thread::yield_now();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-    }
-}
+/// A simulated host in a temporary directory.
+pub use xmx_simkit::SimHost as Host;
 
 /// Bytes of `slice` as a slice (for mapped memory).
 ///
