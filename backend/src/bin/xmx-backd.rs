@@ -14,6 +14,9 @@ use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
 use xmx_engine::EngineConfig;
 use xmx_nic::{NicConfig, PacketSocket};
 
+/// How long the orderly stop after SIGTERM may take before the process ends anyway.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// The dom0 backend of the xmx split driver.
 #[derive(Debug, Parser)]
 #[command(name = "xmx-backd", version, about)]
@@ -116,14 +119,6 @@ fn run(args: Args) -> Result<(), String> {
     };
     let backend = Backend::new(platform.as_ref(), link, cfg).map_err(|e| e.to_string())?;
     let stopper = backend.stopper();
-    std::thread::Builder::new()
-        .name("backd-signals".into())
-        .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                tracing::info!(signal = ?sig, "stopping");
-            }
-            stopper.stop();
-        })
-        .map_err(|e| format!("signal thread: {e}"))?;
+    xmx_hv::daemon::stop_on_signals(signals, "backd-signals", STOP_GRACE, move || stopper.stop())?;
     backend.run().map_err(|e| e.to_string())
 }

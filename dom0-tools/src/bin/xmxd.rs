@@ -14,6 +14,9 @@ use clap::Parser;
 use xmx_tools::xmxd::state::DEFAULT_STATE_DIR;
 use xmx_tools::xmxd::{self, discovery::DiscoveryConfig, Config, PacketFabric, Xmxd};
 
+/// How long the orderly stop after SIGTERM may take before the process ends anyway.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// The xmx peer-table and lifecycle service of one host.
 #[derive(Debug, Parser)]
 #[command(
@@ -89,14 +92,6 @@ fn run(args: Args) -> Result<(), String> {
     };
     let service = Xmxd::start(platform.as_ref(), fabric, cfg).map_err(|e| e.to_string())?;
     let stopper = service.stopper();
-    std::thread::Builder::new()
-        .name("xmxd-signals".into())
-        .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                tracing::info!(signal = ?sig, "stopping");
-            }
-            stopper.stop();
-        })
-        .map_err(|e| format!("signal thread: {e}"))?;
+    xmx_hv::daemon::stop_on_signals(signals, "xmxd-signals", STOP_GRACE, move || stopper.stop())?;
     service.join().map_err(|e| e.to_string())
 }

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use clap::Parser;
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::signal::SigSet;
 use xmx_frontend::{Frontend, FrontendConfig};
 use xmx_guests::{Server, ServerConfig};
 use xmx_wire::msg::EndpointPages;
@@ -89,10 +88,9 @@ fn run(args: Args) -> Result<(), String> {
     // The orderly stop is bounded by the drain and the device's close; a stop that
     // outlives them, or a second signal, ends the process at once.
     let grace = Duration::from_millis(args.drain_ms) + CLOSE_TIMEOUT + Duration::from_secs(2);
-    std::thread::Builder::new()
-        .name("frontd-signals".into())
-        .spawn(move || take_signals(signals, stop_writer, grace))
-        .map_err(|e| format!("signal thread: {e}"))?;
+    xmx_hv::daemon::stop_on_signals(signals, "frontd-signals", grace, move || {
+        let _ = nix::unistd::write(&stop_writer, &1u64.to_ne_bytes());
+    })?;
 
     let platform = xmx_hv::platform::from_env().map_err(|e| format!("platform: {e}"))?;
     let present = Frontend::wait_for_device_or_stop(
@@ -132,27 +130,6 @@ fn run(args: Args) -> Result<(), String> {
 
 /// How long closing the device waits for the backend to let go.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The first SIGTERM or SIGINT asks the daemon to stop (through `stop`); a second one,
-/// or `grace` passing without the daemon having exited, ends the process.
-fn take_signals(signals: SigSet, stop: std::os::fd::OwnedFd, grace: Duration) {
-    let Ok(sig) = signals.wait() else { return };
-    tracing::info!(signal = ?sig, "stopping");
-    let _ = nix::unistd::write(&stop, &1u64.to_ne_bytes());
-    let ts = libc::timespec {
-        tv_sec: grace.as_secs() as libc::time_t,
-        tv_nsec: grace.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: sigtimedwait reads the signal set and the timeout, both valid for the call,
-    // and is given no siginfo buffer (null is allowed).
-    let r = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &ts) };
-    if r > 0 {
-        tracing::warn!(signal = r, "second signal; exiting now");
-    } else {
-        tracing::warn!(?grace, "the orderly stop takes too long; exiting now");
-    }
-    std::process::exit(1);
-}
 
 #[cfg(test)]
 mod tests {
