@@ -9,15 +9,12 @@
 
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use xmx_nic::testbed::relay::relay_seed;
 use xmx_nic::testbed::VethPair;
 use xmx_nic::{NicConfig, PacketSocket};
 
@@ -37,34 +34,10 @@ pub struct Host {
     pub hostname: String,
 }
 
-/// A link like `netem loss L duplicate D reorder R delay T`: each frame is
-/// lost with probability `loss`, else sent twice with probability
-/// `duplicate`; each copy goes at once with probability `reorder` (so it
-/// overtakes the frames before it), else after `delay`.
-#[derive(Clone, Copy, Debug)]
-pub struct Impairment {
-    pub loss: f64,
-    pub duplicate: f64,
-    pub reorder: f64,
-    pub delay: Duration,
-}
+pub use xmx_nic::testbed::relay::{Impairment, RelayStats};
 
 /// `netem loss 5% duplicate 1% reorder 5% delay 1ms`.
-pub const LOSSY: Impairment = Impairment {
-    loss: 0.05,
-    duplicate: 0.01,
-    reorder: 0.05,
-    delay: Duration::from_millis(1),
-};
-
-/// What the relay did to the frames.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RelayStats {
-    pub frames: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub reordered: u64,
-}
+pub const LOSSY: Impairment = Impairment::NETEM;
 
 enum Link {
     Veth(VethPair),
@@ -376,31 +349,10 @@ pub fn passed(what: &str, o: &Output) -> String {
     stdout
 }
 
-/// A relay between two namespaces' links: what `tc netem` would do, in a
-/// third namespace, in a thread of the test.
+/// A relay in a third namespace between the two hosts' interfaces, impairing both ways.
 struct Relay {
     namespaces: [String; 3],
-    stop: Arc<AtomicBool>,
-    stats: Arc<std::sync::Mutex<RelayStats>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// A small deterministic generator (SplitMix64), so a run's impairments do
-/// not depend on a library's randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
+    relay: Option<xmx_nic::testbed::relay::Relay>,
 }
 
 impl Relay {
@@ -417,9 +369,7 @@ impl Relay {
         ];
         let mut relay = Relay {
             namespaces: namespaces.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
-            stats: Arc::default(),
-            thread: None,
+            relay: None,
         };
         for ns in &namespaces {
             ip(&["netns", "add", ns]).expect("namespace");
@@ -439,115 +389,32 @@ impl Relay {
             promiscuous: true,
             ..NicConfig::default()
         };
-        let ends = [
-            PacketSocket::open_in_netns(r, "xmx-ra", cfg.clone()).expect("relay end a"),
-            PacketSocket::open_in_netns(r, "xmx-rb", cfg).expect("relay end b"),
-        ];
-        let stop = relay.stop.clone();
-        let stats = relay.stats.clone();
-        relay.thread = Some(
-            std::thread::Builder::new()
-                .name("netem-relay".into())
-                .spawn(move || relay_loop(ends, imp, &stop, &stats))
-                .expect("relay thread"),
+        let a_end = PacketSocket::open_in_netns(r, "xmx-ra", cfg.clone()).expect("relay end a");
+        let b_end = PacketSocket::open_in_netns(r, "xmx-rb", cfg).expect("relay end b");
+        relay.relay = Some(
+            xmx_nic::testbed::relay::Relay::start(
+                "netem-relay",
+                a_end,
+                b_end,
+                imp,
+                imp,
+                relay_seed(),
+            )
+            .expect("relay thread"),
         );
         relay
     }
 
     fn stats(&self) -> RelayStats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        self.relay.as_ref().map(|r| r.stats()).unwrap_or_default()
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.relay = None;
         for ns in &self.namespaces {
             let _ = ip(&["netns", "del", ns]);
         }
-    }
-}
-
-fn relay_loop(
-    mut ends: [PacketSocket; 2],
-    imp: Impairment,
-    stop: &AtomicBool,
-    stats: &std::sync::Mutex<RelayStats>,
-) {
-    let mut rng = Rng(0x786d_7820_6e65_7465);
-    let mut delayed: VecDeque<(Instant, usize, Vec<u8>)> = VecDeque::new();
-    let mut out: Vec<(usize, Vec<u8>)> = Vec::new();
-    let fds = [ends[0].fd().as_raw_fd(), ends[1].fd().as_raw_fd()];
-    while !stop.load(Ordering::SeqCst) {
-        let now = Instant::now();
-        let mut s = RelayStats::default();
-        for (from, to) in [(0, 1), (1, 0)] {
-            let mut got = Vec::new();
-            if let Some(end) = ends.get_mut(from) {
-                end.recv(|f| got.push(f.to_vec()));
-            }
-            for f in got {
-                s.frames += 1;
-                if rng.chance(imp.loss) {
-                    s.lost += 1;
-                    continue;
-                }
-                let copies = if rng.chance(imp.duplicate) {
-                    s.duplicated += 1;
-                    2
-                } else {
-                    1
-                };
-                for _ in 0..copies {
-                    if rng.chance(imp.reorder) {
-                        s.reordered += 1;
-                        out.push((to, f.clone()));
-                    } else {
-                        delayed.push_back((now + imp.delay, to, f.clone()));
-                    }
-                }
-            }
-        }
-        while delayed.front().is_some_and(|d| d.0 <= now) {
-            if let Some((_, to, f)) = delayed.pop_front() {
-                out.push((to, f));
-            }
-        }
-        for (to, f) in out.drain(..) {
-            if let Some(end) = ends.get_mut(to) {
-                let _ = end.send(&f);
-            }
-        }
-        for e in &mut ends {
-            let _ = e.flush();
-        }
-        {
-            let mut total = stats.lock().unwrap_or_else(|e| e.into_inner());
-            total.frames += s.frames;
-            total.lost += s.lost;
-            total.duplicated += s.duplicated;
-            total.reordered += s.reordered;
-        }
-        let timeout = delayed
-            .front()
-            .map_or(Duration::from_millis(20), |d| {
-                d.0.saturating_duration_since(Instant::now())
-            })
-            .min(Duration::from_millis(20));
-        let mut pfds = fds.map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: timeout.as_nanos() as libc::c_long,
-        };
-        // SAFETY: two initialised pollfd entries and a timespec that outlive
-        // the call; no signal mask.
-        unsafe { libc::ppoll(pfds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
     }
 }

@@ -1,10 +1,13 @@
-//! A veth pair across two fresh network namespaces: two "hosts" joined by a cable, for
-//! tests and benchmarks of the NIC layer. Needs root and iproute2's `ip`.
+//! Test beds of the NIC layer: a veth pair across two fresh network namespaces (two
+//! "hosts" joined by a cable, [`VethPair`]), and a relay that impairs a link the way
+//! `tc netem` does ([`relay`]), for kernels without netem. Needs root and iproute2's `ip`.
+
+pub mod relay;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::error::{NicError, Result};
+use crate::error::{NicError, Result};
 
 /// Interface name of end A inside its namespace.
 pub const IFACE_A: &str = "xmx-a";
