@@ -65,6 +65,7 @@ use xmx_wire::ring::RingError;
 use crate::admin::{BackendCounters, Reply, ReplyError, Request};
 use control::{ControlCtx, SessionIds};
 use devices::Device;
+use guest::Connection;
 use xmx_engine::{Engine, EngineConfig};
 use xmx_hv::daemon::control::{LineServer, LineService, Refusal};
 
@@ -287,6 +288,140 @@ pub struct Backend {
     /// Scratch lists reused every round.
     ports: Vec<Port>,
     released: Vec<u16>,
+}
+
+/// What a device counts of its control requests, and where its sessions are recorded.
+struct DeviceTally<'a> {
+    backend_dir: &'a str,
+    ctrl_requests: &'a mut u64,
+    quota_refusals: &'a mut u64,
+}
+
+/// Answers every request waiting on `conn`'s control ring; true if any was. A ring that
+/// breaks fails the connection.
+fn serve_control_ring(
+    ctx: &mut ControlCtx<'_>,
+    xs: &dyn Xenstore,
+    tally: DeviceTally<'_>,
+    conn: &mut Connection,
+) -> bool {
+    let mut answered = 0;
+    loop {
+        let req = match conn.ctrl.next_request() {
+            Ok(Some(req)) => req,
+            Ok(None) => break,
+            Err(e) => {
+                conn.fail(format!("control ring: {e}"));
+                break;
+            }
+        };
+        *tally.ctrl_requests += 1;
+        let rsp = control::serve(ctx, conn, &req);
+        if rsp.status == xmx_wire::msg::CtrlStatus::Ok {
+            record_session(xs, tally.backend_dir, &rsp.reply);
+        }
+        if rsp.status == xmx_wire::msg::CtrlStatus::Quota {
+            *tally.quota_refusals += 1;
+        }
+        if let Err(e) = conn.ctrl.push_response(&rsp) {
+            conn.fail(format!("control ring response: {e}"));
+            break;
+        }
+        answered += 1;
+    }
+    if answered == 0 {
+        return false;
+    }
+    if conn.ctrl.push_responses_and_check_notify() {
+        if let Err(e) = conn.ctrl_notify.notify() {
+            tracing::debug!(domu = conn.domu, error = %e, "control notify failed");
+        }
+    }
+    true
+}
+
+/// Takes up to a round's budget of requests from each of `conn`'s endpoint send rings
+/// (after reclaiming the event slots the guest has consumed); true if anything was taken
+/// or reclaimed. A ring that breaks, or a request the engine refuses as a violation, fails
+/// the connection.
+fn serve_send_rings(
+    ctx: &mut ControlCtx<'_>,
+    now: Instant,
+    released: &mut Vec<u16>,
+    conn: &mut Connection,
+) -> bool {
+    let mut work = false;
+    let guest = conn.guest;
+    let budget = ctx.quotas.send_budget_per_round;
+    let backlog_max = ctx.quotas.max_event_backlog;
+    let mut failure = None;
+    let indices: Vec<u8> = conn.endpoints.keys().copied().collect();
+    for epi in indices {
+        let Some(ep) = conn.endpoints.get_mut(&epi) else {
+            continue;
+        };
+        released.clear();
+        match ep.reclaim_events(released) {
+            Ok(n) => work |= n > 0,
+            Err(e) => {
+                failure = Some(format!("endpoint {epi} event ring: {e}"));
+                break;
+            }
+        }
+        for &slot in released.iter() {
+            if let Err(v) = ctx.engine.release_recvq_slot(guest, epi, slot) {
+                tracing::warn!(domu = conn.domu, endpoint = epi, error = %v, "receive slot");
+            }
+        }
+        if ep.backlog.len() >= backlog_max {
+            // Completions would have nowhere to go: leave the requests in the ring.
+            continue;
+        }
+        let mut taken = 0;
+        while taken < budget {
+            let Some(ep) = conn.endpoints.get_mut(&epi) else {
+                break;
+            };
+            let req = match ep.send.next_request() {
+                Ok(Some(req)) => req,
+                Ok(None) => break,
+                Err(e) => {
+                    failure = Some(format!("endpoint {epi} send ring: {e}"));
+                    break;
+                }
+            };
+            taken += 1;
+            ep.counters.send_requests += 1;
+            if let Some(answer) = control::region_request(ctx, conn, epi, &req) {
+                // Served here (it maps guest memory); answered like any request.
+                if let Some(ep) = conn.endpoints.get_mut(&epi) {
+                    ep.queue_event(answer, backlog_max);
+                }
+                continue;
+            }
+            if let Err(v) = ctx.engine.handle_send(now, guest, epi, &req) {
+                failure = Some(format!("endpoint {epi}: {v}"));
+                break;
+            }
+        }
+        let Some(ep) = conn.endpoints.get_mut(&epi) else {
+            continue;
+        };
+        if taken > 0 {
+            work = true;
+            ep.send.retire_consumed();
+            if ep.send.push_responses_and_check_notify() {
+                ep.notify();
+            }
+        }
+        if failure.is_some() {
+            break;
+        }
+    }
+    if let Some(reason) = failure {
+        conn.fail(reason);
+    }
+    work
 }
 
 /// Keep in the device's backend directory the session of an endpoint just opened, and
@@ -690,133 +825,24 @@ impl Backend {
             let Some(conn) = device.conn.as_mut() else {
                 continue;
             };
-            // Control ring.
-            let mut answered = 0;
-            loop {
-                let req = match conn.ctrl.next_request() {
-                    Ok(Some(req)) => req,
-                    Ok(None) => break,
-                    Err(e) => {
-                        conn.fail(format!("control ring: {e}"));
-                        break;
-                    }
-                };
-                device.ctrl_requests += 1;
-                let mut ctx = ControlCtx {
-                    engine,
-                    gnttab: gnttab.as_ref(),
-                    evtchn: evtchn.as_ref(),
-                    quotas: &cfg.quotas,
-                    sessions,
-                    next_region,
-                };
-                let rsp = control::serve(&mut ctx, conn, &req);
-                if rsp.status == xmx_wire::msg::CtrlStatus::Ok {
-                    record_session(xs.as_ref(), &device.backend_dir, &rsp.reply);
-                }
-                if rsp.status == xmx_wire::msg::CtrlStatus::Quota {
-                    device.quota_refusals += 1;
-                }
-                if let Err(e) = conn.ctrl.push_response(&rsp) {
-                    conn.fail(format!("control ring response: {e}"));
-                    break;
-                }
-                answered += 1;
-            }
-            if answered > 0 {
-                work = true;
-                if conn.ctrl.push_responses_and_check_notify() {
-                    if let Err(e) = conn.ctrl_notify.notify() {
-                        tracing::debug!(domu = conn.domu, error = %e, "control notify failed");
-                    }
-                }
-            }
+            let mut ctx = ControlCtx {
+                engine,
+                gnttab: gnttab.as_ref(),
+                evtchn: evtchn.as_ref(),
+                quotas: &cfg.quotas,
+                sessions,
+                next_region,
+            };
+            let tally = DeviceTally {
+                backend_dir: &device.backend_dir,
+                ctrl_requests: &mut device.ctrl_requests,
+                quota_refusals: &mut device.quota_refusals,
+            };
+            work |= serve_control_ring(&mut ctx, xs.as_ref(), tally, conn);
             if conn.failure.is_some() {
                 continue;
             }
-            // Endpoints.
-            let guest = conn.guest;
-            let budget = cfg.quotas.send_budget_per_round;
-            let backlog_max = cfg.quotas.max_event_backlog;
-            let mut failure = None;
-            let indices: Vec<u8> = conn.endpoints.keys().copied().collect();
-            for epi in indices {
-                let Some(ep) = conn.endpoints.get_mut(&epi) else {
-                    continue;
-                };
-                released.clear();
-                match ep.reclaim_events(released) {
-                    Ok(n) => work |= n > 0,
-                    Err(e) => {
-                        failure = Some(format!("endpoint {epi} event ring: {e}"));
-                        break;
-                    }
-                }
-                for &slot in released.iter() {
-                    if let Err(v) = engine.release_recvq_slot(guest, epi, slot) {
-                        tracing::warn!(domu = conn.domu, endpoint = epi, error = %v, "receive slot");
-                    }
-                }
-                if ep.backlog.len() >= backlog_max {
-                    // Completions would have nowhere to go: leave the requests in the ring.
-                    continue;
-                }
-                let mut taken = 0;
-                while taken < budget {
-                    let Some(ep) = conn.endpoints.get_mut(&epi) else {
-                        break;
-                    };
-                    let req = match ep.send.next_request() {
-                        Ok(Some(req)) => req,
-                        Ok(None) => break,
-                        Err(e) => {
-                            failure = Some(format!("endpoint {epi} send ring: {e}"));
-                            break;
-                        }
-                    };
-                    taken += 1;
-                    ep.counters.send_requests += 1;
-                    if let Some(answer) = control::region_request(
-                        &mut ControlCtx {
-                            engine,
-                            gnttab: gnttab.as_ref(),
-                            evtchn: evtchn.as_ref(),
-                            quotas: &cfg.quotas,
-                            sessions,
-                            next_region,
-                        },
-                        conn,
-                        epi,
-                        &req,
-                    ) {
-                        // Served here (it maps guest memory); answered like any request.
-                        if let Some(ep) = conn.endpoints.get_mut(&epi) {
-                            ep.queue_event(answer, backlog_max);
-                        }
-                        continue;
-                    }
-                    if let Err(v) = engine.handle_send(now, guest, epi, &req) {
-                        failure = Some(format!("endpoint {epi}: {v}"));
-                        break;
-                    }
-                }
-                let Some(ep) = conn.endpoints.get_mut(&epi) else {
-                    continue;
-                };
-                if taken > 0 {
-                    work = true;
-                    ep.send.retire_consumed();
-                    if ep.send.push_responses_and_check_notify() {
-                        ep.notify();
-                    }
-                }
-                if failure.is_some() {
-                    break;
-                }
-            }
-            if let Some(reason) = failure {
-                conn.fail(reason);
-            }
+            work |= serve_send_rings(&mut ctx, now, released, conn);
         }
         work
     }
