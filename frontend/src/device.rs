@@ -293,6 +293,7 @@ impl Frontend {
             reopened: Vec::new(),
             events: VecDeque::new(),
         };
+        fe.announce_suspend_feature();
         // Whatever an earlier instance left, start from Initialising.
         fe.set_state(XenbusState::Initialising)?;
         Ok(fe)
@@ -1245,8 +1246,10 @@ impl Frontend {
         self.retired.len()
     }
 
-    /// Read `control/shutdown`; on `suspend`, acknowledge it (clear the node, as Linux
-    /// guests do) and suspend.
+    /// Read `control/shutdown`; on `suspend`, suspend and then acknowledge it (clear the
+    /// node, as Linux guests do). The acknowledgement comes once the device is down: a
+    /// toolstack moving the guest waits for it before it freezes the guest and copies its
+    /// last pages (see `xmx_hv::sim::migrate`).
     fn check_shutdown_request(&mut self) -> Result<()> {
         let path = format!("/local/domain/{}/control/shutdown", self.domid);
         let value = match self.xs.read(XBT_NULL, &path) {
@@ -1257,11 +1260,21 @@ impl Frontend {
         if value != "suspend" || self.mode != Mode::Active {
             return Ok(());
         }
+        tracing::info!("suspend requested by the toolstack");
+        let result = self.suspend();
         if let Err(e) = self.xs.write(XBT_NULL, &path, b"") {
             tracing::warn!(error = %e, "acknowledging the suspend request");
         }
-        tracing::info!("suspend requested by the toolstack");
-        self.suspend()
+        result
+    }
+
+    /// Say that this guest handles suspend requests (`control/feature-suspend`, as
+    /// Linux guests do), so that a toolstack waits for their acknowledgement.
+    fn announce_suspend_feature(&self) {
+        let path = format!("/local/domain/{}/control/feature-suspend", self.domid);
+        if let Err(e) = self.xs.write(XBT_NULL, &path, b"1") {
+            tracing::warn!(error = %e, "announcing the suspend feature");
+        }
     }
 
     /// Disconnect for a suspend: say Closing, wait for the backend to let go (Closed),

@@ -384,3 +384,52 @@ fn suspend_closes_the_device_and_resume_reopens_the_endpoints_in_their_sessions(
     assert_eq!((s.grants_active, s.ports_open), (0, 0));
     drop(backend);
 }
+
+#[test]
+fn a_migration_waits_until_the_frontend_has_suspended_before_the_last_round() {
+    use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
+    let host = Host::start();
+    let backend = start_backend(&host);
+    set_peers(&backend, &[(0, 1)]);
+    let g = host.guest("g1", 1);
+    let mut fe = host.frontend(g, FrontendConfig::default());
+    fe.wait_connected(WAIT).unwrap();
+    let _c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let xs = host.attach(DOM0).xenstore().unwrap();
+    assert_eq!(
+        xs.read(
+            XBT_NULL,
+            &format!("/local/domain/{g}/control/feature-suspend")
+        )
+        .unwrap(),
+        b"1"
+    );
+    assert!(host.state(DOM0).mappings_held > 0);
+    let dest = Host::start();
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = std::thread::scope(|s| {
+        let migration = s.spawn(|| migrate_domain(&host.admin, &dest.admin, g, &options));
+        let request = format!("/local/domain/{g}/control/shutdown");
+        eventually("the suspend request", || {
+            xs.read(XBT_NULL, &request).is_ok_and(|v| v == b"suspend")
+        });
+        // Nobody serves the frontend yet: the migration must be waiting for it. (A
+        // window in which nothing may happen; no event says that nothing happened.)
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!migration.is_finished(), "the migration did not wait");
+        pump_until(&mut fe, "the frontend suspended", |f| {
+            f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
+        });
+        migration.join().unwrap()
+    })
+    .unwrap();
+    let last = report.rounds.last().unwrap();
+    assert!(!last.live);
+    // The backend had let go of every page of the guest before the last round.
+    assert_eq!(last.grants_still_mapped, 0);
+    assert_eq!(host.state(DOM0).mappings_held, 0);
+}

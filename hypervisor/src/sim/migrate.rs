@@ -9,15 +9,20 @@
 //!    ([`MigrateOptions::converged_frames`]) or [`MigrateOptions::max_live_rounds`] are
 //!    done, or a round sends no fewer frames than the one before (the guest writes faster
 //!    than the rounds copy).
-//! 3. The source domain is suspended (the downtime starts), the last round sends what
-//!    changed and the grant table, the destination renames the domain `NAME` and resumes
-//!    it (the downtime ends), and the source domain is destroyed.
+//! 3. The source domain is suspended (the downtime starts). A guest that said it handles
+//!    suspends (`control/feature-suspend = 1`) is waited for until it acknowledges, by
+//!    clearing `control/shutdown`, that its devices are down. Then the domain's processes
+//!    are frozen (see [`super::freeze`]: a suspended domain's processes could still write
+//!    its memory), the last round sends what changed and the grant table, the
+//!    destination renames the domain `NAME` and resumes it (the downtime ends), the
+//!    source domain is destroyed and the processes are thawed.
 //!
 //! Each round is a stream file (format and the reason for files in the simhv's
 //! `hv::stream`) in a fresh directory under [`MigrateOptions::work_dir`], which both
 //! daemons must be able to reach; it is removed once applied, and the directory at the
 //! end. Any failure before the destination resumes rolls back: the incoming domain is
-//! destroyed, the source stops sending and is resumed if this migration suspended it.
+//! destroyed, the source stops sending and is resumed if this migration suspended it,
+//! and its processes are thawed.
 //!
 //! A domain already suspended when the migration begins is not suspended again (nor
 //! resumed on a rollback); it runs on the destination afterwards, as `xl migrate`
@@ -36,7 +41,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::admin::{RunState, SaveRound, SimAdmin};
-use crate::{DomId, Error, Result};
+use super::freeze::FrozenProcesses;
+use super::layout;
+use crate::xs::XsClient;
+use crate::{DomId, Error, Result, Xenstore, DOM0, XBT_NULL};
 
 /// Suffix of the destination's domain while it receives the migration, as `xl` names it.
 pub const INCOMING_SUFFIX: &str = "--incoming";
@@ -52,6 +60,10 @@ pub struct MigrateOptions {
     /// Where the stream files go (in a new directory of their own); the system's
     /// temporary directory if none. Both daemons must reach it.
     pub work_dir: Option<PathBuf>,
+    /// How long a guest that handles suspends may take to acknowledge one.
+    pub guest_suspend_timeout: Duration,
+    /// How long the domain's processes may take to stop.
+    pub freeze_timeout: Duration,
 }
 
 impl Default for MigrateOptions {
@@ -61,6 +73,9 @@ impl Default for MigrateOptions {
             max_live_rounds: 5,
             converged_frames: 64,
             work_dir: None,
+            // A frontend's suspend waits up to 10 s for its backend to close.
+            guest_suspend_timeout: Duration::from_secs(15),
+            freeze_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -78,6 +93,10 @@ pub struct RoundReport {
     pub frames_sent: u32,
     /// Grant entries copied (the last round only).
     pub grants: usize,
+    /// Grants another domain still mapped at the last round: their mappings stay behind
+    /// on the source (a backend should have let go once the guest acknowledged the
+    /// suspend).
+    pub grants_still_mapped: usize,
     /// Bytes of the round's stream.
     pub bytes: u64,
     /// Time to save and restore the round.
@@ -115,7 +134,7 @@ pub fn migrate_domain(
     domid: DomId,
     options: &MigrateOptions,
 ) -> Result<MigrationReport> {
-    let mut m = Migration::begin(source, dest, domid, options.work_dir.as_deref())?;
+    let mut m = Migration::begin_with(source, dest, domid, options)?;
     let mut before: Option<u32> = None;
     loop {
         let r = m.live_round()?;
@@ -139,6 +158,9 @@ pub struct Migration<'a> {
     name: String,
     incoming: DomId,
     work: WorkDir,
+    options: MigrateOptions,
+    /// The domain's processes, frozen for the last round until the domain runs again.
+    frozen: Option<FrozenProcesses>,
     rounds: Vec<RoundReport>,
     started: Instant,
     /// Whether this migration suspended the source domain (to resume it on a rollback).
@@ -158,6 +180,21 @@ impl<'a> Migration<'a> {
         domid: DomId,
         work_dir: Option<&Path>,
     ) -> Result<Migration<'a>> {
+        let options = MigrateOptions {
+            work_dir: work_dir.map(Path::to_path_buf),
+            ..MigrateOptions::default()
+        };
+        Self::begin_with(source, dest, domid, &options)
+    }
+
+    /// [`Migration::begin`] with every option (the rounds' ones are the caller's to apply).
+    pub fn begin_with(
+        source: &'a SimAdmin,
+        dest: &'a SimAdmin,
+        domid: DomId,
+        options: &MigrateOptions,
+    ) -> Result<Migration<'a>> {
+        let work_dir = options.work_dir.as_deref();
         let started = Instant::now();
         let was_suspended = source.state(domid)?.state == RunState::Suspended;
         let info = source.save_begin(domid)?;
@@ -198,6 +235,8 @@ impl<'a> Migration<'a> {
             name,
             incoming,
             work,
+            options: options.clone(),
+            frozen: None,
             rounds: Vec::new(),
             started,
             suspended_here: false,
@@ -242,6 +281,7 @@ impl<'a> Migration<'a> {
             frames_scanned: saved.frames_scanned,
             frames_sent: saved.frames_sent,
             grants: saved.grants_sent,
+            grants_still_mapped: saved.grants_still_mapped,
             bytes: saved.bytes,
             duration: at.elapsed(),
         };
@@ -259,14 +299,26 @@ impl<'a> Migration<'a> {
         Ok(report)
     }
 
-    /// Suspend the source domain, copy the rest and the grant table, rename and resume
-    /// the domain on the destination, destroy the source domain.
-    pub fn finish(mut self) -> Result<MigrationReport> {
+    /// Suspend the source domain, freeze its processes, copy the rest and the grant
+    /// table, rename and resume the domain on the destination, destroy the source domain
+    /// and thaw the processes.
+    pub fn finish(self) -> Result<MigrationReport> {
+        let (report, frozen) = self.finish_frozen()?;
+        frozen.thaw();
+        Ok(report)
+    }
+
+    /// [`Migration::finish`], leaving the domain's processes frozen for the caller to
+    /// thaw (dropping them thaws them too).
+    pub fn finish_frozen(mut self) -> Result<(MigrationReport, FrozenProcesses)> {
         let suspended_at = Instant::now();
         if !self.was_suspended {
             self.source.suspend(self.domid)?;
             self.suspended_here = true;
+            self.wait_guest_suspended()?;
         }
+        let pids = self.source.processes(self.domid)?;
+        self.frozen = Some(FrozenProcesses::freeze(&pids, self.options.freeze_timeout)?);
         self.round(true)?;
         self.dest.rename(self.incoming, &self.name)?;
         self.dest.resume(self.incoming)?;
@@ -274,6 +326,10 @@ impl<'a> Migration<'a> {
         // The domain runs on the destination now: whatever happens below, no rollback.
         self.done = true;
         let destroyed = self.source.destroy(self.domid);
+        let frozen = self
+            .frozen
+            .take()
+            .ok_or_else(|| Error::Protocol("the processes were thawed early".into()))?;
         let report = MigrationReport {
             name: self.name.clone(),
             source_domid: self.domid,
@@ -296,9 +352,53 @@ impl<'a> Migration<'a> {
             rounds = report.rounds.len(),
             bytes = report.bytes(),
             downtime_ms = report.downtime.as_millis() as u64,
+            frozen = frozen.pids().len(),
             "migration done"
         );
-        Ok(report)
+        Ok((report, frozen))
+    }
+
+    /// Wait until the guest acknowledges the suspend request (it clears
+    /// `control/shutdown` once its devices are down), if it says it handles them.
+    fn wait_guest_suspended(&self) -> Result<()> {
+        let xs = XsClient::connect_unix(layout::xenstore_sock(self.source.dir(), DOM0))?;
+        let control = format!("/local/domain/{}/control", self.domid);
+        match xs.read(XBT_NULL, &format!("{control}/feature-suspend")) {
+            Ok(v) if v.trim_ascii() == b"1" => {}
+            Ok(_) | Err(Error::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let path = format!("{control}/shutdown");
+        let token = "xmx-migrate:suspend";
+        xs.watch(&path, token)?;
+        let timeout = self.options.guest_suspend_timeout;
+        let deadline = Instant::now() + timeout;
+        let result = loop {
+            match xs.read(XBT_NULL, &path) {
+                Ok(v) if v.trim_ascii().is_empty() => break Ok(()),
+                Err(Error::NotFound(_)) => break Ok(()),
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break Err(Error::Busy(format!(
+                    "domain {} did not acknowledge the suspend within {} ms",
+                    self.domid,
+                    timeout.as_millis()
+                )));
+            }
+            if let Err(e) = xs.next_watch_event(Some(left)) {
+                break Err(e);
+            }
+        };
+        let _ = xs.unwatch(&path, token);
+        tracing::debug!(
+            domid = self.domid,
+            ok = result.is_ok(),
+            "guest suspend acknowledged"
+        );
+        result
     }
 
     fn roll_back(&mut self) {
@@ -313,6 +413,10 @@ impl<'a> Migration<'a> {
             if let Err(e) = self.source.resume(self.domid) {
                 tracing::warn!(domid = self.domid, error = %e, "resuming the source domain");
             }
+        }
+        // Thawed once the domain runs again, as it does after a suspend.
+        if let Some(f) = self.frozen.take() {
+            f.thaw();
         }
     }
 }

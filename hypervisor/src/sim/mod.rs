@@ -32,6 +32,7 @@
 pub mod admin;
 mod conn;
 pub mod evtchn;
+pub mod freeze;
 pub mod gnttab;
 pub mod layout;
 pub mod migrate;
