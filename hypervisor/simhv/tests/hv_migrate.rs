@@ -532,29 +532,43 @@ fn a_process_of_the_moved_domain_adopts_its_restored_grants() {
 /// How long the writer role runs at most (it is killed long before).
 const WRITER_LIFETIME: Duration = Duration::from_secs(60);
 
-/// Role: a process of the domain that grants one page to dom0, prints its ref, and then
-/// writes an ever-increasing counter into it as fast as it can.
+/// Role: a process of the domain that grants one page to dom0, prints its ref and
+/// address, and then writes an ever-increasing counter into it as fast as it can. With
+/// `XMX_TEST_FOLLOW=1` it also checks about every millisecond whether the domain moved,
+/// follows it, and prints the page's address again.
 #[test]
 fn role_memory_writer() {
     if !hv_util::is_role("role_memory_writer") {
         return;
     }
+    let follow = std::env::var("XMX_TEST_FOLLOW").is_ok_and(|v| v == "1");
     let platform = xmx_hv::platform::from_env().unwrap();
     let page = platform
         .grant_table()
         .unwrap()
         .grant_pages(DOM0, 1, true)
         .unwrap();
-    println!("ref {}", page.refs()[0]);
+    println!("ref {} at {:p}", page.refs()[0], page.as_ptr());
     // SAFETY: the page is mapped writable and 8-byte aligned (page aligned) for as long
     // as `page` lives; AtomicU64 has u64's layout.
     let counter = unsafe { &*(page.as_ptr() as *const AtomicU64) };
     let started = Instant::now();
+    let mut checked = Instant::now();
     let mut n = 0u64;
     while started.elapsed() < WRITER_LIFETIME {
         for _ in 0..4096 {
             n += 1;
             counter.store(n, Ordering::Release);
+        }
+        if follow && checked.elapsed() >= Duration::from_millis(1) {
+            checked = Instant::now();
+            if platform.follow_move().unwrap() {
+                println!(
+                    "moved to domain {} at {:p}",
+                    platform.domid(),
+                    page.as_ptr()
+                );
+            }
         }
     }
 }
@@ -581,21 +595,42 @@ fn counter_moves(mapped: &xmx_hv::MappedPages, from: u64) -> u64 {
 
 struct Writer {
     child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
     gref: GrantRef,
+    addr: String,
 }
 
 impl Writer {
     fn start(host: &Host, domid: DomId) -> Writer {
-        let mut child = hv_util::spawn_role("role_memory_writer", host, domid, &[]);
+        Self::start_with(host, domid, false)
+    }
+
+    fn start_with(host: &Host, domid: DomId, follow: bool) -> Writer {
+        let follow = [("XMX_TEST_FOLLOW", u8::from(follow).to_string())];
+        let mut child = hv_util::spawn_role("role_memory_writer", host, domid, &follow);
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let gref = loop {
+        let said = Self::next_said(&mut lines, "ref ");
+        let (gref, addr) = said.split_once(" at ").unwrap();
+        Writer {
+            child,
+            lines,
+            gref: gref.parse().unwrap(),
+            addr: addr.to_string(),
+        }
+    }
+
+    /// What the writer said after `prefix` on its next line saying it.
+    fn next_said(
+        lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>,
+        prefix: &str,
+    ) -> String {
+        loop {
             let line = lines.next().expect("the writer ended early").unwrap();
             // libtest prints "test NAME ... " before the role's own output on the line.
-            if let Some(at) = line.find("ref ") {
-                break line[at + 4..].trim().parse().unwrap();
+            if let Some(at) = line.find(prefix) {
+                return line[at + prefix.len()..].trim().to_string();
             }
-        };
-        Writer { child, gref }
+        }
     }
 
     fn pid(&self) -> i32 {
@@ -678,4 +713,46 @@ fn a_rolled_back_migration_thaws_the_processes() {
     assert!(!xmx_hv::sim::freeze::is_stopped(writer.pid()));
     let now = counter(&on_src);
     counter_moves(&on_src, now);
+}
+
+#[test]
+fn a_process_follows_its_domain_and_writes_on_at_the_same_address() {
+    let src = Host::start();
+    let dst = Host::start();
+    dst.create("other");
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let mut writer = Writer::start_with(&src, g, true);
+    let on_src = src
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(g, &[writer.gref], false)
+        .unwrap();
+    counter_moves(&on_src, 0);
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = migrate_domain(&src.admin, &dst.admin, g, &options).unwrap();
+    let d = report.dest_domid;
+    assert_ne!(d, g);
+    let moved = Writer::next_said(&mut writer.lines, "moved to domain ");
+    assert_eq!(moved, format!("{d} at {}", writer.addr));
+    // It writes into the destination's memory now, through the same pointer.
+    let on_dst = dst
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(d, &[writer.gref], false)
+        .unwrap();
+    let then = counter(&on_dst);
+    assert_ne!(then, 0);
+    counter_moves(&on_dst, then);
+    // The grant is the writer's own again: it ends when the writer goes.
+    drop(on_dst);
+    let s = dst.state(d);
+    assert_eq!((s.grants_active, s.hv_connections), (1, 1));
+    drop(writer);
+    dst.settle(d, |s| s.grants_active == 0 && s.mem_pages == 0);
 }

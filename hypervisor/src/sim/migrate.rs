@@ -28,6 +28,11 @@
 //! resumed on a rollback); it runs on the destination afterwards, as `xl migrate`
 //! unpauses the domain it moved.
 //!
+//! The domain's processes do not move with it: once thawed they find its hypervisor
+//! gone and read where it went from its forwarding record [`Forwarding`], left in the
+//! source's directory; [`super::SimPlatform::follow_move`] re-attaches a process to the
+//! destination (its grant table follows with its grants mapped at the same addresses).
+//!
 //! Frames keep their numbers, grant refs their entries (granted-to domid included: dom0
 //! is 0 on both hosts; a grant to another guest names a domid that means something else
 //! on the destination, as on Xen, and is the guest's to revoke). The domain gets a new
@@ -77,6 +82,82 @@ impl Default for MigrateOptions {
             guest_suspend_timeout: Duration::from_secs(15),
             freeze_timeout: Duration::from_secs(5),
         }
+    }
+}
+
+/// Where a migrated domain went: written to `moved-dom<N>` in the source's directory
+/// (see [`layout::moved_file`]) before its processes are thawed, as lines `dir PATH`,
+/// `domid N`, `instance I` (the source incarnation, so that a later domain with the same
+/// domid does not take the record as its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forwarding {
+    /// The destination's simhv directory.
+    pub dir: PathBuf,
+    /// The domain's domid there.
+    pub domid: DomId,
+    /// The daemon's id of the source incarnation that moved.
+    pub source_instance: u64,
+}
+
+impl Forwarding {
+    /// The record as its file holds it.
+    pub fn emit(&self) -> String {
+        format!(
+            "dir {}\ndomid {}\ninstance {}\n",
+            self.dir.display(),
+            self.domid,
+            self.source_instance
+        )
+    }
+
+    /// Parse a record; anything else than the three lines is refused.
+    pub fn parse(text: &str) -> Result<Forwarding> {
+        let bad = |what: &str| Error::Protocol(format!("forwarding record: {what}"));
+        let mut dir = None;
+        let mut domid = None;
+        let mut instance = None;
+        for line in text.lines() {
+            let (key, value) = line
+                .split_once(' ')
+                .ok_or_else(|| bad("a line without a value"))?;
+            match key {
+                "dir" if dir.is_none() && value.starts_with('/') => {
+                    dir = Some(PathBuf::from(value))
+                }
+                "domid" if domid.is_none() => {
+                    domid = Some(value.parse().map_err(|_| bad("domid"))?)
+                }
+                "instance" if instance.is_none() => {
+                    instance = Some(value.parse().map_err(|_| bad("instance"))?)
+                }
+                _ => return Err(bad(&format!("unexpected line {line:?}"))),
+            }
+        }
+        Ok(Forwarding {
+            dir: dir.ok_or_else(|| bad("no dir"))?,
+            domid: domid.ok_or_else(|| bad("no domid"))?,
+            source_instance: instance.ok_or_else(|| bad("no instance"))?,
+        })
+    }
+
+    /// Read the record of domain `domid` of the simhv at `dir`, if there is one.
+    pub fn read(dir: &Path, domid: DomId) -> Result<Option<Forwarding>> {
+        match std::fs::read_to_string(layout::moved_file(dir, domid)) {
+            Ok(text) => Self::parse(&text).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::Io(e)),
+        }
+    }
+
+    /// Write the record of domain `domid` of the simhv at `dir` (atomically).
+    pub fn write(&self, dir: &Path, domid: DomId) -> Result<()> {
+        let path = layout::moved_file(dir, domid);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, self.emit())?;
+        std::fs::rename(&tmp, &path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::Io(e)
+        })
     }
 }
 
@@ -159,6 +240,7 @@ pub struct Migration<'a> {
     incoming: DomId,
     work: WorkDir,
     options: MigrateOptions,
+    source_instance: u64,
     /// The domain's processes, frozen for the last round until the domain runs again.
     frozen: Option<FrozenProcesses>,
     rounds: Vec<RoundReport>,
@@ -196,7 +278,9 @@ impl<'a> Migration<'a> {
     ) -> Result<Migration<'a>> {
         let work_dir = options.work_dir.as_deref();
         let started = Instant::now();
-        let was_suspended = source.state(domid)?.state == RunState::Suspended;
+        let state = source.state(domid)?;
+        let was_suspended = state.state == RunState::Suspended;
+        let source_instance = state.instance;
         let info = source.save_begin(domid)?;
         let name = info.name.clone();
         let end_sending = |e: Error| {
@@ -236,6 +320,7 @@ impl<'a> Migration<'a> {
             incoming,
             work,
             options: options.clone(),
+            source_instance,
             frozen: None,
             rounds: Vec::new(),
             started,
@@ -326,6 +411,15 @@ impl<'a> Migration<'a> {
         // The domain runs on the destination now: whatever happens below, no rollback.
         self.done = true;
         let destroyed = self.source.destroy(self.domid);
+        let forwarding = Forwarding {
+            dir: std::path::absolute(self.dest.dir())?,
+            domid: self.incoming,
+            source_instance: self.source_instance,
+        };
+        if let Err(e) = forwarding.write(self.source.dir(), self.domid) {
+            // Its processes will not find it: say so, the domain runs nonetheless.
+            tracing::error!(domid = self.domid, error = %e, "writing the forwarding record");
+        }
         let frozen = self
             .frozen
             .take()
@@ -466,5 +560,42 @@ impl Drop for WorkDir {
         if let Err(e) = std::fs::remove_dir_all(&self.path) {
             tracing::warn!(path = %self.path.display(), error = %e, "removing the migration directory");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarding_records_round_trip_and_refuse_garbage() {
+        let f = Forwarding {
+            dir: "/run/sim/h1".into(),
+            domid: 7,
+            source_instance: 42,
+        };
+        assert_eq!(f.emit(), "dir /run/sim/h1\ndomid 7\ninstance 42\n");
+        assert_eq!(Forwarding::parse(&f.emit()).unwrap(), f);
+        for bad in [
+            "",
+            "dir /a\ndomid 7\n",
+            "dir a\ndomid 7\ninstance 1\n",
+            "dir /a\ndomid 70000\ninstance 1\n",
+            "dir /a\ndomid 7\ninstance x\n",
+            "dir /a\ndomid 7\ninstance 1\ninstance 2\n",
+            "dir /a\ndomid 7\ninstance 1\nmore\n",
+            "\u{0}\u{ff}",
+        ] {
+            assert!(
+                matches!(Forwarding::parse(bad), Err(Error::Protocol(_))),
+                "{bad:?}"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("xmx-fwd-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(Forwarding::read(&dir, 7).unwrap(), None);
+        f.write(&dir, 7).unwrap();
+        assert_eq!(Forwarding::read(&dir, 7).unwrap(), Some(f));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
