@@ -433,3 +433,101 @@ fn a_migration_waits_until_the_frontend_has_suspended_before_the_last_round() {
     assert_eq!(last.grants_still_mapped, 0);
     assert_eq!(host.state(DOM0).mappings_held, 0);
 }
+
+#[test]
+fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_host() {
+    use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
+    use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
+    let src = Host::start();
+    let src_backend = start_backend(&src);
+    set_peers(&src_backend, &[(0, 1)]);
+    let g = src.guest("g1", 1);
+    let mut fe = src.frontend(g, FrontendConfig::default());
+    fe.wait_connected(WAIT).unwrap();
+    let mut c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
+
+    let dst = Host::start();
+    // So that the guest gets another domid there.
+    dst.admin.create("other", None).unwrap();
+    let dst_backend = start_backend(&dst);
+    set_peers(&dst_backend, &[(0, 1)]);
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = std::thread::scope(|s| {
+        let migration = s.spawn(|| migrate_domain(&src.admin, &dst.admin, g, &options));
+        pump_until(&mut fe, "the frontend suspended", |f| {
+            f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
+        });
+        migration.join().unwrap()
+    })
+    .unwrap();
+    let d = report.dest_domid;
+    assert_ne!(d, g);
+    // The source host forgot the guest.
+    assert_eq!(src.state(DOM0).mappings_held, 0);
+    assert!(src.admin.state(g).is_err());
+
+    assert!(!fe.probe_running(), "the source domain is gone");
+    assert!(fe.follow_move().unwrap());
+    assert!(!fe.follow_move().unwrap(), "it moved once");
+    assert_eq!(fe.domid(), d);
+    assert!(fe.probe_running());
+    fe.resume().unwrap();
+    // The new host's toolstack creates the device (same identity, new domid).
+    let xs0 = dst.attach(DOM0).xenstore().unwrap();
+    let spec = DeviceSpec {
+        domu: d,
+        devid: 0,
+        mac: guest_mac(1),
+        cluster: 1,
+        hostname: "g1:0".into(),
+    };
+    toolstack::attach(xs0.as_ref(), DOM0, &spec).unwrap();
+    let info = fe.wait_connected(WAIT).unwrap().clone();
+    assert_eq!(info.mac, guest_mac(1));
+    assert_eq!(
+        xs0.read(
+            XBT_NULL,
+            &format!("/local/domain/{d}/control/feature-suspend")
+        )
+        .unwrap(),
+        b"1"
+    );
+    let reopened = fe.take_reopened();
+    assert_eq!(reopened.len(), 2);
+    for h in reopened {
+        assert_eq!(h.generation, 1);
+        let endpoint = h.endpoint;
+        let ch = if endpoint == 0 { &mut c0 } else { &mut c1 };
+        ch.remap(h).unwrap();
+        fe.release_retired(endpoint, 1);
+    }
+    assert_eq!(fe.retired_count(), 0);
+    // Only the re-opened endpoints' grants and the control ring are left: the pages
+    // that moved were adopted and ended on the new host.
+    let pages = geometry().total();
+    assert_eq!(dst.state(d).grants_active, 1 + 2 * pages);
+
+    // The new host's backend carries the endpoints' messages.
+    let to_1 = Route {
+        peer_index: 0,
+        endpoint: 1,
+        session_id: c1.session_id(),
+    };
+    c0.send(&tiny(9, to_1, 1, b"after the move")).unwrap();
+    match next_event(&mut c1).body {
+        EventBody::RecvTiny { msg, .. } => assert_eq!(msg.data.as_slice(), b"after the move"),
+        other => panic!("expected a TINY, got {other:?}"),
+    }
+    c1.release_events().unwrap();
+    expect_done(&mut c0, 9, 14);
+    drop((c0, c1));
+    drop(fe);
+    let s = dst.state(d);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
+    drop((src_backend, dst_backend));
+}
