@@ -436,8 +436,9 @@ fn a_migration_waits_until_the_frontend_has_suspended_before_the_last_round() {
 
 #[test]
 fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_host() {
-    use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
-    use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
+    use std::collections::BTreeMap;
+    use xmx_backend::xenbus::toolstack::{self, DeviceRecord};
+    use xmx_hv::sim::migrate::{MigrateOptions, Migration};
     let src = Host::start();
     let src_backend = start_backend(&src);
     set_peers(&src_backend, &[(0, 1)]);
@@ -446,6 +447,7 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     fe.wait_connected(WAIT).unwrap();
     let mut c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
     let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
+    let sessions = BTreeMap::from([(0, c0.session_id()), (1, c1.session_id())]);
 
     let dst = Host::start();
     // So that the guest gets another domid there.
@@ -457,14 +459,23 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
         work_dir: Some(work.path().to_path_buf()),
         ..MigrateOptions::default()
     };
-    let report = std::thread::scope(|s| {
-        let migration = s.spawn(|| migrate_domain(&src.admin, &dst.admin, g, &options));
+    let mut m = Migration::begin_with(&src.admin, &dst.admin, g, &options).unwrap();
+    m.live_round().unwrap();
+    let m = std::thread::scope(|s| {
+        let suspended = s.spawn(move || m.suspend().map(|()| m));
         pump_until(&mut fe, "the frontend suspended", |f| {
             f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
         });
-        migration.join().unwrap()
+        suspended.join().unwrap()
     })
     .unwrap();
+    // The toolstack carries the device to the new host, its endpoints' sessions with it.
+    let src_xs0 = src.attach(DOM0).xenstore().unwrap();
+    let record = DeviceRecord::read(src_xs0.as_ref(), DOM0, g, 0).unwrap();
+    assert_eq!(record.sessions, sessions);
+    assert_eq!(record.spec.mac, guest_mac(1));
+    let (report, frozen) = m.finish_frozen().unwrap();
+    frozen.thaw();
     let d = report.dest_domid;
     assert_ne!(d, g);
     // The source host forgot the guest.
@@ -479,14 +490,11 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     fe.resume().unwrap();
     // The new host's toolstack creates the device (same identity, new domid).
     let xs0 = dst.attach(DOM0).xenstore().unwrap();
-    let spec = DeviceSpec {
-        domu: d,
-        devid: 0,
-        mac: guest_mac(1),
-        cluster: 1,
-        hostname: "g1:0".into(),
-    };
-    toolstack::attach(xs0.as_ref(), DOM0, &spec).unwrap();
+    toolstack::attach_moved(xs0.as_ref(), DOM0, d, &record).unwrap();
+    assert!(matches!(
+        toolstack::attach_moved(xs0.as_ref(), DOM0, d, &record),
+        Err(xmx_hv::Error::Exists(_))
+    ));
     let info = fe.wait_connected(WAIT).unwrap().clone();
     assert_eq!(info.mac, guest_mac(1));
     assert_eq!(
@@ -501,6 +509,8 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     assert_eq!(reopened.len(), 2);
     for h in reopened {
         assert_eq!(h.generation, 1);
+        // Peers keep reaching it: the new host's backend resumed the recorded session.
+        assert_eq!(Some(&h.session_id), sessions.get(&h.endpoint));
         let endpoint = h.endpoint;
         let ch = if endpoint == 0 { &mut c0 } else { &mut c1 };
         ch.remap(h).unwrap();

@@ -448,19 +448,7 @@ impl Backend {
     /// if it died with them open, or before the guest's frontend closed and came back);
     /// unreadable entries are skipped.
     fn recorded_sessions(&self, backend_dir: &str) -> BTreeMap<u8, u32> {
-        let dir = xenbus::key_path(backend_dir, keys::ENDPOINT_SESSIONS);
-        let Ok(entries) = self.xs.directory(XBT_NULL, &dir) else {
-            return BTreeMap::new();
-        };
-        entries
-            .iter()
-            .filter_map(|e| {
-                let ep = e.parse::<u8>().ok()?;
-                let raw = self.xs.read(XBT_NULL, &xenbus::key_path(&dir, e)).ok()?;
-                let session = xenbus::parse_u32(&utf8(raw, "session").ok()?).ok()?;
-                (session != 0).then_some((ep, session))
-            })
-            .collect()
+        crate::xenbus::toolstack::read_sessions(self.xs.as_ref(), backend_dir)
     }
 
     /// The backend threw the guest out: its endpoints' sessions are not to be resumed.

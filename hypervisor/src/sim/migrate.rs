@@ -247,6 +247,8 @@ pub struct Migration<'a> {
     started: Instant,
     /// Whether this migration suspended the source domain (to resume it on a rollback).
     suspended_here: bool,
+    /// When [`Migration::suspend`] began.
+    suspended_at: Option<Instant>,
     /// Whether the source domain was suspended before the migration.
     was_suspended: bool,
     done: bool,
@@ -325,6 +327,7 @@ impl<'a> Migration<'a> {
             rounds: Vec::new(),
             started,
             suspended_here: false,
+            suspended_at: None,
             was_suspended,
             done: false,
         })
@@ -384,6 +387,28 @@ impl<'a> Migration<'a> {
         Ok(report)
     }
 
+    /// Suspend the source domain (the downtime starts), wait for the guest to acknowledge
+    /// it (if it announced `control/feature-suspend`) and freeze its processes: what
+    /// [`Migration::finish`] does first, for a toolstack that reads the guest's device
+    /// state once it cannot change any more (to carry it to the destination). Once it
+    /// succeeded, later calls do nothing; after a failure, drop the migration (it rolls
+    /// back).
+    pub fn suspend(&mut self) -> Result<()> {
+        if self.suspended_at.is_some() {
+            return Ok(());
+        }
+        let at = Instant::now();
+        if !self.was_suspended && !self.suspended_here {
+            self.source.suspend(self.domid)?;
+            self.suspended_here = true;
+            self.wait_guest_suspended()?;
+        }
+        let pids = self.source.processes(self.domid)?;
+        self.frozen = Some(FrozenProcesses::freeze(&pids, self.options.freeze_timeout)?);
+        self.suspended_at = Some(at);
+        Ok(())
+    }
+
     /// Suspend the source domain, freeze its processes, copy the rest and the grant
     /// table, rename and resume the domain on the destination, destroy the source domain
     /// and thaw the processes.
@@ -396,14 +421,8 @@ impl<'a> Migration<'a> {
     /// [`Migration::finish`], leaving the domain's processes frozen for the caller to
     /// thaw (dropping them thaws them too).
     pub fn finish_frozen(mut self) -> Result<(MigrationReport, FrozenProcesses)> {
-        let suspended_at = Instant::now();
-        if !self.was_suspended {
-            self.source.suspend(self.domid)?;
-            self.suspended_here = true;
-            self.wait_guest_suspended()?;
-        }
-        let pids = self.source.processes(self.domid)?;
-        self.frozen = Some(FrozenProcesses::freeze(&pids, self.options.freeze_timeout)?);
+        self.suspend()?;
+        let suspended_at = self.suspended_at.unwrap_or_else(Instant::now);
         self.round(true)?;
         self.dest.rename(self.incoming, &self.name)?;
         self.dest.resume(self.incoming)?;
