@@ -290,6 +290,7 @@ impl Engine {
                     reverse_index: HashMap::new(),
                     tx_bytes_queued: 0,
                     weight: 1,
+                    reopening: Default::default(),
                 },
                 memory: guest.memory,
                 endpoints: HashMap::new(),
@@ -353,6 +354,28 @@ impl Engine {
             return Err(EngineError::EndpointBusy(endpoint));
         }
         nic.endpoints.insert(endpoint, Endpoint::new(config));
+        nic.link.reopening.remove(&endpoint);
+        Ok(())
+    }
+
+    /// The guest is about to open `endpoints` again, keeping their sessions (after a
+    /// resume, or on the host a migration brought it to). Until each opens, frames for it
+    /// are dropped without the NACK a closed endpoint gets, so peers resend rather than
+    /// fail their requests; their retransmissions reach it once it is open.
+    pub fn expect_reopen(
+        &mut self,
+        guest: GuestId,
+        endpoints: impl IntoIterator<Item = u8>,
+    ) -> Result<(), EngineError> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        for endpoint in endpoints {
+            if !nic.endpoints.contains_key(&endpoint) {
+                nic.link.reopening.insert(endpoint);
+            }
+        }
         Ok(())
     }
 
