@@ -103,6 +103,9 @@ pub struct NicCounters {
     pub pulls_failed: u64,
     /// PULL block requests sent again after a timeout or an early later block.
     pub pull_rerequests: u64,
+    /// Broadcasts that told the fabric where the guest's MAC is (not MX frames: not in
+    /// `tx_frames`).
+    pub announcements: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 

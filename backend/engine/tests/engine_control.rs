@@ -481,3 +481,23 @@ fn frames_for_an_endpoint_being_reopened_are_dropped_without_nack_until_it_opens
         .expect_reopen(xmx_engine::GuestId(99), [EP])
         .is_err());
 }
+
+#[test]
+fn a_guest_is_announced_with_a_broadcast_rarp_from_its_mac() {
+    let mut tb = Testbed::new();
+    let g3 = tb.guest(3);
+    while tb.engines[1].poll_transmit().is_some() {}
+    tb.engines[1].announce(g3.id).unwrap();
+    let t = tb.engines[1].poll_transmit().expect("the announcement");
+    assert_eq!(t.bytes, xmx_engine::rarp_announcement(g3.mac));
+    assert_eq!(t.bytes.len(), 60);
+    assert_eq!(&t.bytes[..6], &[0xff; 6]);
+    assert_eq!(&t.bytes[6..12], &g3.mac.0);
+    assert_eq!(&t.bytes[12..14], &[0x80, 0x35]);
+    // Operation 3 (request reverse), sender hardware address the guest's.
+    assert_eq!(&t.bytes[20..22], &[0, 3]);
+    assert_eq!(&t.bytes[22..28], &g3.mac.0);
+    let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
+    assert_eq!((c.announcements, c.tx_frames), (1, 0));
+    assert!(tb.engines[1].announce(xmx_engine::GuestId(99)).is_err());
+}

@@ -429,6 +429,12 @@ impl Backend {
             close_port(self);
             return Err(format!("engine: {e}"));
         }
+        // Without a link there is no fabric to tell.
+        if self.link.is_some() {
+            if let Err(e) = self.engine.announce(key.guest()) {
+                tracing::warn!(domu = key.domu, error = %e, "announcing the guest's MAC");
+            }
+        }
         // The frontend re-opens these in a moment, keeping their sessions: peers'
         // frames meanwhile are dropped, not NACKed, so they are resent and arrive.
         if let Err(e) = self
