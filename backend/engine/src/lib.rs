@@ -719,6 +719,29 @@ impl Engine {
     }
 }
 
+/// Ethertype of RARP.
+pub const ETHERTYPE_RARP: u16 = 0x8035;
+
+/// A broadcast RARP request ("who am I", operation 3) from `mac`, padded to the
+/// Ethernet minimum of 60 bytes: hardware Ethernet, protocol IPv4, sender and target
+/// hardware address `mac`, protocol addresses zero.
+pub fn rarp_announcement(mac: Mac) -> Vec<u8> {
+    let mut f = Vec::with_capacity(60);
+    f.extend_from_slice(&Mac::BROADCAST.0);
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&ETHERTYPE_RARP.to_be_bytes());
+    f.extend_from_slice(&1u16.to_be_bytes());
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    f.extend_from_slice(&[6, 4]);
+    f.extend_from_slice(&3u16.to_be_bytes());
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&[0; 4]);
+    f.resize(60, 0);
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -818,27 +841,4 @@ mod tests {
         assert_eq!(e.close_endpoint(g, 3), Err(EngineError::EndpointNotOpen(3)));
         assert_eq!(e.guest(g).unwrap().open_endpoints(), Vec::<u8>::new());
     }
-}
-
-/// Ethertype of RARP.
-pub const ETHERTYPE_RARP: u16 = 0x8035;
-
-/// A broadcast RARP request ("who am I", operation 3) from `mac`, padded to the
-/// Ethernet minimum of 60 bytes: hardware Ethernet, protocol IPv4, sender and target
-/// hardware address `mac`, protocol addresses zero.
-pub fn rarp_announcement(mac: Mac) -> Vec<u8> {
-    let mut f = Vec::with_capacity(60);
-    f.extend_from_slice(&Mac::BROADCAST.0);
-    f.extend_from_slice(&mac.0);
-    f.extend_from_slice(&ETHERTYPE_RARP.to_be_bytes());
-    f.extend_from_slice(&1u16.to_be_bytes());
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    f.extend_from_slice(&[6, 4]);
-    f.extend_from_slice(&3u16.to_be_bytes());
-    f.extend_from_slice(&mac.0);
-    f.extend_from_slice(&[0; 4]);
-    f.extend_from_slice(&mac.0);
-    f.extend_from_slice(&[0; 4]);
-    f.resize(60, 0);
-    f
 }
