@@ -490,9 +490,18 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     fe.resume().unwrap();
     // The new host's toolstack creates the device (same identity, new domid).
     let xs0 = dst.attach(DOM0).xenstore().unwrap();
+    // The new host's peer service may create it first, without the sessions (it adopts
+    // a guest it sees arrive): the sessions are then recorded in it.
+    let spec = toolstack::DeviceSpec {
+        domu: d,
+        ..record.spec.clone()
+    };
+    toolstack::attach(xs0.as_ref(), DOM0, &spec).unwrap();
     toolstack::attach_moved(xs0.as_ref(), DOM0, d, &record).unwrap();
+    let mut other = record.clone();
+    other.spec.mac = guest_mac(2);
     assert!(matches!(
-        toolstack::attach_moved(xs0.as_ref(), DOM0, d, &record),
+        toolstack::attach_moved(xs0.as_ref(), DOM0, d, &other),
         Err(xmx_hv::Error::Exists(_))
     ));
     let info = fe.wait_connected(WAIT).unwrap().clone();

@@ -225,8 +225,11 @@ impl DeviceRecord {
 }
 
 /// Create the device of `record` for guest `domu` (the migrated guest's new domid),
-/// served by backend domain `backend`, with its endpoints' sessions recorded. Refused
-/// with [`Error::Exists`] if either directory exists.
+/// served by backend domain `backend`, with its endpoints' sessions recorded. If the
+/// device exists already with the same identity (the new host's peer service may have
+/// created it for a guest it saw arrive), the sessions are recorded in it; a device
+/// with another identity is refused with [`Error::Exists`]. Call it before the guest's
+/// frontend connects: the backend reads the sessions then.
 pub fn attach_moved(
     xs: &dyn Xenstore,
     backend: DomId,
@@ -237,7 +240,34 @@ pub fn attach_moved(
         domu,
         ..record.spec.clone()
     };
-    attach_with_sessions(xs, backend, &spec, &record.sessions)
+    match attach_with_sessions(xs, backend, &spec, &record.sessions) {
+        Err(Error::Exists(dir)) => {
+            let bdir = xenbus::backend_dir(backend, domu, spec.devid);
+            match DeviceSpec::read(xs, &bdir, domu, spec.devid, "") {
+                Ok(found) if found == spec => {}
+                _ => return Err(Error::Exists(dir)),
+            }
+            let sessions = xenbus::key_path(&bdir, keys::ENDPOINT_SESSIONS);
+            in_transaction(xs, |tx| {
+                // Only into the device as it is: never re-create a removed directory.
+                if !exists(xs, tx, &bdir)? {
+                    return Err(Error::NotFound(bdir.clone()));
+                }
+                for (endpoint, session) in &record.sessions {
+                    let node = xenbus::key_path(&sessions, &endpoint.to_string());
+                    xs.write(tx, &node, session.to_string().as_bytes())?;
+                }
+                Ok(())
+            })?;
+            tracing::info!(
+                domu,
+                sessions = record.sessions.len(),
+                "sessions recorded in the existing device"
+            );
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// Create both halves of device `spec` of a guest served by backend domain `backend`.
