@@ -216,16 +216,7 @@ pub fn migrate_domain(
     options: &MigrateOptions,
 ) -> Result<MigrationReport> {
     let mut m = Migration::begin_with(source, dest, domid, options)?;
-    let mut before: Option<u32> = None;
-    loop {
-        let r = m.live_round()?;
-        let converged = r.frames_sent <= options.converged_frames;
-        let not_shrinking = before.is_some_and(|b| r.frames_sent >= b);
-        if converged || not_shrinking || r.round >= options.max_live_rounds {
-            break;
-        }
-        before = Some(r.frames_sent);
-    }
+    m.live_rounds()?;
     m.finish()
 }
 
@@ -346,6 +337,20 @@ impl<'a> Migration<'a> {
     /// One round while the domain runs.
     pub fn live_round(&mut self) -> Result<RoundReport> {
         self.round(false)
+    }
+
+    /// Live rounds until they converge (see the module docs and [`MigrateOptions`]).
+    pub fn live_rounds(&mut self) -> Result<()> {
+        let mut before: Option<u32> = None;
+        loop {
+            let r = self.live_round()?;
+            let converged = r.frames_sent <= self.options.converged_frames;
+            let not_shrinking = before.is_some_and(|b| r.frames_sent >= b);
+            if converged || not_shrinking || r.round >= self.options.max_live_rounds {
+                return Ok(());
+            }
+            before = Some(r.frames_sent);
+        }
     }
 
     fn round(&mut self, last: bool) -> Result<RoundReport> {
