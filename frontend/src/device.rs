@@ -293,6 +293,7 @@ impl Frontend {
             reopened: Vec::new(),
             events: VecDeque::new(),
         };
+        fe.announce_suspend_feature();
         // Whatever an earlier instance left, start from Initialising.
         fe.set_state(XenbusState::Initialising)?;
         Ok(fe)
@@ -1245,8 +1246,10 @@ impl Frontend {
         self.retired.len()
     }
 
-    /// Read `control/shutdown`; on `suspend`, acknowledge it (clear the node, as Linux
-    /// guests do) and suspend.
+    /// Read `control/shutdown`; on `suspend`, suspend and then acknowledge it (clear the
+    /// node, as Linux guests do). The acknowledgement comes once the device is down: a
+    /// toolstack moving the guest waits for it before it freezes the guest and copies its
+    /// last pages (see `xmx_hv::sim::migrate`).
     fn check_shutdown_request(&mut self) -> Result<()> {
         let path = format!("/local/domain/{}/control/shutdown", self.domid);
         let value = match self.xs.read(XBT_NULL, &path) {
@@ -1257,11 +1260,21 @@ impl Frontend {
         if value != "suspend" || self.mode != Mode::Active {
             return Ok(());
         }
+        tracing::info!("suspend requested by the toolstack");
+        let result = self.suspend();
         if let Err(e) = self.xs.write(XBT_NULL, &path, b"") {
             tracing::warn!(error = %e, "acknowledging the suspend request");
         }
-        tracing::info!("suspend requested by the toolstack");
-        self.suspend()
+        result
+    }
+
+    /// Say that this guest handles suspend requests (`control/feature-suspend`, as
+    /// Linux guests do), so that a toolstack waits for their acknowledgement.
+    fn announce_suspend_feature(&self) {
+        let path = format!("/local/domain/{}/control/feature-suspend", self.domid);
+        if let Err(e) = self.xs.write(XBT_NULL, &path, b"1") {
+            tracing::warn!(error = %e, "announcing the suspend feature");
+        }
     }
 
     /// Disconnect for a suspend: say Closing, wait for the backend to let go (Closed),
@@ -1291,6 +1304,52 @@ impl Frontend {
             }
             Err(_) => false,
         }
+    }
+
+    /// After a suspend, when the platform no longer serves the domain: whether the
+    /// domain was migrated to another host. If so, this frontend now lives there: the
+    /// platform followed the domain (its grant table with the endpoints' pages), the
+    /// xenstore connection and its watches are the new host's, and the device is taken
+    /// up again once that host's toolstack has created it (it keeps its index; the
+    /// domid is the new one). [`Frontend::resume`] then connects to the new backend and
+    /// re-opens the endpoints, as after any resume. False if it did not move.
+    pub fn follow_move(&mut self) -> Result<bool> {
+        if !self.platform.follow_move()? {
+            return Ok(false);
+        }
+        let from = self.domid;
+        let domid = self.platform.domid();
+        let xs = self.platform.xenstore()?;
+        let front_dir = xenbus::frontend_dir(domid, self.cfg.devid);
+        xs.watch(
+            &format!("/local/domain/{domid}/control/shutdown"),
+            TOKEN_SHUTDOWN,
+        )?;
+        xs.watch(
+            &xenbus::key_path(&front_dir, keys::BACKEND_ID),
+            TOKEN_DEVICE,
+        )?;
+        // The old connection died with the source domain, and its watches with it.
+        self.xs = xs;
+        self.domid = domid;
+        self.front_dir = front_dir;
+        self.announce_suspend_feature();
+        // What the old connection held is gone with the old host's backend; the
+        // endpoints are re-opened over new grants once connected to the new one.
+        if let Some(ctrl) = self.ctrl.take() {
+            self.retire_ctrl(ctrl);
+        }
+        self.info = None;
+        self.state = XenbusState::Closed;
+        self.detached = true;
+        // The backend is named anew by the new host's toolstack; an empty path makes
+        // `reattach` watch it on the new connection whatever it is.
+        self.back_dir = String::new();
+        for ep in self.endpoints.values_mut() {
+            ep.open_in_backend = false;
+        }
+        tracing::info!(from, to = domid, device = %self.front_dir, "the domain moved to another host");
+        Ok(true)
     }
 
     /// Back from a suspend: start the handshake again; endpoints are re-opened once

@@ -384,3 +384,169 @@ fn suspend_closes_the_device_and_resume_reopens_the_endpoints_in_their_sessions(
     assert_eq!((s.grants_active, s.ports_open), (0, 0));
     drop(backend);
 }
+
+#[test]
+fn a_migration_waits_until_the_frontend_has_suspended_before_the_last_round() {
+    use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
+    let host = Host::start();
+    let backend = start_backend(&host);
+    set_peers(&backend, &[(0, 1)]);
+    let g = host.guest("g1", 1);
+    let mut fe = host.frontend(g, FrontendConfig::default());
+    fe.wait_connected(WAIT).unwrap();
+    let _c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let xs = host.attach(DOM0).xenstore().unwrap();
+    assert_eq!(
+        xs.read(
+            XBT_NULL,
+            &format!("/local/domain/{g}/control/feature-suspend")
+        )
+        .unwrap(),
+        b"1"
+    );
+    assert!(host.state(DOM0).mappings_held > 0);
+    let dest = Host::start();
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = std::thread::scope(|s| {
+        let migration = s.spawn(|| migrate_domain(&host.admin, &dest.admin, g, &options));
+        let request = format!("/local/domain/{g}/control/shutdown");
+        eventually("the suspend request", || {
+            xs.read(XBT_NULL, &request).is_ok_and(|v| v == b"suspend")
+        });
+        // Nobody serves the frontend yet: the migration must be waiting for it. (A
+        // window in which nothing may happen; no event says that nothing happened.)
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!migration.is_finished(), "the migration did not wait");
+        pump_until(&mut fe, "the frontend suspended", |f| {
+            f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
+        });
+        migration.join().unwrap()
+    })
+    .unwrap();
+    let last = report.rounds.last().unwrap();
+    assert!(!last.live);
+    // The backend had let go of every page of the guest before the last round.
+    assert_eq!(last.grants_still_mapped, 0);
+    assert_eq!(host.state(DOM0).mappings_held, 0);
+}
+
+#[test]
+fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_host() {
+    use std::collections::BTreeMap;
+    use xmx_backend::xenbus::toolstack::{self, DeviceRecord};
+    use xmx_hv::sim::migrate::{MigrateOptions, Migration};
+    let src = Host::start();
+    let src_backend = start_backend(&src);
+    set_peers(&src_backend, &[(0, 1)]);
+    let g = src.guest("g1", 1);
+    let mut fe = src.frontend(g, FrontendConfig::default());
+    fe.wait_connected(WAIT).unwrap();
+    let mut c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
+    let sessions = BTreeMap::from([(0, c0.session_id()), (1, c1.session_id())]);
+
+    let dst = Host::start();
+    // So that the guest gets another domid there.
+    dst.admin.create("other", None).unwrap();
+    let dst_backend = start_backend(&dst);
+    set_peers(&dst_backend, &[(0, 1)]);
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let mut m = Migration::begin_with(&src.admin, &dst.admin, g, &options).unwrap();
+    m.live_round().unwrap();
+    let m = std::thread::scope(|s| {
+        let suspended = s.spawn(move || m.suspend().map(|()| m));
+        pump_until(&mut fe, "the frontend suspended", |f| {
+            f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
+        });
+        suspended.join().unwrap()
+    })
+    .unwrap();
+    // The toolstack carries the device to the new host, its endpoints' sessions with it.
+    let src_xs0 = src.attach(DOM0).xenstore().unwrap();
+    let record = DeviceRecord::read(src_xs0.as_ref(), DOM0, g, 0).unwrap();
+    assert_eq!(record.sessions, sessions);
+    assert_eq!(record.spec.mac, guest_mac(1));
+    let (report, frozen) = m.finish_frozen().unwrap();
+    frozen.thaw();
+    let d = report.dest_domid;
+    assert_ne!(d, g);
+    // The source host forgot the guest.
+    assert_eq!(src.state(DOM0).mappings_held, 0);
+    assert!(src.admin.state(g).is_err());
+
+    assert!(!fe.probe_running(), "the source domain is gone");
+    assert!(fe.follow_move().unwrap());
+    assert!(!fe.follow_move().unwrap(), "it moved once");
+    assert_eq!(fe.domid(), d);
+    assert!(fe.probe_running());
+    fe.resume().unwrap();
+    // The new host's toolstack creates the device (same identity, new domid).
+    let xs0 = dst.attach(DOM0).xenstore().unwrap();
+    // The new host's peer service may create it first, without the sessions (it adopts
+    // a guest it sees arrive): the sessions are then recorded in it.
+    let spec = toolstack::DeviceSpec {
+        domu: d,
+        ..record.spec.clone()
+    };
+    toolstack::attach(xs0.as_ref(), DOM0, &spec).unwrap();
+    toolstack::attach_moved(xs0.as_ref(), DOM0, d, &record).unwrap();
+    let mut other = record.clone();
+    other.spec.mac = guest_mac(2);
+    assert!(matches!(
+        toolstack::attach_moved(xs0.as_ref(), DOM0, d, &other),
+        Err(xmx_hv::Error::Exists(_))
+    ));
+    let info = fe.wait_connected(WAIT).unwrap().clone();
+    assert_eq!(info.mac, guest_mac(1));
+    assert_eq!(
+        xs0.read(
+            XBT_NULL,
+            &format!("/local/domain/{d}/control/feature-suspend")
+        )
+        .unwrap(),
+        b"1"
+    );
+    let reopened = fe.take_reopened();
+    assert_eq!(reopened.len(), 2);
+    for h in reopened {
+        assert_eq!(h.generation, 1);
+        // Peers keep reaching it: the new host's backend resumed the recorded session.
+        assert_eq!(Some(&h.session_id), sessions.get(&h.endpoint));
+        let endpoint = h.endpoint;
+        let ch = if endpoint == 0 { &mut c0 } else { &mut c1 };
+        ch.remap(h).unwrap();
+        fe.release_retired(endpoint, 1);
+    }
+    assert_eq!(fe.retired_count(), 0);
+    // Only the re-opened endpoints' grants and the control ring are left: the pages
+    // that moved were adopted and ended on the new host.
+    let pages = geometry().total();
+    assert_eq!(dst.state(d).grants_active, 1 + 2 * pages);
+
+    // The new host's backend carries the endpoints' messages.
+    let to_1 = Route {
+        peer_index: 0,
+        endpoint: 1,
+        session_id: c1.session_id(),
+    };
+    c0.send(&tiny(9, to_1, 1, b"after the move")).unwrap();
+    match next_event(&mut c1).body {
+        EventBody::RecvTiny { msg, .. } => assert_eq!(msg.data.as_slice(), b"after the move"),
+        other => panic!("expected a TINY, got {other:?}"),
+    }
+    c1.release_events().unwrap();
+    expect_done(&mut c0, 9, 14);
+    drop((c0, c1));
+    drop(fe);
+    let s = dst.state(d);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
+    drop((src_backend, dst_backend));
+}

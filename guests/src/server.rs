@@ -233,9 +233,10 @@ impl Server {
 
     fn serve(&mut self, stop: BorrowedFd<'_>) -> Result<(), Error> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io_err)?;
-        let watch_fd = lock(&self.shared.frontend).watch_fd();
+        let mut watch_fd = lock(&self.shared.frontend).watch_fd();
         // SAFETY: the watch descriptor belongs to the frontend's xenstore connection,
-        // which lives (inside `shared`) for the whole of this function.
+        // which lives (inside `shared`) until the frontend follows its domain to another
+        // host, when it is taken out of the set (below) before being dropped.
         let watch = unsafe { BorrowedFd::borrow_raw(watch_fd) };
         let ev = |t| EpollEvent::new(EpollFlags::EPOLLIN, t);
         epoll
@@ -274,8 +275,14 @@ impl Server {
                         match fe.pump(Some(Duration::ZERO)) {
                             Ok(_) => {}
                             Err(e @ Error::Platform(xmx_hv::Error::Closed(_))) => {
-                                tracing::error!(error = %e, "xenstore is gone");
-                                return Err(e);
+                                if fe.mode() != Mode::Suspended {
+                                    tracing::error!(error = %e, "xenstore is gone");
+                                    return Err(e);
+                                }
+                                // A suspended domain's xenstore goes when the domain
+                                // moves to another host: the probes below find out.
+                                epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;
+                                watch_fd = -1;
                             }
                             Err(e) => tracing::warn!(error = %e, "xenbus"),
                         }
@@ -290,6 +297,25 @@ impl Server {
             }
             if n == 0 && suspended {
                 let mut fe = lock(&self.shared.frontend);
+                if !fe.probe_running() {
+                    // Out of the set first: following replaces (and closes) it.
+                    if watch_fd >= 0 {
+                        epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;
+                    }
+                    match fe.follow_move() {
+                        Ok(true) => watch_fd = fe.watch_fd(),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "following the domain to its new host");
+                            return Err(e);
+                        }
+                    }
+                    if watch_fd >= 0 {
+                        epoll
+                            .add(watch_borrow(watch_fd), ev(TOKEN_WATCH))
+                            .map_err(io_err)?;
+                    }
+                }
                 if fe.probe_running() {
                     tracing::info!("the domain runs again");
                     if let Err(e) = fe.resume() {
@@ -386,6 +412,14 @@ impl Server {
         }
         let _ = std::fs::remove_file(&self.cfg.socket);
     }
+}
+
+/// The frontend's watch descriptor, borrowed for the epoll set.
+fn watch_borrow(fd: std::os::fd::RawFd) -> BorrowedFd<'static> {
+    // SAFETY: `fd` is the watch descriptor of the frontend's current xenstore
+    // connection, which `Server::serve` keeps in its epoll set only while it lives; the
+    // borrow is used for one epoll call at once.
+    unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
 fn io_err(e: Errno) -> Error {

@@ -495,3 +495,62 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_device() {
     let status = frontd.terminate();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn a_migrated_guest_daemon_follows_its_domain_and_hands_the_application_its_reopened_endpoints() {
+    use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
+    let src = Host::start();
+    let g = src.guest("g1", 1);
+    let frontd = src.frontd(g, &[]);
+    let mut client = FrontdClient::connect(&frontd.socket).unwrap();
+    let mut c0 = client.open_endpoint(Some(0), Some(geometry())).unwrap();
+    let mut c1 = client.open_endpoint(Some(1), Some(geometry())).unwrap();
+    tiny_between(&mut c0, &mut c1, 1, b"before");
+
+    let dst = Host::start();
+    // So that the guest gets another domid there.
+    dst.admin.create("other", None).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = migrate_domain(&src.admin, &dst.admin, g, &options).unwrap();
+    let d = report.dest_domid;
+    assert_ne!(d, g);
+    // The daemon acknowledged the suspend after its device was down: the backend had
+    // let go before the last round.
+    assert_eq!(report.rounds.last().unwrap().grants_still_mapped, 0);
+    // The new host's toolstack creates the device; the daemon, having followed its
+    // domain, connects to it.
+    dst.device(d, "g1", 1);
+    wait_front_state(dst.xs0().as_ref(), d, XenbusState::Connected);
+    let mut remapped = 0;
+    while remapped < 2 {
+        match client.wait_notice(WAIT).unwrap() {
+            Some(Notice::EndpointReopened(h)) => {
+                assert_eq!(h.generation, 1);
+                let ch = if h.endpoint == 0 { &mut c0 } else { &mut c1 };
+                client.remap(ch, h).unwrap();
+                remapped += 1;
+            }
+            Some(Notice::Disconnected) | Some(Notice::Connected) => {}
+            other => panic!("unexpected notice {other:?}"),
+        }
+    }
+    // The pages that moved were adopted on the new host and ended there once remapped.
+    eventually("the old pages ended", || {
+        dst.state(d).grants_active == 1 + 2 * geometry().total()
+    });
+    tiny_between(&mut c0, &mut c1, 2, b"after the move");
+    assert_eq!(c0.generation(), 1);
+    let mut frontd = frontd;
+    assert!(
+        frontd.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the daemon runs on"
+    );
+    drop((c0, c1, client));
+    assert!(frontd.terminate().success());
+    let s = dst.state(d);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
+}

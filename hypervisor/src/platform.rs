@@ -28,6 +28,13 @@ pub trait Platform: Send + Sync {
     fn event_channels(&self) -> Result<Box<dyn EventChannels>>;
     /// A new xenstore connection.
     fn xenstore(&self) -> Result<Box<dyn Xenstore>>;
+    /// After losing the hypervisor (connections closed, operations refused): whether the
+    /// domain was migrated to another host, in which case the platform now attaches to
+    /// it there (the grant table follows with its grants; other handles must be opened
+    /// anew). On real Xen a process never notices a migration, so this is false.
+    fn follow_move(&self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// The platform the environment selects: `XMX_PLATFORM` = `sim` (the default) or `linux`.

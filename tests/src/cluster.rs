@@ -415,6 +415,27 @@ impl SimCluster {
         }
     }
 
+    /// Moves guest `guest` of host `from` to host `to` (`xmx sim migrate --json`);
+    /// returns its report. The guest is listed under `to` afterwards (last), by its
+    /// domain name, with its new domid.
+    pub fn migrate(&mut self, from: usize, guest: usize, to: usize) -> Value {
+        let (h, g) = (&self.hosts[from], &self.hosts[from].guests[guest]);
+        let o = Command::new(&self.xmx)
+            .args(["sim", "migrate", "--name", &self.name, &h.name, &g.name])
+            .args(["--to", &self.hosts[to].name, "--json"])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("running xmx sim migrate");
+        assert!(o.status.success(), "xmx sim migrate: {}", output_text(&o));
+        let report: Value = serde_json::from_slice(&o.stdout).expect("xmx sim migrate --json");
+        let moved = self.hosts[from].guests.remove(guest);
+        self.hosts[to].guests.push(Guest {
+            name: report["guest"].as_str().unwrap_or(&moved.name).to_owned(),
+            domid: report["dest_domid"].as_u64().expect("dest_domid") as DomId,
+        });
+        report
+    }
+
     /// The simulated hypervisor of host `i`.
     pub fn sim_admin(&self, i: usize) -> SimAdmin {
         SimAdmin::connect(&self.hosts[i].simhv_dir).expect("simhv's admin socket")

@@ -290,6 +290,7 @@ impl Engine {
                     reverse_index: HashMap::new(),
                     tx_bytes_queued: 0,
                     weight: 1,
+                    reopening: Default::default(),
                 },
                 memory: guest.memory,
                 endpoints: HashMap::new(),
@@ -353,6 +354,49 @@ impl Engine {
             return Err(EngineError::EndpointBusy(endpoint));
         }
         nic.endpoints.insert(endpoint, Endpoint::new(config));
+        nic.link.reopening.remove(&endpoint);
+        Ok(())
+    }
+
+    /// Tell the fabric where the guest's MAC is now: queue one broadcast RARP request
+    /// from it, as a hypervisor announces a migrated guest (QEMU's self-announce), so
+    /// that switches learn its new port at once instead of sending its frames to the
+    /// host it left. MX receivers ignore it (another ethertype). Done whenever the guest
+    /// connects: after a migration, or a resume, the port may have changed.
+    pub fn announce(&mut self, guest: GuestId) -> Result<(), EngineError> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        if !self.out.tx_has_room() {
+            nic.link.counters.drop(vnic::DropReason::TxQueueFull);
+            return Ok(());
+        }
+        let frame = rarp_announcement(nic.link.mac);
+        nic.link.counters.announcements += 1;
+        nic.link.tx_bytes_queued += frame.len();
+        self.out.tx.push(guest, frame);
+        Ok(())
+    }
+
+    /// The guest is about to open `endpoints` again, keeping their sessions (after a
+    /// resume, or on the host a migration brought it to). Until each opens, frames for it
+    /// are dropped without the NACK a closed endpoint gets, so peers resend rather than
+    /// fail their requests; their retransmissions reach it once it is open.
+    pub fn expect_reopen(
+        &mut self,
+        guest: GuestId,
+        endpoints: impl IntoIterator<Item = u8>,
+    ) -> Result<(), EngineError> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        for endpoint in endpoints {
+            if !nic.endpoints.contains_key(&endpoint) {
+                nic.link.reopening.insert(endpoint);
+            }
+        }
         Ok(())
     }
 
@@ -673,6 +717,29 @@ impl Engine {
     pub fn pull_frames_granted(&self, guest: GuestId) -> u64 {
         self.budget.granted(guest)
     }
+}
+
+/// Ethertype of RARP.
+pub const ETHERTYPE_RARP: u16 = 0x8035;
+
+/// A broadcast RARP request ("who am I", operation 3) from `mac`, padded to the
+/// Ethernet minimum of 60 bytes: hardware Ethernet, protocol IPv4, sender and target
+/// hardware address `mac`, protocol addresses zero.
+pub fn rarp_announcement(mac: Mac) -> Vec<u8> {
+    let mut f = Vec::with_capacity(60);
+    f.extend_from_slice(&Mac::BROADCAST.0);
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&ETHERTYPE_RARP.to_be_bytes());
+    f.extend_from_slice(&1u16.to_be_bytes());
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    f.extend_from_slice(&[6, 4]);
+    f.extend_from_slice(&3u16.to_be_bytes());
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&[0; 4]);
+    f.resize(60, 0);
+    f
 }
 
 #[cfg(test)]

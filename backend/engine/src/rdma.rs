@@ -304,6 +304,9 @@ pub(crate) fn on_timeouts(ctx: &mut Ctx, nic: &mut VirtualNic, now: Instant) {
 pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, pull: &PullRepr) {
     let link = &mut nic.link;
     let refuse = |ctx: &mut Ctx, link: &mut Link, nack_type: NackType, reason: DropReason| {
+        if link.refuse_silently(pull.dst_endpoint, nack_type) {
+            return;
+        }
         link.counters.drop(reason);
         link.counters.nacks_sent += 1;
         let nack = NackMcpRepr {

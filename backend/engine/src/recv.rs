@@ -351,6 +351,9 @@ fn drop_reason(t: NackType) -> DropReason {
 }
 
 fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_type: NackType) {
+    if link.refuse_silently(refused.our_endpoint, nack_type) {
+        return;
+    }
     link.counters.drop(drop_reason(nack_type));
     link.counters.nacks_sent += 1;
     let nack = NackLibRepr {

@@ -1,9 +1,9 @@
 //! One guest as the engine serves it: a virtual MX NIC with its own board MAC, virtual
 //! cluster, endpoints, registered regions and counters.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use xmx_wire::mxoe::Mac;
+use xmx_wire::mxoe::{Mac, NackType};
 
 use super::memory::{GuestMemory, RegionHandle};
 use super::pull::PullSlots;
@@ -44,11 +44,14 @@ pub enum DropReason {
     TxQuota,
     /// A packet type the engine does not serve (RAW), or a HOST_REPLY with a foreign magic.
     Unsupported,
+    /// The destination endpoint is closed while its guest opens it again (after a resume
+    /// or a migration, keeping its session): no NACK, so the peer resends.
+    EndpointReopening,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::Malformed,
         DropReason::UnknownSource,
         DropReason::CrossCluster,
@@ -65,6 +68,7 @@ impl DropReason {
         DropReason::TxQueueFull,
         DropReason::TxQuota,
         DropReason::Unsupported,
+        DropReason::EndpointReopening,
     ];
 
     fn slot(self) -> usize {
@@ -99,6 +103,9 @@ pub struct NicCounters {
     pub pulls_failed: u64,
     /// PULL block requests sent again after a timeout or an early later block.
     pub pull_rerequests: u64,
+    /// Broadcasts that told the fabric where the guest's MAC is (not MX frames: not in
+    /// `tx_frames`).
+    pub announcements: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -145,6 +152,22 @@ pub(crate) struct Link {
     pub tx_bytes_queued: usize,
     /// Its share of the pull budget against other guests' (dom0's QoS weight, >= 1).
     pub weight: u32,
+    /// Endpoints the guest is opening again (see
+    /// [`Engine::expect_reopen`](super::Engine::expect_reopen)): not open yet, but
+    /// frames for them are not refused.
+    pub reopening: HashSet<u8>,
+}
+
+impl Link {
+    /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
+    /// endpoint is coming back with its session, so the peer must resend, not fail.
+    pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType) -> bool {
+        if nack_type == NackType::EndpointClosed && self.reopening.contains(&endpoint) {
+            self.counters.drop(DropReason::EndpointReopening);
+            return true;
+        }
+        false
+    }
 }
 
 /// Resources a guest holds, checked against the per-guest quotas.

@@ -431,3 +431,73 @@ fn host_queries_are_answered_for_guests_of_the_cluster() {
     let c = tb.engines[1].guest(g6.id).unwrap().counters().clone();
     assert_eq!(c.drops(DropReason::CrossCluster), 1);
 }
+
+#[test]
+fn frames_for_an_endpoint_being_reopened_are_dropped_without_nack_until_it_opens() {
+    let mut tb = Testbed::new();
+    let g3 = tb.guest(3);
+    // The guest went away and came back (a resume, a migration): its endpoint is not open
+    // yet, but it will be, with its session.
+    tb.engines[1].close_endpoint(g3.id, EP).unwrap();
+    tb.engines[1].expect_reopen(g3.id, [EP]).unwrap();
+    let route = tb.route(3);
+    tb.send(1, tiny(1, route, 3, b"in the gap")).unwrap();
+    tb.pump();
+    assert!(frames_of(&tb, PacketType::NackLib).is_empty());
+    let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
+    assert_eq!(
+        (c.drops(DropReason::EndpointReopening), c.nacks_sent),
+        (1, 0)
+    );
+    // The sender's request is not failed: nothing but its completion.
+    assert_eq!(tb.take_events(1), vec![send_done(1, 10)]);
+    assert!(tb.take_events(3).is_empty());
+
+    // Open again with its session: the resent message arrives.
+    tb.engines[1]
+        .open_endpoint(
+            g3.id,
+            EP,
+            xmx_engine::EndpointConfig {
+                session_id: g3.session,
+                send_queue_slots: 4,
+                recv_queue_slots: 4,
+            },
+        )
+        .unwrap();
+    tb.send(1, tiny(2, route, 3, b"in the gap")).unwrap();
+    tb.pump();
+    let got = tb.take_events(3);
+    assert!(
+        matches!(&got[..], [Event { body: EventBody::RecvTiny { msg, .. }, .. }] if msg.data.as_slice() == b"in the gap"),
+        "{got:?}"
+    );
+    // Once open, it is an ordinary endpoint: closed again, it is NACKed.
+    tb.engines[1].close_endpoint(g3.id, EP).unwrap();
+    tb.send(1, tiny(3, route, 4, b"late")).unwrap();
+    tb.pump();
+    assert_eq!(frames_of(&tb, PacketType::NackLib).len(), 1);
+    assert!(tb.engines[1]
+        .expect_reopen(xmx_engine::GuestId(99), [EP])
+        .is_err());
+}
+
+#[test]
+fn a_guest_is_announced_with_a_broadcast_rarp_from_its_mac() {
+    let mut tb = Testbed::new();
+    let g3 = tb.guest(3);
+    while tb.engines[1].poll_transmit().is_some() {}
+    tb.engines[1].announce(g3.id).unwrap();
+    let t = tb.engines[1].poll_transmit().expect("the announcement");
+    assert_eq!(t.bytes, xmx_engine::rarp_announcement(g3.mac));
+    assert_eq!(t.bytes.len(), 60);
+    assert_eq!(&t.bytes[..6], &[0xff; 6]);
+    assert_eq!(&t.bytes[6..12], &g3.mac.0);
+    assert_eq!(&t.bytes[12..14], &[0x80, 0x35]);
+    // Operation 3 (request reverse), sender hardware address the guest's.
+    assert_eq!(&t.bytes[20..22], &[0, 3]);
+    assert_eq!(&t.bytes[22..28], &g3.mac.0);
+    let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
+    assert_eq!((c.announcements, c.tx_frames), (1, 0));
+    assert!(tb.engines[1].announce(xmx_engine::GuestId(99)).is_err());
+}

@@ -429,6 +429,20 @@ impl Backend {
             close_port(self);
             return Err(format!("engine: {e}"));
         }
+        // Without a link there is no fabric to tell.
+        if self.link.is_some() {
+            if let Err(e) = self.engine.announce(key.guest()) {
+                tracing::warn!(domu = key.domu, error = %e, "announcing the guest's MAC");
+            }
+        }
+        // The frontend re-opens these in a moment, keeping their sessions: peers'
+        // frames meanwhile are dropped, not NACKed, so they are resent and arrive.
+        if let Err(e) = self
+            .engine
+            .expect_reopen(key.guest(), resumable.keys().copied())
+        {
+            tracing::warn!(domu = key.domu, error = %e, "marking the endpoints re-opening");
+        }
         Ok(Connection {
             guest: key.guest(),
             domu: key.domu,
@@ -448,19 +462,7 @@ impl Backend {
     /// if it died with them open, or before the guest's frontend closed and came back);
     /// unreadable entries are skipped.
     fn recorded_sessions(&self, backend_dir: &str) -> BTreeMap<u8, u32> {
-        let dir = xenbus::key_path(backend_dir, keys::ENDPOINT_SESSIONS);
-        let Ok(entries) = self.xs.directory(XBT_NULL, &dir) else {
-            return BTreeMap::new();
-        };
-        entries
-            .iter()
-            .filter_map(|e| {
-                let ep = e.parse::<u8>().ok()?;
-                let raw = self.xs.read(XBT_NULL, &xenbus::key_path(&dir, e)).ok()?;
-                let session = xenbus::parse_u32(&utf8(raw, "session").ok()?).ok()?;
-                (session != 0).then_some((ep, session))
-            })
-            .collect()
+        crate::xenbus::toolstack::read_sessions(self.xs.as_ref(), backend_dir)
     }
 
     /// The backend threw the guest out: its endpoints' sessions are not to be resumed.

@@ -13,6 +13,15 @@
 //! Keys are written after their directory's permissions are set, so they inherit them.
 //! [`detach`] removes both directories in one transaction; the backend sees its directory
 //! vanish and releases the guest.
+//!
+//! A migrated guest's device goes with it: [`DeviceRecord::read`] takes, on the source
+//! host once the guest is suspended, its identity and the sessions its backend recorded
+//! for its endpoints (`endpoint-sessions/<endpoint> = <session>`); [`attach_moved`]
+//! creates the device on the destination with those sessions recorded, so the
+//! endpoints the frontend re-opens there keep them and peers' messages in flight still
+//! reach them.
+
+use std::collections::BTreeMap;
 
 use xmx_hv::{DomId, Error, Result, TxId, Xenstore, XsAccess, XsPerm};
 use xmx_wire::mxoe::Mac;
@@ -175,9 +184,104 @@ fn exists(xs: &dyn Xenstore, tx: TxId, path: &str) -> Result<bool> {
     }
 }
 
+/// The sessions recorded in a device's backend directory, by endpoint; unreadable
+/// entries are skipped (the endpoint then gets a new session).
+pub fn read_sessions(xs: &dyn Xenstore, backend_dir: &str) -> BTreeMap<u8, u32> {
+    let dir = xenbus::key_path(backend_dir, keys::ENDPOINT_SESSIONS);
+    let Ok(entries) = xs.directory(xmx_hv::XBT_NULL, &dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .iter()
+        .filter_map(|e| {
+            let ep = e.parse::<u8>().ok()?;
+            let raw = xs.read(xmx_hv::XBT_NULL, &xenbus::key_path(&dir, e)).ok()?;
+            let text = String::from_utf8(raw).ok()?;
+            let session = xenbus::parse_u32(text.trim_end_matches('\0')).ok()?;
+            (session != 0).then_some((ep, session))
+        })
+        .collect()
+}
+
+/// What a migration carries of a guest's device to the destination host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceRecord {
+    /// Its identity (the domid is the source's).
+    pub spec: DeviceSpec,
+    /// The sessions of its endpoints, by endpoint.
+    pub sessions: BTreeMap<u8, u32>,
+}
+
+impl DeviceRecord {
+    /// Read device `devid` of `domu`, served by backend domain `backend`.
+    pub fn read(xs: &dyn Xenstore, backend: DomId, domu: DomId, devid: u32) -> Result<Self> {
+        let bdir = xenbus::backend_dir(backend, domu, devid);
+        let spec = DeviceSpec::read(xs, &bdir, domu, devid, "")?;
+        Ok(DeviceRecord {
+            spec,
+            sessions: read_sessions(xs, &bdir),
+        })
+    }
+}
+
+/// Create the device of `record` for guest `domu` (the migrated guest's new domid),
+/// served by backend domain `backend`, with its endpoints' sessions recorded. If the
+/// device exists already with the same identity (the new host's peer service may have
+/// created it for a guest it saw arrive), the sessions are recorded in it; a device
+/// with another identity is refused with [`Error::Exists`]. Call it before the guest's
+/// frontend connects: the backend reads the sessions then.
+pub fn attach_moved(
+    xs: &dyn Xenstore,
+    backend: DomId,
+    domu: DomId,
+    record: &DeviceRecord,
+) -> Result<()> {
+    let spec = DeviceSpec {
+        domu,
+        ..record.spec.clone()
+    };
+    match attach_with_sessions(xs, backend, &spec, &record.sessions) {
+        Err(Error::Exists(dir)) => {
+            let bdir = xenbus::backend_dir(backend, domu, spec.devid);
+            match DeviceSpec::read(xs, &bdir, domu, spec.devid, "") {
+                Ok(found) if found == spec => {}
+                _ => return Err(Error::Exists(dir)),
+            }
+            let sessions = xenbus::key_path(&bdir, keys::ENDPOINT_SESSIONS);
+            in_transaction(xs, |tx| {
+                // Only into the device as it is: never re-create a removed directory.
+                if !exists(xs, tx, &bdir)? {
+                    return Err(Error::NotFound(bdir.clone()));
+                }
+                for (endpoint, session) in &record.sessions {
+                    let node = xenbus::key_path(&sessions, &endpoint.to_string());
+                    xs.write(tx, &node, session.to_string().as_bytes())?;
+                }
+                Ok(())
+            })?;
+            tracing::info!(
+                domu,
+                sessions = record.sessions.len(),
+                "sessions recorded in the existing device"
+            );
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// Create both halves of device `spec` of a guest served by backend domain `backend`.
 /// Refused with [`Error::Exists`] if either directory exists.
 pub fn attach(xs: &dyn Xenstore, backend: DomId, spec: &DeviceSpec) -> Result<()> {
+    attach_with_sessions(xs, backend, spec, &BTreeMap::new())
+}
+
+fn attach_with_sessions(
+    xs: &dyn Xenstore,
+    backend: DomId,
+    spec: &DeviceSpec,
+    sessions: &BTreeMap<u8, u32>,
+) -> Result<()> {
     spec.validate()?;
     let bdir = xenbus::backend_dir(backend, spec.domu, spec.devid);
     let fdir = xenbus::frontend_dir(spec.domu, spec.devid);
@@ -211,6 +315,10 @@ pub fn attach(xs: &dyn Xenstore, backend: DomId, spec: &DeviceSpec) -> Result<()
         put(&bdir, keys::MAC, &spec.mac.to_string())?;
         put(&bdir, keys::CLUSTER, &spec.cluster.to_string())?;
         put(&bdir, keys::HOSTNAME, &spec.hostname)?;
+        for (endpoint, session) in sessions {
+            let dir = xenbus::key_path(&bdir, keys::ENDPOINT_SESSIONS);
+            put(&dir, &endpoint.to_string(), &session.to_string())?;
+        }
         put(&bdir, keys::STATE, &initialising)?;
 
         xs.mkdir(tx, &fdir)?;
@@ -233,7 +341,7 @@ pub fn attach(xs: &dyn Xenstore, backend: DomId, spec: &DeviceSpec) -> Result<()
         put(&fdir, keys::STATE, &initialising)?;
         Ok(())
     })?;
-    tracing::info!(domu = spec.domu, devid = spec.devid, mac = %spec.mac, "xmx device attached");
+    tracing::info!(domu = spec.domu, devid = spec.devid, mac = %spec.mac, sessions = sessions.len(), "xmx device attached");
     Ok(())
 }
 

@@ -79,6 +79,25 @@ enum SimCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Move running guest GUEST of HOST to host TO, as `xl migrate` does: its memory is
+    /// copied while it runs, then it is suspended and frozen, the rest copied, and it
+    /// resumes on TO with its MX identity (MAC, endpoints, sessions); its guest daemon
+    /// follows it, peers reach it there. Afterwards it is listed under TO by its domain
+    /// name (e.g. `xmx sim migrate h0 g1 --to h1`, then `xmx sim run h1 h0-g1 -- ...`).
+    Migrate {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// The host the guest runs on (`h0`, or its index).
+        host: String,
+        /// The guest (`g1`, its index, or the domain name of a guest moved there).
+        guest: String,
+        /// The host to move it to.
+        #[arg(long)]
+        to: String,
+        /// Print what was done (rounds, bytes, downtime) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove the cluster: daemons, namespaces, state (also after a crash).
     Down {
         #[command(flatten)]
@@ -174,6 +193,40 @@ fn sim(cmd: SimCmd) -> Result<i32> {
                 );
             } else {
                 print_state(&state);
+            }
+            Ok(0)
+        }
+        SimCmd::Migrate {
+            cluster,
+            host,
+            guest,
+            to,
+            json,
+        } => {
+            let mut state = ClusterState::load(&cluster::root_of(&cluster.name))?
+                .context("no simulated cluster (start one with `xmx sim up`)")?;
+            let s = xmx_lab::sim::migrate::migrate(&mut state, &host, &guest, &to, &mut |step| {
+                eprintln!("sim migrate: {step}")
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!(
+                    "{} moved from {} (domain {}) to {} (domain {}): {} rounds, {} bytes, \
+                     downtime {:.1} ms, total {:.1} ms, {} processes frozen, {} sessions carried",
+                    s.guest,
+                    s.from,
+                    s.source_domid,
+                    s.to,
+                    s.dest_domid,
+                    s.rounds.len(),
+                    s.bytes,
+                    s.downtime_ms,
+                    s.total_ms,
+                    s.frozen_processes,
+                    s.sessions_carried
+                        .map_or_else(|| "no device, no".to_string(), |n| n.to_string()),
+                );
             }
             Ok(0)
         }

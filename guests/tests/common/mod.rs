@@ -52,6 +52,12 @@ impl Host {
     /// Create a guest with its xmx device 0 and put it in the peer table as peer 0.
     pub fn guest(&self, name: &str, mac_last: u8) -> DomId {
         let domid = self.admin.create(name, None).unwrap();
+        self.device(domid, name, mac_last);
+        domid
+    }
+
+    /// Create the xmx device 0 of guest `domid` and put it in the peer table as peer 0.
+    pub fn device(&self, domid: DomId, name: &str, mac_last: u8) {
         let spec = DeviceSpec {
             domu: domid,
             devid: 0,
@@ -71,7 +77,6 @@ impl Host {
             .call(Request::SetPeers { peers })
             .into_result()
             .unwrap();
-        domid
     }
 
     pub fn backend(&self) -> &BackendThread {

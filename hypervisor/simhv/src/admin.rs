@@ -85,6 +85,9 @@ fn execute(host: &Host, req: AdminRequest) -> xmx_hv::Result<serde_json::Value> 
         AdminRequest::Destroy { domid } => host.destroy(domid).map(|_| json!(null)),
         AdminRequest::Suspend { domid } => host.suspend(domid).map(|_| json!(null)),
         AdminRequest::Resume { domid } => host.resume(domid).map(|_| json!(null)),
+        AdminRequest::Processes { domid } => {
+            serde_json::to_value(host.processes(domid)?).map_err(encoding)
+        }
         AdminRequest::List => serde_json::to_value(host.list()).map_err(encoding),
         AdminRequest::State { domid } => serde_json::to_value(host.state(domid)?).map_err(encoding),
     }

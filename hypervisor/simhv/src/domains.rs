@@ -28,7 +28,8 @@ use std::thread::JoinHandle;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::sim::admin::{
-    DomainInfo, DomainState, Restored, RunState, SaveInfo, SaveRound, XenstoreUsage,
+    DomainInfo, DomainProcesses, DomainState, Restored, RunState, SaveInfo, SaveRound,
+    XenstoreUsage,
 };
 use xmx_hv::sim::layout;
 use xmx_hv::{DomId, Error, Result, XsAccess, XsPerm, DOM0};
@@ -373,6 +374,17 @@ impl Host {
         self.hv.set_run(domid, RunState::Running)?;
         tracing::info!(domid, "domain resumed");
         Ok(())
+    }
+
+    /// A domain's processes (see [`crate::procs`]).
+    pub(crate) fn processes(&self, domid: DomId) -> Result<DomainProcesses> {
+        if domid == DOM0 {
+            return Err(Error::Invalid("dom0's processes are the host's".into()));
+        }
+        let (inode, attached, others) = self.hv.memory_users(domid)?;
+        Ok(DomainProcesses {
+            pids: crate::procs::of_domain(inode, &attached, &others),
+        })
     }
 
     /// Every domain.

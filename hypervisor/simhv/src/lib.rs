@@ -12,6 +12,7 @@ pub mod config;
 mod daemon;
 mod domains;
 mod hv;
+mod procs;
 pub mod xenstored;
 
 pub use config::Config;

@@ -4,7 +4,10 @@
 mod hv_util;
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use hv_util::{pattern, Host};
 use xmx_hv::sim::admin::RunState;
@@ -524,4 +527,232 @@ fn a_process_of_the_moved_domain_adopts_its_restored_grants() {
     drop(theirs);
     let s = dst.state(d);
     assert_eq!((s.grants_active, s.mem_pages), (0, 0));
+}
+
+/// How long the writer role runs at most (it is killed long before).
+const WRITER_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Role: a process of the domain that grants one page to dom0, prints its ref and
+/// address, and then writes an ever-increasing counter into it as fast as it can. With
+/// `XMX_TEST_FOLLOW=1` it also checks about every millisecond whether the domain moved,
+/// follows it, and prints the page's address again.
+#[test]
+fn role_memory_writer() {
+    if !hv_util::is_role("role_memory_writer") {
+        return;
+    }
+    let follow = std::env::var("XMX_TEST_FOLLOW").is_ok_and(|v| v == "1");
+    let platform = xmx_hv::platform::from_env().unwrap();
+    let page = platform
+        .grant_table()
+        .unwrap()
+        .grant_pages(DOM0, 1, true)
+        .unwrap();
+    println!("ref {} at {:p}", page.refs()[0], page.as_ptr());
+    // SAFETY: the page is mapped writable and 8-byte aligned (page aligned) for as long
+    // as `page` lives; AtomicU64 has u64's layout.
+    let counter = unsafe { &*(page.as_ptr() as *const AtomicU64) };
+    let started = Instant::now();
+    let mut checked = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < WRITER_LIFETIME {
+        for _ in 0..4096 {
+            n += 1;
+            counter.store(n, Ordering::Release);
+        }
+        if follow && checked.elapsed() >= Duration::from_millis(1) {
+            checked = Instant::now();
+            if platform.follow_move().unwrap() {
+                println!(
+                    "moved to domain {} at {:p}",
+                    platform.domid(),
+                    page.as_ptr()
+                );
+            }
+        }
+    }
+}
+
+/// The writer's counter as seen through a mapping of its page.
+fn counter(mapped: &xmx_hv::MappedPages) -> u64 {
+    // SAFETY: the mapping holds one page, page aligned.
+    let c = unsafe { &*(mapped.as_ptr() as *const AtomicU64) };
+    c.load(Ordering::Acquire)
+}
+
+/// Wait (bounded) until the writer's counter moves past `from`.
+fn counter_moves(mapped: &xmx_hv::MappedPages, from: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = counter(mapped);
+        if now != from {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "the writer does not write");
+        std::thread::yield_now();
+    }
+}
+
+struct Writer {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    gref: GrantRef,
+    addr: String,
+}
+
+impl Writer {
+    fn start(host: &Host, domid: DomId) -> Writer {
+        Self::start_with(host, domid, false)
+    }
+
+    fn start_with(host: &Host, domid: DomId, follow: bool) -> Writer {
+        let follow = [("XMX_TEST_FOLLOW", u8::from(follow).to_string())];
+        let mut child = hv_util::spawn_role("role_memory_writer", host, domid, &follow);
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let said = Self::next_said(&mut lines, "ref ");
+        let (gref, addr) = said.split_once(" at ").unwrap();
+        Writer {
+            child,
+            lines,
+            gref: gref.parse().unwrap(),
+            addr: addr.to_string(),
+        }
+    }
+
+    /// What the writer said after `prefix` on its next line saying it.
+    fn next_said(
+        lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>,
+        prefix: &str,
+    ) -> String {
+        loop {
+            let line = lines.next().expect("the writer ended early").unwrap();
+            // libtest prints "test NAME ... " before the role's own output on the line.
+            if let Some(at) = line.find(prefix) {
+                return line[at + prefix.len()..].trim().to_string();
+            }
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_last_round_has_every_write_because_the_processes_are_frozen() {
+    let src = Host::start();
+    let dst = Host::start();
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let writer = Writer::start(&src, g);
+    let on_src = src
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(g, &[writer.gref], false)
+        .unwrap();
+    counter_moves(&on_src, 0);
+    // The writer is the domain's process; dom0's (this one, mapping the page) is not.
+    assert_eq!(src.admin.processes(g).unwrap(), vec![writer.pid()]);
+    assert!(matches!(src.admin.processes(DOM0), Err(Error::Invalid(_))));
+    assert!(matches!(src.admin.processes(77), Err(Error::NotFound(_))));
+
+    let mut m = Migration::begin(&src.admin, &dst.admin, g, Some(work.path())).unwrap();
+    m.live_round().unwrap();
+    let (report, frozen) = m.finish_frozen().unwrap();
+    assert_eq!(frozen.pids(), &[writer.pid()]);
+    assert!(xmx_hv::sim::freeze::is_stopped(writer.pid()));
+    // What the writer wrote last (into the source's memory, which the mapping keeps) is
+    // what the destination got.
+    let on_dst = dst
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(report.dest_domid, &[writer.gref], false)
+        .unwrap();
+    let last = counter(&on_src);
+    assert_ne!(last, 0);
+    assert_eq!(counter(&on_dst), last);
+    frozen.thaw();
+    // Thawed, it writes on (into the memory it still maps: it has not followed the move).
+    counter_moves(&on_src, last);
+}
+
+#[test]
+fn a_rolled_back_migration_thaws_the_processes() {
+    let src = Host::start();
+    let dst = Host::start_with(Config {
+        gnttab_entries: 8,
+        ..Config::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let writer = Writer::start(&src, g);
+    let on_src = src
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(g, &[writer.gref], false)
+        .unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    match migrate_domain(&src.admin, &dst.admin, g, &options) {
+        Err(Error::Invalid(m)) => assert!(m.contains("outside the table"), "{m}"),
+        other => panic!("restoring refs beyond the table: {other:?}"),
+    }
+    assert_eq!(src.state(g).state, RunState::Running);
+    assert!(!xmx_hv::sim::freeze::is_stopped(writer.pid()));
+    let now = counter(&on_src);
+    counter_moves(&on_src, now);
+}
+
+#[test]
+fn a_process_follows_its_domain_and_writes_on_at_the_same_address() {
+    let src = Host::start();
+    let dst = Host::start();
+    dst.create("other");
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let mut writer = Writer::start_with(&src, g, true);
+    let on_src = src
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(g, &[writer.gref], false)
+        .unwrap();
+    counter_moves(&on_src, 0);
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = migrate_domain(&src.admin, &dst.admin, g, &options).unwrap();
+    let d = report.dest_domid;
+    assert_ne!(d, g);
+    let moved = Writer::next_said(&mut writer.lines, "moved to domain ");
+    assert_eq!(moved, format!("{d} at {}", writer.addr));
+    // It writes into the destination's memory now, through the same pointer.
+    let on_dst = dst
+        .attach(DOM0)
+        .grant_table()
+        .unwrap()
+        .map(d, &[writer.gref], false)
+        .unwrap();
+    let then = counter(&on_dst);
+    assert_ne!(then, 0);
+    counter_moves(&on_dst, then);
+    // The grant is the writer's own again: it ends when the writer goes.
+    drop(on_dst);
+    let s = dst.state(d);
+    assert_eq!((s.grants_active, s.hv_connections), (1, 1));
+    drop(writer);
+    dst.settle(d, |s| s.grants_active == 0 && s.mem_pages == 0);
 }

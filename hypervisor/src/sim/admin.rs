@@ -3,7 +3,7 @@
 //! One JSON object per line each way. A request is tagged by `op`:
 //! `{"op":"create","name":"guest1"}` (optionally `"domid":N`), `{"op":"destroy","domid":N}`,
 //! `{"op":"suspend","domid":N}`, `{"op":"resume","domid":N}`, `{"op":"list"}`,
-//! `{"op":"state","domid":N}`; for migrating a domain between hosts (see
+//! `{"op":"state","domid":N}`, `{"op":"processes","domid":N}`; for migrating a domain between hosts (see
 //! [`super::migrate`]): `{"op":"create","name":"g--incoming","incoming":true,
 //! "mem_limit":BYTES}`, `{"op":"rename","domid":N,"name":"g"}`, and on the source
 //! `{"op":"save_begin","domid":N}`, `{"op":"save","domid":N,"path":"/dir/round-1",
@@ -94,6 +94,12 @@ pub enum AdminRequest {
     /// Let a suspended domain run again.
     Resume {
         /// The domain to resume.
+        domid: DomId,
+    },
+    /// The pids of a domain's processes: those attached to its `hv.sock` and those
+    /// mapping its memory, less those attached as another domain (dom0's daemons).
+    Processes {
+        /// The domain whose processes to list.
         domid: DomId,
     },
     /// Every domain.
@@ -253,8 +259,16 @@ pub struct Restored {
     pub complete: bool,
 }
 
+/// What `processes` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainProcesses {
+    /// Pids, in increasing order.
+    pub pids: Vec<i32>,
+}
+
 /// A client of a simhv's admin socket.
 pub struct SimAdmin {
+    dir: PathBuf,
     inner: Mutex<LineClient>,
 }
 
@@ -269,8 +283,14 @@ impl SimAdmin {
             _ => Error::Io(e),
         })?;
         Ok(SimAdmin {
+            dir: dir.to_path_buf(),
             inner: Mutex::new(client),
         })
+    }
+
+    /// The simhv directory this client talks to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Send one request and return its result value.
@@ -374,6 +394,12 @@ impl SimAdmin {
     /// Resume a suspended domain.
     pub fn resume(&self, domid: DomId) -> Result<()> {
         self.call(&AdminRequest::Resume { domid }).map(|_| ())
+    }
+
+    /// The pids of a domain's processes (see [`AdminRequest::Processes`]).
+    pub fn processes(&self, domid: DomId) -> Result<Vec<i32>> {
+        let p: DomainProcesses = self.call_as(&AdminRequest::Processes { domid })?;
+        Ok(p.pids)
     }
 
     /// Every domain.

@@ -4,6 +4,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 
 use super::layout;
@@ -11,9 +12,11 @@ use super::proto::{Request, Response, MAX_FRAME};
 use super::transport::{recv_frame, send_frame};
 use crate::{DomId, Error, Result};
 
-/// A connection; every request waits for its reply before the next one is sent.
+/// A connection; every request waits for its reply before the next one is sent. It can
+/// be moved to another domain's socket when the domain migrated
+/// ([`HvConn::reconnect`]): whoever shares it then talks to the new one.
 pub(crate) struct HvConn {
-    domid: DomId,
+    domid: AtomicU16,
     inner: Mutex<ConnInner>,
 }
 
@@ -25,6 +28,28 @@ struct ConnInner {
 impl HvConn {
     /// Connect to `DIR/dom<domid>/hv.sock`.
     pub(crate) fn connect(dir: &Path, domid: DomId) -> Result<HvConn> {
+        Ok(HvConn {
+            domid: AtomicU16::new(domid),
+            inner: Mutex::new(ConnInner {
+                sock: Self::open(dir, domid)?,
+                seq: 0,
+            }),
+        })
+    }
+
+    /// Talk to `DIR/dom<domid>/hv.sock` from now on; the old connection closes.
+    pub(crate) fn reconnect(&self, dir: &Path, domid: DomId) -> Result<()> {
+        let sock = Self::open(dir, domid)?;
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| Error::Closed("hv connection poisoned".into()))?;
+        inner.sock = sock;
+        self.domid.store(domid, Ordering::Release);
+        Ok(())
+    }
+
+    fn open(dir: &Path, domid: DomId) -> Result<UnixStream> {
         let path = layout::hv_sock(dir, domid);
         let sock = UnixStream::connect(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => Error::NotFound(format!(
@@ -33,15 +58,12 @@ impl HvConn {
             )),
             _ => Error::Io(e),
         })?;
-        Ok(HvConn {
-            domid,
-            inner: Mutex::new(ConnInner { sock, seq: 0 }),
-        })
+        Ok(sock)
     }
 
     /// The domain this connection acts as.
     pub(crate) fn domid(&self) -> DomId {
-        self.domid
+        self.domid.load(Ordering::Acquire)
     }
 
     /// Send `req`, wait for its reply and the descriptors attached to it.

@@ -5,11 +5,21 @@
 //! descriptor received at `Hello`. Foreign grants are frames of the remote's memory file,
 //! whose descriptor the daemon sends with the first mapping of that remote (per domain
 //! instance and access mode) and which is cached here afterwards.
+//!
+//! # Following a migration
+//!
+//! A domain moved to another host (see [`super::migrate`]) finds its grants restored
+//! there under the same refs and frames, but owned by nobody. [`SimGrantTable::follow`]
+//! connects the handle to the destination's daemon, adopts every grant the handle still
+//! holds and maps the destination's frames over the same addresses, so every pointer
+//! into the pages stays valid and every [`GrantedPages`] keeps working. Foreign grants
+//! this handle mapped stay mapped from the old host: they belong to other domains there.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::conn::HvConn;
 use super::mmap::Region;
@@ -24,10 +34,56 @@ use crate::{
 /// [`GrantedPages`] it returned are gone.
 pub struct SimGrantTable {
     conn: Arc<HvConn>,
-    table_size: usize,
-    instance: u64,
-    own_mem: Arc<OwnedFd>,
+    table_size: AtomicUsize,
+    instance: AtomicU64,
+    own_mem: Arc<MemSlot>,
     remote_mem: Mutex<HashMap<(u64, bool), Arc<OwnedFd>>>,
+    live: Arc<LiveGrants>,
+}
+
+/// The domain's memory file, replaced when the domain moved.
+struct MemSlot(Mutex<Arc<OwnedFd>>);
+
+impl MemSlot {
+    fn get(&self) -> Arc<OwnedFd> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, fd: OwnedFd) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(fd);
+    }
+}
+
+/// The grants a handle holds, for [`SimGrantTable::follow`].
+#[derive(Default)]
+struct LiveGrants {
+    next: AtomicU64,
+    grants: Mutex<BTreeMap<u64, LiveGrant>>,
+}
+
+#[derive(Clone)]
+struct LiveGrant {
+    region: Weak<Region>,
+    refs: Vec<GrantRef>,
+    frames: Vec<u32>,
+    remote: DomId,
+    writable: bool,
+}
+
+impl LiveGrants {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, LiveGrant>> {
+        self.grants.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, grant: LiveGrant) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, grant);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
 }
 
 impl SimGrantTable {
@@ -54,11 +110,108 @@ impl SimGrantTable {
             .ok_or_else(|| Error::Protocol("hello reply without the memory descriptor".into()))?;
         Ok(SimGrantTable {
             conn: Arc::new(conn),
-            table_size: table_size as usize,
-            instance,
-            own_mem: Arc::new(own_mem),
+            table_size: AtomicUsize::new(table_size as usize),
+            instance: AtomicU64::new(instance),
+            own_mem: Arc::new(MemSlot(Mutex::new(Arc::new(own_mem)))),
             remote_mem: Mutex::new(HashMap::new()),
+            live: Arc::new(LiveGrants::default()),
         })
+    }
+
+    /// The domain moved to domain `domid` of the simhv at `dir` (see the module docs):
+    /// talk to that daemon from now on, adopt every grant this handle holds and map the
+    /// destination's frames at the addresses the pages have. Returns how many grants
+    /// were adopted. On an error the handle is unusable for new grants (its existing
+    /// mappings stay valid).
+    pub fn follow(&self, dir: &Path, domid: DomId) -> Result<usize> {
+        self.conn.reconnect(dir, domid)?;
+        let (resp, fds) = self.conn.call(&Request::Hello)?;
+        let Response::Hello {
+            domid: got,
+            instance,
+            table_size,
+        } = resp
+        else {
+            return Err(Error::Protocol("unexpected reply to hello".into()));
+        };
+        if got != domid {
+            return Err(Error::Protocol(format!(
+                "hv.sock of domain {domid} answered as domain {got}"
+            )));
+        }
+        let mem = fds
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Protocol("hello reply without the memory descriptor".into()))?;
+        let live: Vec<LiveGrant> = self.live.lock().values().cloned().collect();
+        let mut adopted = 0;
+        for g in live {
+            // Ended meanwhile: nothing to follow.
+            let Some(region) = g.region.upgrade() else {
+                continue;
+            };
+            let (resp, _) = self.conn.call(&Request::GrantAdopt {
+                remote: g.remote,
+                writable: g.writable,
+                refs: g.refs.clone(),
+            })?;
+            let Response::Granted { grants } = resp else {
+                return Err(Error::Protocol("unexpected reply to adopt".into()));
+            };
+            let frames: Vec<u32> = grants.iter().map(|x| x.1).collect();
+            if frames != g.frames || grants.iter().zip(&g.refs).any(|(x, r)| x.0 != *r) {
+                return Err(Error::Protocol(
+                    "the destination restored the grants over other frames".into(),
+                ));
+            }
+            region.remap_frames(mem.as_fd(), &frames, true)?;
+            adopted += g.refs.len();
+        }
+        self.own_mem.set(mem);
+        self.instance.store(instance, Ordering::Release);
+        self.table_size
+            .store(table_size as usize, Ordering::Release);
+        // Remote instances name domains of the old host.
+        self.remote_mem
+            .lock()
+            .map_err(|_| Error::Closed("grant table poisoned".into()))?
+            .clear();
+        tracing::info!(domid, dir = %dir.display(), grants = adopted, "grant table followed the domain");
+        Ok(adopted)
+    }
+
+    /// The pages of `refs` (at `frames`), mapped in `region`, as this handle's grants.
+    fn granted(
+        &self,
+        region: Region,
+        refs: Vec<GrantRef>,
+        frames: Vec<u32>,
+        remote: DomId,
+        writable: bool,
+    ) -> GrantedPages {
+        let region = Arc::new(region);
+        let live_id = self.live.add(LiveGrant {
+            region: Arc::downgrade(&region),
+            refs: refs.clone(),
+            frames: frames.clone(),
+            remote,
+            writable,
+        });
+        GrantedPages {
+            ptr: region.as_ptr(),
+            len: region.len(),
+            refs,
+            remote,
+            writable,
+            owner: Some(Box::new(SimGrantedOwner {
+                conn: self.conn.clone(),
+                region: Some(region),
+                mem: self.own_mem.clone(),
+                frames,
+                live: self.live.clone(),
+                live_id,
+            })),
+        }
     }
 
     /// The calling domain.
@@ -68,7 +221,7 @@ impl SimGrantTable {
 
     /// The daemon's id for this incarnation of the domain (changes if the domid is reused).
     pub fn instance(&self) -> u64 {
-        self.instance
+        self.instance.load(Ordering::Acquire)
     }
 
     /// Take over grants of this domain that a migration restored (see the simhv's
@@ -93,20 +246,8 @@ impl SimGrantTable {
             ));
         }
         let frames: Vec<u32> = grants.iter().map(|g| g.1).collect();
-        let region = Region::map_frames(self.own_mem.as_fd(), &frames, true)?;
-        Ok(GrantedPages {
-            ptr: region.as_ptr(),
-            len: region.len(),
-            refs: refs.to_vec(),
-            remote,
-            writable,
-            owner: Some(Box::new(SimGrantedOwner {
-                conn: self.conn.clone(),
-                region: Some(region),
-                mem: self.own_mem.clone(),
-                frames,
-            })),
-        })
+        let region = Region::map_frames(self.own_mem.get().as_fd(), &frames, true)?;
+        Ok(self.granted(region, refs.to_vec(), frames, remote, writable))
     }
 
     fn remote_fd(
@@ -153,26 +294,14 @@ impl GrantTable for SimGrantTable {
                 "daemon granted a different page count".into(),
             ));
         }
-        let region = match Region::map_frames(self.own_mem.as_fd(), &frames, true) {
+        let region = match Region::map_frames(self.own_mem.get().as_fd(), &frames, true) {
             Ok(r) => r,
             Err(e) => {
                 let _ = self.conn.call(&Request::GrantEnd { defer: true, refs });
                 return Err(Error::Io(e));
             }
         };
-        Ok(GrantedPages {
-            ptr: region.as_ptr(),
-            len: region.len(),
-            refs,
-            remote,
-            writable,
-            owner: Some(Box::new(SimGrantedOwner {
-                conn: self.conn.clone(),
-                region: Some(region),
-                mem: self.own_mem.clone(),
-                frames,
-            })),
-        })
+        Ok(self.granted(region, refs, frames, remote, writable))
     }
 
     fn map(&self, remote: DomId, refs: &[GrantRef], writable: bool) -> Result<MappedPages> {
@@ -322,17 +451,20 @@ impl GrantTable for SimGrantTable {
     }
 
     fn table_size(&self) -> usize {
-        self.table_size
+        self.table_size.load(Ordering::Acquire)
     }
 }
 
 /// Ends the grants of one [`GrantedPages`] and unmaps them locally.
 struct SimGrantedOwner {
     conn: Arc<HvConn>,
-    region: Option<Region>,
+    region: Option<Arc<Region>>,
     /// The domain's memory file and the frames of the pages, for exports.
-    mem: Arc<OwnedFd>,
+    mem: Arc<MemSlot>,
     frames: Vec<u32>,
+    /// Its entry among the handle's live grants.
+    live: Arc<LiveGrants>,
+    live_id: u64,
 }
 
 impl GrantedOwner for SimGrantedOwner {
@@ -341,11 +473,13 @@ impl GrantedOwner for SimGrantedOwner {
             defer: false,
             refs: refs.to_vec(),
         })?;
+        self.live.remove(self.live_id);
         self.region = None;
         Ok(())
     }
 
     fn release(&mut self, refs: &[GrantRef]) {
+        self.live.remove(self.live_id);
         self.region = None;
         if refs.is_empty() {
             return;
@@ -363,7 +497,7 @@ impl GrantedOwner for SimGrantedOwner {
             return Err(Error::Closed("the grants were ended".into()));
         }
         Ok(PagesSource {
-            fd: crate::handoff::dup(self.mem.as_fd())?,
+            fd: crate::handoff::dup(self.mem.get().as_fd())?,
             layout: PagesLayout::SimFrames {
                 frames: self.frames.clone(),
             },

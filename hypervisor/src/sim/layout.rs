@@ -19,6 +19,15 @@ pub const MEM_FILE: &str = "mem";
 /// Per-domain grant table: an array of Xen v1 entries.
 pub const GNTTAB_FILE: &str = "gnttab";
 
+/// Prefix of a migrated domain's forwarding record, `DIR/moved-dom<N>` (see
+/// [`super::migrate::Forwarding`]).
+pub const MOVED_PREFIX: &str = "moved-";
+
+/// `DIR/moved-dom<N>`: where domain N of this host went.
+pub fn moved_file(dir: &Path, domid: DomId) -> PathBuf {
+    dir.join(format!("{MOVED_PREFIX}dom{domid}"))
+}
+
 /// `DIR/ctl.sock`.
 pub fn ctl_sock(dir: &Path) -> PathBuf {
     dir.join(CTL_SOCK)

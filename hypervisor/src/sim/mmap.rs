@@ -42,6 +42,32 @@ impl Region {
             .filter(|l| *l > 0)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no frames to map"))?;
         let region = Self::reserve(len)?;
+        // Dropping `region` on an error unmaps the whole range, runs already mapped
+        // included.
+        region.map_runs(fd, frames, writable)?;
+        Ok(region)
+    }
+
+    /// Map page `frames[i]` of `fd` over page `i` of this region, at the same addresses
+    /// (what the region mapped before is replaced): pointers into the region stay valid
+    /// and now reach the new file. `frames` must cover the region exactly. On an error
+    /// part of the region may map the new file and the rest the old one.
+    pub fn remap_frames(
+        &self,
+        fd: BorrowedFd<'_>,
+        frames: &[u32],
+        writable: bool,
+    ) -> io::Result<()> {
+        if frames.len().checked_mul(PAGE_SIZE) != Some(self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the frames do not cover the region",
+            ));
+        }
+        self.map_runs(fd, frames, writable)
+    }
+
+    fn map_runs(&self, fd: BorrowedFd<'_>, frames: &[u32], writable: bool) -> io::Result<()> {
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
@@ -58,12 +84,12 @@ impl Region {
             let offset = frames[i] as u64 * PAGE_SIZE as u64;
             let offset = libc::off_t::try_from(offset)
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame out of range"))?;
-            // SAFETY: the target range [i, i+run) pages lies inside the reservation made
-            // above, which this Region owns exclusively, so MAP_FIXED replaces only our own
-            // PROT_NONE pages. The fd is valid for the call (borrowed).
+            // SAFETY: the target range [i, i+run) pages lies inside this Region, which
+            // owns its whole range exclusively (callers check that `frames` covers it), so
+            // MAP_FIXED replaces only our own pages. The fd is valid for the call.
             let addr = unsafe {
                 libc::mmap(
-                    region.ptr.as_ptr().add(i * PAGE_SIZE).cast(),
+                    self.ptr.as_ptr().add(i * PAGE_SIZE).cast(),
                     run * PAGE_SIZE,
                     prot,
                     libc::MAP_SHARED | libc::MAP_FIXED | populate(),
@@ -72,12 +98,11 @@ impl Region {
                 )
             };
             if addr == libc::MAP_FAILED {
-                // Dropping `region` unmaps the whole range, runs already mapped included.
                 return Err(io::Error::last_os_error());
             }
             i += run;
         }
-        Ok(region)
+        Ok(())
     }
 
     /// Map the first `len` bytes of `fd`.

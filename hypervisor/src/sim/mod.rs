@@ -32,6 +32,7 @@
 pub mod admin;
 mod conn;
 pub mod evtchn;
+pub mod freeze;
 pub mod gnttab;
 pub mod layout;
 pub mod migrate;
@@ -48,10 +49,10 @@ pub use gnttab::SimGrantTable;
 
 use crate::{DomId, Error, EventChannels, GrantTable, Platform, PlatformKind, Result, Xenstore};
 
-/// A domain of a running `xmx-simhv`, as seen by one of its processes.
+/// A domain of a running `xmx-simhv`, as seen by one of its processes. It can follow
+/// the domain to another host after a migration ([`SimPlatform::follow_move`]).
 pub struct SimPlatform {
-    dir: PathBuf,
-    domid: DomId,
+    place: Mutex<(PathBuf, DomId)>,
     grant_table: Mutex<Option<Arc<SimGrantTable>>>,
 }
 
@@ -66,15 +67,54 @@ impl SimPlatform {
             )));
         }
         Ok(SimPlatform {
-            dir,
-            domid,
+            place: Mutex::new((dir, domid)),
             grant_table: Mutex::new(None),
         })
     }
 
+    fn place(&self) -> (PathBuf, DomId) {
+        self.place.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The simhv directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    pub fn dir(&self) -> PathBuf {
+        self.place().0
+    }
+
+    /// If the domain was migrated away (its forwarding record says where to, see
+    /// [`migrate::Forwarding`]), attach to it on its new host: from now on new handles
+    /// are the destination's, and the grant table follows with its grants (see
+    /// [`SimGrantTable::follow`]). Event-channel handles and xenstore connections opened
+    /// before are the old host's: their owners open new ones. True if it moved.
+    pub fn follow_move(&self) -> Result<bool> {
+        let (dir, domid) = self.place();
+        let Some(to) = migrate::Forwarding::read(&dir, domid)? else {
+            return Ok(false);
+        };
+        let gt = self
+            .grant_table
+            .lock()
+            .map_err(|_| Error::Closed("platform poisoned".into()))?
+            .clone();
+        if let Some(gt) = &gt {
+            if gt.instance() != to.source_instance {
+                // The record of an earlier domain with this domid.
+                return Ok(false);
+            }
+        }
+        if !layout::hv_sock(&to.dir, to.domid).exists() {
+            return Err(Error::NotFound(format!(
+                "domain {domid} moved to domain {} at {}, which does not exist",
+                to.domid,
+                to.dir.display()
+            )));
+        }
+        if let Some(gt) = gt {
+            gt.follow(&to.dir, to.domid)?;
+        }
+        tracing::info!(from = domid, to = to.domid, dir = %to.dir.display(), "followed the domain to its new host");
+        *self.place.lock().unwrap_or_else(|p| p.into_inner()) = (to.dir, to.domid);
+        Ok(true)
     }
 
     /// The shared grant table as its concrete type.
@@ -86,14 +126,16 @@ impl SimPlatform {
         if let Some(gt) = slot.as_ref() {
             return Ok(gt.clone());
         }
-        let gt = Arc::new(SimGrantTable::open(&self.dir, self.domid)?);
+        let (dir, domid) = self.place();
+        let gt = Arc::new(SimGrantTable::open(&dir, domid)?);
         *slot = Some(gt.clone());
         Ok(gt)
     }
 
     /// A new event-channel handle as its concrete type.
     pub fn sim_event_channels(&self) -> Result<SimEventChannels> {
-        SimEventChannels::open(&self.dir, self.domid)
+        let (dir, domid) = self.place();
+        SimEventChannels::open(&dir, domid)
     }
 }
 
@@ -103,7 +145,7 @@ impl Platform for SimPlatform {
     }
 
     fn domid(&self) -> DomId {
-        self.domid
+        self.place().1
     }
 
     fn grant_table(&self) -> Result<Arc<dyn GrantTable>> {
@@ -114,8 +156,13 @@ impl Platform for SimPlatform {
         Ok(Box::new(self.sim_event_channels()?))
     }
 
+    fn follow_move(&self) -> Result<bool> {
+        SimPlatform::follow_move(self)
+    }
+
     fn xenstore(&self) -> Result<Box<dyn Xenstore>> {
-        let path = layout::xenstore_sock(&self.dir, self.domid);
+        let (dir, domid) = self.place();
+        let path = layout::xenstore_sock(&dir, domid);
         Ok(Box::new(crate::xs::XsClient::connect_unix(&path)?))
     }
 }

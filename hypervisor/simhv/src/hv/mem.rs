@@ -87,6 +87,12 @@ impl MemFile {
         }
     }
 
+    /// The memory file's inode: how `/proc/PID/maps` names a mapping of it.
+    pub(crate) fn inode(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.rw.metadata()?.ino())
+    }
+
     /// Frames in use.
     pub(crate) fn in_use(&self) -> usize {
         self.in_use

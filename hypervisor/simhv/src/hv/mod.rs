@@ -305,6 +305,31 @@ impl Hv {
         })
     }
 
+    /// Who may touch a domain's memory: the inode of its memory file, the pids of the
+    /// processes connected to its `hv.sock`, and those of the processes connected as
+    /// another domain (see [`crate::procs`]).
+    pub(crate) fn memory_users(&self, domid: DomId) -> Result<(u64, Vec<i32>, Vec<i32>)> {
+        let st = self.lock();
+        let dom = st
+            .domains
+            .get(&domid)
+            .ok_or_else(|| Error::NotFound(format!("domain {domid}")))?;
+        let inode = dom.mem.inode()?;
+        let mut own = Vec::new();
+        let mut others = Vec::new();
+        for c in st.conns.values() {
+            let cred =
+                nix::sys::socket::getsockopt(&c.stream, nix::sys::socket::sockopt::PeerCredentials);
+            let Ok(cred) = cred else { continue };
+            if c.domid == domid && c.instance == dom.instance {
+                own.push(cred.pid());
+            } else if c.domid != domid {
+                others.push(cred.pid());
+            }
+        }
+        Ok((inode, own, others))
+    }
+
     /// Register a new connection of `domid`; `stream` is a clone kept to shut it down.
     pub(crate) fn register_conn(&self, domid: DomId, stream: UnixStream) -> Result<ConnId> {
         let mut st = self.lock();

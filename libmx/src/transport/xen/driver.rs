@@ -98,7 +98,7 @@ pub(super) fn run(shared: Arc<Shared>) {
         if !shared.daemon_gone.load(Ordering::SeqCst) {
             sources.push((shared.client_fd, Source::Daemon));
         }
-        if let Some(xs) = &shared.xs {
+        if let Some(xs) = shared.xs() {
             sources.push((xs.watch_fd(), Source::PeerView));
         }
         if let Some(hub) = &shared.direct {

@@ -175,8 +175,12 @@ pub(crate) struct Shared {
     daemon_gone: AtomicBool,
     board: DaemonBoard,
     view: PeerView,
-    view_dir: String,
-    xs: Option<Box<dyn Xenstore>>,
+    /// The peer view's directory and the connection watching it; both change when the
+    /// domain moves to another host (a simulated migration, see [`Shared::follow_move`]).
+    view_dir: Mutex<String>,
+    xs: Mutex<Option<Arc<dyn Xenstore>>>,
+    /// This process's attachment to its domain, followed when the domain moves.
+    platform: Option<Arc<dyn xmx_hv::Platform>>,
     /// Registration without the daemon, for links with the cache off.
     own_grants: Option<(Arc<dyn xmx_hv::GrantTable>, xmx_hv::DomId)>,
     /// The direct channels to co-located guests, unless disabled or the
@@ -208,14 +212,26 @@ impl Shared {
         let _ = self.wake.read();
     }
 
+    /// The connection watching the peer view, if any.
+    fn xs(&self) -> Option<Arc<dyn Xenstore>> {
+        lock(&self.xs).clone()
+    }
+
     /// Reloads the peer view after its watch fired.
     fn peer_view_changed(&self) {
-        let Some(xs) = &self.xs else { return };
+        let Some(xs) = self.xs() else { return };
         let mut fired = false;
         loop {
             match xs.next_watch_event(Some(Duration::ZERO)) {
                 Ok(Some(_)) => fired = true,
                 Ok(None) => break,
+                Err(xmx_hv::Error::Closed(e)) => {
+                    // Its domain left the host (a migration): the view as loaded stays
+                    // until the process follows the domain to its new host.
+                    tracing::info!(%e, "xenstore connection closed; the peer view stays as it is");
+                    *lock(&self.xs) = None;
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(%e, "xenstore watch");
                     break;
@@ -223,8 +239,9 @@ impl Shared {
             }
         }
         if fired {
-            if let Err(e) = self.view.reload(xs.as_ref(), &self.view_dir) {
-                tracing::warn!(%e, dir = %self.view_dir, "reading the peer view");
+            let dir = lock(&self.view_dir).clone();
+            if let Err(e) = self.view.reload(xs.as_ref(), &dir) {
+                tracing::warn!(%e, %dir, "reading the peer view");
             }
             // A channel a peer offered before this guest's view named it
             // could not be accepted then: look again.
@@ -263,7 +280,10 @@ impl Shared {
                         lock(&ep.link).set_down();
                     }
                 }
-                Notice::Connected => tracing::info!("device connected again"),
+                Notice::Connected => {
+                    tracing::info!("device connected again");
+                    self.follow_move();
+                }
                 Notice::EndpointLost { endpoint, reason } => {
                     tracing::warn!(endpoint, %reason, "endpoint lost");
                     if let Some(ep) = lock(&self.endpoints).get(&endpoint).cloned() {
@@ -273,6 +293,9 @@ impl Shared {
                     }
                 }
                 Notice::EndpointReopened(h) => {
+                    // Regions registered again must be granted on the host the
+                    // endpoint is open on now.
+                    self.follow_move();
                     let Some(ep) = lock(&self.endpoints).get(&h.endpoint).cloned() else {
                         tracing::debug!(
                             endpoint = h.endpoint,
@@ -296,6 +319,40 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// If the domain moved to another host (only a simulated domain does; its guest
+    /// daemon has followed it already), attach there: the grant table follows with
+    /// the regions this process granted itself, and the peer view is watched on the new
+    /// host's xenstore under the domain's new id.
+    fn follow_move(&self) {
+        let Some(platform) = &self.platform else {
+            return;
+        };
+        match platform.follow_move() {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(%e, "following the domain to its new host");
+                return;
+            }
+        }
+        let dir = peers::view_dir(self.config.toolstack, platform.domid());
+        match platform.xenstore() {
+            Ok(xs) => {
+                if let Err(e) = xs.watch(&dir, PEERS_TOKEN) {
+                    tracing::warn!(%e, %dir, "watching the peer view");
+                }
+                if let Err(e) = self.view.reload(xs.as_ref(), &dir) {
+                    tracing::warn!(%e, %dir, "reading the peer view");
+                }
+                *lock(&self.xs) = Some(Arc::from(xs));
+            }
+            Err(e) => tracing::warn!(%e, "no xenstore on the new host"),
+        }
+        tracing::info!(domid = platform.domid(), %dir, "followed the domain to its new host");
+        *lock(&self.view_dir) = dir;
+        self.kick();
     }
 
     /// xenstore changed under the direct channels: the hub follows it.
@@ -429,7 +486,11 @@ impl Xen {
         let view = PeerView::default();
         let view_dir = peers::view_dir(config.toolstack, board.domid);
         let platform = xmx_hv::platform::from_env().ok();
-        let xs = match xmx_hv::platform::from_env().and_then(|p| p.xenstore()) {
+        let xs = match platform
+            .as_ref()
+            .ok_or_else(|| xmx_hv::Error::NotFound("no platform".into()))
+            .and_then(|p| p.xenstore())
+        {
             Ok(xs) => {
                 // The watch fires once at once, and the driver loads the view
                 // then; load it here too so the first lookup finds it.
@@ -439,7 +500,7 @@ impl Xen {
                 if let Err(e) = view.reload(xs.as_ref(), &view_dir) {
                     tracing::warn!(%e, dir = %view_dir, "reading the peer view");
                 }
-                Some(xs)
+                Some(Arc::<dyn Xenstore>::from(xs))
             }
             Err(e) => {
                 tracing::warn!(%e, "no xenstore: the peer table stays empty");
@@ -470,8 +531,9 @@ impl Xen {
             daemon_gone: AtomicBool::new(false),
             board,
             view,
-            view_dir,
-            xs,
+            view_dir: Mutex::new(view_dir),
+            xs: Mutex::new(xs),
+            platform,
             own_grants,
             direct,
             endpoints: Mutex::new(HashMap::new()),

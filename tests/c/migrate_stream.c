@@ -1,0 +1,120 @@
+/*
+ * A two-way stream across a migration: the active side sends COUNT messages
+ * (every class, LARGE included) with WINDOW of them in flight, the passive
+ * side answers each with a reply of another class. Both sides check that
+ * every message arrives once, in order, with its length and bytes, so a
+ * message lost, duplicated or damaged while one side moves to another host
+ * fails the run. The passive side reports its progress ("received N") so a
+ * test can move it in the middle. COUNT is XMX_TEST_COUNT (default 4000);
+ * XMX_TEST_LARGE=0 makes the largest messages 32 KiB (MEDIUM) instead of
+ * 40000 bytes (LARGE).
+ */
+
+#include "xmx_test.h"
+
+#define WINDOW 8
+#define MAXLEN 40000
+#define REPLY_SEED 1000003u
+static uint32_t lens[] = {0, 17, 200, 5000, 40000};
+static uint32_t reply_lens[] = {40000, 5000, 3, 100, 0};
+#define NLENS (sizeof(lens) / sizeof(lens[0]))
+
+/* With XMX_TEST_LARGE=0, no LARGE message: the biggest become MEDIUM. */
+static void choose_lengths(void) {
+  const char *v = getenv("XMX_TEST_LARGE");
+  if (v && atoi(v) == 0) {
+    lens[NLENS - 1] = 32768;
+    reply_lens[0] = 32768;
+  }
+}
+
+static uint32_t count(void) {
+  choose_lengths();
+  const char *v = getenv("XMX_TEST_COUNT");
+  long n = v ? atol(v) : 4000;
+  EXPECT(n > 0 && n <= 1000000, "XMX_TEST_COUNT=%s", v ? v : "");
+  return (uint32_t)n;
+}
+
+static void check_reply(const mx_status_t *s, const unsigned char *b, uint32_t i) {
+  EXPECT(s->code == MX_STATUS_SUCCESS, "reply %u: %s", i, mx_strstatus(s->code));
+  EXPECT(s->match_info == i, "reply %u arrived in place of %u", (unsigned)s->match_info, i);
+  EXPECT(s->xfer_length == reply_lens[i % NLENS], "length of reply %u", i);
+  test_verify(b, s->xfer_length, i + REPLY_SEED, "reply");
+}
+
+static void active(mx_endpoint_t ep, struct test_opts *o) {
+  uint32_t n = count();
+  mx_endpoint_addr_t peer = test_connect(ep, o->host, o->remote_eid);
+  unsigned char *out = malloc((size_t)WINDOW * MAXLEN);
+  unsigned char *in = malloc((size_t)WINDOW * MAXLEN);
+  mx_request_t sends[WINDOW], recvs[WINDOW];
+  EXPECT(out && in, "memory");
+  for (uint32_t i = 0; i < n + WINDOW; i++) {
+    if (i >= WINDOW) {
+      uint32_t j = i - WINDOW, k = j % WINDOW;
+      mx_status_t s = test_wait(ep, &sends[k]);
+      EXPECT(s.code == MX_STATUS_SUCCESS, "send %u: %s", j, mx_strstatus(s.code));
+      s = test_wait(ep, &recvs[k]);
+      check_reply(&s, in + (size_t)k * MAXLEN, j);
+    }
+    if (i >= n) {
+      continue;
+    }
+    uint32_t k = i % WINDOW;
+    mx_segment_t rseg = {in + (size_t)k * MAXLEN, MAXLEN};
+    CHECK(mx_irecv(ep, &rseg, 1, i, MX_MATCH_MASK_NONE, NULL, &recvs[k]));
+    uint32_t len = lens[i % NLENS];
+    test_fill(out + (size_t)k * MAXLEN, len, i);
+    mx_segment_t seg = {out + (size_t)k * MAXLEN, len};
+    CHECK(mx_isend(ep, &seg, 1, peer, i, NULL, &sends[k]));
+  }
+  printf("sent %u messages, %u replies checked\n", n, n);
+  free(out);
+  free(in);
+}
+
+static void passive(mx_endpoint_t ep, struct test_opts *o) {
+  (void)o;
+  uint32_t n = count();
+  unsigned char *b = malloc(MAXLEN);
+  unsigned char *out = malloc((size_t)WINDOW * MAXLEN);
+  mx_request_t sends[WINDOW];
+  mx_endpoint_addr_t peer;
+  EXPECT(b && out, "memory");
+  for (uint32_t i = 0; i < n; i++) {
+    mx_segment_t seg = {b, MAXLEN};
+    mx_request_t r;
+    CHECK(mx_irecv(ep, &seg, 1, 0, 0, NULL, &r));
+    mx_status_t s = test_wait(ep, &r);
+    EXPECT(s.code == MX_STATUS_SUCCESS, "recv %u: %s", i, mx_strstatus(s.code));
+    EXPECT(s.match_info == i, "message %u arrived in place of %u", (unsigned)s.match_info, i);
+    EXPECT(s.xfer_length == lens[i % NLENS], "length of %u", i);
+    test_verify(b, s.xfer_length, i, "stream");
+    if (i == 0) {
+      peer = test_connect_back(ep, &s);
+    }
+    uint32_t k = i % WINDOW;
+    if (i >= WINDOW) {
+      mx_status_t d = test_wait(ep, &sends[k]);
+      EXPECT(d.code == MX_STATUS_SUCCESS, "reply %u: %s", i - WINDOW, mx_strstatus(d.code));
+    }
+    uint32_t len = reply_lens[i % NLENS];
+    test_fill(out + (size_t)k * MAXLEN, len, i + REPLY_SEED);
+    mx_segment_t rs = {out + (size_t)k * MAXLEN, len};
+    CHECK(mx_isend(ep, &rs, 1, peer, i, NULL, &sends[k]));
+    if ((i + 1) % 250 == 0) {
+      printf("received %u\n", i + 1);
+      fflush(stdout);
+    }
+  }
+  for (uint32_t i = n > WINDOW ? n - WINDOW : 0; i < n; i++) {
+    mx_status_t d = test_wait(ep, &sends[i % WINDOW]);
+    EXPECT(d.code == MX_STATUS_SUCCESS, "reply %u: %s", i, mx_strstatus(d.code));
+  }
+  printf("received %u messages in order, every reply sent\n", n);
+  free(b);
+  free(out);
+}
+
+int main(int argc, char **argv) { return test_run(argc, argv, active, passive); }
