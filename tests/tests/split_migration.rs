@@ -45,7 +45,7 @@ fn a_guest_moves_to_another_host_under_a_two_way_stream_and_nothing_is_lost() {
     let env = [
         ("MX_DISABLE_SHMEM", "1"),
         ("XMX_TEST_COUNT", "20000"),
-        ("XMX_TEST_LARGE", "0"),
+        ("XMX_TEST_LARGE", "1"),
     ];
     let moving = c.hostname(0, 0);
     let mut passive = App::spawn(

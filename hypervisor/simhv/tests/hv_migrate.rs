@@ -548,10 +548,14 @@ fn role_memory_writer() {
         .unwrap()
         .grant_pages(DOM0, 1, true)
         .unwrap();
-    println!("ref {} at {:p}", page.refs()[0], page.as_ptr());
+    // A following writer writes through a second mapping of the page, imported as an
+    // application imports what its guest daemon hands it: both must follow the domain.
+    let imported = follow.then(|| page.export().unwrap().import().unwrap());
+    let at = imported.as_ref().map_or(page.as_ptr(), |i| i.as_ptr());
+    println!("ref {} at {:p}", page.refs()[0], at);
     // SAFETY: the page is mapped writable and 8-byte aligned (page aligned) for as long
-    // as `page` lives; AtomicU64 has u64's layout.
-    let counter = unsafe { &*(page.as_ptr() as *const AtomicU64) };
+    // as `page` and `imported` live; AtomicU64 has u64's layout.
+    let counter = unsafe { &*(at as *const AtomicU64) };
     let started = Instant::now();
     let mut checked = Instant::now();
     let mut n = 0u64;
@@ -563,11 +567,7 @@ fn role_memory_writer() {
         if follow && checked.elapsed() >= Duration::from_millis(1) {
             checked = Instant::now();
             if platform.follow_move().unwrap() {
-                println!(
-                    "moved to domain {} at {:p}",
-                    platform.domid(),
-                    page.as_ptr()
-                );
+                println!("moved to domain {} at {:p}", platform.domid(), at);
             }
         }
     }
