@@ -1,5 +1,7 @@
 //! Moving a domain from one simulated host to another, shaped like `xl migrate`: the
-//! hypervisor's half (memory and grant table; guest processes do not follow yet).
+//! hypervisor's half (memory, grant table, the domain's processes frozen for the last
+//! round and pointed to the new host; the xmx device is the toolstack's, see the
+//! simulated cluster's `xmx sim migrate`).
 //!
 //! 1. The source starts sending (`save_begin`); the destination creates `NAME--incoming`,
 //!    paused, with the source's memory limit (refused if `NAME` or `NAME--incoming`
