@@ -38,8 +38,12 @@ pub struct Host {
 
 impl Host {
     pub fn start() -> Host {
+        Self::start_with(Config::default())
+    }
+
+    pub fn start_with(config: Config) -> Host {
         let dir = tempfile::Builder::new().prefix("xmxfe").tempdir().unwrap();
-        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+        let daemon = Daemon::start(dir.path(), config).unwrap();
         let admin = SimAdmin::connect(dir.path()).unwrap();
         Host {
             daemon: Some(daemon),
