@@ -756,3 +756,31 @@ fn a_process_follows_its_domain_and_writes_on_at_the_same_address() {
     drop(writer);
     dst.settle(d, |s| s.grants_active == 0 && s.mem_pages == 0);
 }
+
+#[test]
+fn a_new_domain_with_a_moved_domains_id_does_not_inherit_its_forwarding_record() {
+    let src = Host::start();
+    let dst = Host::start();
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = migrate_domain(&src.admin, &dst.admin, g, &options).unwrap();
+    let record = xmx_hv::sim::migrate::Forwarding::read(src.path(), g)
+        .unwrap()
+        .expect("the forwarding record");
+    assert_eq!(record.domid, report.dest_domid);
+    assert_eq!(record.dir, std::path::absolute(dst.path()).unwrap());
+    // A process of the new domain with the same id stays where it is.
+    let again = src.admin.create("newcomer", Some(g)).unwrap();
+    assert_eq!(again, g);
+    assert_eq!(
+        xmx_hv::sim::migrate::Forwarding::read(src.path(), g).unwrap(),
+        None
+    );
+    let p = src.attach(g);
+    assert!(!p.follow_move().unwrap());
+    assert_eq!(p.domid(), g);
+}

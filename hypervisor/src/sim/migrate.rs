@@ -442,10 +442,7 @@ impl<'a> Migration<'a> {
             domid: self.incoming,
             source_instance: self.source_instance,
         };
-        if let Err(e) = forwarding.write(self.source.dir(), self.domid) {
-            // Its processes will not find it: say so, the domain runs nonetheless.
-            tracing::error!(domid = self.domid, error = %e, "writing the forwarding record");
-        }
+        let forwarded = forwarding.write(self.source.dir(), self.domid);
         let frozen = self
             .frozen
             .take()
@@ -463,6 +460,13 @@ impl<'a> Migration<'a> {
                 "{} runs as domain {} on the destination, but destroying domain {} on the \
                  source failed: {e}",
                 self.name, self.incoming, self.domid
+            )));
+        }
+        if let Err(e) = forwarded {
+            return Err(Error::Protocol(format!(
+                "{} runs as domain {} on the destination, but its processes cannot learn \
+                 it: writing its forwarding record failed: {e}",
+                self.name, self.incoming
             )));
         }
         tracing::info!(
