@@ -18,10 +18,12 @@
 //! no completion and the events not yet consumed are lost (MX retransmits above this).
 //! Each endpoint asks to keep its session, which the backend grants only if it recorded
 //! that session for it (a restarted backend does), so peers' connections stay valid.
-//! When the backend went away on its own (a restart), the regions stay granted and are
+//! The regions stay granted (when the backend went away on its own, a restart, and
+//! across a suspend, a simulated domain's move to another host included) and are
 //! registered again under their ids over the same pages (the hand-off says
-//! `regions_kept`), so windows lent to peers stay valid; after a suspend they are gone
-//! and have to be registered again.
+//! `regions_kept`), so windows lent to peers stay valid; if registering one again fails
+//! (grants that did not survive, as after a real Xen migration), none is kept and they
+//! have to be registered again.
 //!
 //! # Detach and re-attach
 //!
@@ -1431,7 +1433,10 @@ impl Frontend {
                 self.xs.next_watch_event(Some(left))?;
             }
         }
-        self.release_connection(was_connected, false)
+        // Endpoints kept keep their regions granted: they are registered again under
+        // their ids when the endpoints are re-opened (over the same grants, which a move
+        // of a simulated domain keeps too), so windows lent to peers stay valid.
+        self.release_connection(was_connected, endpoints == EndpointsAtClose::Kept)
     }
 }
 

@@ -550,3 +550,70 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     assert_eq!((s.grants_active, s.ports_open), (0, 0));
     drop((src_backend, dst_backend));
 }
+
+#[test]
+fn a_failed_migration_resumes_the_frontend_on_its_host_in_its_sessions() {
+    use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
+    let host = Host::start();
+    let backend = start_backend(&host);
+    set_peers(&backend, &[(0, 1)]);
+    let g = host.guest("g1", 1);
+    let mut fe = host.frontend(g, FrontendConfig::default());
+    fe.wait_connected(WAIT).unwrap();
+    let mut c0 = channel(fe.open_endpoint(Some(0), Some(geometry())).unwrap());
+    let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
+    let sessions = (c0.session_id(), c1.session_id());
+    // Its grant table is too small for the guest's refs: the last round fails.
+    let dest = Host::start_with(xmx_simhv::Config {
+        gnttab_entries: 8,
+        ..xmx_simhv::Config::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let failed = std::thread::scope(|s| {
+        let migration = s.spawn(|| migrate_domain(&host.admin, &dest.admin, g, &options));
+        pump_until(&mut fe, "the frontend suspended", |f| {
+            f.mode() == Mode::Suspended && f.state() == XenbusState::Closed
+        });
+        migration.join().unwrap()
+    });
+    assert!(
+        matches!(failed, Err(xmx_hv::Error::Invalid(_))),
+        "{failed:?}"
+    );
+    // Rolled back: the domain runs where it was, nothing moved.
+    assert!(fe.probe_running());
+    assert!(!fe.follow_move().unwrap());
+    fe.resume().unwrap();
+    fe.wait_connected(WAIT).unwrap();
+    for h in fe.take_reopened() {
+        let endpoint = h.endpoint;
+        let (ch, old) = match endpoint {
+            0 => (&mut c0, sessions.0),
+            _ => (&mut c1, sessions.1),
+        };
+        assert_eq!(h.session_id, old, "endpoint {endpoint} keeps its session");
+        ch.remap(h).unwrap();
+        fe.release_retired(endpoint, 1);
+    }
+    let to_1 = Route {
+        peer_index: 0,
+        endpoint: 1,
+        session_id: c1.session_id(),
+    };
+    c0.send(&tiny(7, to_1, 1, b"still here")).unwrap();
+    match next_event(&mut c1).body {
+        EventBody::RecvTiny { msg, .. } => assert_eq!(msg.data.as_slice(), b"still here"),
+        other => panic!("expected a TINY, got {other:?}"),
+    }
+    c1.release_events().unwrap();
+    expect_done(&mut c0, 7, 10);
+    assert_eq!(
+        dest.admin.list().unwrap().len(),
+        1,
+        "only dom0 is left there"
+    );
+}

@@ -252,6 +252,8 @@ impl Server {
             self.shared.dispatch(&mut fe);
         }
         let mut probe = self.cfg.probe_min;
+        // Probe without waiting for the next interval (the xenstore connection closed).
+        let mut probe_now = false;
         let mut events = [EpollEvent::empty(); 8];
         loop {
             let suspended = lock(&self.shared.frontend).mode() == Mode::Suspended;
@@ -280,9 +282,11 @@ impl Server {
                                     return Err(e);
                                 }
                                 // A suspended domain's xenstore goes when the domain
-                                // moves to another host: the probes below find out.
+                                // moves to another host: the probe below finds out at
+                                // once (the domain is running there by then).
                                 epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;
                                 watch_fd = -1;
+                                probe_now = true;
                             }
                             Err(e) => tracing::warn!(error = %e, "xenbus"),
                         }
@@ -295,7 +299,7 @@ impl Server {
                     _ => {}
                 }
             }
-            if n == 0 && suspended {
+            if (n == 0 || std::mem::take(&mut probe_now)) && suspended {
                 let mut fe = lock(&self.shared.frontend);
                 if !fe.probe_running() {
                     // Out of the set first: following replaces (and closes) it.

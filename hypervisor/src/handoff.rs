@@ -191,7 +191,8 @@ impl ExportedPages {
         let mapping = match &self.layout {
             PagesLayout::SimFrames { frames } => {
                 let region = crate::sim::mmap::Region::map_frames(self.fd.as_fd(), frames, true)?;
-                Mapping::Sim(region)
+                // Remapped onto the domain's new memory if it moves to another host.
+                Mapping::Sim(crate::sim::imports::register(region, frames.clone()))
             }
             PagesLayout::Gntalloc { offset } => {
                 let ptr = mmap_shared(self.fd.as_fd(), len, *offset)?;
@@ -232,7 +233,7 @@ fn mmap_shared(fd: BorrowedFd<'_>, len: usize, offset: u64) -> Result<*mut u8> {
 }
 
 enum Mapping {
-    Sim(crate::sim::mmap::Region),
+    Sim(std::sync::Arc<crate::sim::mmap::Region>),
     Raw { ptr: *mut u8, len: usize },
 }
 

@@ -5,12 +5,21 @@
  * every message arrives once, in order, with its length and bytes, so a
  * message lost, duplicated or damaged while one side moves to another host
  * fails the run. The passive side reports its progress ("received N") so a
- * test can move it in the middle. COUNT is XMX_TEST_COUNT (default 4000);
+ * test can move it in the middle, and at the end the longest gap between two
+ * messages it received (what a move costs the application). COUNT is XMX_TEST_COUNT (default 4000);
  * XMX_TEST_LARGE=0 makes the largest messages 32 KiB (MEDIUM) instead of
  * 40000 bytes (LARGE).
  */
 
 #include "xmx_test.h"
+
+#include <time.h>
+
+static uint64_t now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
 
 #define WINDOW 8
 #define MAXLEN 40000
@@ -81,6 +90,7 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
   unsigned char *out = malloc((size_t)WINDOW * MAXLEN);
   mx_request_t sends[WINDOW];
   mx_endpoint_addr_t peer;
+  uint64_t last = 0, longest = 0;
   EXPECT(b && out, "memory");
   for (uint32_t i = 0; i < n; i++) {
     mx_segment_t seg = {b, MAXLEN};
@@ -91,6 +101,11 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
     EXPECT(s.match_info == i, "message %u arrived in place of %u", (unsigned)s.match_info, i);
     EXPECT(s.xfer_length == lens[i % NLENS], "length of %u", i);
     test_verify(b, s.xfer_length, i, "stream");
+    uint64_t t = now_us();
+    if (i > 0 && t - last > longest) {
+      longest = t - last;
+    }
+    last = t;
     if (i == 0) {
       peer = test_connect_back(ep, &s);
     }
@@ -113,6 +128,7 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
     EXPECT(d.code == MX_STATUS_SUCCESS, "reply %u: %s", i, mx_strstatus(d.code));
   }
   printf("received %u messages in order, every reply sent\n", n);
+  printf("longest gap %llu us\n", (unsigned long long)longest);
   free(b);
   free(out);
 }

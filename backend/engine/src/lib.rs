@@ -353,8 +353,9 @@ impl Engine {
         if nic.endpoints.contains_key(&endpoint) {
             return Err(EngineError::EndpointBusy(endpoint));
         }
-        nic.endpoints.insert(endpoint, Endpoint::new(config));
-        nic.link.reopening.remove(&endpoint);
+        let mut ep = Endpoint::new(config);
+        ep.regions_returning = nic.link.reopening.remove(&endpoint);
+        nic.endpoints.insert(endpoint, ep);
         Ok(())
     }
 

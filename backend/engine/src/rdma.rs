@@ -333,6 +333,10 @@ pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, p
         return refuse(ctx, link, NackType::BadSession, DropReason::BadSession);
     }
     let Some(region) = ep.regions.get(&pull.pulled_rdma_id).copied() else {
+        if ep.regions_returning {
+            link.counters.drop(DropReason::EndpointReopening);
+            return;
+        }
         return refuse(ctx, link, NackType::BadRdmaWindow, DropReason::BadRegion);
     };
     // The block's place in the message, then in the region (all in 64 bits: the frame

@@ -31,6 +31,10 @@ impl Engine {
             .get_mut(&endpoint)
             .ok_or(Violation::EndpointNotOpen(endpoint))?;
         check_op(&request.op, ep)?;
+        if !matches!(request.op, SendOp::Register(_) | SendOp::Deregister { .. }) {
+            // The guest uses the endpoint again: its regions are back.
+            ep.regions_returning = false;
+        }
         let tag = request.tag;
         let route = request.route;
         let dst = match resolve(&ctx, &nic.link, route.peer_index)? {

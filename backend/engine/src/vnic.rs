@@ -234,6 +234,10 @@ pub(crate) struct Endpoint {
     pub recvq: RecvQueue,
     pub regions: HashMap<u8, Region>,
     pub pulls: PullSlots,
+    /// Re-opened with its session (see `Engine::expect_reopen`) and not used since: its
+    /// guest registers its regions again under their ids first, so a PULL for a region
+    /// not (yet) registered is dropped, not NACKed, and the peer asks again.
+    pub regions_returning: bool,
     next_event_tag: u32,
 }
 
@@ -245,6 +249,7 @@ impl Endpoint {
             recvq: RecvQueue::new(config.recv_queue_slots),
             regions: HashMap::new(),
             pulls: PullSlots::default(),
+            regions_returning: false,
             next_event_tag: 0,
         }
     }

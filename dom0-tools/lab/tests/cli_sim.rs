@@ -208,5 +208,74 @@ fn a_simulated_cluster_runs_the_dom0_daemons_and_agrees_on_its_peers() {
     domids.sort();
     assert_eq!(domids, [1, 2]);
 
+    // A guest moves to the other host: refused when it makes no sense, then done, and
+    // the state lists it there by its domain name.
+    let refused = |args: &[&str], why: &str| {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {err}"
+        );
+    };
+    let migrate = ["sim", "migrate", "--name", &name];
+    refused(
+        &[&migrate[..], &["h0", "g1", "--to", "h0"]].concat(),
+        "already runs on",
+    );
+    refused(
+        &[&migrate[..], &["h0", "g7", "--to", "h1"]].concat(),
+        "no guest",
+    );
+    refused(
+        &[&migrate[..], &["h0", "g1", "--to", "h9"]].concat(),
+        "no host",
+    );
+    refused(
+        &[
+            "sim",
+            "migrate",
+            "--name",
+            "nosuchsim",
+            "h0",
+            "g1",
+            "--to",
+            "h1",
+        ],
+        "no simulated cluster",
+    );
+    let report: Value =
+        serde_json::from_str(&ok(
+            &[&migrate[..], &["h0", "g1", "--to", "h1", "--json"]].concat()
+        ))
+        .unwrap();
+    assert_eq!(
+        (
+            report["guest"].as_str(),
+            report["from"].as_str(),
+            report["to"].as_str()
+        ),
+        (Some("h0-g1"), Some("h0"), Some("h1")),
+        "{report}"
+    );
+    let moved = report["dest_domid"].as_u64().unwrap();
+    let status: Value =
+        serde_json::from_str(&ok(&["sim", "status", "--name", &name, "--json"])).unwrap();
+    let guests = |host: usize| -> Vec<(String, u64)> {
+        status["hosts"][host]["guests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["name"].as_str().unwrap().to_owned(),
+                    g["domid"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(guests(0), [("g0".to_owned(), 1)]);
+    assert!(guests(1).contains(&("h0-g1".to_owned(), moved)), "{status}");
+
     ok(&["sim", "down", "--name", &name]);
 }

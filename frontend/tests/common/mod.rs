@@ -41,6 +41,10 @@ impl Host {
         Host(SimHost::start())
     }
 
+    pub fn start_with(config: xmx_simhv::Config) -> Host {
+        Host(SimHost::start_with(config))
+    }
+
     /// Create a guest and its xmx device 0, as the toolstack does.
     pub fn guest(&self, name: &str, mac_last: u8) -> DomId {
         let domid = self.create(name);

@@ -191,6 +191,12 @@ impl Host {
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
+        // Where an earlier domain with this id went is no concern of this one's processes.
+        match std::fs::remove_file(layout::moved_file(&self.dir, domid)) {
+            Ok(()) => tracing::debug!(domid, "stale forwarding record removed"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
         DirBuilder::new().mode(0o700).create(&dir)?;
         match self.bring_up(rt, domid, name, spec) {
             Ok(()) => {

@@ -548,10 +548,14 @@ fn role_memory_writer() {
         .unwrap()
         .grant_pages(DOM0, 1, true)
         .unwrap();
-    println!("ref {} at {:p}", page.refs()[0], page.as_ptr());
+    // A following writer writes through a second mapping of the page, imported as an
+    // application imports what its guest daemon hands it: both must follow the domain.
+    let imported = follow.then(|| page.export().unwrap().import().unwrap());
+    let at = imported.as_ref().map_or(page.as_ptr(), |i| i.as_ptr());
+    println!("ref {} at {:p}", page.refs()[0], at);
     // SAFETY: the page is mapped writable and 8-byte aligned (page aligned) for as long
-    // as `page` lives; AtomicU64 has u64's layout.
-    let counter = unsafe { &*(page.as_ptr() as *const AtomicU64) };
+    // as `page` and `imported` live; AtomicU64 has u64's layout.
+    let counter = unsafe { &*(at as *const AtomicU64) };
     let started = Instant::now();
     let mut checked = Instant::now();
     let mut n = 0u64;
@@ -563,11 +567,7 @@ fn role_memory_writer() {
         if follow && checked.elapsed() >= Duration::from_millis(1) {
             checked = Instant::now();
             if platform.follow_move().unwrap() {
-                println!(
-                    "moved to domain {} at {:p}",
-                    platform.domid(),
-                    page.as_ptr()
-                );
+                println!("moved to domain {} at {:p}", platform.domid(), at);
             }
         }
     }
@@ -755,4 +755,32 @@ fn a_process_follows_its_domain_and_writes_on_at_the_same_address() {
     assert_eq!((s.grants_active, s.hv_connections), (1, 1));
     drop(writer);
     dst.settle(d, |s| s.grants_active == 0 && s.mem_pages == 0);
+}
+
+#[test]
+fn a_new_domain_with_a_moved_domains_id_does_not_inherit_its_forwarding_record() {
+    let src = Host::start();
+    let dst = Host::start();
+    let work = tempfile::tempdir().unwrap();
+    let g = src.create("guest");
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let report = migrate_domain(&src.admin, &dst.admin, g, &options).unwrap();
+    let record = xmx_hv::sim::migrate::Forwarding::read(src.path(), g)
+        .unwrap()
+        .expect("the forwarding record");
+    assert_eq!(record.domid, report.dest_domid);
+    assert_eq!(record.dir, std::path::absolute(dst.path()).unwrap());
+    // A process of the new domain with the same id stays where it is.
+    let again = src.admin.create("newcomer", Some(g)).unwrap();
+    assert_eq!(again, g);
+    assert_eq!(
+        xmx_hv::sim::migrate::Forwarding::read(src.path(), g).unwrap(),
+        None
+    );
+    let p = src.attach(g);
+    assert!(!p.follow_move().unwrap());
+    assert_eq!(p.domid(), g);
 }

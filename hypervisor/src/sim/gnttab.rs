@@ -219,6 +219,11 @@ impl SimGrantTable {
         self.conn.domid()
     }
 
+    /// The domain's memory, as this handle maps it.
+    pub(crate) fn memory(&self) -> Arc<OwnedFd> {
+        self.own_mem.get()
+    }
+
     /// The daemon's id for this incarnation of the domain (changes if the domid is reused).
     pub fn instance(&self) -> u64 {
         self.instance.load(Ordering::Acquire)

@@ -1,5 +1,7 @@
 //! Moving a domain from one simulated host to another, shaped like `xl migrate`: the
-//! hypervisor's half (memory and grant table; guest processes do not follow yet).
+//! hypervisor's half (memory, grant table, the domain's processes frozen for the last
+//! round and pointed to the new host; the xmx device is the toolstack's, see the
+//! simulated cluster's `xmx sim migrate`).
 //!
 //! 1. The source starts sending (`save_begin`); the destination creates `NAME--incoming`,
 //!    paused, with the source's memory limit (refused if `NAME` or `NAME--incoming`
@@ -440,10 +442,7 @@ impl<'a> Migration<'a> {
             domid: self.incoming,
             source_instance: self.source_instance,
         };
-        if let Err(e) = forwarding.write(self.source.dir(), self.domid) {
-            // Its processes will not find it: say so, the domain runs nonetheless.
-            tracing::error!(domid = self.domid, error = %e, "writing the forwarding record");
-        }
+        let forwarded = forwarding.write(self.source.dir(), self.domid);
         let frozen = self
             .frozen
             .take()
@@ -461,6 +460,13 @@ impl<'a> Migration<'a> {
                 "{} runs as domain {} on the destination, but destroying domain {} on the \
                  source failed: {e}",
                 self.name, self.incoming, self.domid
+            )));
+        }
+        if let Err(e) = forwarded {
+            return Err(Error::Protocol(format!(
+                "{} runs as domain {} on the destination, but its processes cannot learn \
+                 it: writing its forwarding record failed: {e}",
+                self.name, self.incoming
             )));
         }
         tracing::info!(

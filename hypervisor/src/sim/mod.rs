@@ -34,12 +34,14 @@ mod conn;
 pub mod evtchn;
 pub mod freeze;
 pub mod gnttab;
+pub(crate) mod imports;
 pub mod layout;
 pub mod migrate;
 pub mod mmap;
 pub mod proto;
 pub mod transport;
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -83,8 +85,10 @@ impl SimPlatform {
 
     /// If the domain was migrated away (its forwarding record says where to, see
     /// [`migrate::Forwarding`]), attach to it on its new host: from now on new handles
-    /// are the destination's, and the grant table follows with its grants (see
-    /// [`SimGrantTable::follow`]). Event-channel handles and xenstore connections opened
+    /// are the destination's, the grant table follows with its grants (see
+    /// [`SimGrantTable::follow`]), and pages imported from another process of the domain
+    /// (see [`crate::handoff`]) are mapped from the destination's memory at the same
+    /// addresses. Event-channel handles and xenstore connections opened
     /// before are the old host's: their owners open new ones. True if it moved.
     pub fn follow_move(&self) -> Result<bool> {
         let (dir, domid) = self.place();
@@ -109,10 +113,20 @@ impl SimPlatform {
                 to.dir.display()
             )));
         }
-        if let Some(gt) = gt {
-            gt.follow(&to.dir, to.domid)?;
-        }
-        tracing::info!(from = domid, to = to.domid, dir = %to.dir.display(), "followed the domain to its new host");
+        let gt = match gt {
+            Some(gt) => {
+                gt.follow(&to.dir, to.domid)?;
+                gt
+            }
+            // Only for the destination's memory, to remap what was imported.
+            None => Arc::new(SimGrantTable::open(&to.dir, to.domid)?),
+        };
+        let imports = imports::remap_all(gt.memory().as_fd())?;
+        *self
+            .grant_table
+            .lock()
+            .map_err(|_| Error::Closed("platform poisoned".into()))? = Some(gt);
+        tracing::info!(from = domid, to = to.domid, dir = %to.dir.display(), imports, "followed the domain to its new host");
         *self.place.lock().unwrap_or_else(|p| p.into_inner()) = (to.dir, to.domid);
         Ok(true)
     }

@@ -119,6 +119,9 @@ pub(crate) struct OwnGrants {
     /// What arrived on the event ring while a registration waited for its completion; taken
     /// in before anything newer.
     stash: Vec<Inbound>,
+    /// The registration of every region registered, by id: posted again after a
+    /// reconnection, over the same grants, so the ids peers hold stay valid.
+    registered: std::collections::BTreeMap<u8, xmx_wire::msg::DirectRegister>,
 }
 
 /// How long a registration waits for the backend's answer.
@@ -164,7 +167,47 @@ impl Link {
             backend,
             free_ids: (0..self.max_regions).rev().map(|i| i as u8).collect(),
             stash: Vec::new(),
+            registered: Default::default(),
         });
+    }
+
+    /// After a reconnection, registers every region this link registered itself again,
+    /// under its id and over its grants (they outlive a backend restart, a suspend, and,
+    /// on the simulator, a move to another host). True if all are back (or there were
+    /// none); false if any failed, in which case none is kept.
+    fn register_own_again(&mut self) -> bool {
+        let (Some(d), Some(channel)) = (self.own_grants.as_mut(), self.channel.as_mut()) else {
+            return false;
+        };
+        let requests: Vec<_> = d.registered.values().copied().collect();
+        let mut r = OwnGrantsRegistrar {
+            d,
+            channel,
+            next_tag: &mut self.next_tag,
+            index: self.index,
+            session: self.session,
+        };
+        for req in &requests {
+            let tag = r.tag();
+            let ok =
+                r.post(tag, SendOp::Register(*req)) && matches!(r.completion(tag), Some(Ok(_)));
+            if !ok {
+                tracing::warn!(
+                    index = self.index,
+                    region_id = req.region_id,
+                    "a region could not be registered again; the windows are dropped"
+                );
+                return false;
+            }
+        }
+        if !requests.is_empty() {
+            tracing::info!(
+                index = self.index,
+                regions = requests.len(),
+                "regions registered again under their ids"
+            );
+        }
+        true
     }
 
     /// The cache and the registrar it uses: `outer` (the daemon), or the link itself when
@@ -173,24 +216,29 @@ impl Link {
         let index = self.index;
         let session = self.session;
         let down = self.down;
-        let own_grants = match (&mut self.own_grants, self.channel.as_mut()) {
-            (Some(d), Some(channel)) if !down => Some(OwnGrantsRegistrar {
+        let mut registered = None;
+        let Some(d) = self.own_grants.as_mut() else {
+            return (
+                &mut self.cache,
+                Via {
+                    outer,
+                    own_grants: None,
+                    own_grants_mode: false,
+                    registered: None,
+                },
+            );
+        };
+        let own_grants = match self.channel.as_mut() {
+            Some(channel) if !down => Some(OwnGrantsRegistrar {
                 d,
                 channel,
                 next_tag: &mut self.next_tag,
                 index,
                 session,
             }),
-            (Some(_), _) => None,
-            (None, _) => {
-                return (
-                    &mut self.cache,
-                    Via {
-                        outer,
-                        own_grants: None,
-                        own_grants_mode: false,
-                    },
-                )
+            _ => {
+                registered = Some(&mut d.registered);
+                None
             }
         };
         (
@@ -199,6 +247,7 @@ impl Link {
                 outer,
                 own_grants,
                 own_grants_mode: true,
+                registered,
             },
         )
     }
@@ -816,8 +865,7 @@ impl Link {
             return Remapped::NotTaken;
         };
         let new_session = h.session_id;
-        // The daemon registers again only the regions it registered itself.
-        let regions_kept = h.regions_kept && self.own_grants.is_none();
+        let daemon_kept = h.regions_kept;
         if let Err(e) = client.remap(channel, h) {
             tracing::warn!(index = self.index, %e, "re-opened endpoint not taken");
             return Remapped::NotTaken;
@@ -836,6 +884,12 @@ impl Link {
             return Remapped::SessionChanged;
         }
         self.slots.reset();
+        // The daemon registers again the regions it registered; the link those it
+        // registered itself.
+        let regions_kept = match self.own_grants.is_some() {
+            false => daemon_kept,
+            true => self.register_own_again(),
+        };
         if !regions_kept {
             self.cache.forget_endpoint(self.index);
             self.lent.clear();
@@ -844,6 +898,7 @@ impl Link {
                 // The new backend knows none of the link's regions.
                 d.free_ids = (0..max).rev().map(|i| i as u8).collect();
                 d.stash.clear();
+                d.registered.clear();
             }
             self.lent_data.clear();
         }
@@ -943,6 +998,8 @@ struct Via<'a> {
     own_grants: Option<OwnGrantsRegistrar<'a>>,
     /// The link registers with its own grants: never through `outer` (the ids are the link's).
     own_grants_mode: bool,
+    /// While the link is down: its own registrations, to forget a window dropped meanwhile.
+    registered: Option<&'a mut std::collections::BTreeMap<u8, xmx_wire::msg::DirectRegister>>,
 }
 
 impl Registrar for Via<'_> {
@@ -959,8 +1016,12 @@ impl Registrar for Via<'_> {
     fn deregister(&mut self, window: RegionWindow) -> xmx_frontend::Result<()> {
         match (&mut self.own_grants, self.own_grants_mode) {
             (Some(d), _) => d.deregister(window),
-            // The backend forgot the region with the connection; the grants end here.
+            // The backend forgot the region with the connection; the grants end here, and
+            // it is not registered again after the reconnection.
             (None, true) => {
+                if let Some(r) = self.registered.as_mut() {
+                    r.remove(&window.region_id());
+                }
                 drop(window);
                 Ok(())
             }
@@ -1094,7 +1155,10 @@ impl Registrar for OwnGrantsRegistrar<'_> {
             return Err(xmx_frontend::Error::Exhausted("send ring slot".into()));
         }
         match self.completion(tag) {
-            Some(Ok(_)) => Ok(window),
+            Some(Ok(_)) => {
+                self.d.registered.insert(id, request);
+                Ok(window)
+            }
             Some(Err(status)) => {
                 self.d.free_ids.push(id);
                 Err(xmx_frontend::Error::Invalid(format!(
@@ -1117,6 +1181,7 @@ impl Registrar for OwnGrantsRegistrar<'_> {
 
     fn deregister(&mut self, window: RegionWindow) -> xmx_frontend::Result<()> {
         let id = window.region_id();
+        self.d.registered.remove(&id);
         let tag = self.tag();
         // Not waited for: a later registration of the id comes after it on the ring.
         let posted = self.post(tag, SendOp::Deregister { region_id: id });
