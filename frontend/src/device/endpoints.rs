@@ -1,0 +1,214 @@
+//! Endpoints: opened and shared with the backend (their rings and event channels), handed
+//! to the applications, closed, and re-opened in their sessions after a reconnect.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use xmx_hv::PAGE_SIZE;
+use xmx_wire::msg::{pack_info_page, CtrlOp, CtrlReply, CtrlStatus, EndpointOpen, EndpointPages};
+use xmx_wire::ring::init_shared;
+
+use super::{write_pages, EndpointShare, Frontend, FrontendEvent, Quarantined};
+use crate::error::{Error, Result};
+use crate::handoff::{check_geometry, EndpointHandoff};
+use crate::shared::{end_grants, granted_mem, OwnedPort};
+
+impl Frontend {
+    /// Open endpoint `endpoint` (the lowest free index if None) with `geometry` (the
+    /// configured one if None) and return what its application needs.
+    pub fn open_endpoint(
+        &mut self,
+        endpoint: Option<u8>,
+        geometry: Option<EndpointPages>,
+    ) -> Result<EndpointHandoff> {
+        let geometry = geometry.unwrap_or(self.cfg.endpoint_pages);
+        check_geometry(&geometry)?;
+        let max = self
+            .info
+            .as_ref()
+            .ok_or_else(|| Error::NotConnected("device not connected".into()))?
+            .max_endpoints
+            .min(256);
+        let index = match endpoint {
+            Some(i) if u32::from(i) >= max => {
+                return Err(Error::Invalid(format!(
+                    "endpoint {i} (the backend allows {max})"
+                )))
+            }
+            Some(i) if self.endpoints.contains_key(&i) => {
+                return Err(Error::Refused {
+                    op: xmx_wire::msg::CtrlKind::EndpointOpen,
+                    status: CtrlStatus::EndpointBusy,
+                })
+            }
+            Some(i) => i,
+            None => (0..max)
+                .map(|i| i as u8)
+                .find(|i| !self.endpoints.contains_key(i))
+                .ok_or(Error::Exhausted("endpoint".into()))?,
+        };
+        let share = self.share_endpoint(index, geometry, 0, 0)?;
+        self.endpoints.insert(index, share);
+        match self.export_endpoint(index) {
+            Ok(h) => Ok(h),
+            Err(e) => {
+                let _ = self.close_endpoint(index);
+                Err(e)
+            }
+        }
+    }
+
+    /// Grant an endpoint's pages and port and have the backend open it.
+    pub(super) fn share_endpoint(
+        &mut self,
+        index: u8,
+        geometry: EndpointPages,
+        generation: u32,
+        resume_session: u32,
+    ) -> Result<EndpointShare> {
+        let backend = self.backend_id;
+        let pages = Arc::new(self.gnttab.grant_pages(backend, geometry.total(), true)?);
+        // Both ring headers are initialised here, before the backend or the application
+        // takes its half: the backend attaches to the event ring as it finds it.
+        for range in [geometry.send_ring_refs(), geometry.event_ring_refs()] {
+            let mem = granted_mem(&pages, range.start * PAGE_SIZE, range.len() * PAGE_SIZE)?;
+            init_shared(&mem, 0)?;
+        }
+        let port = OwnedPort::alloc_unbound(self.platform.event_channels()?, backend)?;
+        let mut info = self.gnttab.grant_pages(backend, 1, false)?;
+        let mut page = vec![0u8; PAGE_SIZE];
+        pack_info_page(pages.refs(), &mut page)?;
+        write_pages(&mut info, &page);
+        let op = CtrlOp::EndpointOpen(EndpointOpen {
+            endpoint: index,
+            event_channel: port.port(),
+            info_ref: info.refs()[0],
+            pages: geometry,
+            resume_session,
+        });
+        let result = self.call(op);
+        // The backend copied the info page out and unmapped it before answering.
+        self.dispose(Quarantined::Pages(info));
+        let share = EndpointShare {
+            geometry,
+            pages,
+            port,
+            session_id: 0,
+            generation,
+            open_in_backend: false,
+            regions: BTreeMap::new(),
+        };
+        match result {
+            Ok(CtrlReply::EndpointOpen { session_id, .. }) => {
+                tracing::info!(
+                    endpoint = index,
+                    session_id,
+                    pages = geometry.total(),
+                    "endpoint open"
+                );
+                Ok(EndpointShare {
+                    session_id,
+                    open_in_backend: true,
+                    ..share
+                })
+            }
+            Ok(other) => {
+                share.release("endpoint");
+                Err(Error::Protocol(format!("open answered with {other:?}")))
+            }
+            Err(e) => {
+                self.dispose(Quarantined::Endpoint(share));
+                self.fail_if_broken();
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn export_endpoint(&self, index: u8) -> Result<EndpointHandoff> {
+        let share = self
+            .endpoints
+            .get(&index)
+            .ok_or_else(|| Error::Invalid(format!("endpoint {index} is not open")))?;
+        Ok(EndpointHandoff {
+            endpoint: index,
+            session_id: share.session_id,
+            geometry: share.geometry,
+            generation: share.generation,
+            regions_kept: false,
+            pages: share.pages.export()?,
+            port: share.port.handle().export_port(share.port.port())?,
+        })
+    }
+
+    /// Close endpoint `endpoint`: the backend's side first, then its regions' and its
+    /// own grants and its port. Only call this once its application unmapped the pages
+    /// (or is gone).
+    pub fn close_endpoint(&mut self, endpoint: u8) -> Result<()> {
+        let share = self
+            .endpoints
+            .remove(&endpoint)
+            .ok_or_else(|| Error::Invalid(format!("endpoint {endpoint} is not open")))?;
+        let mut result = Ok(());
+        if share.open_in_backend && self.is_connected() {
+            match self.call(CtrlOp::EndpointClose { endpoint }) {
+                Ok(_) => {}
+                Err(Error::Refused {
+                    status: CtrlStatus::EndpointNotOpen,
+                    ..
+                }) => {}
+                Err(e) => result = Err(e),
+            }
+        }
+        self.dispose(Quarantined::Endpoint(share));
+        self.fail_if_broken();
+        tracing::info!(endpoint, "endpoint closed");
+        result
+    }
+
+    /// After a reconnection: open every endpoint again over new grants.
+    pub(super) fn reopen_endpoints(&mut self) {
+        let lost: Vec<u8> = self
+            .endpoints
+            .iter()
+            .filter(|(_, e)| !e.open_in_backend)
+            .map(|(i, _)| *i)
+            .collect();
+        for index in lost {
+            let Some(mut old) = self.endpoints.remove(&index) else {
+                continue;
+            };
+            let generation = old.generation.wrapping_add(1);
+            let regions = std::mem::take(&mut old.regions);
+            match self.share_endpoint(index, old.geometry, generation, old.session_id) {
+                Ok(mut new) => {
+                    let kept = self.register_again(index, regions, &mut new);
+                    self.endpoints.insert(index, new);
+                    match self.export_endpoint(index) {
+                        Ok(mut h) => {
+                            h.regions_kept = kept;
+                            self.reopened.push(h);
+                            self.events
+                                .push_back(FrontendEvent::EndpointReopened { endpoint: index });
+                        }
+                        Err(e) => self.events.push_back(FrontendEvent::EndpointLost {
+                            endpoint: index,
+                            reason: e.to_string(),
+                        }),
+                    }
+                }
+                Err(e) => {
+                    for (_, r) in regions {
+                        end_grants(r.pages, "region");
+                    }
+                    tracing::warn!(endpoint = index, error = %e, "re-opening an endpoint");
+                    self.events.push_back(FrontendEvent::EndpointLost {
+                        endpoint: index,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+            // The application still maps the old pages until it remaps.
+            self.retired.push((index, old.generation, old));
+        }
+    }
+}
