@@ -91,14 +91,7 @@ pub const SEED_ENV: &str = "XMX_RELAY_SEED";
 /// fresh one from the clock and the process id. Printed either way, so that a failure names
 /// the seed that replays it.
 pub fn relay_seed() -> u64 {
-    let given = std::env::var(SEED_ENV).ok().and_then(|v| {
-        let v = v.trim();
-        match v.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16).ok(),
-            None => v.parse().ok(),
-        }
-    });
-    let seed = given.unwrap_or_else(|| {
+    let seed = seed_from_env().unwrap_or_else(|| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -129,6 +122,24 @@ impl Rng {
         }
         ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
+}
+
+/// The seed of a run whose relays should decide the same way every time unless told
+/// otherwise: `XMX_RELAY_SEED` if set, else `default`. Printed either way.
+pub fn relay_seed_or(default: u64) -> u64 {
+    let seed = seed_from_env().unwrap_or(default);
+    println!("relay seed {seed:#x} (replay with {SEED_ENV}={seed:#x})");
+    seed
+}
+
+fn seed_from_env() -> Option<u64> {
+    std::env::var(SEED_ENV).ok().and_then(|v| {
+        let v = v.trim();
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    })
 }
 
 /// Derives the seed of relay `index` of a run whose seed is `seed` (each relay of a run
@@ -251,21 +262,22 @@ fn relay(
                     out.push(f);
                 }
             }
+            // Counted before they go: whoever sees a frame arrive sees it counted.
+            {
+                let mut total = stats.lock().unwrap_or_else(|e| e.into_inner());
+                total.from_a += std::mem::take(&mut s.from_a);
+                total.from_b += std::mem::take(&mut s.from_b);
+                total.lost += std::mem::take(&mut s.lost);
+                total.duplicated += std::mem::take(&mut s.duplicated);
+                total.reordered += std::mem::take(&mut s.reordered);
+                total.down_lost += std::mem::take(&mut s.down_lost);
+            }
             if !out.is_empty() {
                 for f in &out {
                     let _ = ends[to].send(f);
                 }
                 let _ = ends[to].flush();
             }
-        }
-        {
-            let mut total = stats.lock().unwrap_or_else(|e| e.into_inner());
-            total.from_a += s.from_a;
-            total.from_b += s.from_b;
-            total.lost += s.lost;
-            total.duplicated += s.duplicated;
-            total.reordered += s.reordered;
-            total.down_lost += s.down_lost;
         }
         let next_due = delayed.iter().filter_map(|q| q.front().map(|d| d.0)).min();
         let wait = next_due
