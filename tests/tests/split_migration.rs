@@ -36,7 +36,6 @@ fn nic_frames(c: &SimCluster, i: usize, domid: u16) -> (u64, u64) {
 }
 
 #[test]
-#[ignore = "the moving application died once in about twenty runs at the suspend of its first move (cause not found yet); run by hand: cargo test -p xmx-tests --test split_migration -- --ignored"]
 fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
     if skipped("a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost") {
         return;

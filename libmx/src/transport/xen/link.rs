@@ -755,7 +755,10 @@ impl Link {
         _reg: &mut dyn Registrar,
     ) -> Result<(), Sink> {
         // Behind pulls already waiting: receives are pulled in the order they took them.
-        if !self.deferred.is_empty() && !self.down {
+        // While the link is down (a suspend, a migration, a backend restarting) a pull
+        // waits too: the re-mapping after the reconnection issues it; failing it would
+        // fail a receive that MX completes once the peer is reachable again.
+        if !self.deferred.is_empty() || self.down {
             self.deferred.push_back(sink);
             return Ok(());
         }
@@ -817,6 +820,10 @@ impl Link {
     /// Pulls held back longer than [`PULL_HELD_MAX`] fail with `Aborted` (or the refusal
     /// that held them).
     fn post_deferred(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) {
+        if self.down {
+            // Their time waiting for room starts once there is a ring again.
+            return;
+        }
         let mut expired = Vec::new();
         while let Some(mut sink) = self.deferred.pop_front() {
             let since = *sink.held_since.get_or_insert_with(Instant::now);
