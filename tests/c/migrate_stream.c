@@ -8,7 +8,9 @@
  * test can move it in the middle, and at the end the longest gap between two
  * messages it received (what a move costs the application). COUNT is XMX_TEST_COUNT (default 4000);
  * XMX_TEST_LARGE=0 makes the largest messages 32 KiB (MEDIUM) instead of
- * 40000 bytes (LARGE).
+ * 40000 bytes (LARGE). With XMX_TEST_DIRECT=1 the passive side waits,
+ * after its first reply, until a direct channel to its co-located peer is up.
+ * At the end each side prints what went by direct channels.
  */
 
 #include "xmx_test.h"
@@ -35,6 +37,13 @@ static void choose_lengths(void) {
     lens[NLENS - 1] = 32768;
     reply_lens[0] = 32768;
   }
+}
+
+/* XMX_TEST_DIRECT=1: the two start co-located and talk over a direct
+   channel before anything moves (the passive side waits for it). */
+static int direct_wanted(void) {
+  const char *v = getenv("XMX_TEST_DIRECT");
+  return v && atoi(v) == 1;
 }
 
 static uint32_t count(void) {
@@ -118,6 +127,12 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
     test_fill(out + (size_t)k * MAXLEN, len, i + REPLY_SEED);
     mx_segment_t rs = {out + (size_t)k * MAXLEN, len};
     CHECK(mx_isend(ep, &rs, 1, peer, i, NULL, &sends[k]));
+    if (i == 0 && direct_wanted()) {
+      /* The first reply offered the channel (or the peer's first message did). */
+      test_wait_counter(ep, "Direct channels opened", 1);
+      printf("direct channel up\n");
+      fflush(stdout);
+    }
     if ((i + 1) % 250 == 0) {
       printf("received %u\n", i + 1);
       fflush(stdout);
@@ -133,4 +148,24 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
   free(out);
 }
 
-int main(int argc, char **argv) { return test_run(argc, argv, active, passive); }
+/* What went by a direct channel to a co-located peer, and how many channels
+   came and went (a move must end a channel before the guests part). */
+static void report_direct(void) {
+  printf("direct: %u frames sent, %u received, %u channels opened, %u closed\n",
+         test_counter("Direct frames sent"), test_counter("Direct frames received"),
+         test_counter("Direct channels opened"), test_counter("Direct channels closed"));
+}
+
+static void active_then_report(mx_endpoint_t ep, struct test_opts *o) {
+  active(ep, o);
+  report_direct();
+}
+
+static void passive_then_report(mx_endpoint_t ep, struct test_opts *o) {
+  passive(ep, o);
+  report_direct();
+}
+
+int main(int argc, char **argv) {
+  return test_run(argc, argv, active_then_report, passive_then_report);
+}

@@ -4,10 +4,11 @@
 //! (`migrate_stream.c` checks each one), and the stream must go on over the new host's
 //! backend. The downtimes and the longest gap the application saw are printed.
 //!
-//! The guest streams with a co-located guest through their backend
-//! (`MX_DISABLE_SHMEM=1`: a direct channel would have to fall back before the move,
-//! which is not done yet); after the move the two are on different hosts, so the
-//! traffic crosses the link.
+//! The guest starts beside its peer, and the two talk over a direct channel (the
+//! library's default) before anything moves; the move ends the channel, and what was
+//! left in it is delivered or resent through the backends, so nothing is lost there
+//! either. After the move the two are on different hosts and the traffic crosses the
+//! link.
 //!
 //! Needs root (namespaces, veths, AF_PACKET); skipped with the reason otherwise.
 
@@ -35,6 +36,35 @@ fn nic_frames(c: &SimCluster, i: usize, domid: u16) -> (u64, u64) {
     (nic.rx_frames, nic.tx_frames + nic.local_frames)
 }
 
+/// The program's last words on direct channels:
+/// `direct: S frames sent, R received, O channels opened, C closed`.
+#[derive(Debug)]
+struct DirectUse {
+    sent: u64,
+    received: u64,
+    opened: u64,
+    closed: u64,
+}
+
+impl DirectUse {
+    fn of(stdout: &str) -> Option<DirectUse> {
+        let line = stdout.lines().find_map(|l| l.strip_prefix("direct: "))?;
+        let n: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        match n[..] {
+            [sent, received, opened, closed] => Some(DirectUse {
+                sent,
+                received,
+                opened,
+                closed,
+            }),
+            _ => None,
+        }
+    }
+}
+
 #[test]
 fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
     if skipped("a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost") {
@@ -45,7 +75,7 @@ fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let bin = cprog::build("migrate_stream", dir.path());
     let env = [
-        ("MX_DISABLE_SHMEM", "1"),
+        ("XMX_TEST_DIRECT", "1"),
         ("XMX_TEST_COUNT", "16000"),
         ("XMX_TEST_LARGE", "1"),
     ];
@@ -107,6 +137,17 @@ fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
         rx > 0 && tx > 0,
         "on the last host: {rx} frames in, {tx} out"
     );
+    // Both sides used the direct channel before the first move, and it ended: it
+    // did not go on between guests of two hosts.
+    for (side, text) in [("passive", out), ("active", active.stdout.as_str())] {
+        let d =
+            DirectUse::of(text).unwrap_or_else(|| panic!("{side} printed no direct line:\n{text}"));
+        assert!(
+            d.sent > 0 && d.received > 0 && d.opened >= 1 && d.closed >= 1,
+            "{side}: {d:?}"
+        );
+        eprintln!("{side}: {d:?}");
+    }
     let gap = out
         .lines()
         .find_map(|l| l.strip_prefix("longest gap "))
