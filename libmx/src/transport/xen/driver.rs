@@ -66,7 +66,7 @@ fn wait(fds: &[RawFd], timeout_ms: libc::c_int) -> Vec<libc::c_short> {
 /// application thread polls the endpoint, asks the peers to signal the next
 /// frame. Returns how many frames it took.
 fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
-    let Some(hub) = &shared.direct else { return 0 };
+    let Some(hub) = shared.hub() else { return 0 };
     let mut d = ep.direct.lock().unwrap_or_else(|e| e.into_inner());
     if !d.any_open() {
         let orphans = d.take_orphans();
@@ -101,7 +101,7 @@ pub(super) fn run(shared: Arc<Shared>) {
         if let Some(xs) = shared.xs() {
             sources.push((xs.watch_fd(), Source::PeerView));
         }
-        if let Some(hub) = &shared.direct {
+        if let Some(hub) = shared.hub() {
             sources.push((hub.store_fd(), Source::DirectStore));
             sources.push((hub.event_fd(), Source::DirectEvent));
         }
@@ -161,7 +161,7 @@ pub(super) fn run(shared: Arc<Shared>) {
                 Source::PeerView => shared.peer_view_changed(),
                 Source::DirectStore => shared.direct_changed(),
                 Source::DirectEvent => {
-                    if let Some(hub) = &shared.direct {
+                    if let Some(hub) = shared.hub() {
                         hub.drain_events();
                     }
                 }

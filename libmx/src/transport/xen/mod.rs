@@ -50,7 +50,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,24 @@ pub(crate) fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
     lookup("XMX_TRANSPORT").is_none() && lookup(SOCKET_ENV).is_some_and(|s| !s.trim().is_empty())
 }
 
+/// Every endpoint in `endpoints` as the direct hub sees it, each with its
+/// link (`links`, one per endpoint, in the same order).
+fn attached<'a>(
+    endpoints: &'a [Arc<EndpointShared>],
+    links: &'a mut [LinkRef<'a>],
+) -> Vec<direct::Attached<'a>> {
+    endpoints
+        .iter()
+        .zip(links.iter_mut())
+        .map(|(e, link)| direct::Attached {
+            index: e.index,
+            direct: &e.direct,
+            mailbox: &e.mailbox,
+            link,
+        })
+        .collect()
+}
+
 /// What the transport, its ports and the driver thread share.
 pub(crate) struct Shared {
     client: Mutex<FrontdClient>,
@@ -184,8 +202,9 @@ pub(crate) struct Shared {
     /// Registration without the daemon, for links with the cache off.
     own_grants: Option<(Arc<dyn xmx_hv::GrantTable>, xmx_hv::DomId)>,
     /// The direct channels to co-located guests, unless disabled or the
-    /// platform could not give them.
-    direct: Option<direct::Hub>,
+    /// platform could not give them; replaced when the domain moves to another
+    /// host ([`Shared::direct_follow`]).
+    direct: RwLock<Option<Arc<direct::Hub>>>,
     endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
     wake: EventFd,
     stop: AtomicBool,
@@ -193,6 +212,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The direct channels' hub of the host the domain is on, if any.
+    fn hub(&self) -> Option<Arc<direct::Hub>> {
+        self.direct
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn endpoints(&self) -> Vec<Arc<EndpointShared>> {
         lock(&self.endpoints).values().cloned().collect()
     }
@@ -352,12 +379,40 @@ impl Shared {
         }
         tracing::info!(domid = platform.domid(), %dir, "followed the domain to its new host");
         *lock(&self.view_dir) = dir;
+        self.direct_follow(platform.as_ref());
         self.kick();
+    }
+
+    /// The domain moved: its direct channels were to guests of the host it
+    /// left, so they end (what they hold is taken in first; frames lost with
+    /// them are resent through the backend, pulls under way go on through it),
+    /// and a hub on the new host offers and accepts channels to the guests
+    /// beside it there.
+    fn direct_follow(&self, platform: &dyn xmx_hv::Platform) {
+        let Some(old) = self.hub() else { return };
+        let endpoints = self.endpoints();
+        let mut links: Vec<LinkRef<'_>> = endpoints.iter().map(|e| LinkRef(&e.link)).collect();
+        let mut list = attached(&endpoints, &mut links);
+        old.part(&mut list);
+        drop(list);
+        let next = match direct::Hub::start_after(platform, self.config.toolstack, &old) {
+            Ok(h) => Some(Arc::new(h)),
+            Err(e) => {
+                tracing::info!(%e, "no direct channels on the new host: co-located guests go through the backend");
+                None
+            }
+        };
+        *self.direct.write().unwrap_or_else(|e| e.into_inner()) = next;
+        for ep in &endpoints {
+            let orphans = lock(&ep.direct).take_orphans();
+            self.resume_pulls(ep, orphans);
+        }
+        self.direct_rescan();
     }
 
     /// xenstore changed under the direct channels: the hub follows it.
     fn direct_changed(&self) {
-        let Some(hub) = &self.direct else { return };
+        let Some(hub) = self.hub() else { return };
         if hub.drain_store() {
             self.direct_rescan();
         }
@@ -366,19 +421,10 @@ impl Shared {
     /// The hub looks at the offers and channels again; a channel that ends
     /// is emptied into its endpoint's mailbox first ([`direct::Hub::rescan`]).
     fn direct_rescan(&self) {
-        let Some(hub) = &self.direct else { return };
+        let Some(hub) = self.hub() else { return };
         let endpoints = self.endpoints();
         let mut links: Vec<LinkRef<'_>> = endpoints.iter().map(|e| LinkRef(&e.link)).collect();
-        let mut list: Vec<direct::Attached<'_>> = endpoints
-            .iter()
-            .zip(links.iter_mut())
-            .map(|(e, link)| direct::Attached {
-                index: e.index,
-                direct: &e.direct,
-                mailbox: &e.mailbox,
-                link,
-            })
-            .collect();
+        let mut list = attached(&endpoints, &mut links);
         hub.rescan(&mut list, &self.view);
         drop(list);
         for ep in &endpoints {
@@ -418,7 +464,7 @@ impl Shared {
     /// Closes an endpoint: forgotten by the driver, its channel unmapped and
     /// closed by the daemon.
     fn close_endpoint(&self, ep: &Arc<EndpointShared>) {
-        if let Some(hub) = &self.direct {
+        if let Some(hub) = self.hub() {
             hub.close_endpoint(&mut lock(&ep.direct));
         }
         let channel = {
@@ -535,7 +581,7 @@ impl Xen {
             xs: Mutex::new(xs),
             platform,
             own_grants,
-            direct,
+            direct: RwLock::new(direct.map(Arc::new)),
             endpoints: Mutex::new(HashMap::new()),
             wake,
             stop: AtomicBool::new(false),
@@ -629,7 +675,7 @@ impl Transport for Xen {
             lost: std::sync::OnceLock::new(),
         });
         lock(&self.shared.endpoints).insert(index, ep.clone());
-        if let Some(hub) = &self.shared.direct {
+        if let Some(hub) = self.shared.hub() {
             // Channels peers created for this endpoint id before it opened.
             let mut link = LinkRef(&ep.link);
             let mut list = [direct::Attached {

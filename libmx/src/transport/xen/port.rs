@@ -101,7 +101,7 @@ impl Port for XenPort {
     }
 
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
-        if let Some(hub) = &self.shared.direct {
+        if let Some(hub) = self.shared.hub() {
             let mut d = lock(&self.ep.direct);
             if let Body::Message(Message {
                 kind: MessageKind::Rndv(r),
@@ -128,7 +128,7 @@ impl Port for XenPort {
         if let Some(f) = self.ep.mailbox.next_frame() {
             return Some(f);
         }
-        if let Some(hub) = &self.shared.direct {
+        if let Some(hub) = self.shared.hub() {
             if let Ok(mut d) = self.ep.direct.try_lock() {
                 let n = hub.take_in(
                     self.ep.index,
@@ -159,7 +159,7 @@ impl Port for XenPort {
     }
 
     fn before_sleep(&mut self) -> bool {
-        if let Some(hub) = &self.shared.direct {
+        if let Some(hub) = self.shared.hub() {
             let mut d = lock(&self.ep.direct);
             let n = hub.take_in(
                 self.ep.index,
@@ -225,7 +225,7 @@ impl Regions for XenRegions {
         dest: &Segments,
         length: u32,
     ) -> PullProgress {
-        if let Some(hub) = &self.shared.direct {
+        if let Some(hub) = self.shared.hub() {
             let sink = super::direct::Sink::new(id, source, window, dest.clone(), length);
             if let Some(p) = hub.pull(&mut lock(&self.ep.direct), self.ep.index, sink) {
                 return p;

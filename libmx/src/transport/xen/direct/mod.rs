@@ -322,6 +322,26 @@ pub(crate) type StartError = String;
 impl Hub {
     /// Attaches to the platform and watches this guest's offers.
     pub(crate) fn start(platform: &dyn Platform, toolstack: DomId) -> Result<Hub, StartError> {
+        Hub::start_at(platform, toolstack, 1)
+    }
+
+    /// The hub that takes over from `earlier` on the host the domain moved
+    /// to ([`Hub::part`]): its offers generations come after the earlier
+    /// hub's, so no endpoint's verdict of those offers passes for one of the
+    /// new host's.
+    pub(crate) fn start_after(
+        platform: &dyn Platform,
+        toolstack: DomId,
+        earlier: &Hub,
+    ) -> Result<Hub, StartError> {
+        Hub::start_at(platform, toolstack, earlier.generation() + 1)
+    }
+
+    fn start_at(
+        platform: &dyn Platform,
+        toolstack: DomId,
+        generation: u64,
+    ) -> Result<Hub, StartError> {
         let err = |what: &str, e: xmx_hv::Error| format!("{what}: {e}");
         let domid = platform.domid();
         let gnttab = platform.grant_table().map_err(|e| err("grant table", e))?;
@@ -338,7 +358,7 @@ impl Hub {
             evtchn,
             xs,
             offers: Mutex::new(Offers::default()),
-            generation: AtomicU64::new(1),
+            generation: AtomicU64::new(generation),
             fault: Fault::from_env(),
             sent: AtomicU64::new(0),
             stall: std::env::var("XMX_DIRECT_STALL_MS")
@@ -1071,6 +1091,30 @@ impl Hub {
                     }
                 }
             }
+        }
+    }
+
+    /// The domain moved to another host: every channel of `endpoints` ends,
+    /// what it holds taken in first (its pulls become orphans), and no
+    /// endpoint keeps a verdict of this hub's offers: the hub of the new host
+    /// decides afresh.
+    pub(crate) fn part(&self, endpoints: &mut [Attached<'_>]) {
+        let generation = self.generation();
+        for ep in endpoints.iter_mut() {
+            let mut d = lock(ep.direct);
+            let open: Vec<PeerAddr> = d
+                .slots
+                .iter()
+                .filter(|(_, s)| matches!(s, Slot::Open(_)))
+                .map(|(a, _)| *a)
+                .collect();
+            if !open.is_empty() {
+                self.take_in(ep.index, &mut d, ep.mailbox, &mut *ep.link);
+            }
+            for addr in open {
+                d.end(self, addr, generation, "the domain moved to another host");
+            }
+            d.slots.clear();
         }
     }
 
