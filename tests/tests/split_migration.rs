@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use xmx_backend::admin::{CountersReport, Request as BackdRequest};
+use xmx_lab::demo::migration::DirectUse;
 use xmx_tests::app::App;
 use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog;
@@ -34,35 +35,6 @@ fn nic_frames(c: &SimCluster, i: usize, domid: u16) -> (u64, u64) {
         .unwrap_or_else(|| panic!("no guest {domid} on host {i}"));
     let nic = g.nic.as_ref().expect("the guest's NIC counters");
     (nic.rx_frames, nic.tx_frames + nic.local_frames)
-}
-
-/// The program's last words on direct channels:
-/// `direct: S frames sent, R received, O channels opened, C closed`.
-#[derive(Debug)]
-struct DirectUse {
-    sent: u64,
-    received: u64,
-    opened: u64,
-    closed: u64,
-}
-
-impl DirectUse {
-    fn of(stdout: &str) -> Option<DirectUse> {
-        let line = stdout.lines().find_map(|l| l.strip_prefix("direct: "))?;
-        let n: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        match n[..] {
-            [sent, received, opened, closed] => Some(DirectUse {
-                sent,
-                received,
-                opened,
-                closed,
-            }),
-            _ => None,
-        }
-    }
 }
 
 #[test]
@@ -142,10 +114,11 @@ fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
     // did not go on between guests of two hosts. Back beside its peer (twice), the
     // guest talks to it directly again.
     for (side, text) in [("passive", out), ("active", active.stdout.as_str())] {
-        let d =
-            DirectUse::of(text).unwrap_or_else(|| panic!("{side} printed no direct line:\n{text}"));
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let d = DirectUse::parse(&lines)
+            .unwrap_or_else(|| panic!("{side} printed no direct line:\n{text}"));
         assert!(
-            d.sent > 0 && d.received > 0 && d.opened >= 2 && d.closed >= 1,
+            d.frames_sent > 0 && d.frames_received > 0 && d.opened >= 2 && d.closed >= 1,
             "{side}: {d:?}"
         );
         eprintln!("{side}: {d:?}");

@@ -24,7 +24,7 @@ fn sigint_in_the_traffic_step_tears_everything_down() {
         "a demo cluster exists before the test"
     );
     let mut run = DemoRun::start(&["--json"]);
-    run.wait_line("== [3/6]", Duration::from_secs(120));
+    run.wait_line("== [3/7]", Duration::from_secs(120));
     // The step's first measurement has begun: its agents are running in the guests.
     run.wait_line(
         "guest-remote pingpong 0 B: iteration",

@@ -9,7 +9,10 @@
 //! 4. `isolation`: a blue guest tries to connect to every red guest, and MX refuses;
 //! 5. `figures`: the same sizes over TCP between the two hosts, and the latency and
 //!    bandwidth table with ratios (the bench's table);
-//! 6. `teardown`: everything removed (`xmx sim down`), unless `--keep`.
+//! 6. `migration`: blue h0/g2 moves to h1 and back (`xmx sim migrate`) under a two-way
+//!    MX stream with h0/g0, every message checked; the downtimes and the longest gap
+//!    the application saw ([`migration`]);
+//! 7. `teardown`: everything removed (`xmx sim down`), unless `--keep`.
 //!
 //! Steps run in order; the first that fails ends the tour (the rest are skipped) and the
 //! teardown still runs, as it does on SIGINT, SIGTERM and SIGHUP ([`crate::interrupt`]).
@@ -20,7 +23,7 @@
 //!
 //! ```text
 //! {
-//!   "schema": "xmx-demo/1",
+//!   "schema": "xmx-demo/2",
 //!   "ok": true,                      // every step ok (teardown skipped under --keep)
 //!   "interrupted": null | "SIGINT",
 //!   "wall_s": 74.1,
@@ -31,7 +34,7 @@
 //!                            "description": "..." }, ... ] },
 //!   "steps": [ { "name": "cluster", "title": "...", "status": "ok" | "failed" |
 //!                "skipped" | "interrupted", "seconds": 9.5, "error": null | "...",
-//!                "note": null | "..." }, ... ],          // the six steps, in order
+//!                "note": null | "..." }, ... ],          // the seven steps, in order
 //!   "peers": [ { "cluster": "blue", "seen_by": "h0/g0", "command": "xmx peers ...",
 //!                "report": { xmxd's peers report } }, ... ],
 //!   "isolation": null | { "from": "h0/g0", "from_cluster": "blue", "refused": true,
@@ -40,13 +43,19 @@
 //!                // ANSWER: { "code": 36, "name": "MX_NIC_NOT_FOUND",
 //!                //           "message": "...", "ms": 0.02 }
 //!   "figures": null | { an `xmx bench` report (schema xmx-bench/1) with setups
-//!                guest-remote, guest-local and tcp, and ratios guest-*/tcp }
+//!                guest-remote, guest-local and tcp, and ratios guest-*/tcp },
+//!   "migration": null | { "guest": "h0/g2", "partner": "h0/g0", "messages": 12000,
+//!                "moves": [ { `xmx sim migrate --json`'s report }, ... ],   // 2
+//!                "longest_gap_ms": 503.1,
+//!                "direct": { "frames_sent": .., "frames_received": .., "opened": ..,
+//!                            "closed": .. } }
 //! }
 //! ```
 
 pub mod console;
 pub mod isolation;
 pub mod layout;
+pub mod migration;
 pub mod peers;
 pub mod traffic;
 pub mod vclusters;
@@ -77,7 +86,7 @@ use traffic::{GuestPrograms, TcpBaseline};
 const LIBRARY: &str = "libmyriexpress.so";
 
 /// Version of the JSON document.
-pub const SCHEMA: &str = "xmx-demo/1";
+pub const SCHEMA: &str = "xmx-demo/2";
 
 /// Arguments of `xmx demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,7 +95,7 @@ pub struct DemoArgs {
     /// --name demo`, remove it with `xmx sim down --name demo`).
     #[arg(long)]
     pub keep: bool,
-    /// Print one JSON document (schema xmx-demo/1) with every figure and step outcome on
+    /// Print one JSON document (schema xmx-demo/2) with every figure and step outcome on
     /// stdout at the end; headings and tables go to stderr.
     #[arg(long)]
     pub json: bool,
@@ -109,7 +118,8 @@ pub enum StepStatus {
 /// One step's outcome.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepRecord {
-    /// Short name (`cluster`, `peers`, `traffic`, `isolation`, `figures`, `teardown`).
+    /// Short name (`cluster`, `peers`, `traffic`, `isolation`, `figures`, `migration`,
+    /// `teardown`).
     pub name: &'static str,
     /// Its heading.
     pub title: &'static str,
@@ -138,7 +148,7 @@ pub struct DemoReport {
     pub kept: bool,
     /// Who is where.
     pub layout: LayoutReport,
-    /// The six steps, in order.
+    /// The seven steps, in order.
     pub steps: Vec<StepRecord>,
     /// Step 2's tables.
     pub peers: Vec<ClusterView>,
@@ -146,6 +156,8 @@ pub struct DemoReport {
     pub isolation: Option<Isolation>,
     /// Steps 3 and 5's figures.
     pub figures: Option<Report>,
+    /// Step 6's moves and stream.
+    pub migration: Option<migration::MigrationRun>,
 }
 
 /// The demo's layout, for readers of the document.
@@ -205,7 +217,7 @@ impl LayoutReport {
 }
 
 /// The steps: name and heading.
-pub const STEPS: [(&str, &str); 6] = [
+pub const STEPS: [(&str, &str); 7] = [
     (
         "cluster",
         "Simulated cluster `demo`: 2 hosts x 3 guests, virtual clusters blue and red",
@@ -219,6 +231,10 @@ pub const STEPS: [(&str, &str); 6] = [
     (
         "figures",
         "Latency and bandwidth beside TCP on the same link",
+    ),
+    (
+        "migration",
+        "Blue h0/g2 moves to h1 and back under a two-way MX stream",
     ),
     ("teardown", "Teardown"),
 ];
@@ -277,10 +293,12 @@ struct Demo {
     state: Option<ClusterState>,
     programs: Option<GuestPrograms>,
     isolation_prog: Option<PathBuf>,
+    migration_prog: Option<PathBuf>,
     peers: Vec<ClusterView>,
     guest_results: Vec<SetupResult>,
     isolation: Option<Isolation>,
     figures: Option<Report>,
+    migration: Option<migration::MigrationRun>,
 }
 
 /// `xmx demo`; returns the exit status. `bin_dir` holds the daemons `xmx sim` starts.
@@ -301,10 +319,12 @@ pub fn main(args: DemoArgs, bin_dir: PathBuf) -> Result<i32> {
         state: None,
         programs: None,
         isolation_prog: None,
+        migration_prog: None,
         peers: Vec::new(),
         guest_results: Vec::new(),
         isolation: None,
         figures: None,
+        migration: None,
     };
     let total = STEPS.len();
     let mut records = Vec::new();
@@ -329,6 +349,7 @@ pub fn main(args: DemoArgs, bin_dir: PathBuf) -> Result<i32> {
                 "traffic" => demo.traffic(),
                 "isolation" => demo.isolation(),
                 "figures" => demo.figures(),
+                "migration" => demo.migration(),
                 other => Err(StepError::Failed(anyhow!("unknown step {other}"))),
             }
         };
@@ -369,6 +390,7 @@ pub fn main(args: DemoArgs, bin_dir: PathBuf) -> Result<i32> {
         peers: std::mem::take(&mut demo.peers),
         isolation: demo.isolation.take(),
         figures: demo.figures.take(),
+        migration: demo.migration.take(),
     };
     eprintln!();
     eprintln!("{}", summary(&report));
@@ -477,8 +499,9 @@ impl Demo {
         std::fs::create_dir_all(&lib_dir)?;
         std::fs::copy(built.join(LIBRARY), lib_dir.join(LIBRARY))
             .with_context(|| format!("copying {}", built.join(LIBRARY).display()))?;
-        self.console
-            .progress("building mx_bench.c and mx_isolation.c against libmyriexpress");
+        self.console.progress(
+            "building mx_bench.c, mx_isolation.c and migrate_stream.c against libmyriexpress",
+        );
         let mx_bench = native::build_program(&self.scratch.0, &native::include_dir(), &lib_dir)
             .map_err(|e| anyhow!(e))?;
         let probe = isolation::build(
@@ -488,8 +511,10 @@ impl Demo {
             &lib_dir,
         )
         .map_err(|e| anyhow!(e))?;
+        let stream = migration::build(&self.scratch.0, &lib_dir).map_err(|e| anyhow!(e))?;
         self.programs = Some(GuestPrograms { mx_bench, lib_dir });
         self.isolation_prog = Some(probe);
+        self.migration_prog = Some(stream);
         Ok(())
     }
 
@@ -660,6 +685,43 @@ impl Demo {
         Ok(None)
     }
 
+    fn migration(&mut self) -> StepResult {
+        let prog = self
+            .migration_prog
+            .clone()
+            .context("migrate_stream not built")?;
+        let lib_dir = self
+            .programs
+            .as_ref()
+            .context("programs not built")?
+            .lib_dir
+            .clone();
+        let state = self.state.as_mut().context("the cluster is not up")?;
+        let console = &mut self.console;
+        let result = migration::run(state, &prog, &lib_dir, &mut |step| console.progress(step));
+        let run = match result {
+            Ok(run) => run,
+            Err(e) => {
+                interrupt::check()?;
+                return Err(StepError::Failed(e.context(format!(
+                    "MX across a migration failed: rerun with --keep and read the logs under /run/xmx/{SIM_NAME}/h*/logs"
+                ))));
+            }
+        };
+        self.console.show(&migration::render(&run));
+        let worst = run
+            .moves
+            .iter()
+            .map(|m| m.downtime_ms)
+            .fold(0.0_f64, f64::max);
+        let note = format!(
+            "2 moves, downtime at most {worst:.1} ms, longest gap {:.0} ms, {} messages each way checked",
+            run.longest_gap_ms, run.messages
+        );
+        self.migration = Some(run);
+        Ok(Some(note))
+    }
+
     fn teardown(&mut self, keep: bool) -> StepResult {
         let _shield = interrupt::shield();
         if !self.owned {
@@ -812,6 +874,7 @@ mod tests {
             peers: vec![],
             isolation: None,
             figures: None,
+            migration: None,
         };
         let text = summary(&report);
         assert!(

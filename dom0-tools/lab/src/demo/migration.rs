@@ -1,0 +1,362 @@
+//! Step 6: a guest moves to the other host and back under MX traffic, and nothing is
+//! lost.
+//!
+//! Blue h0/g2 runs the receiving side of `migrate_stream.c`, the program the test suite
+//! checks migrations with (tests/c, built here from the same source), and its co-located
+//! blue partner h0/g0 the sending side: a two-way stream of every message class, LARGE
+//! included, each message checked where it arrives (once, in order, its length and its
+//! bytes). The two start side by side and talk over a direct channel. When the receiver
+//! has taken a third of the stream, `xmx sim migrate` moves h0/g2 to h1 as `xl migrate`
+//! would (memory copied while it runs, a short suspend, the rest, resume there); at two
+//! thirds it moves back. Shown: each move's downtime (suspend to resume), the longest
+//! gap the receiver saw between two messages (what a move costs the application), and
+//! what went by direct channels. Either program failing a check, or a move failing,
+//! fails the step.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use super::isolation;
+use super::layout::Place;
+use crate::sim::cluster::{self, ClusterState};
+use crate::sim::migrate::{self, MigrateSummary};
+
+/// The program, and the helpers it shares with the suite's other C programs.
+const MIGRATE_STREAM_C: &str = include_str!("../../../../tests/c/migrate_stream.c");
+const XMX_TEST_H: &str = include_str!("../../../../tests/c/xmx_test.h");
+/// The guest that moves, and its partner (which stays).
+pub const MOVER: Place = Place::new(0, 2);
+/// See [`MOVER`].
+pub const PARTNER: Place = Place::new(0, 0);
+/// The host the mover visits.
+const AWAY_HOST: usize = 1;
+/// Messages each way.
+pub const MESSAGES: u32 = 12_000;
+/// The receiver's endpoint.
+const RECEIVER_EID: &str = "2";
+/// How long the receiver may go without reaching the next mark.
+const MARK_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the programs may take to end once the moves are done.
+const END_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Builds the program into `out_dir` against the library in `lib_dir`.
+pub fn build(out_dir: &Path, lib_dir: &Path) -> Result<PathBuf, String> {
+    let header = out_dir.join("xmx_test.h");
+    std::fs::write(&header, XMX_TEST_H)
+        .map_err(|e| format!("writing {}: {e}", header.display()))?;
+    isolation::build("migrate_stream", MIGRATE_STREAM_C, out_dir, lib_dir)
+}
+
+/// What went by direct channels, as one side's program counted it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DirectUse {
+    /// Frames sent on direct channels.
+    pub frames_sent: u64,
+    /// Frames taken off them.
+    pub frames_received: u64,
+    /// Channels that came up.
+    pub opened: u64,
+    /// Channels that ended.
+    pub closed: u64,
+}
+
+impl DirectUse {
+    /// The program's line `direct: S frames sent, R received, O channels opened, C closed`.
+    pub fn parse(lines: &[String]) -> Option<DirectUse> {
+        let line = lines.iter().find_map(|l| l.strip_prefix("direct: "))?;
+        let n: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        match n[..] {
+            [frames_sent, frames_received, opened, closed] => Some(DirectUse {
+                frames_sent,
+                frames_received,
+                opened,
+                closed,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The step's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrationRun {
+    /// The guest that moved (`h0/g2`).
+    pub guest: String,
+    /// Its partner (`h0/g0`).
+    pub partner: String,
+    /// Messages each way, every one checked.
+    pub messages: u32,
+    /// Each move, as `xmx sim migrate --json` reports it.
+    pub moves: Vec<MigrateSummary>,
+    /// The longest time between two messages the mover received, milliseconds.
+    pub longest_gap_ms: f64,
+    /// The mover's direct channels.
+    pub direct: DirectUse,
+}
+
+/// A program running in a guest, its standard output read line by line.
+struct GuestProgram {
+    what: String,
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl GuestProgram {
+    fn spawn(
+        what: String,
+        state: &ClusterState,
+        place: Place,
+        prog: &Path,
+        args: &[&str],
+        lib_dir: &Path,
+    ) -> Result<GuestProgram> {
+        let host = state.host(&place.host_name())?;
+        let guest = host.guest(&place.guest_name())?;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &host.netns])
+            .arg(prog)
+            .args(args)
+            .envs(cluster::guest_env(host, guest, lib_dir))
+            .envs([
+                ("XMX_TRANSPORT", "xen"),
+                ("XMX_TEST_COUNT", &MESSAGES.to_string()),
+                ("XMX_TEST_DIRECT", "1"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        let out = child.stdout.take().context("stdout")?;
+        let mut err = child.stderr.take().context("stderr")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Ok(GuestProgram {
+            what,
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr: Some(stderr),
+        })
+    }
+
+    /// Its last words on standard error, once it has ended.
+    fn last_words(&mut self) -> String {
+        let text = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        text.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no error printed")
+            .to_owned()
+    }
+
+    /// Reads its output until the line `want`.
+    fn wait_line(&mut self, want: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line == want;
+                    self.seen.push(line);
+                    if found {
+                        return Ok(());
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    bail!("{} did not print {want:?} within {timeout:?}", self.what)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().context("waiting")?;
+                    let why = self.last_words();
+                    bail!("{} ended ({status}) before {want:?}: {why}", self.what)
+                }
+            }
+        }
+    }
+
+    /// Waits for it to end, successfully; every line it printed.
+    fn finish(mut self, timeout: Duration) -> Result<Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    bail!("{} did not end within {timeout:?}", self.what)
+                }
+            }
+        }
+        let status = self.child.wait().context("waiting")?;
+        if !status.success() {
+            let why = self.last_words();
+            bail!("{} failed ({status}): {why}", self.what);
+        }
+        Ok(std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for GuestProgram {
+    fn drop(&mut self) {
+        // A program left running by a failed step would outlive the tour.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs the step: the stream, the two moves, the verdict. `progress` hears each stage.
+pub fn run(
+    state: &mut ClusterState,
+    prog: &Path,
+    lib_dir: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<MigrationRun> {
+    let mover = MOVER.domain_name();
+    let mut receiver = GuestProgram::spawn(
+        format!("the receiver in {MOVER}"),
+        state,
+        MOVER,
+        prog,
+        &["-l", RECEIVER_EID],
+        lib_dir,
+    )?;
+    let sender = GuestProgram::spawn(
+        format!("the sender in {PARTNER}"),
+        state,
+        PARTNER,
+        prog,
+        &["-d", &mover, "-e", RECEIVER_EID],
+        lib_dir,
+    )?;
+    receiver.wait_line("direct channel up", MARK_TIMEOUT)?;
+    progress(&format!(
+        "{MESSAGES} messages each way between {PARTNER} and {MOVER}, over a direct channel"
+    ));
+    let home = MOVER.host_name();
+    let away = crate::sim::cluster::host_name(AWAY_HOST);
+    // The mover is listed as `g2` on its first host, by its domain name after a move.
+    let legs = [
+        (home.clone(), MOVER.guest_name(), away.clone()),
+        (away, mover.clone(), home),
+    ];
+    let mut moves = Vec::new();
+    for (k, (from, guest, to)) in legs.into_iter().enumerate() {
+        let mark = format!("received {}", (k as u32 + 1) * MESSAGES / 3);
+        receiver.wait_line(&mark, MARK_TIMEOUT)?;
+        crate::interrupt::check().map_err(|i| anyhow::anyhow!("{i}"))?;
+        progress(&format!("{mark}: moving {mover} from {from} to {to}"));
+        let summary = migrate::migrate(state, &from, &guest, &to, progress)
+            .with_context(|| format!("moving {mover} from {from} to {to}"))?;
+        moves.push(summary);
+    }
+    let received = receiver.finish(END_TIMEOUT)?;
+    sender.finish(END_TIMEOUT)?;
+    let longest_gap_ms = received
+        .iter()
+        .find_map(|l| l.strip_prefix("longest gap "))
+        .and_then(|l| l.strip_suffix(" us"))
+        .and_then(|us| us.trim().parse::<f64>().ok())
+        .map(|us| us / 1e3)
+        .context("the receiver did not report its longest gap")?;
+    let direct =
+        DirectUse::parse(&received).context("the receiver did not report its direct channels")?;
+    Ok(MigrationRun {
+        guest: MOVER.to_string(),
+        partner: PARTNER.to_string(),
+        messages: MESSAGES,
+        moves,
+        longest_gap_ms,
+        direct,
+    })
+}
+
+/// The step's table.
+pub fn render(run: &MigrationRun) -> String {
+    let mut lines = Vec::new();
+    for (i, m) in run.moves.iter().enumerate() {
+        lines.push(format!(
+            "move {}: {} -> {} (domain {} -> {}): downtime {:.1} ms, {} rounds, {:.1} MiB copied, {:.0} ms in all, {} endpoint session(s) carried",
+            i + 1,
+            m.from,
+            m.to,
+            m.source_domid,
+            m.dest_domid,
+            m.downtime_ms,
+            m.rounds.len(),
+            m.bytes as f64 / (1u64 << 20) as f64,
+            m.total_ms,
+            m.sessions_carried.unwrap_or(0),
+        ));
+    }
+    lines.push(format!(
+        "stream: {} messages each way, every one checked once, in order and byte-exact; longest gap the receiver saw {:.0} ms",
+        run.messages, run.longest_gap_ms
+    ));
+    lines.push(format!(
+        "direct channels of {}: {} opened, {} ended (each move ends them; back beside {} it opens one again), {} frames sent and {} received on them",
+        run.guest,
+        run.direct.opened,
+        run.direct.closed,
+        run.partner,
+        run.direct.frames_sent,
+        run.direct.frames_received
+    ));
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_programs_direct_line_parses() {
+        let lines = vec![
+            "received 12000 messages in order, every reply sent".to_owned(),
+            "direct: 15193 frames sent, 15245 received, 3 channels opened, 2 closed".to_owned(),
+        ];
+        assert_eq!(
+            DirectUse::parse(&lines),
+            Some(DirectUse {
+                frames_sent: 15193,
+                frames_received: 15245,
+                opened: 3,
+                closed: 2
+            })
+        );
+        assert_eq!(DirectUse::parse(&lines[..1]), None);
+        assert_eq!(
+            DirectUse::parse(&["direct: 1 frames sent".to_owned()]),
+            None
+        );
+    }
+}
