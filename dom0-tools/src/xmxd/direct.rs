@@ -6,9 +6,16 @@
 //! writable by the two of them only, and lists each in the other's offers.
 //! Everything else (granting, mapping, the event channel) is the guests'
 //! business inside that directory. Isolation stays dom0's: when the pair no
-//! longer qualifies (a cluster move, a detach, a destroy, a suspend) or the
-//! administrator turns channels off, xmxd removes the offers and the pair
-//! directory, and both libraries fall back to the backend path.
+//! longer qualifies (a cluster move, a detach, a destroy, hence a migration
+//! away) or the administrator turns channels off, xmxd removes the offers and
+//! the pair directory, and both libraries fall back to the backend path.
+//!
+//! A suspend alone does not end a pair: a guest suspended and resumed on this
+//! host finds its peer's frames waiting in the channel, as they would in its
+//! rings, and the guest's frontend closing its device (which a backend restart
+//! does as well) says nothing about the channel, which never touches the
+//! backend. A guest that moves leaves with its domain's destruction, and its
+//! library ends its channels on the new host (see libmx's direct module).
 
 use std::collections::{BTreeMap, BTreeSet};
 
