@@ -58,12 +58,5 @@ pub fn cluster_programs() -> PathBuf {
     program("xmx", "xmx-lab")
 }
 
-/// The directory holding the freshest `libmyriexpress.so`: `deps/` first,
-/// where rustc writes the cdylib of this package's dependency on every
-/// build, then the profile directory.
-pub fn lib_dir() -> PathBuf {
-    [deps_dir(), profile_dir()]
-        .into_iter()
-        .find(|d| d.join("libmyriexpress.so").exists())
-        .expect("libmyriexpress.so is built with this test (xmx-libmx is a dependency)")
-}
+/// The directory of the built `libmyriexpress.so`.
+pub use xmx_simkit::cprog::lib_dir;

@@ -2,14 +2,9 @@
 //! the built library.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use crate::bins::{lib_dir, workspace};
-
-/// The shared C test programs (`tests/c`).
-pub fn shared_dir() -> PathBuf {
-    workspace().join("tests").join("c")
-}
+use crate::bins::workspace;
+pub use xmx_simkit::cprog::shared_dir;
 
 /// The programs only these tests use (`tests/src/c`).
 pub fn own_dir() -> PathBuf {
@@ -25,29 +20,7 @@ pub fn build(name: &str, out_dir: &Path) -> PathBuf {
     } else {
         shared_dir().join(format!("{name}.c"))
     };
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = out_dir.join(name);
-    let o = Command::new(&cc)
-        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(workspace().join("libmx").join("include"))
-        .arg("-I")
-        .arg(shared_dir())
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-L")
-        .arg(lib_dir())
-        .args(["-lmyriexpress", "-lpthread"])
-        .output()
-        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
-    assert!(
-        o.status.success(),
-        "compiling {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
+    xmx_simkit::cprog::compile(&src, &xmx_simkit::cprog::include_dir(), out_dir)
 }
 
 /// One line of a ping-pong table: size, one-way latency, bandwidth.

@@ -8,22 +8,7 @@ use std::process::{Command, Output};
 /// Where Open-MX's own MX headers are, when the reference checkout exists.
 pub const OPEN_MX_INCLUDE: &str = "/work/ref/xen2mx/common/mx";
 
-/// The directory holding the built `libmyriexpress.so`: the `deps/` directory next to this
-/// test executable first, because rustc writes the cdylib there on every build while the copy
-/// in the profile directory is refreshed only by `cargo build`; then the profile directory.
-pub fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe
-        .parent()
-        .map(Path::to_path_buf)
-        .expect("target/<profile>/deps/<test>");
-    let profile = deps.parent().map(Path::to_path_buf);
-    [Some(deps), profile]
-        .into_iter()
-        .flatten()
-        .find(|d| d.join("libmyriexpress.so").exists())
-        .expect("libmyriexpress.so is built next to the tests (cdylib of xmx-libmx)")
-}
+pub use xmx_simkit::cprog::lib_dir;
 
 /// The built library.
 pub fn library() -> PathBuf {
@@ -32,15 +17,12 @@ pub fn library() -> PathBuf {
 
 /// Our headers.
 pub fn our_include() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("include")
+    xmx_simkit::cprog::include_dir()
 }
 
 /// The C test programs.
 pub fn c_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("tests")
-        .join("c")
+    xmx_simkit::cprog::shared_dir()
 }
 
 /// A scratch directory for binaries, kept for the test's duration.
@@ -51,30 +33,7 @@ pub fn scratch() -> tempfile::TempDir {
 /// Compiles `tests/c/<name>.c` against the headers in `include`, linked with
 /// the built library; returns the binary.
 pub fn build(name: &str, include: &Path, out_dir: &Path) -> PathBuf {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = out_dir.join(name);
-    let src = c_dir().join(format!("{name}.c"));
-    let o = Command::new(&cc)
-        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(include)
-        .arg("-I")
-        .arg(c_dir())
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-L")
-        .arg(lib_dir())
-        .args(["-lmyriexpress", "-lpthread"])
-        .output()
-        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
-    assert!(
-        o.status.success(),
-        "compiling {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
+    xmx_simkit::cprog::compile(&c_dir().join(format!("{name}.c")), include, out_dir)
 }
 
 /// Runs a built program on the loopback transport, with a watchdog.
