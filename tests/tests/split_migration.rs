@@ -102,17 +102,10 @@ fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
     let passive = passive.finish();
     let out = passive.passed();
     active.passed();
-    // The stream went on over the last host's backend, both ways, until the direct
-    // channel was up again (the frames of a channel's first moments, and those lost
-    // with the old one, go through the backend; beside its peer, without the wire).
-    let (rx, tx) = nic_frames(&c, 0, d);
-    assert!(
-        rx > 0 && tx > 0,
-        "on the last host: {rx} frames in, {tx} out"
-    );
     // Both sides used the direct channel before the first move, and it ended: it
     // did not go on between guests of two hosts. Back beside its peer (twice), the
     // guest talks to it directly again.
+    let mut direct = Vec::new();
     for (side, text) in [("passive", out), ("active", active.stdout.as_str())] {
         let lines: Vec<String> = text.lines().map(str::to_owned).collect();
         let d = DirectUse::parse(&lines)
@@ -122,7 +115,17 @@ fn a_guest_moves_back_and_forth_under_a_two_way_stream_and_nothing_is_lost() {
             "{side}: {d:?}"
         );
         eprintln!("{side}: {d:?}");
+        direct.push(d);
     }
+    // The last host serves the guest: its backend lists the device, and the end of the
+    // stream went through it, or over the channel opened there after the last move
+    // (the third), which may come up before anything needs the backend.
+    let (rx, tx) = nic_frames(&c, 0, d);
+    assert!(
+        rx + tx > 0 || direct[0].opened >= 3,
+        "on the last host: {rx} frames in, {tx} out, {:?}",
+        direct[0]
+    );
     let gap = out
         .lines()
         .find_map(|l| l.strip_prefix("longest gap "))
