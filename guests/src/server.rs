@@ -48,6 +48,8 @@ pub struct ServerConfig {
     pub probe_min: Duration,
     /// Longest interval between resume probes while suspended.
     pub probe_max: Duration,
+    /// Domain of the toolstack that brokers direct channels.
+    pub toolstack: u16,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +60,7 @@ impl Default for ServerConfig {
             drain: Duration::from_secs(2),
             probe_min: Duration::from_millis(5),
             probe_max: Duration::from_millis(500),
+            toolstack: 0,
         }
     }
 }
@@ -94,6 +97,8 @@ impl Client {
 /// State shared by the main thread and the client threads.
 struct Shared {
     frontend: Mutex<Frontend>,
+    /// Domain of the toolstack that brokers direct channels.
+    toolstack: u16,
     clients: Mutex<BTreeMap<u64, Arc<Client>>>,
     /// Signalled when a client leaves (for the drain at stop).
     left: Condvar,
@@ -206,10 +211,12 @@ impl Server {
         let listener = bind(&cfg.socket)?;
         listener.set_nonblocking(true)?;
         tracing::info!(socket = %cfg.socket.display(), "listening for applications");
+        let toolstack = cfg.toolstack;
         Ok(Server {
             cfg,
             shared: Arc::new(Shared {
                 frontend: Mutex::new(frontend),
+                toolstack,
                 clients: Mutex::new(BTreeMap::new()),
                 left: Condvar::new(),
             }),
@@ -550,6 +557,7 @@ fn release_client(shared: &Shared, client: &Client) {
                 tracing::debug!(endpoint, error = %e, "closing an endpoint");
             }
             fe.release_all_retired(*endpoint);
+            fe.end_direct_channels(shared.toolstack, *endpoint);
         }
     }
     if !owned.endpoints.is_empty() {

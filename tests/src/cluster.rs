@@ -109,6 +109,19 @@ pub struct Host {
     pub guests: Vec<Guest>,
 }
 
+/// Whether the backend behind `backd` lists endpoint `eid` of domain `domid` as open,
+/// and its list of guests.
+fn endpoint_open(backd: &mut AdminClient, domid: DomId, eid: u64) -> (bool, Value) {
+    let guests = backd.call(&BackdRequest::Guests).expect("backd guests");
+    let open = guests.as_array().into_iter().flatten().any(|g| {
+        g["domid"].as_u64() == Some(u64::from(domid))
+            && g["endpoints"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|x| x.as_u64() == Some(eid)))
+    });
+    (open, guests)
+}
+
 /// A running cluster; see the module documentation.
 pub struct SimCluster {
     name: String,
@@ -391,17 +404,11 @@ impl SimCluster {
         timeout: Duration,
         mut done: impl FnMut() -> bool,
     ) {
-        let domid = u64::from(self.hosts[host].guests[guest].domid);
+        let domid = self.hosts[host].guests[guest].domid;
         let deadline = Instant::now() + timeout;
         let mut backd = self.backd(host);
         loop {
-            let guests = backd.call(&BackdRequest::Guests).expect("backd guests");
-            let open = guests.as_array().into_iter().flatten().any(|g| {
-                g["domid"].as_u64() == Some(domid)
-                    && g["endpoints"]
-                        .as_array()
-                        .is_some_and(|e| e.iter().any(|x| x.as_u64() == Some(eid)))
-            });
+            let (open, guests) = endpoint_open(&mut backd, domid, eid);
             if open || done() {
                 return;
             }
@@ -411,6 +418,31 @@ impl SimCluster {
                 self.hosts[host].name,
                 self.hosts[host].guests[guest].name
             );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until host `host`'s backend lists endpoint `eid` of domain `domid` as
+    /// open (`open`) or not; the backend's list of guests if it does not within
+    /// `timeout`. There is no event for it, so the backend is asked until it says so.
+    pub fn wait_endpoint_state(
+        &self,
+        host: usize,
+        domid: DomId,
+        eid: u64,
+        open: bool,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut backd = self.backd(host);
+        loop {
+            let (listed, guests) = endpoint_open(&mut backd, domid, eid);
+            if listed == open {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(guests.to_string());
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
     }

@@ -412,3 +412,60 @@ fn the_last_messages_of_a_sender_that_exits_at_once_arrive() {
     let p = p.finish();
     assert!(passed(&p), "{}", show(&p));
 }
+
+/// A co-located peer is killed while its library holds a direct channel: a synchronous
+/// send to it ends as it does through the backend (its endpoint closed), in bounded
+/// time, instead of resending into a ring nobody reads until the resend budget runs out.
+/// The guest daemon of the killed process ends the channels its library made or
+/// accepted, as the library would have on a close: the killed side is the channel's
+/// acceptor (g1, the higher domain id) in one run and its creator (g0) in the other.
+#[test]
+fn a_send_to_a_killed_co_located_peer_ends_as_through_the_backend() {
+    if skipped("a_send_to_a_killed_co_located_peer_ends_as_through_the_backend") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("dead_peer", dir.path());
+    let c = SimCluster::up("ddead", &[]);
+    let mut outcomes = Vec::new();
+    for (env, victim, sender) in [
+        (&[("MX_DISABLE_SHMEM", "1")][..], PASSIVE, ACTIVE),
+        (&[("XMX_TEST_DIRECT", "1")][..], PASSIVE, ACTIVE),
+        (&[("XMX_TEST_DIRECT", "1")][..], ACTIVE, PASSIVE),
+    ] {
+        let peer = c.hostname(victim.0, victim.1);
+        let domid = c.host(victim.0).guests[victim.1].domid;
+        let mut p = App::spawn(
+            &format!("dead_peer -l 2 in {peer}"),
+            c.app(victim.0, victim.1, &bin, &["-l", "2"], env),
+        );
+        c.wait_endpoint(victim.0, victim.1, 2, Duration::from_secs(30));
+        let mut a = App::spawn(
+            "dead_peer -d",
+            c.app(sender.0, sender.1, &bin, &["-d", &peer, "-e", "2"], env),
+        );
+        p.wait_line(LINE, |l| l == "got");
+        a.wait_line(LINE, |l| l == "ready");
+        assert!(p.kill_program("dead_peer"), "the passive side runs");
+        drop(p.finish());
+        // Its guest daemon closed the endpoint in the backend.
+        c.wait_endpoint_state(victim.0, domid, 2, false, LINE)
+            .expect("the killed program's endpoint is closed");
+        a.send_line("go");
+        let a = a.finish();
+        assert!(a.status.success(), "{}", show(&a));
+        let line = a
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("issend: "))
+            .unwrap_or_else(|| panic!("no outcome: {}", show(&a)))
+            .to_owned();
+        eprintln!("{env:?}, {peer} killed: issend: {line}");
+        outcomes.push(line.split(" in ").next().unwrap_or("").to_owned());
+    }
+    assert_eq!(
+        outcomes, ["Remote endpoint closed"; 3],
+        "through the backend, then to a killed acceptor and a killed creator of a channel"
+    );
+}

@@ -206,37 +206,6 @@ fn backend_forgets(c: &SimCluster, host: usize, domid: u16) {
     }
 }
 
-/// Waits until host `host`'s backend lists endpoint `eid` of domain `domid`
-/// as open (`open`) or not; the last report if it never does.
-fn endpoint_listed(
-    c: &SimCluster,
-    host: usize,
-    domid: u16,
-    eid: u64,
-    open: bool,
-) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + RELEASE;
-    let mut backd = c.backd(host);
-    loop {
-        let guests = backd
-            .call(&xmx_backend::admin::Request::Guests)
-            .expect("backd guests");
-        let listed = guests.as_array().into_iter().flatten().any(|g| {
-            g["domid"].as_u64() == Some(u64::from(domid))
-                && g["endpoints"]
-                    .as_array()
-                    .is_some_and(|e| e.iter().any(|x| x.as_u64() == Some(eid)))
-        });
-        if listed == open {
-            return Ok(());
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(guests.to_string());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn an_endpoint_comes_back_after_suspend_and_resume() {
     if skipped("an_endpoint_comes_back_after_suspend_and_resume") {
@@ -264,9 +233,11 @@ fn an_endpoint_comes_back_after_suspend_and_resume() {
     let domid = c.host(1).guests[0].domid;
     let admin = c.sim_admin(1);
     admin.suspend(domid).expect("suspending h1-g0");
-    endpoint_listed(&c, 1, domid, 2, false).expect("the backend let the endpoint go");
+    c.wait_endpoint_state(1, domid, 2, false, RELEASE)
+        .expect("the backend let the endpoint go");
     admin.resume(domid).expect("resuming h1-g0");
-    endpoint_listed(&c, 1, domid, 2, true).expect("the endpoint is open again");
+    c.wait_endpoint_state(1, domid, 2, true, RELEASE)
+        .expect("the endpoint is open again");
     // A sender connecting now reaches the same endpoint, every byte intact.
     let tx = App::spawn(
         "bulk sender in h0-g0",

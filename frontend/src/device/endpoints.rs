@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use xmx_hv::PAGE_SIZE;
+use xmx_hv::{DomId, PAGE_SIZE, XBT_NULL};
+use xmx_wire::direct;
 use xmx_wire::msg::{pack_info_page, CtrlOp, CtrlReply, CtrlStatus, EndpointOpen, EndpointPages};
 use xmx_wire::ring::init_shared;
 
@@ -163,6 +164,53 @@ impl Frontend {
         self.fail_if_broken();
         tracing::info!(endpoint, "endpoint closed");
         result
+    }
+
+    /// The application holding `endpoint` died with it open: the direct channels its
+    /// library made or accepted for that endpoint end as the library would have ended
+    /// them on a close (the creator's directory removed, the acceptor's state `closed`;
+    /// see [`xmx_wire::direct`]), so that peers fall back to the backend at once and learn
+    /// there that the endpoint is closed, instead of writing into a ring nobody reads.
+    /// Only this guest's side of each pair is touched; `toolstack` is the domain whose
+    /// xmxd brokers the channels.
+    pub fn end_direct_channels(&self, toolstack: DomId, endpoint: u8) {
+        let me = self.domid;
+        let offers = direct::offers_dir(toolstack, me);
+        // No offers, no channels (a revoked pair's directory is gone already).
+        let Ok(peers) = self.xs.directory(XBT_NULL, &offers) else {
+            return;
+        };
+        for peer in peers.iter().filter_map(|p| p.parse::<DomId>().ok()) {
+            let pair = direct::pair_dir(toolstack, me, peer);
+            let Ok(names) = self.xs.directory(XBT_NULL, &pair) else {
+                continue;
+            };
+            for name in names {
+                let Some((creator_ep, acceptor_ep)) = direct::parse_channel_name(&name) else {
+                    continue;
+                };
+                let dir = format!("{pair}/{name}");
+                let state = format!("{dir}/state");
+                let ended = if me < peer && creator_ep == endpoint {
+                    self.xs.rm(XBT_NULL, &dir)
+                } else if me > peer && acceptor_ep == endpoint {
+                    // Written only where the nodes still are.
+                    self.xs
+                        .read(XBT_NULL, &state)
+                        .and_then(|_| self.xs.write(XBT_NULL, &state, b"closed"))
+                } else {
+                    continue;
+                };
+                match ended {
+                    Ok(()) => {
+                        tracing::info!(endpoint, dir, "direct channel of a dead application ended")
+                    }
+                    Err(e) => {
+                        tracing::debug!(endpoint, dir, error = %e, "direct channel already gone")
+                    }
+                }
+            }
+        }
     }
 
     /// After a reconnection: open every endpoint again over new grants.

@@ -54,6 +54,10 @@ struct Args {
     /// Applications served at once.
     #[arg(long, default_value_t = 128)]
     max_clients: usize,
+    /// Domain of the toolstack whose xmxd brokers direct channels (the libraries read
+    /// the same variable).
+    #[arg(long, env = "XMX_TOOLSTACK_DOMID", default_value_t = 0)]
+    toolstack_domid: u16,
 }
 
 fn parse_geometry(s: &str) -> Result<EndpointPages, String> {
@@ -121,6 +125,7 @@ fn run(args: Args) -> Result<(), String> {
             socket: args.socket,
             max_clients: args.max_clients,
             drain: Duration::from_millis(args.drain_ms),
+            toolstack: args.toolstack_domid,
             ..ServerConfig::default()
         },
     )
