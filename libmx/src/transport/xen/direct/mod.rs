@@ -251,6 +251,15 @@ impl EndpointDirect {
         self.slots.values().any(|s| matches!(s, Slot::Open(_)))
     }
 
+    /// The remote endpoints this endpoint has a channel to.
+    fn open_peers(&self) -> Vec<PeerAddr> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Open(_)))
+            .map(|(a, _)| *a)
+            .collect()
+    }
+
     /// Whether a pull over a channel is under way (its stall must be
     /// noticed even if nothing else happens).
     pub(crate) fn pulling(&self) -> bool {
@@ -870,12 +879,7 @@ impl Hub {
         let mut frames = Vec::new();
         let mut done = Vec::new();
         let mut broken = Vec::new();
-        let peers: Vec<PeerAddr> = d
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Open(_)))
-            .map(|(a, _)| *a)
-            .collect();
+        let peers = d.open_peers();
         for addr in peers {
             for _ in 0..TAKE_BATCH {
                 let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) else {
@@ -992,12 +996,7 @@ impl Hub {
         let offers: BTreeMap<Mac, DomId> = lock(&self.offers).by_mac.clone();
         for ep in endpoints.iter_mut() {
             let mut d = lock(ep.direct);
-            let open: Vec<PeerAddr> = d
-                .slots
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Open(_)))
-                .map(|(a, _)| *a)
-                .collect();
+            let open = d.open_peers();
             for addr in open {
                 let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) else {
                     continue;
@@ -1102,12 +1101,7 @@ impl Hub {
         let generation = self.generation();
         for ep in endpoints.iter_mut() {
             let mut d = lock(ep.direct);
-            let open: Vec<PeerAddr> = d
-                .slots
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Open(_)))
-                .map(|(a, _)| *a)
-                .collect();
+            let open = d.open_peers();
             if !open.is_empty() {
                 self.take_in(ep.index, &mut d, ep.mailbox, &mut *ep.link);
             }
