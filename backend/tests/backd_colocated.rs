@@ -2,8 +2,8 @@
 
 mod backd_util;
 
-use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, PeerSpec, Request};
+use backd_util::{guest_mac, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
+use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
 use xmx_backend::service::{BackendThread, Quotas};
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
@@ -22,7 +22,7 @@ fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
         .collect();
     let r = backend
         .control()
-        .call(Request::SetPeers { peers })
+        .call(BackdRequest::SetPeers { peers })
         .into_result()
         .unwrap();
     assert_eq!(r["peers"], entries.len());
@@ -30,7 +30,7 @@ fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
 
 /// Two connected guests with endpoint 0 open each, in the peer table as 0 and 1.
 fn pair(
-    host: &Host,
+    host: &BackdTestHost,
     backend: &BackendThread,
 ) -> (FakeGuest, FakeEndpoint, FakeGuest, FakeEndpoint) {
     peers(backend, &[(0, 1, 1), (1, 2, 1)]);
@@ -73,7 +73,7 @@ fn expect_done(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32, length: Option<u3
 
 #[test]
 fn tiny_and_medium_messages_cross_between_colocated_guests() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     let (a, mut ea, b, mut eb) = pair(&host, &backend);
     let to_b = Route {
@@ -154,7 +154,7 @@ fn tiny_and_medium_messages_cross_between_colocated_guests() {
     let report: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -173,7 +173,7 @@ fn tiny_and_medium_messages_cross_between_colocated_guests() {
 
 #[test]
 fn a_large_message_is_pulled_between_registered_regions() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     let (mut a, mut ea, mut b, mut eb) = pair(&host, &backend);
     // 100 KiB, starting 300 bytes into the sender's first page and 1000 into the receiver's.

@@ -2,7 +2,7 @@
 
 mod backd_util;
 
-use backd_util::{small_endpoint, Host};
+use backd_util::{small_endpoint, BackdTestHost};
 use xmx_backend::service::Quotas;
 use xmx_hv::DOM0;
 use xmx_wire::msg::{
@@ -12,7 +12,7 @@ use xmx_wire::msg::{
 
 #[test]
 fn endpoints_and_regions_map_and_unmap_exactly_their_pages() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let _backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
@@ -89,7 +89,7 @@ fn endpoints_and_regions_map_and_unmap_exactly_their_pages() {
 
 #[test]
 fn an_endpoint_opened_twice_is_busy_and_closing_the_device_releases_everything() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let _backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
@@ -151,7 +151,7 @@ fn region_op(
 
 #[test]
 fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_are_refused() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let _backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();

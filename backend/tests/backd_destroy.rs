@@ -3,8 +3,8 @@
 
 mod backd_util;
 
-use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, GuestReport, Request};
+use backd_util::{set_two_guest_peers, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
 use xmx_backend::service::Quotas;
 use xmx_hv::{Platform, DOM0};
 use xmx_wire::msg::{
@@ -46,7 +46,7 @@ fn completion(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32) -> EventBody {
 
 #[test]
 fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     set_two_guest_peers(&backend);
     let mut a = host.guest("a", 1, 1);
@@ -98,7 +98,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -122,7 +122,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -155,7 +155,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )

@@ -2,8 +2,8 @@
 
 mod backd_util;
 
-use backd_util::{small_endpoint, Host};
-use xmx_backend::admin::{GuestReport, Request};
+use backd_util::{small_endpoint, BackdTestHost};
+use xmx_backend::admin::{BackdRequest, GuestReport};
 use xmx_backend::service::Quotas;
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Platform, XsAccess, XsPerm, DOM0};
@@ -12,7 +12,7 @@ use xmx_wire::xenbus::{keys, XenbusState};
 
 #[test]
 fn states_go_initwait_connected_closed_and_back() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 7);
 
@@ -33,7 +33,7 @@ fn states_go_initwait_connected_closed_and_back() {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -68,7 +68,7 @@ fn states_go_initwait_connected_closed_and_back() {
 
 #[test]
 fn a_frontend_restarting_while_connected_is_released_and_served_again() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let _backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
@@ -84,7 +84,7 @@ fn a_frontend_restarting_while_connected_is_released_and_served_again() {
 
 #[test]
 fn detaching_the_device_releases_the_guest() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
@@ -96,7 +96,7 @@ fn detaching_the_device_releases_the_guest() {
     assert_eq!(host.mapped_by_others(g.domid), 0);
     let guests = backend
         .control()
-        .call(Request::Guests)
+        .call(BackdRequest::Guests)
         .into_result()
         .unwrap();
     assert_eq!(guests, serde_json::json!([]));
@@ -106,7 +106,7 @@ fn detaching_the_device_releases_the_guest() {
 
 #[test]
 fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let _backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.wait_backend_state(XenbusState::InitWait);
@@ -129,7 +129,7 @@ fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
 
 #[test]
 fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
@@ -175,7 +175,7 @@ fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -194,7 +194,7 @@ fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
 
 #[test]
 fn attach_writes_both_halves_with_the_toolstack_permissions() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let g = host.guest("g1", 1, 4);
     let other = backd_util::FakeGuest::new(&host, host.create("other"), 0);
     let xs0 = host.attach(DOM0).xenstore().unwrap();
@@ -261,7 +261,7 @@ fn attach_writes_both_halves_with_the_toolstack_permissions() {
 
 #[test]
 fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let backend = host.start_backend(Quotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();

@@ -5,8 +5,8 @@ mod backd_util;
 
 use std::sync::atomic::Ordering;
 
-use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, GuestReport, Request};
+use backd_util::{set_two_guest_peers, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
 use xmx_backend::service::{BackendThread, Quotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
@@ -30,7 +30,7 @@ const BYSTANDER_PAGES: usize = 1 + 2 * 4;
 const BYSTANDER_PORTS: usize = 3;
 
 impl Bystander {
-    fn start(host: &Host) -> Bystander {
+    fn start(host: &BackdTestHost) -> Bystander {
         let mut g = host.guest("bystander", 2, 1);
         g.connect();
         let e0 = g.open_endpoint(0, small_endpoint(1)).1.unwrap();
@@ -73,8 +73,8 @@ impl Bystander {
     }
 }
 
-fn setup(quotas: Quotas) -> (Host, BackendThread, Bystander, FakeGuest) {
-    let host = Host::start();
+fn setup(quotas: Quotas) -> (BackdTestHost, BackendThread, Bystander, FakeGuest) {
+    let host = BackdTestHost::start();
     let backend = host.start_backend(quotas);
     set_two_guest_peers(&backend);
     let bystander = Bystander::start(&host);
@@ -84,7 +84,7 @@ fn setup(quotas: Quotas) -> (Host, BackendThread, Bystander, FakeGuest) {
 }
 
 /// The offender holds nothing in dom0 any more; the bystander still holds its share.
-fn assert_released(host: &Host, offender: DomId) {
+fn assert_released(host: &BackdTestHost, offender: DomId) {
     assert_eq!(host.mapped_by_others(offender), 0);
     assert_eq!(host.dom0_mappings(), BYSTANDER_PAGES);
     assert_eq!(host.state(DOM0).ports_open, BYSTANDER_PORTS);
@@ -94,7 +94,7 @@ fn report(backend: &BackendThread, domid: DomId) -> GuestReport {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -153,7 +153,7 @@ fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -296,7 +296,7 @@ fn a_quota_flood_is_refused_and_counted() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -395,7 +395,7 @@ fn slots_rewritten_while_the_backend_reads_them_disconnect_only_the_offender() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )

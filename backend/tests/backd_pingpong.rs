@@ -8,7 +8,7 @@ mod backd_util;
 
 use std::time::{Duration, Instant};
 
-use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use backd_util::{set_two_guest_peers, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
 use xmx_backend::service::{Backend, BackendConfig};
 use xmx_hv::DOM0;
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
@@ -42,7 +42,7 @@ fn receive(g: &FakeGuest, ep: &mut FakeEndpoint) -> Vec<u8> {
 }
 
 fn run(spin: Duration) -> Vec<Duration> {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let dom0 = host.attach(DOM0);
     let cfg = BackendConfig {
         spin,

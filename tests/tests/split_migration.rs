@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use xmx_backend::admin::{CountersReport, Request as BackdRequest};
+use xmx_backend::admin::{BackdRequest, CountersReport};
 use xmx_tests::app::App;
 use xmx_tests::cluster::{exclusive, skipped, SimCluster};
 use xmx_tests::cprog;

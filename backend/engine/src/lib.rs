@@ -84,7 +84,7 @@ pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
 use output::{Output, Path};
-use vnic::{Endpoint, Link, Region, Usage};
+use vnic::{Endpoint, GuestWire, Region, Usage};
 
 /// A guest, by the id dom0 gives it (its domain id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,7 +160,7 @@ impl Ctx<'_> {
 
     /// The index the peer at `peer` knows this guest by: what it told us, else our own
     /// index in the (cluster-wide, hence shared) table, else "unknown".
-    pub fn reverse_index(&self, link: &Link, peer: Mac) -> u16 {
+    pub fn reverse_index(&self, link: &GuestWire, peer: Mac) -> u16 {
         link.reverse_index
             .get(&peer)
             .copied()
@@ -169,7 +169,7 @@ impl Ctx<'_> {
     }
 
     /// Complete a send request with an ERROR event.
-    pub fn refuse(&mut self, link: &mut Link, endpoint: u8, tag: u32, code: ErrorCode) {
+    pub fn refuse(&mut self, link: &mut GuestWire, endpoint: u8, tag: u32, code: ErrorCode) {
         link.counters.send_errors += 1;
         tracing::debug!(guest = link.id.0, endpoint, tag, ?code, "send refused");
         let body = EventBody::Error { code };
@@ -177,7 +177,7 @@ impl Ctx<'_> {
     }
 
     /// Build a frame from the guest to `dst` and queue it; false if it was dropped.
-    pub fn send(&mut self, link: &mut Link, dst: Mac, packet: PacketRepr) -> bool {
+    pub fn send(&mut self, link: &mut GuestWire, dst: Mac, packet: PacketRepr) -> bool {
         let frame = FrameRepr {
             head: HeadRepr {
                 dst,
@@ -281,7 +281,7 @@ impl Engine {
         self.guests.insert(
             guest.id,
             VirtualNic {
-                link: Link {
+                link: GuestWire {
                     id: guest.id,
                     mac: guest.mac,
                     cluster: guest.cluster,

@@ -17,7 +17,7 @@ use super::pull::{
     deadline_after, magic_endpoint, mask_positions, Pull, PullSink, PullSource, ReplyRefusal,
     TimeoutOutcome,
 };
-use super::vnic::{DropReason, Endpoint, Link, Usage, VirtualNic};
+use super::vnic::{DropReason, Endpoint, GuestWire, Usage, VirtualNic};
 use super::Ctx;
 
 const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
@@ -35,7 +35,7 @@ pub(crate) struct PullStart {
 /// Start pulling; the local region and range were checked by the caller.
 pub(crate) fn start_pull(
     ctx: &mut Ctx,
-    link: &mut Link,
+    link: &mut GuestWire,
     usage: &mut Usage,
     ep: &mut Endpoint,
     s: PullStart,
@@ -107,7 +107,7 @@ pub(crate) fn start_pull(
 /// Send the PULL requests for the blocks at the positions set in `mask`.
 pub(crate) fn request_blocks(
     ctx: &mut Ctx,
-    link: &mut Link,
+    link: &mut GuestWire,
     ep: &mut Endpoint,
     endpoint: u8,
     handle: u32,
@@ -127,7 +127,7 @@ pub(crate) fn request_blocks(
 /// Complete a pull with `status` and free its slot.
 pub(crate) fn finish_pull(
     ctx: &mut Ctx,
-    link: &mut Link,
+    link: &mut GuestWire,
     usage: &mut Usage,
     ep: &mut Endpoint,
     endpoint: u8,
@@ -303,7 +303,7 @@ pub(crate) fn on_timeouts(ctx: &mut Ctx, nic: &mut VirtualNic, now: Instant) {
 /// NACK_MCP if the endpoint, session, region or range is wrong.
 pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, pull: &PullRepr) {
     let link = &mut nic.link;
-    let refuse = |ctx: &mut Ctx, link: &mut Link, nack_type: NackType, reason: DropReason| {
+    let refuse = |ctx: &mut Ctx, link: &mut GuestWire, nack_type: NackType, reason: DropReason| {
         if link.refuse_silently(pull.dst_endpoint, nack_type) {
             return;
         }

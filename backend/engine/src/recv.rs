@@ -16,7 +16,7 @@ use xmx_wire::mxoe::{
 
 use super::memory::MemoryArea;
 use super::output::Path;
-use super::vnic::{DropReason, Endpoint, Link};
+use super::vnic::{DropReason, Endpoint, GuestWire};
 use super::{host, rdma, Ctx, Engine, EngineConfig};
 
 /// Who sent a frame: its board and its index in the peer table.
@@ -314,7 +314,7 @@ fn check_endpoint<'e>(
 /// Endpoint and session checks of TINY/SMALL/MEDIUM/RNDV, NACKing a refusal.
 fn accept_message<'e>(
     ctx: &mut Ctx,
-    link: &mut Link,
+    link: &mut GuestWire,
     endpoints: &'e mut HashMap<u8, Endpoint>,
     from: Sender,
     h: &MsgHeader,
@@ -350,7 +350,13 @@ fn drop_reason(t: NackType) -> DropReason {
     }
 }
 
-fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_type: NackType) {
+fn nack_lib(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    to: Sender,
+    refused: Refused,
+    nack_type: NackType,
+) {
     if link.refuse_silently(refused.our_endpoint, nack_type) {
         return;
     }
@@ -370,7 +376,7 @@ fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_t
 /// A TINY or SMALL message: checked, then delivered inline in the event `body` makes.
 fn deliver_inline(
     ctx: &mut Ctx,
-    link: &mut Link,
+    link: &mut GuestWire,
     endpoints: &mut HashMap<u8, Endpoint>,
     from: Sender,
     h: &MsgHeader,
@@ -388,7 +394,7 @@ fn deliver_inline(
 }
 
 /// Queue an unsolicited event unless the endpoint already has too many waiting.
-fn deliver(ctx: &mut Ctx, link: &mut Link, ep: &mut Endpoint, endpoint: u8, body: EventBody) {
+fn deliver(ctx: &mut Ctx, link: &mut GuestWire, ep: &mut Endpoint, endpoint: u8, body: EventBody) {
     if !ctx.out.has_event_room(link.id, endpoint) {
         return link.counters.drop(DropReason::EventQueueFull);
     }

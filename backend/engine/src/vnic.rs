@@ -140,7 +140,7 @@ pub struct EndpointConfig {
 
 /// The guest's identity on the wire, its counters and what it learnt from peers. Kept
 /// apart from the endpoints so frames can be sent while an endpoint is borrowed.
-pub(crate) struct Link {
+pub(crate) struct GuestWire {
     pub id: GuestId,
     pub mac: Mac,
     pub cluster: ClusterId,
@@ -158,7 +158,7 @@ pub(crate) struct Link {
     pub reopening: HashSet<u8>,
 }
 
-impl Link {
+impl GuestWire {
     /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
     /// endpoint is coming back with its session, so the peer must resend, not fail.
     pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType) -> bool {
@@ -264,7 +264,7 @@ impl Endpoint {
 
 /// A guest served by the engine: its virtual MX NIC.
 pub struct VirtualNic {
-    pub(crate) link: Link,
+    pub(crate) link: GuestWire,
     pub(crate) memory: Box<dyn GuestMemory>,
     pub(crate) endpoints: HashMap<u8, Endpoint>,
     pub(crate) usage: Usage,

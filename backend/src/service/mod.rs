@@ -62,7 +62,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::{DomId, EventChannels, GrantTable, Platform, Port, Xenstore};
 use xmx_wire::ring::RingError;
 
-use crate::admin::{BackendCounters, Reply, ReplyError, Request};
+use crate::admin::{BackdRequest, BackendCounters, Reply, ReplyError};
 use control::{ControlCtx, SessionIds};
 use devices::Device;
 use guest::Connection;
@@ -127,7 +127,7 @@ fn sys(op: &'static str) -> impl FnOnce(nix::errno::Errno) -> BackendError {
 
 /// A request from the control socket with the way back to its caller.
 struct Command {
-    request: Request,
+    request: BackdRequest,
     reply: SyncSender<Reply>,
 }
 
@@ -149,7 +149,7 @@ pub struct ControlHandle {
 
 impl ControlHandle {
     /// Have the service loop answer `request`.
-    pub fn call(&self, request: Request) -> Reply {
+    pub fn call(&self, request: BackdRequest) -> Reply {
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         let cmd = Command {
             request,
@@ -176,10 +176,10 @@ impl ControlHandle {
 }
 
 impl LineService for ControlHandle {
-    type Request = Request;
+    type Request = BackdRequest;
     type Reply = Reply;
 
-    fn answer(&self, request: Request) -> Reply {
+    fn answer(&self, request: BackdRequest) -> Reply {
         self.call(request)
     }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xmx_backend::admin::{CountersReport, PeerSpec, Request};
+use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, Quotas};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::sim::SimPlatform;
@@ -27,18 +27,18 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 pub use xmx_simkit::{eventually, guest_mac, wait_removed, SimHost, WAIT};
 
 /// A simulated host in a temporary directory, with what the backend tests start on it.
-pub struct Host(SimHost);
+pub struct BackdTestHost(SimHost);
 
-impl std::ops::Deref for Host {
+impl std::ops::Deref for BackdTestHost {
     type Target = SimHost;
     fn deref(&self) -> &SimHost {
         &self.0
     }
 }
 
-impl Host {
-    pub fn start() -> Host {
-        Host(SimHost::start())
+impl BackdTestHost {
+    pub fn start() -> BackdTestHost {
+        BackdTestHost(SimHost::start())
     }
 
     /// A backend in dom0 of this host, on its own thread, without a NIC.
@@ -104,7 +104,7 @@ pub fn set_two_guest_peers(backend: &BackendThread) {
         .collect();
     backend
         .control()
-        .call(Request::SetPeers { peers })
+        .call(BackdRequest::SetPeers { peers })
         .into_result()
         .unwrap();
 }
@@ -114,7 +114,7 @@ pub fn counters(backend: &BackendThread) -> CountersReport {
     serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -171,7 +171,7 @@ pub struct FakeGuest {
 }
 
 impl FakeGuest {
-    pub fn new(host: &Host, domid: DomId, devid: u32) -> FakeGuest {
+    pub fn new(host: &BackdTestHost, domid: DomId, devid: u32) -> FakeGuest {
         let platform = host.attach(domid);
         let xs = platform.xenstore().unwrap();
         let gnttab = platform.grant_table().unwrap();

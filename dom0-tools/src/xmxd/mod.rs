@@ -83,7 +83,7 @@ pub mod state;
 pub mod table;
 pub mod xsnodes;
 
-pub use control::{ControlClient, Request};
+pub use control::{ControlClient, XmxdRequest};
 pub use error::{Error, Result};
 pub use fabric::PacketFabric;
 pub use service::{Config, Core, Stopper, Xmxd};

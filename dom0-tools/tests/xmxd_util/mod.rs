@@ -12,7 +12,7 @@ use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, Platform, Port, Xenstore, DOM0, PAGE_SIZE,
     XBT_NULL,
 };
-use xmx_tools::xmxd::control::Request;
+use xmx_tools::xmxd::control::XmxdRequest;
 use xmx_tools::xmxd::discovery::DiscoveryConfig;
 use xmx_tools::xmxd::{Config, PacketFabric, Xmxd};
 use xmx_wire::msg::{CtrlFront, PROTOCOL_VERSION};
@@ -96,7 +96,7 @@ impl XmxdHost {
     }
 
     /// A control request that must succeed.
-    pub fn call(&self, request: Request) -> serde_json::Value {
+    pub fn call(&self, request: XmxdRequest) -> serde_json::Value {
         self.xmxd()
             .call(request.clone())
             .into_result()

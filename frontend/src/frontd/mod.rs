@@ -5,4 +5,4 @@ pub mod client;
 pub mod proto;
 
 pub use client::FrontdClient;
-pub use proto::{BoardInfo, ErrorReply, Message, Notice, Reply, Request};
+pub use proto::{BoardInfo, ErrorReply, FrontdMessage, FrontdReply, FrontdRequest, Notice};

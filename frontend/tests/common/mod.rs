@@ -27,22 +27,22 @@ pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
 
 /// A simulated host in a temporary directory, with the guests and frontends the tests
 /// create on it.
-pub struct Host(SimHost);
+pub struct FrontendTestHost(SimHost);
 
-impl std::ops::Deref for Host {
+impl std::ops::Deref for FrontendTestHost {
     type Target = SimHost;
     fn deref(&self) -> &SimHost {
         &self.0
     }
 }
 
-impl Host {
-    pub fn start() -> Host {
-        Host(SimHost::start())
+impl FrontendTestHost {
+    pub fn start() -> FrontendTestHost {
+        FrontendTestHost(SimHost::start())
     }
 
-    pub fn start_with(config: xmx_simhv::Config) -> Host {
-        Host(SimHost::start_with(config))
+    pub fn start_with(config: xmx_simhv::Config) -> FrontendTestHost {
+        FrontendTestHost(SimHost::start_with(config))
     }
 
     /// Create a guest and its xmx device 0, as the toolstack does.
@@ -166,7 +166,7 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     /// Offer the device (InitWait) and serve the guest once it publishes its ring.
-    pub fn start(host: &Host, domu: DomId) -> FakeBackend {
+    pub fn start(host: &FrontendTestHost, domu: DomId) -> FakeBackend {
         let state = Arc::new(Mutex::new(FakeState::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let close = Arc::new(AtomicBool::new(false));

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::{DomId, Xenstore, DOM0, XBT_NULL};
@@ -19,21 +19,21 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
 
 /// A simulated host with the backend running in dom0.
-pub struct Host {
+pub struct GuestsTestHost {
     pub backend: Option<BackendThread>,
     sim: SimHost,
 }
 
-impl std::ops::Deref for Host {
+impl std::ops::Deref for GuestsTestHost {
     type Target = SimHost;
     fn deref(&self) -> &SimHost {
         &self.sim
     }
 }
 
-impl Host {
+impl GuestsTestHost {
     /// A simulated host with the backend running in dom0.
-    pub fn start() -> Host {
+    pub fn start() -> GuestsTestHost {
         let sim = SimHost::start();
         let cfg = BackendConfig {
             host_name: "testhost".into(),
@@ -43,7 +43,7 @@ impl Host {
             .unwrap()
             .spawn()
             .unwrap();
-        Host {
+        GuestsTestHost {
             backend: Some(backend),
             sim,
         }
@@ -74,7 +74,7 @@ impl Host {
         }];
         self.backend()
             .control()
-            .call(Request::SetPeers { peers })
+            .call(BackdRequest::SetPeers { peers })
             .into_result()
             .unwrap();
     }
@@ -88,7 +88,7 @@ impl Host {
         let v = self
             .backend()
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap();
         let all: Vec<GuestReport> = serde_json::from_value(v).unwrap();
@@ -100,7 +100,7 @@ impl Host {
         let v = self
             .backend()
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap();
         let r: CountersReport = serde_json::from_value(v).unwrap();
@@ -138,7 +138,7 @@ impl Host {
     }
 }
 
-impl Drop for Host {
+impl Drop for GuestsTestHost {
     fn drop(&mut self) {
         // The backend goes before the hypervisor it runs on (the field drops after this).
         if let Some(b) = self.backend.take() {

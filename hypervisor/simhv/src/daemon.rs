@@ -19,7 +19,7 @@ use xmx_hv::{DomId, Error, Result};
 
 use crate::admin::serve_admin;
 use crate::config::Config;
-use crate::domains::Host;
+use crate::domains::HostDomains;
 
 /// Entry point of an in-process simulated host.
 pub struct Daemon;
@@ -27,7 +27,7 @@ pub struct Daemon;
 /// A running simulated host; dropping it shuts it down.
 pub struct DaemonHandle {
     dir: PathBuf,
-    host: Arc<Host>,
+    host: Arc<HostDomains>,
     admin: Option<LineServer>,
     lock: Option<Flock<File>>,
 }
@@ -54,7 +54,7 @@ impl Daemon {
         })?;
         remove_leftovers(&dir)?;
 
-        let host = Arc::new(Host::new(&dir, config));
+        let host = Arc::new(HostDomains::new(&dir, config));
         let mut handle = DaemonHandle {
             dir: dir.clone(),
             host: host.clone(),

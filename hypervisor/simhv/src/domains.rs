@@ -62,7 +62,7 @@ struct Runtime {
 }
 
 /// Every domain of the host and the services around them.
-pub(crate) struct Host {
+pub(crate) struct HostDomains {
     dir: PathBuf,
     hv: Arc<Hv>,
     xenstored: Arc<Xenstored>,
@@ -119,11 +119,11 @@ fn stream_path(path: &Path) -> Result<()> {
     Ok(())
 }
 
-impl Host {
+impl HostDomains {
     /// A host with no domain yet.
-    pub(crate) fn new(dir: &Path, config: Config) -> Host {
+    pub(crate) fn new(dir: &Path, config: Config) -> HostDomains {
         let xenstored = Xenstored::new(config.xenstore);
-        Host {
+        HostDomains {
             dir: dir.to_path_buf(),
             hv: Arc::new(Hv::new(config)),
             xenstored,

@@ -5,7 +5,7 @@ mod hv_util;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use hv_util::Host;
+use hv_util::SimHost;
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::{layout, SimAdmin, SimPlatform};
 use xmx_hv::{Error, EventChannels, Platform, Xenstore, DOM0, XBT_NULL};
@@ -21,7 +21,7 @@ fn next_event(xs: &dyn Xenstore) -> xmx_hv::WatchEvent {
 
 #[test]
 fn create_lists_and_lays_out_a_domain() {
-    let host = Host::start();
+    let host = SimHost::start();
     let names: Vec<_> = host
         .admin
         .list()
@@ -101,7 +101,7 @@ fn create_lists_and_lays_out_a_domain() {
 
 #[test]
 fn destroy_releases_everything_the_domain_touched() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("doomed");
     let dom0 = host.attach(DOM0);
     let guest = host.attach(g);
@@ -174,7 +174,7 @@ fn destroy_releases_everything_the_domain_touched() {
 
 #[test]
 fn a_reused_domid_is_a_new_domain() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("first");
     let old = host.attach(g);
     let old_gt = old.grant_table().unwrap();
@@ -197,7 +197,7 @@ fn a_reused_domid_is_a_new_domain() {
 
 #[test]
 fn suspend_blocks_hypervisor_operations_until_resume() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("sleepy");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);

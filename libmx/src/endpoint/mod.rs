@@ -58,7 +58,7 @@ pub(crate) struct OpenParams {
 
 /// What a core request id stands for in the library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Link {
+pub(crate) enum CoreRequestOwner {
     /// An application request.
     Request(u64),
     /// An eager send the application was told is complete.
@@ -73,7 +73,7 @@ pub(crate) struct State {
     port: Option<Box<dyn Port>>,
     regions: Arc<dyn Regions>,
     pub(crate) requests: HashMap<u64, Request>,
-    pub(crate) links: HashMap<RequestId, Link>,
+    pub(crate) links: HashMap<RequestId, CoreRequestOwner>,
     /// Completed, not yet reported requests in completion order.
     pub(crate) done: BTreeMap<u64, u64>,
     next_seq: u64,
@@ -615,7 +615,7 @@ impl Endpoint {
     fn on_event(&self, st: &mut State, now: xmx_mx::Instant, ev: Event) {
         match ev {
             Event::Connected { id, status, addr } => {
-                let Some(Link::Request(seq)) = st.links.remove(&id) else {
+                let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&id) else {
                     return;
                 };
                 if let Some(r) = st.requests.get_mut(&seq) {
@@ -631,13 +631,13 @@ impl Endpoint {
                 status,
                 xfer_length,
             } => match st.links.remove(&id) {
-                Some(Link::Zombie) => {
+                Some(CoreRequestOwner::Zombie) => {
                     st.zombies = st.zombies.saturating_sub(1);
                     if !status.is_success() {
                         tracing::warn!(%status, "a send reported complete failed later");
                     }
                 }
-                Some(Link::Request(seq)) => {
+                Some(CoreRequestOwner::Request(seq)) => {
                     let Some(r) = st.requests.get_mut(&seq) else {
                         return;
                     };
@@ -659,13 +659,13 @@ impl Endpoint {
                 _ => {}
             },
             Event::RecvDone(done) => {
-                if let Some(Link::Request(seq)) = st.links.remove(&done.id) {
+                if let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&done.id) {
                     self.finish_recv(st, seq, done);
                 }
             }
             Event::Unexpected(arrival) => self.unexp_arrived(st, arrival),
             Event::PullNeeded(p) => match st.links.get(&p.id).copied() {
-                Some(Link::Request(seq)) => {
+                Some(CoreRequestOwner::Request(seq)) => {
                     let Some(r) = st.requests.get(&seq) else {
                         let _ = st.core.pull_done(now, p.id, Status::Aborted);
                         return;
@@ -804,7 +804,7 @@ impl Endpoint {
             Ok(id) => {
                 r.window = Some(window);
                 r.core = Some(id);
-                st.links.insert(id, Link::Request(seq));
+                st.links.insert(id, CoreRequestOwner::Request(seq));
             }
             Err(e) => {
                 st.regions.release(window);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xmx_mx::{MessageClass, PeerAddr, RequestId, Status};
 
-use super::{Endpoint, Link, State};
+use super::{CoreRequestOwner, Endpoint, State};
 use crate::abi::{MxEndpointAddr, MxReturn, MxStatus};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};
@@ -89,7 +89,7 @@ impl Endpoint {
     pub(super) fn eager_sent(&self, st: &mut State, seq: u64, id: RequestId) {
         if self.zombie_max > 0 && st.zombies < self.zombie_max {
             st.zombies += 1;
-            st.links.insert(id, Link::Zombie);
+            st.links.insert(id, CoreRequestOwner::Zombie);
             let mut len = 0;
             if let Some(r) = st.requests.get_mut(&seq) {
                 r.code = Status::Success;
@@ -99,7 +99,7 @@ impl Endpoint {
             counters::add(Counter::BytesSent, len as u64);
             self.complete(st, seq);
         } else {
-            st.links.insert(id, Link::Request(seq));
+            st.links.insert(id, CoreRequestOwner::Request(seq));
             if let Some(r) = st.requests.get_mut(&seq) {
                 r.core = Some(id);
             }
@@ -201,7 +201,7 @@ impl Endpoint {
             if let Some(r) = st.requests.get_mut(&seq) {
                 r.core = Some(id);
             }
-            st.links.insert(id, Link::Request(seq));
+            st.links.insert(id, CoreRequestOwner::Request(seq));
             Ok(ep.token(seq))
         })
     }
@@ -240,7 +240,7 @@ impl Endpoint {
         r.core = Some(id);
         r.internal = internal;
         let seq = self.new_request(st, r);
-        st.links.insert(id, Link::Request(seq));
+        st.links.insert(id, CoreRequestOwner::Request(seq));
         Ok(seq)
     }
 
@@ -279,7 +279,7 @@ impl Endpoint {
             let mut st = self.lock()?;
             if let Some(r) = st.requests.remove(&seq) {
                 if let Some(id) = r.core {
-                    st.links.insert(id, Link::Discard);
+                    st.links.insert(id, CoreRequestOwner::Discard);
                 }
             }
             return Err(Failure::new(
@@ -494,7 +494,7 @@ impl Endpoint {
                 }
                 Kind::Connect => {
                     if let Some(id) = r.core {
-                        st.links.insert(id, Link::Discard);
+                        st.links.insert(id, CoreRequestOwner::Discard);
                     }
                     st.requests.remove(&seq);
                     Ok(true)

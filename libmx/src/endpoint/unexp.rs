@@ -17,7 +17,7 @@ use std::ffi::{c_int, c_void};
 
 use xmx_mx::{InboundId, UnexpectedArrival};
 
-use super::{Endpoint, Link, State, IN_HANDLER};
+use super::{CoreRequestOwner, Endpoint, State, IN_HANDLER};
 use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
 use crate::counters::{self, Counter};
 use crate::errors::{Failure, MxResult};
@@ -139,7 +139,7 @@ impl Endpoint {
     /// notified, of 0 bytes taken).
     fn drop_unexpected(&self, st: &mut State, id: InboundId) {
         if let Some(rid) = st.core.receive_unexpected(runtime::now(), id, 0) {
-            st.links.insert(rid, Link::Discard);
+            st.links.insert(rid, CoreRequestOwner::Discard);
         }
     }
 }

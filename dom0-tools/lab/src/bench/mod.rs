@@ -93,7 +93,7 @@ use anyhow::Context;
 use agent::Test;
 use cost::CpuCost;
 use guests::GuestBed;
-use link::Link;
+use link::BenchLink;
 use plan::Depth;
 use report::{BenchReport, Cell, GuestsInfo, LinkInfo, Machine, Report, SetupResult, Status};
 use scaling::ScalingReport;
@@ -309,8 +309,8 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<BenchReport
             None => format!("link: veth pair across two namespaces, MTU {}", link::MTU),
         });
         match &opts.cluster {
-            Some(c) => Link::sim_cluster(c),
-            None => Link::veth(),
+            Some(c) => BenchLink::sim_cluster(c),
+            None => BenchLink::veth(),
         }
     } else {
         Err("no network setup requested".to_owned())

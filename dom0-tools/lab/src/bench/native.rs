@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::agent::Test;
-use super::link::{Link, Side};
+use super::link::{BenchLink, Side};
 use super::plan::Counts;
 use super::runner::{AgentSpec, CellAgents};
 
@@ -100,7 +100,7 @@ impl Native {
     /// `spin_us` becomes `XMX_SPIN_US`, so the library polls as long as the baselines do.
     pub fn prepare(
         xmx: &Path,
-        link: &Link,
+        link: &BenchLink,
         scratch: &Path,
         spin_us: u64,
     ) -> Result<Native, String> {
@@ -171,7 +171,7 @@ impl Native {
     }
 
     /// The two processes of one cell.
-    pub fn cell(&self, link: &Link, test: Test, size: u64, counts: Counts) -> CellAgents {
+    pub fn cell(&self, link: &BenchLink, test: Test, size: u64, counts: Counts) -> CellAgents {
         let common: Vec<String> = vec![
             "-t".into(),
             test.as_str().into(),

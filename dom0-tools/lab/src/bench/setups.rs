@@ -11,7 +11,7 @@ use std::path::Path;
 use super::agent::Test;
 use super::cost::DaemonRole;
 use super::guests::{BenchPair, GuestAt, GuestBed};
-use super::link::Link;
+use super::link::BenchLink;
 use super::native::Native;
 use super::plan::Counts;
 use super::runner::{AgentSpec, CellAgents};
@@ -20,7 +20,7 @@ use super::BenchError;
 /// What setups can use while preparing and running.
 pub struct Env<'a> {
     /// The link between the two namespaces, or why there is none.
-    pub link: Result<&'a Link, &'a str>,
+    pub link: Result<&'a BenchLink, &'a str>,
     /// The `xmx` binary (agents are started through it).
     pub xmx: &'a Path,
     /// A directory for this run's files (shared mappings, built programs).

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::layout::{self, Place};
 use crate::sim::cluster::{self, ClusterState};
 use xmx_tools::xmxd::control::PeersReport;
-use xmx_tools::xmxd::{ControlClient, Request};
+use xmx_tools::xmxd::{ControlClient, XmxdRequest};
 
 /// Source of the program.
 pub const MX_ISOLATION_C: &str = include_str!("mx_isolation.c");
@@ -151,7 +151,7 @@ pub fn run(state: &ClusterState, prog: &Path, lib_dir: &Path, xmx: &Path) -> Res
     let guest = host.guest(&from.guest_name())?;
     let table: PeersReport = ControlClient::connect(&host.simhv_dir.join("xmxd.sock"))
         .context("connecting to xmxd")?
-        .call_as(&Request::Peers {
+        .call_as(&XmxdRequest::Peers {
             guest: None,
             after: None,
             timeout_ms: None,

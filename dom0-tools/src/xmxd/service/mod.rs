@@ -23,7 +23,7 @@ use xmx_hv::{DomId, Platform, Xenstore};
 use xmx_wire::mxoe::Mac;
 
 use super::backend::BackendLink;
-use super::control::{refusal_reply, PeersReport, Request, MAX_WAIT};
+use super::control::{refusal_reply, PeersReport, XmxdRequest, MAX_WAIT};
 use super::direct;
 use super::discovery::{Discovery, DiscoveryConfig};
 use super::error::{Error, Result};
@@ -235,8 +235,8 @@ impl Shared {
         out
     }
 
-    fn dispatch(&self, request: Request) -> Reply {
-        if let Request::Peers {
+    fn dispatch(&self, request: XmxdRequest) -> Reply {
+        if let XmxdRequest::Peers {
             after: Some(after),
             timeout_ms,
             ..
@@ -265,7 +265,7 @@ impl Shared {
 
     /// [`Shared::dispatch`], then a wake-up of the loop: timers may have moved, and the
     /// loop recomputes its sleep.
-    fn answer(&self, request: Request, wake: &EventFd) -> Reply {
+    fn answer(&self, request: XmxdRequest, wake: &EventFd) -> Reply {
         let reply = self.dispatch(request);
         let _ = wake.write(1);
         reply
@@ -296,10 +296,10 @@ struct ControlSide {
 }
 
 impl LineService for ControlSide {
-    type Request = Request;
+    type Request = XmxdRequest;
     type Reply = Reply;
 
-    fn answer(&self, request: Request) -> Reply {
+    fn answer(&self, request: XmxdRequest) -> Reply {
         self.shared.answer(request, &self.wake)
     }
 
@@ -359,7 +359,7 @@ impl Xmxd {
     }
 
     /// Answer a request as the control socket does.
-    pub fn call(&self, request: Request) -> Reply {
+    pub fn call(&self, request: XmxdRequest) -> Reply {
         self.shared.answer(request, &self.wake)
     }
 

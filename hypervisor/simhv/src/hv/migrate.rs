@@ -32,7 +32,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use xmx_hv::sim::admin::{Restored, RunState, SaveInfo, SaveRound};
-use xmx_hv::sim::proto::Response;
+use xmx_hv::sim::proto::SimResponse;
 use xmx_hv::{DomId, Error, GrantRef, Result, DOM0, PAGE_SIZE};
 
 use super::mem::read_fully_at;
@@ -256,7 +256,7 @@ impl HvState {
         remote: DomId,
         writable: bool,
         refs: &[GrantRef],
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         if refs.is_empty() {
             return Err(Error::Invalid("adopting zero grants".into()));
         }
@@ -293,7 +293,7 @@ impl HvState {
             }
         }
         tracing::debug!(domid, remote, count = refs.len(), "restored grants adopted");
-        no_fds(Response::Granted { grants })
+        no_fds(SimResponse::Granted { grants })
     }
 }
 

@@ -21,7 +21,7 @@
 //! Only registering a window goes through the daemon, and with `MX_RCACHE=1`
 //! only on a registration-cache miss; with the cache off, a link grants its
 //! windows itself and registers them on its send ring
-//! ([`Link::register_with_own_grants`], `XMX_OWN_GRANTS`). The peer table is the guest's view that
+//! ([`XenLink::register_with_own_grants`], `XMX_OWN_GRANTS`). The peer table is the guest's view that
 //! the toolstack publishes in xenstore ([`peers`]).
 //!
 //! When the backend goes away and comes back (restart, suspend and resume),
@@ -73,7 +73,7 @@ use port::LinkRef;
 pub(crate) use port::XenPort;
 
 use crate::transport::mailbox::Mailbox;
-use link::Link;
+use link::XenLink;
 use peers::PeerView;
 use port::EndpointShared;
 use windows::Daemon;
@@ -617,7 +617,7 @@ impl Transport for Xen {
         let opened = lock(&self.shared.client).open_endpoint(endpoint, None);
         let channel = opened.map_err(|e| open_refusal(e, endpoint))?;
         let index = channel.endpoint();
-        let mut link = Link::new(channel, self.shared.board.max_regions, rcache);
+        let mut link = XenLink::new(channel, self.shared.board.max_regions, rcache);
         if let (false, Some((gnttab, backend))) = (rcache, &self.shared.own_grants) {
             link.register_with_own_grants(gnttab.clone(), *backend);
         }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use xmx_mx::frame::{Message, MessageKind};
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::link::Link;
+use super::link::XenLink;
 use super::windows::Daemon;
 use super::Shared;
 use crate::segments::Segments;
@@ -25,7 +25,7 @@ pub(super) struct EndpointShared {
     /// Arrivals, taken without the link's lock.
     pub(crate) mailbox: Mailbox,
     /// The rings and requests.
-    pub(crate) link: Mutex<Link>,
+    pub(crate) link: Mutex<XenLink>,
     /// Its direct channels to co-located guests.
     pub(crate) direct: Mutex<super::direct::EndpointDirect>,
     /// Why the endpoint is lost for good, once it is (the daemon is gone, or
@@ -34,7 +34,7 @@ pub(super) struct EndpointShared {
 }
 
 /// The endpoint's link as its direct channels see it.
-pub(super) struct LinkRef<'a>(pub(crate) &'a Mutex<Link>);
+pub(super) struct LinkRef<'a>(pub(crate) &'a Mutex<XenLink>);
 
 impl super::direct::LinkAccess for LinkRef<'_> {
     fn observe(&mut self, frame: &Frame<Vec<u8>>) {
