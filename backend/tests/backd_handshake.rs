@@ -4,7 +4,7 @@ mod backd_util;
 
 use backd_util::{small_endpoint, BackdTestHost};
 use xmx_backend::admin::{BackdRequest, GuestReport};
-use xmx_backend::service::Quotas;
+use xmx_backend::service::GuestQuotas;
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Platform, XsAccess, XsPerm, DOM0};
 use xmx_wire::msg::{CtrlOp, CtrlStatus};
@@ -13,7 +13,7 @@ use xmx_wire::xenbus::{keys, XenbusState};
 #[test]
 fn states_go_initwait_connected_closed_and_back() {
     let host = BackdTestHost::start();
-    let backend = host.start_backend(Quotas::default());
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 7);
 
     g.wait_backend_state(XenbusState::InitWait);
@@ -69,7 +69,7 @@ fn states_go_initwait_connected_closed_and_back() {
 #[test]
 fn a_frontend_restarting_while_connected_is_released_and_served_again() {
     let host = BackdTestHost::start();
-    let _backend = host.start_backend(Quotas::default());
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     assert_eq!(host.dom0_mappings(), 1);
@@ -85,7 +85,7 @@ fn a_frontend_restarting_while_connected_is_released_and_served_again() {
 #[test]
 fn detaching_the_device_releases_the_guest() {
     let host = BackdTestHost::start();
-    let backend = host.start_backend(Quotas::default());
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let xs0 = host.attach(DOM0).xenstore().unwrap();
@@ -107,7 +107,7 @@ fn detaching_the_device_releases_the_guest() {
 #[test]
 fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
     let host = BackdTestHost::start();
-    let _backend = host.start_backend(Quotas::default());
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.wait_backend_state(XenbusState::InitWait);
     // A ring-ref that grants nothing, and an unbound port.
@@ -130,7 +130,7 @@ fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
 #[test]
 fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
     let host = BackdTestHost::start();
-    let backend = host.start_backend(Quotas::default());
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     // A second guest's device claims a multicast MAC (written by hand: attach refuses it).
@@ -262,7 +262,7 @@ fn attach_writes_both_halves_with_the_toolstack_permissions() {
 #[test]
 fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
     let host = BackdTestHost::start();
-    let backend = host.start_backend(Quotas::default());
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let a = g.open_endpoint(0, small_endpoint(1)).1.expect("endpoint 0");
@@ -271,7 +271,7 @@ fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
     // The backend goes with both endpoints open; what it recorded stays in xenstore,
     // as after a crash.
     backend.stop().unwrap();
-    let _backend = host.start_backend(Quotas::default());
+    let _backend = host.start_backend(GuestQuotas::default());
     // The frontend still says Connected to the backend that is gone: the new one does
     // not adopt that ring (its endpoints died with the old backend) but closes the
     // device, so that the frontend starts over.

@@ -5,9 +5,11 @@ mod backd_util;
 
 use std::sync::atomic::Ordering;
 
-use backd_util::{set_two_guest_peers, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
+use backd_util::{
+    set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+};
 use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
-use xmx_backend::service::{BackendThread, Quotas};
+use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
     CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, Rndv, Route,
@@ -19,8 +21,8 @@ use xmx_wire::xenbus::XenbusState;
 /// A well-behaved guest with two endpoints that talks to itself through the backend.
 struct Bystander {
     g: FakeGuest,
-    e0: FakeEndpoint,
-    e1: FakeEndpoint,
+    e0: FakeGuestEndpoint,
+    e1: FakeGuestEndpoint,
     sent: u32,
 }
 
@@ -73,7 +75,7 @@ impl Bystander {
     }
 }
 
-fn setup(quotas: Quotas) -> (BackdTestHost, BackendThread, Bystander, FakeGuest) {
+fn setup(quotas: GuestQuotas) -> (BackdTestHost, BackendThread, Bystander, FakeGuest) {
     let host = BackdTestHost::start();
     let backend = host.start_backend(quotas);
     set_two_guest_peers(&backend);
@@ -104,7 +106,7 @@ fn report(backend: &BackendThread, domid: DomId) -> GuestReport {
 
 #[test]
 fn garbage_on_the_control_ring_disconnects_only_the_offender() {
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, _ep) = h.open_endpoint(0, small_endpoint(2));
     let (rsp, _region) = h.register_region(0, 1, 0, 3 * 4096);
     assert_eq!(rsp.status, CtrlStatus::Ok);
@@ -135,7 +137,7 @@ fn garbage_on_the_control_ring_disconnects_only_the_offender() {
 
 #[test]
 fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(2));
     let ep = ep.unwrap();
     // req_prod jumps a thousand slots ahead of a 16-slot ring.
@@ -163,7 +165,7 @@ fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
 
 #[test]
 fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
-    let (host, _backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, _backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(1));
     let mut ep = ep.unwrap();
     // An RNDV from a region the endpoint never registered: the engine calls it a
@@ -212,7 +214,7 @@ fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
 
 #[test]
 fn grant_refs_that_are_invalid_or_granted_elsewhere_are_refused_without_mapping() {
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let before = host.dom0_mappings();
     let port = h.evtchn.alloc_unbound(DOM0).unwrap();
     let open = |info_ref| {
@@ -264,11 +266,11 @@ fn grant_refs_that_are_invalid_or_granted_elsewhere_are_refused_without_mapping(
 
 #[test]
 fn a_quota_flood_is_refused_and_counted() {
-    let quotas = Quotas {
+    let quotas = GuestQuotas {
         max_endpoints: 2,
         max_regions_per_endpoint: 2,
         max_mapped_pages: 40,
-        ..Quotas::default()
+        ..GuestQuotas::default()
     };
     let (host, backend, mut bystander, mut h) = setup(quotas);
     let (r0, _e0) = h.open_endpoint(0, small_endpoint(1));
@@ -320,7 +322,7 @@ fn slots_rewritten_while_the_backend_reads_them_disconnect_only_the_offender() {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(1));
     let mut ep = ep.unwrap();
 

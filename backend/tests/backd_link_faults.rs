@@ -8,7 +8,9 @@ mod backd_util;
 use std::process::Command;
 use std::time::Duration;
 
-use backd_util::{counters, eventually, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
+use backd_util::{
+    counters, eventually, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+};
 use xmx_backend::service::BackendThread;
 use xmx_nic::testbed::VethPair;
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
@@ -29,8 +31,8 @@ struct Pair {
     backends: [BackendThread; 2],
     a: FakeGuest,
     b: FakeGuest,
-    ea: FakeEndpoint,
-    eb: FakeEndpoint,
+    ea: FakeGuestEndpoint,
+    eb: FakeGuestEndpoint,
     _hosts: [BackdTestHost; 2],
 }
 

@@ -5,7 +5,7 @@ mod backd_util;
 
 use backd_util::{eventually, BackdTestHost};
 use xmx_backend::admin::{BackdRequest, CountersReport};
-use xmx_backend::service::{BackendThread, Quotas};
+use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Error, Platform, DOM0, XBT_NULL};
 use xmx_wire::xenbus::{self, keys};
@@ -25,7 +25,7 @@ fn weight(backend: &BackendThread) -> Option<u32> {
 #[test]
 fn dom0_sets_the_weight_and_the_guest_cannot() {
     let host = BackdTestHost::start();
-    let backend = host.start_backend(Quotas::default());
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     assert_eq!(

@@ -4,14 +4,14 @@
 
 mod backd_util;
 
-use backd_util::{counters, small_endpoint, BackdTestHost, FakeEndpoint, FakeGuest};
+use backd_util::{counters, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint};
 use xmx_nic::testbed::VethPair;
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
     QueueSlots, Rndv, Route, SendOp, SendRequest,
 };
 
-fn next_non_completion(g: &FakeGuest, ep: &mut FakeEndpoint) -> EventBody {
+fn next_non_completion(g: &FakeGuest, ep: &mut FakeGuestEndpoint) -> EventBody {
     loop {
         let ev = g.next_event(ep);
         if !matches!(ev.body, EventBody::SendDone { .. }) {

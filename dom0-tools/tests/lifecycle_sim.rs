@@ -11,7 +11,7 @@ use xmx_tools::xmxd::control::{GuestStatus, PeersReport, XmxdRequest};
 use xmx_tools::xmxd::names;
 use xmx_tools::xmxd::xsnodes;
 use xmx_wire::xenbus::{self, keys};
-use xmxd_util::{children, eventually, read, wait_node, Frontend, XmxdHost};
+use xmxd_util::{children, eventually, read, wait_node, MinimalFrontend, XmxdHost};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -82,7 +82,7 @@ fn a_flagged_domain_gets_its_device_and_a_destroyed_one_leaves_nothing() {
     );
 
     // The guest can read its identity but not change it, nor touch xmxd's nodes.
-    let mut front = Frontend::new(&host.hv_dir(), d);
+    let mut front = MinimalFrontend::new(&host.hv_dir(), d);
     assert_eq!(
         read(front.xs.as_ref(), &xenbus::key_path(&bdir, keys::MAC)),
         Some(mac.to_string())

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use xmx_frontend::frontd::proto::{ErrorReply, MAX_MESSAGE};
-use xmx_frontend::frontd::{BoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice};
+use xmx_frontend::frontd::{FrontdBoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice};
 use xmx_frontend::{Error, Frontend, FrontendEvent, Mode};
 use xmx_hv::handoff::{recv_message, send_message};
 
@@ -476,7 +476,7 @@ fn handle(shared: &Shared, client: &Client, request: FrontdRequest) -> Result<Fr
                 .backend_info()
                 .cloned()
                 .ok_or_else(|| Error::NotConnected("the device is not connected".into()))?;
-            Ok(FrontdReply::Info(BoardInfo {
+            Ok(FrontdReply::Info(FrontdBoardInfo {
                 connected: fe.is_connected(),
                 domid: fe.domid(),
                 mac: info.mac,

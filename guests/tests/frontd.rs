@@ -483,7 +483,7 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_device() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut frontd = Frontd {
+    let mut frontd = FrontdProcess {
         child: Some(child),
         socket,
         domid: g,

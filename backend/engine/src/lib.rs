@@ -84,7 +84,7 @@ pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
 use output::{Output, Path};
-use vnic::{Endpoint, GuestWire, Region, Usage};
+use vnic::{Endpoint, EngineUsage, GuestWire, Region};
 
 /// A guest, by the id dom0 gives it (its domain id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -294,7 +294,7 @@ impl Engine {
                 },
                 memory: guest.memory,
                 endpoints: HashMap::new(),
-                usage: Usage::default(),
+                usage: EngineUsage::default(),
             },
         );
         tracing::info!(guest = guest.id.0, mac = %guest.mac, cluster = guest.cluster.0, "guest attached");

@@ -17,7 +17,7 @@ use super::pull::{
     deadline_after, magic_endpoint, mask_positions, Pull, PullSink, PullSource, ReplyRefusal,
     TimeoutOutcome,
 };
-use super::vnic::{DropReason, Endpoint, GuestWire, Usage, VirtualNic};
+use super::vnic::{DropReason, Endpoint, EngineUsage, GuestWire, VirtualNic};
 use super::Ctx;
 
 const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
@@ -36,7 +36,7 @@ pub(crate) struct PullStart {
 pub(crate) fn start_pull(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    usage: &mut Usage,
+    usage: &mut EngineUsage,
     ep: &mut Endpoint,
     s: PullStart,
 ) {
@@ -128,7 +128,7 @@ pub(crate) fn request_blocks(
 pub(crate) fn finish_pull(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    usage: &mut Usage,
+    usage: &mut EngineUsage,
     ep: &mut Endpoint,
     endpoint: u8,
     handle: u32,

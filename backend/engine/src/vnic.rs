@@ -172,7 +172,7 @@ impl GuestWire {
 
 /// Resources a guest holds, checked against the per-guest quotas.
 #[derive(Debug, Default)]
-pub(crate) struct Usage {
+pub(crate) struct EngineUsage {
     pub regions: usize,
     pub pulls: usize,
     pub pull_bytes: u64,
@@ -267,7 +267,7 @@ pub struct VirtualNic {
     pub(crate) link: GuestWire,
     pub(crate) memory: Box<dyn GuestMemory>,
     pub(crate) endpoints: HashMap<u8, Endpoint>,
-    pub(crate) usage: Usage,
+    pub(crate) usage: EngineUsage,
 }
 
 impl VirtualNic {

@@ -9,7 +9,7 @@ use xmx_wire::msg::{CtrlBack, Event, EventBody, EventFront, SendBack};
 use xmx_wire::ring::RingError;
 
 use super::memory::GrantMemory;
-use super::quota::Usage;
+use super::quota::GuestUsage;
 use crate::admin::EndpointCountersReport;
 use xmx_engine::{GuestId, RegionHandle};
 
@@ -170,7 +170,7 @@ pub(crate) struct Connection {
     pub endpoints: BTreeMap<u8, EndpointConn>,
     /// By (endpoint, region id).
     pub regions: BTreeMap<(u8, u8), RegionConn>,
-    pub usage: Usage,
+    pub usage: GuestUsage,
     /// Sessions this device's endpoints had under a previous run of the backend, as
     /// recorded in xenstore: an endpoint re-opened with its own keeps it.
     pub resumable: BTreeMap<u8, u32>,

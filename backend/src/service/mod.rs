@@ -72,7 +72,7 @@ use xmx_hv::daemon::control::{LineServer, LineService, Refusal};
 pub use guest::DeviceKey;
 pub use link::{FrameLink, LinkFault};
 pub use memory::GrantMemory;
-pub use quota::{Quotas, Usage};
+pub use quota::{GuestQuotas, GuestUsage};
 
 /// How the backend runs.
 #[derive(Debug, Clone)]
@@ -82,7 +82,7 @@ pub struct BackendConfig {
     /// This host's name; guests without a `hostname` key are named `<host>-<domid>:<devid>`.
     pub host_name: String,
     /// Per-guest limits.
-    pub quotas: Quotas,
+    pub quotas: GuestQuotas,
     /// The MX engine's limits and timers.
     pub engine: EngineConfig,
     /// Where to serve the status and control socket, if anywhere.
@@ -94,7 +94,7 @@ impl Default for BackendConfig {
         BackendConfig {
             spin: Duration::from_micros(200),
             host_name: "xmx".into(),
-            quotas: Quotas::default(),
+            quotas: GuestQuotas::default(),
             engine: EngineConfig::default(),
             control_socket: None,
         }
@@ -194,12 +194,12 @@ impl LineService for ControlHandle {
 
 /// Stops a running backend from another thread; cheap to clone.
 #[derive(Clone)]
-pub struct Stopper {
+pub struct BackendStopper {
     flag: Arc<AtomicBool>,
     wake: Arc<EventFd>,
 }
 
-impl Stopper {
+impl BackendStopper {
     /// Ask the loop to disconnect every guest and return.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::Release);
@@ -210,7 +210,7 @@ impl Stopper {
 /// A backend running on its own thread.
 pub struct BackendThread {
     handle: Option<JoinHandle<Result<(), BackendError>>>,
-    stopper: Stopper,
+    stopper: BackendStopper,
     control: ControlHandle,
 }
 
@@ -221,7 +221,7 @@ impl BackendThread {
     }
 
     /// A handle that stops the loop.
-    pub fn stopper(&self) -> Stopper {
+    pub fn stopper(&self) -> BackendStopper {
         self.stopper.clone()
     }
 
@@ -564,8 +564,8 @@ impl Backend {
     }
 
     /// A handle that stops [`Backend::run`] from another thread.
-    pub fn stopper(&self) -> Stopper {
-        Stopper {
+    pub fn stopper(&self) -> BackendStopper {
+        BackendStopper {
             flag: self.stop.clone(),
             wake: self.wake.clone(),
         }

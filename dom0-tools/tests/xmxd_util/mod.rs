@@ -159,7 +159,7 @@ pub fn wait_node(xs: &dyn Xenstore, path: &str, mut cond: impl FnMut(Option<Stri
 }
 
 /// The guest's side of a device: just enough of a frontend to connect the control ring.
-pub struct Frontend {
+pub struct MinimalFrontend {
     pub domid: DomId,
     pub platform: SimPlatform,
     pub xs: Box<dyn Xenstore>,
@@ -168,13 +168,13 @@ pub struct Frontend {
     pub ring: Option<(CtrlFront, Arc<GrantedPages>, Port)>,
 }
 
-impl Frontend {
-    pub fn new(hv_dir: &Path, domid: DomId) -> Frontend {
+impl MinimalFrontend {
+    pub fn new(hv_dir: &Path, domid: DomId) -> MinimalFrontend {
         let platform = SimPlatform::attach(hv_dir, domid).unwrap();
         let xs = platform.xenstore().unwrap();
         let gnttab = platform.grant_table().unwrap();
         let evtchn = platform.event_channels().unwrap();
-        Frontend {
+        MinimalFrontend {
             domid,
             platform,
             xs,

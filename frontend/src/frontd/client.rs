@@ -11,7 +11,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use xmx_hv::handoff::{recv_message, send_message};
 use xmx_wire::msg::EndpointPages;
 
-use super::proto::{BoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice, MAX_MESSAGE};
+use super::proto::{
+    FrontdBoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice, MAX_MESSAGE,
+};
 use crate::channel::{EndpointChannel, RegionWindow};
 use crate::error::{Error, Result};
 use crate::handoff::EndpointHandoff;
@@ -122,7 +124,7 @@ impl FrontdClient {
     }
 
     /// The board.
-    pub fn info(&mut self) -> Result<BoardInfo> {
+    pub fn info(&mut self) -> Result<FrontdBoardInfo> {
         match self.call(FrontdRequest::Info)? {
             FrontdReply::Info(i) => Ok(i),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),

@@ -14,7 +14,7 @@
 //! | request | REMAPPED | `endpoint u8, generation u32` | – |
 //! | reply | OK | – | – |
 //! | reply | ERROR | `code u8, ctrl_kind u8, ctrl_status u32, message str` | – |
-//! | reply | INFO | [`BoardInfo`] | – |
+//! | reply | INFO | [`FrontdBoardInfo`] | – |
 //! | reply | ENDPOINT | [`EndpointHandoff`] | pages, port |
 //! | reply | REGION | [`RegionHandoff`] | pages |
 //! | notice | REOPENED | [`EndpointHandoff`] | pages, port |
@@ -116,7 +116,7 @@ pub enum FrontdRequest {
 
 /// The board as the daemon sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BoardInfo {
+pub struct FrontdBoardInfo {
     /// Whether the device is connected to its backend now.
     pub connected: bool,
     /// The guest's domain id.
@@ -138,7 +138,7 @@ pub struct BoardInfo {
 /// Why a request failed, as sent back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum ErrorCode {
+pub enum FrontdErrorCode {
     /// The backend refused (with a control status).
     Refused = 1,
     /// The device is not connected to its backend.
@@ -157,8 +157,8 @@ pub enum ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorReply {
     /// What kind of failure.
-    pub code: ErrorCode,
-    /// For [`ErrorCode::Refused`]: what the backend refused and why.
+    pub code: FrontdErrorCode,
+    /// For [`FrontdErrorCode::Refused`]: what the backend refused and why.
     pub refused: Option<(CtrlKind, CtrlStatus)>,
     /// The daemon's description of the failure.
     pub message: String,
@@ -168,12 +168,12 @@ impl ErrorReply {
     /// The reply describing `e`.
     pub fn from_error(e: &Error) -> ErrorReply {
         let (code, refused) = match e {
-            Error::Refused { op, status } => (ErrorCode::Refused, Some((*op, *status))),
-            Error::NotConnected(_) => (ErrorCode::NotConnected, None),
-            Error::Invalid(_) => (ErrorCode::Invalid, None),
-            Error::Exhausted(_) => (ErrorCode::Exhausted, None),
-            Error::Timeout(_) => (ErrorCode::Timeout, None),
-            _ => (ErrorCode::Failed, None),
+            Error::Refused { op, status } => (FrontdErrorCode::Refused, Some((*op, *status))),
+            Error::NotConnected(_) => (FrontdErrorCode::NotConnected, None),
+            Error::Invalid(_) => (FrontdErrorCode::Invalid, None),
+            Error::Exhausted(_) => (FrontdErrorCode::Exhausted, None),
+            Error::Timeout(_) => (FrontdErrorCode::Timeout, None),
+            _ => (FrontdErrorCode::Failed, None),
         };
         // What ran out, alone: the application's side words it again.
         let message = match e {
@@ -190,11 +190,11 @@ impl ErrorReply {
     /// The error this reply stands for, on the application's side.
     pub fn into_error(self) -> Error {
         match (self.code, self.refused) {
-            (ErrorCode::Refused, Some((op, status))) => Error::Refused { op, status },
-            (ErrorCode::NotConnected, _) => Error::NotConnected(self.message),
-            (ErrorCode::Invalid, _) => Error::Invalid(self.message),
-            (ErrorCode::Exhausted, _) => Error::Exhausted(self.message.into()),
-            (ErrorCode::Timeout, _) => Error::Timeout(self.message),
+            (FrontdErrorCode::Refused, Some((op, status))) => Error::Refused { op, status },
+            (FrontdErrorCode::NotConnected, _) => Error::NotConnected(self.message),
+            (FrontdErrorCode::Invalid, _) => Error::Invalid(self.message),
+            (FrontdErrorCode::Exhausted, _) => Error::Exhausted(self.message.into()),
+            (FrontdErrorCode::Timeout, _) => Error::Timeout(self.message),
             _ => Error::Protocol(format!("xmx-frontd: {}", self.message)),
         }
     }
@@ -209,7 +209,7 @@ pub enum FrontdReply {
     /// The request failed.
     Error(ErrorReply),
     /// The answer to [`FrontdRequest::Info`].
-    Info(BoardInfo),
+    Info(FrontdBoardInfo),
     /// The answer to [`FrontdRequest::OpenEndpoint`]: the endpoint, its pages and its port.
     Endpoint(EndpointHandoff),
     /// The answer to [`FrontdRequest::RegisterRegion`]: the region and its window's pages.
@@ -407,16 +407,16 @@ impl FrontdMessage {
                     REPLY_OK => FrontdReply::Ok,
                     REPLY_ERROR => {
                         let code = match f.u8()? {
-                            1 => ErrorCode::Refused,
-                            2 => ErrorCode::NotConnected,
-                            3 => ErrorCode::Invalid,
-                            4 => ErrorCode::Exhausted,
-                            5 => ErrorCode::Timeout,
-                            _ => ErrorCode::Failed,
+                            1 => FrontdErrorCode::Refused,
+                            2 => FrontdErrorCode::NotConnected,
+                            3 => FrontdErrorCode::Invalid,
+                            4 => FrontdErrorCode::Exhausted,
+                            5 => FrontdErrorCode::Timeout,
+                            _ => FrontdErrorCode::Failed,
                         };
                         let kind = f.u8()?;
                         let status = f.u32()?;
-                        let refused = if code == ErrorCode::Refused {
+                        let refused = if code == FrontdErrorCode::Refused {
                             Some((CtrlKind::try_from(kind)?, CtrlStatus::try_from(status)?))
                         } else {
                             None
@@ -432,7 +432,7 @@ impl FrontdMessage {
                         let domid = f.u16()?;
                         let mut mac = [0u8; 6];
                         mac.copy_from_slice(f.bytes(6)?);
-                        FrontdReply::Info(BoardInfo {
+                        FrontdReply::Info(FrontdBoardInfo {
                             connected,
                             domid,
                             mac: Mac(mac),
@@ -551,7 +551,7 @@ mod tests {
 
     #[test]
     fn replies_and_notices_round_trip() {
-        let info = BoardInfo {
+        let info = FrontdBoardInfo {
             connected: true,
             domid: 3,
             mac: Mac([2, 0, 0, 0, 0, 9]),

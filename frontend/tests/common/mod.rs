@@ -121,7 +121,7 @@ pub fn mapped_window(m: &Arc<MappedPages>, offset: usize, len: usize) -> SharedM
 }
 
 /// An endpoint as the fake backend holds it.
-pub struct FakeEndpoint {
+pub struct FakeBackendEndpoint {
     /// The refs it read from the info page.
     pub refs: Vec<u32>,
     pub pages: EndpointPages,
@@ -130,7 +130,7 @@ pub struct FakeEndpoint {
 }
 
 /// A region as the fake backend holds it.
-pub struct FakeRegion {
+pub struct FakeBackendRegion {
     pub info_refs: Vec<u32>,
     pub refs: Vec<u32>,
     pub length: u32,
@@ -142,8 +142,8 @@ pub struct FakeRegion {
 pub struct FakeState {
     /// Every control request, in order.
     pub requests: Vec<CtrlKind>,
-    pub endpoints: BTreeMap<u8, FakeEndpoint>,
-    pub regions: BTreeMap<(u8, u8), FakeRegion>,
+    pub endpoints: BTreeMap<u8, FakeBackendEndpoint>,
+    pub regions: BTreeMap<(u8, u8), FakeBackendRegion>,
     /// Leave requests unanswered while set.
     pub hold: bool,
     /// Times a guest notification woke the service loop.
@@ -335,7 +335,7 @@ fn serve(
                 .map_err(|_| CtrlStatus::Malformed)?;
             st.endpoints.insert(
                 open.endpoint,
-                FakeEndpoint {
+                FakeBackendEndpoint {
                     refs,
                     pages: open.pages,
                     mapping,
@@ -373,7 +373,7 @@ fn serve(
             );
             st.regions.insert(
                 (reg.endpoint, reg.region_id),
-                FakeRegion {
+                FakeBackendRegion {
                     info_refs: reg.info_refs.clone(),
                     refs,
                     length: reg.length,

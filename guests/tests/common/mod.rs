@@ -112,7 +112,7 @@ impl GuestsTestHost {
     }
 
     /// Start `xmx-frontd` in guest `domid`; returns once the device is connected.
-    pub fn frontd(&self, domid: DomId, extra: &[&str]) -> Frontd {
+    pub fn frontd(&self, domid: DomId, extra: &[&str]) -> FrontdProcess {
         let socket = self.path().join(format!("frontd{domid}.sock"));
         let child = Command::new(env!("CARGO_BIN_EXE_xmx-frontd"))
             .arg("--socket")
@@ -128,7 +128,7 @@ impl GuestsTestHost {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let f = Frontd {
+        let f = FrontdProcess {
             child: Some(child),
             socket,
             domid,
@@ -148,13 +148,13 @@ impl Drop for GuestsTestHost {
 }
 
 /// A running `xmx-frontd`; killed on drop if still running.
-pub struct Frontd {
+pub struct FrontdProcess {
     pub child: Option<Child>,
     pub socket: PathBuf,
     pub domid: DomId,
 }
 
-impl Frontd {
+impl FrontdProcess {
     pub fn pid(&self) -> Pid {
         Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
     }
@@ -166,7 +166,7 @@ impl Frontd {
     }
 }
 
-impl Drop for Frontd {
+impl Drop for FrontdProcess {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -1,6 +1,6 @@
 //! Limits of a simulated host, per domain.
 
-use crate::xenstored::Quotas;
+use crate::xenstored::XenstoreQuotas;
 
 /// Xen's default grant-table size: 64 frames of 512 v1 entries.
 pub const DEFAULT_GNTTAB_ENTRIES: u32 = 32768;
@@ -25,7 +25,7 @@ pub struct Config {
     /// Event-channel ports a domain may have open.
     pub max_ports: usize,
     /// xenstored's per-domain quotas.
-    pub xenstore: Quotas,
+    pub xenstore: XenstoreQuotas,
 }
 
 impl Default for Config {
@@ -36,7 +36,7 @@ impl Default for Config {
             max_grants: DEFAULT_GNTTAB_ENTRIES as usize,
             max_mappings: DEFAULT_MAX_MAPPINGS,
             max_ports: DEFAULT_MAX_PORTS,
-            xenstore: Quotas::default(),
+            xenstore: XenstoreQuotas::default(),
         }
     }
 }

@@ -8,9 +8,9 @@ use std::io::Write;
 use xenstore_common::Harness;
 use xmx_hv::xs::wire::{self, Frame, MsgType};
 use xmx_hv::{Error, Xenstore, XBT_NULL};
-use xmx_simhv::xenstored::Quotas;
+use xmx_simhv::xenstored::XenstoreQuotas;
 
-const QUOTAS: Quotas = Quotas {
+const QUOTAS: XenstoreQuotas = XenstoreQuotas {
     nodes: 8,
     watches: 3,
     transactions: 2,

@@ -89,13 +89,13 @@ fn mac_of(side: &Side) -> Result<String, String> {
 
 /// A prepared native setup: the program, the library and the environment of each end.
 #[derive(Debug, Clone)]
-pub struct Native {
+pub struct PreparedNative {
     prog: PathBuf,
     env_a: Vec<(String, String)>,
     env_b: Vec<(String, String)>,
 }
 
-impl Native {
+impl PreparedNative {
     /// Build the program, write the peer table and probe the transport on end B.
     /// `spin_us` becomes `XMX_SPIN_US`, so the library polls as long as the baselines do.
     pub fn prepare(
@@ -103,7 +103,7 @@ impl Native {
         link: &BenchLink,
         scratch: &Path,
         spin_us: u64,
-    ) -> Result<Native, String> {
+    ) -> Result<PreparedNative, String> {
         let lib = find_library(xmx)
             .ok_or("libmyriexpress.so not found (build xmx-libmx, or set XMX_LIB_DIR)")?;
         let prog = build_program(scratch, &include_dir(), &lib)?;
@@ -126,7 +126,7 @@ impl Native {
             .map(|(k, v)| (k.to_owned(), v))
             .collect()
         };
-        let native = Native {
+        let native = PreparedNative {
             prog,
             env_a: env(&link.a, HOST_A),
             env_b: env(&link.b, HOST_B),

@@ -53,7 +53,7 @@ impl Answer {
 
 /// What the program printed for one target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Attempt {
+pub struct IsolationAttempt {
     /// The target's MX hostname.
     pub target: String,
     /// Its board address, as dom0 knows it.
@@ -64,7 +64,7 @@ pub struct Attempt {
     pub connect: Answer,
 }
 
-impl Attempt {
+impl IsolationAttempt {
     /// The connection was refused: neither accepted nor left to time out.
     pub fn refused(&self) -> bool {
         self.connect.code != MX_SUCCESS && self.connect.code != MX_TIMEOUT
@@ -95,7 +95,7 @@ pub struct TargetAttempt {
     pub status: String,
     /// What MX answered.
     #[serde(flatten)]
-    pub attempt: Attempt,
+    pub attempt: IsolationAttempt,
 }
 
 /// Compile `source` (named `name`.c) with the system C compiler against our MX header and
@@ -127,7 +127,7 @@ pub fn build(name: &str, source: &str, out_dir: &Path, lib_dir: &Path) -> Result
 }
 
 /// Parse the program's output: one JSON object per line.
-pub fn parse(stdout: &str) -> Result<Vec<Attempt>> {
+pub fn parse(stdout: &str) -> Result<Vec<IsolationAttempt>> {
     stdout
         .lines()
         .filter(|l| !l.trim().is_empty())

@@ -395,7 +395,7 @@ impl Xmxd {
         }
     }
 
-    /// Wait until the loop ends by itself (a fatal error) or a [`Stopper`] stops it from
+    /// Wait until the loop ends by itself (a fatal error) or an [`XmxdStopper`] stops it from
     /// elsewhere.
     pub fn join(mut self) -> Result<()> {
         let result = match self.thread.take() {
@@ -410,8 +410,8 @@ impl Xmxd {
     }
 
     /// A handle that stops the loop from another thread (a signal handler thread).
-    pub fn stopper(&self) -> Stopper {
-        Stopper {
+    pub fn stopper(&self) -> XmxdStopper {
+        XmxdStopper {
             stop: self.stop.clone(),
             wake: self.wake.clone(),
         }
@@ -439,12 +439,12 @@ impl Drop for Xmxd {
 
 /// Stops a running [`Xmxd`] from another thread; cheap to clone.
 #[derive(Clone)]
-pub struct Stopper {
+pub struct XmxdStopper {
     stop: Arc<AtomicBool>,
     wake: Arc<EventFd>,
 }
 
-impl Stopper {
+impl XmxdStopper {
     /// Ask the loop to end.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);

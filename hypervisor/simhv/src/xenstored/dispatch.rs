@@ -16,7 +16,7 @@ use super::perms;
 use super::state::State;
 use super::store::{Store, Transaction, Tree};
 use super::watch::{Event, Watch};
-use super::Quotas;
+use super::XenstoreQuotas;
 
 /// What a successful request produced.
 struct Done {
@@ -50,7 +50,7 @@ fn invalid(_: wire::WireError) -> XsErrno {
 /// Run one request from connection `conn_id` and queue what it produced.
 pub(crate) fn process(
     st: &mut State,
-    quotas: &Quotas,
+    quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
     frame: Frame,
@@ -102,7 +102,7 @@ pub(crate) fn process(
     }
 }
 
-fn limits(quotas: &Quotas) -> Limits {
+fn limits(quotas: &XenstoreQuotas) -> Limits {
     Limits {
         nodes: quotas.nodes,
         value_size: quotas.value_size,
@@ -111,7 +111,7 @@ fn limits(quotas: &Quotas) -> Limits {
 
 fn handle(
     st: &mut State,
-    quotas: &Quotas,
+    quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
     domid: DomId,
@@ -342,7 +342,7 @@ fn watch_args(domid: DomId, payload: &[u8]) -> Result<(Canonical, String), XsErr
 
 fn watch(
     st: &mut State,
-    quotas: &Quotas,
+    quotas: &XenstoreQuotas,
     conn_id: ConnId,
     domid: DomId,
     payload: &[u8],

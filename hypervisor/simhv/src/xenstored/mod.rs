@@ -55,7 +55,7 @@ use watch::Event;
 /// Per-domain limits for unprivileged domains (dom0 is unlimited). The defaults are
 /// Xen xenstored's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Quotas {
+pub struct XenstoreQuotas {
     /// Nodes a domain may own (ENOSPC beyond).
     pub nodes: usize,
     /// Watches a domain may have registered (ENOSPC beyond).
@@ -68,9 +68,9 @@ pub struct Quotas {
     pub outstanding: usize,
 }
 
-impl Default for Quotas {
-    fn default() -> Quotas {
-        Quotas {
+impl Default for XenstoreQuotas {
+    fn default() -> XenstoreQuotas {
+        XenstoreQuotas {
             nodes: 1000,
             watches: 128,
             transactions: 10,
@@ -82,7 +82,7 @@ impl Default for Quotas {
 
 /// What one domain currently holds in the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Usage {
+pub struct XenstoreUsage {
     /// Nodes it owns.
     pub nodes: usize,
     /// Watches registered.
@@ -97,7 +97,7 @@ pub struct Usage {
 
 /// The simulated xenstored; see the module documentation.
 pub struct Xenstored {
-    quotas: Quotas,
+    quotas: XenstoreQuotas,
     state: Mutex<State>,
     outstanding: Outstanding,
     next_conn: AtomicU64,
@@ -112,7 +112,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Xenstored {
     /// A daemon with the initial tree and dom0 introduced.
-    pub fn new(quotas: Quotas) -> Arc<Xenstored> {
+    pub fn new(quotas: XenstoreQuotas) -> Arc<Xenstored> {
         Arc::new(Xenstored {
             quotas,
             state: Mutex::new(State::new()),
@@ -123,7 +123,7 @@ impl Xenstored {
     }
 
     /// The limits this daemon enforces.
-    pub fn quotas(&self) -> Quotas {
+    pub fn quotas(&self) -> XenstoreQuotas {
         self.quotas
     }
 
@@ -325,9 +325,9 @@ impl Xenstored {
     }
 
     /// What `domid` currently holds.
-    pub fn usage(&self, domid: DomId) -> Usage {
+    pub fn usage(&self, domid: DomId) -> XenstoreUsage {
         let st = lock(&self.state);
-        Usage {
+        XenstoreUsage {
             nodes: store::Tree::owned(&st.store, domid),
             watches: st.watches_of(domid),
             transactions: st.transactions_of(domid),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use xmx_hv::xs::wire::{self, Frame};
 use xmx_hv::xs::XsClient;
 use xmx_hv::DomId;
-use xmx_simhv::xenstored::{Quotas, Xenstored};
+use xmx_simhv::xenstored::{XenstoreQuotas, Xenstored};
 
 /// The guests every harness introduces.
 pub const GUESTS: [DomId; 2] = [1, 2];
@@ -24,10 +24,10 @@ pub struct Harness {
 
 impl Harness {
     pub fn start() -> Harness {
-        Harness::with_quotas(Quotas::default())
+        Harness::with_quotas(XenstoreQuotas::default())
     }
 
-    pub fn with_quotas(quotas: Quotas) -> Harness {
+    pub fn with_quotas(quotas: XenstoreQuotas) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let xs = Xenstored::new(quotas);
         let mut accept_threads = Vec::new();

@@ -44,16 +44,16 @@ impl Rng {
 
 /// What the channel does to frames.
 #[derive(Clone, Debug)]
-pub struct Channel {
+pub struct SimChannel {
     pub loss: f64,
     pub dup: f64,
     pub delay_min: Duration,
     pub delay_max: Duration,
 }
 
-impl Channel {
+impl SimChannel {
     pub fn perfect() -> Self {
-        Channel {
+        SimChannel {
             loss: 0.0,
             dup: 0.0,
             delay_min: Duration::from_micros(10),
@@ -62,7 +62,7 @@ impl Channel {
     }
 
     pub fn lossy(loss: f64, dup: f64, jitter: Duration) -> Self {
-        Channel {
+        SimChannel {
             loss,
             dup,
             delay_min: Duration::from_micros(10),
@@ -120,7 +120,7 @@ pub struct Sim {
     pub now: Instant,
     pub nodes: Vec<Node>,
     pub rng: Rng,
-    pub channel: Channel,
+    pub channel: SimChannel,
     /// Drop every frame from now on.
     pub blackhole: bool,
     /// Arrival time and tie-break sequence -> frame.
@@ -142,7 +142,7 @@ pub struct Sim {
 }
 
 impl Sim {
-    pub fn new(seed: u64, channel: Channel) -> Self {
+    pub fn new(seed: u64, channel: SimChannel) -> Self {
         Sim {
             now: Instant::ZERO,
             nodes: Vec::new(),

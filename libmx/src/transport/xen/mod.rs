@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_frontend::frontd::proto::{default_socket_path, SOCKET_ENV};
-use xmx_frontend::frontd::{BoardInfo as DaemonBoard, FrontdClient, Notice};
+use xmx_frontend::frontd::{FrontdBoardInfo, FrontdClient, Notice};
 use xmx_frontend::Error as FrontError;
 use xmx_hv::Xenstore;
 use xmx_mx::Config;
@@ -173,7 +173,7 @@ pub(crate) struct Shared {
     client: Mutex<FrontdClient>,
     client_fd: RawFd,
     daemon_gone: AtomicBool,
-    board: DaemonBoard,
+    board: FrontdBoardInfo,
     view: PeerView,
     /// The peer view's directory and the connection watching it; both change when the
     /// domain moves to another host (a simulated migration, see [`Shared::follow_move`]).
@@ -457,7 +457,10 @@ impl std::fmt::Debug for Xen {
 
 /// Asks the daemon for the board until the device is connected, or
 /// `timeout` passes.
-fn connected_board(client: &mut FrontdClient, timeout: Duration) -> Result<DaemonBoard, String> {
+fn connected_board(
+    client: &mut FrontdClient,
+    timeout: Duration,
+) -> Result<FrontdBoardInfo, String> {
     let deadline = Instant::now() + timeout;
     loop {
         match client.info() {
