@@ -82,7 +82,7 @@ impl Default for XenstoreQuotas {
 
 /// What one domain currently holds in the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct XenstoreUsage {
+pub struct XenstoredDomainUsage {
     /// Nodes it owns.
     pub nodes: usize,
     /// Watches registered.
@@ -325,9 +325,9 @@ impl Xenstored {
     }
 
     /// What `domid` currently holds.
-    pub fn usage(&self, domid: DomId) -> XenstoreUsage {
+    pub fn usage(&self, domid: DomId) -> XenstoredDomainUsage {
         let st = lock(&self.state);
-        XenstoreUsage {
+        XenstoredDomainUsage {
             nodes: store::Tree::owned(&st.store, domid),
             watches: st.watches_of(domid),
             transactions: st.transactions_of(domid),
