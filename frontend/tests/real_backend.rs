@@ -564,9 +564,9 @@ fn a_failed_migration_resumes_the_frontend_on_its_host_in_its_sessions() {
     let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
     let sessions = (c0.session_id(), c1.session_id());
     // Its grant table is too small for the guest's refs: the last round fails.
-    let dest = FrontendTestHost::start_with(xmx_simhv::Config {
+    let dest = FrontendTestHost::start_with(xmx_simhv::SimhvConfig {
         gnttab_entries: 8,
-        ..xmx_simhv::Config::default()
+        ..xmx_simhv::SimhvConfig::default()
     });
     let work = tempfile::tempdir().unwrap();
     let options = MigrateOptions {

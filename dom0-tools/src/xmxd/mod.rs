@@ -86,7 +86,7 @@ pub mod xsnodes;
 pub use control::{ControlClient, XmxdRequest};
 pub use error::{Error, Result};
 pub use fabric::PacketFabric;
-pub use service::{Config, Core, Xmxd, XmxdStopper};
+pub use service::{Core, Xmxd, XmxdConfig, XmxdStopper};
 
 /// The control socket's default path: `$XMX_SIM_DIR/xmxd.sock` on the simulator,
 /// `/run/xmx/xmxd.sock` on Xen.

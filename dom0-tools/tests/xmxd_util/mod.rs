@@ -14,7 +14,7 @@ use xmx_hv::{
 };
 use xmx_tools::xmxd::control::XmxdRequest;
 use xmx_tools::xmxd::discovery::DiscoveryConfig;
-use xmx_tools::xmxd::{Config, PacketFabric, Xmxd};
+use xmx_tools::xmxd::{PacketFabric, Xmxd, XmxdConfig};
 use xmx_wire::msg::{CtrlFront, PROTOCOL_VERSION};
 use xmx_wire::ring::SharedMem;
 use xmx_wire::xenbus::{self, keys, XenbusState};
@@ -75,8 +75,8 @@ impl XmxdHost {
     }
 
     /// xmxd's configuration for this host, announcing every `interval`.
-    pub fn xmxd_config(&self, interval: Duration) -> Config {
-        let mut cfg = Config::new(&self.name, &self.state_dir());
+    pub fn xmxd_config(&self, interval: Duration) -> XmxdConfig {
+        let mut cfg = XmxdConfig::new(&self.name, &self.state_dir());
         cfg.control_socket = Some(self.xmxd_socket());
         cfg.backend_socket = Some(self.backend_socket());
         cfg.discovery = DiscoveryConfig::every(interval);

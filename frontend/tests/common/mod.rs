@@ -41,7 +41,7 @@ impl FrontendTestHost {
         FrontendTestHost(SimHost::start())
     }
 
-    pub fn start_with(config: xmx_simhv::Config) -> FrontendTestHost {
+    pub fn start_with(config: xmx_simhv::SimhvConfig) -> FrontendTestHost {
         FrontendTestHost(SimHost::start_with(config))
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::{DomId, EventChannels, Platform, Port, XBT_NULL};
-use xmx_simhv::{Config, Daemon, DaemonHandle};
+use xmx_simhv::{Daemon, DaemonHandle, SimhvConfig};
 
 /// Set in the child process of the round-trip benchmark: "DIR,DOMID,PEER,PING,STOP".
 const PONG_ENV: &str = "XMX_HV_BENCH_PONG";
@@ -33,7 +33,7 @@ impl BenchHost {
             .prefix("simhv-bench")
             .tempdir()
             .unwrap();
-        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+        let daemon = Daemon::start(dir.path(), SimhvConfig::default()).unwrap();
         let admin = SimAdmin::connect(dir.path()).unwrap();
         let granter = admin.create("granter", None).unwrap();
         let mapper = admin.create("mapper", None).unwrap();

@@ -13,7 +13,7 @@ pub const DEFAULT_MAX_MAPPINGS: usize = 1 << 18;
 
 /// Configuration of a daemon; every limit applies to each domain.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct SimhvConfig {
     /// Entries of each grant table.
     pub gnttab_entries: u32,
     /// Bytes of memory a domain may grant from.
@@ -28,9 +28,9 @@ pub struct Config {
     pub xenstore: XenstoreQuotas,
 }
 
-impl Default for Config {
+impl Default for SimhvConfig {
     fn default() -> Self {
-        Config {
+        SimhvConfig {
             gnttab_entries: DEFAULT_GNTTAB_ENTRIES,
             mem_limit: DEFAULT_MEM_LIMIT,
             max_grants: DEFAULT_GNTTAB_ENTRIES as usize,

@@ -18,7 +18,7 @@ use xmx_hv::sim::{layout, SimAdmin, SimPlatform};
 use xmx_hv::{DomId, Error, Result};
 
 use crate::admin::serve_admin;
-use crate::config::Config;
+use crate::config::SimhvConfig;
 use crate::domains::HostDomains;
 
 /// Entry point of an in-process simulated host.
@@ -34,7 +34,7 @@ pub struct DaemonHandle {
 
 impl Daemon {
     /// Serve `dir` with threads of this process until the handle is shut down.
-    pub fn start(dir: impl AsRef<Path>, config: Config) -> Result<DaemonHandle> {
+    pub fn start(dir: impl AsRef<Path>, config: SimhvConfig) -> Result<DaemonHandle> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;

@@ -34,7 +34,7 @@ use xmx_hv::sim::admin::{
 use xmx_hv::sim::layout;
 use xmx_hv::{DomId, Error, Result, XsAccess, XsPerm, DOM0};
 
-use crate::config::Config;
+use crate::config::SimhvConfig;
 use crate::hv::{serve, Hv};
 use crate::xenstored::Xenstored;
 
@@ -121,7 +121,7 @@ fn stream_path(path: &Path) -> Result<()> {
 
 impl HostDomains {
     /// A host with no domain yet.
-    pub(crate) fn new(dir: &Path, config: Config) -> HostDomains {
+    pub(crate) fn new(dir: &Path, config: SimhvConfig) -> HostDomains {
         let xenstored = Xenstored::new(config.xenstore);
         HostDomains {
             dir: dir.to_path_buf(),

@@ -10,7 +10,7 @@ use xmx_hv::conformance::{
 };
 use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::{DomId, DOM0};
-use xmx_simhv::{Config, Daemon};
+use xmx_simhv::{Daemon, SimhvConfig};
 
 const LOCAL_XS: [&str; 10] = [
     "xs.domain-path",
@@ -172,7 +172,7 @@ fn start() -> (tempfile::TempDir, xmx_simhv::DaemonHandle, SimAdmin) {
         .prefix("simhv-conf")
         .tempdir()
         .unwrap();
-    let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+    let daemon = Daemon::start(dir.path(), SimhvConfig::default()).unwrap();
     let admin = SimAdmin::connect(dir.path()).unwrap();
     (dir, daemon, admin)
 }

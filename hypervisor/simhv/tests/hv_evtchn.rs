@@ -220,7 +220,7 @@ fn dropping_a_handle_closes_its_ports() {
 
 #[test]
 fn port_quota_is_enforced() {
-    let host = SimHost::start_with(xmx_simhv::Config {
+    let host = SimHost::start_with(xmx_simhv::SimhvConfig {
         max_ports: 2,
         ..Default::default()
     });

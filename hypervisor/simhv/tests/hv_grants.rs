@@ -391,7 +391,7 @@ fn grant_copy_moves_bytes_both_ways_and_checks_each_side() {
 
 #[test]
 fn grant_quotas_are_enforced() {
-    let host = SimHost::start_with(xmx_simhv::Config {
+    let host = SimHost::start_with(xmx_simhv::SimhvConfig {
         mem_limit: 4 * PAGE_SIZE as u64,
         max_mappings: 2,
         ..Default::default()

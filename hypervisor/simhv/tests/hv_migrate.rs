@@ -14,7 +14,7 @@ use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::layout;
 use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions, Migration};
 use xmx_hv::{DomId, Error, GrantRef, GrantedPages, Platform, DOM0, PAGE_SIZE};
-use xmx_simhv::Config;
+use xmx_simhv::SimhvConfig;
 
 const GTF_PERMIT_ACCESS: u16 = 1;
 const GTF_READONLY: u16 = 1 << 2;
@@ -78,9 +78,9 @@ fn names(host: &SimHost) -> Vec<(DomId, String, RunState)> {
 #[test]
 fn a_domain_moves_with_its_memory_and_grants_and_leaves_nothing_behind() {
     const LIMIT: u64 = 64 << 20;
-    let src = SimHost::start_with(Config {
+    let src = SimHost::start_with(SimhvConfig {
         mem_limit: LIMIT,
-        ..Config::default()
+        ..SimhvConfig::default()
     });
     let dst = SimHost::start();
     // So that the domain gets another domid at the destination.
@@ -337,9 +337,9 @@ fn migrations_that_cannot_happen_are_refused_and_change_nothing() {
 fn a_failed_last_round_rolls_back_to_the_running_source() {
     let src = SimHost::start();
     // Its grant table is too small for the guest's refs.
-    let dst = SimHost::start_with(Config {
+    let dst = SimHost::start_with(SimhvConfig {
         gnttab_entries: 10,
-        ..Config::default()
+        ..SimhvConfig::default()
     });
     let g = src.create("guest");
     let guest = src.attach(g);
@@ -688,9 +688,9 @@ fn the_last_round_has_every_write_because_the_processes_are_frozen() {
 #[test]
 fn a_rolled_back_migration_thaws_the_processes() {
     let src = SimHost::start();
-    let dst = SimHost::start_with(Config {
+    let dst = SimHost::start_with(SimhvConfig {
         gnttab_entries: 8,
-        ..Config::default()
+        ..SimhvConfig::default()
     });
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");

@@ -40,7 +40,7 @@ mod requests;
 
 /// How xmxd runs.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct XmxdConfig {
     /// This host's name, announced with its guests.
     pub(crate) host_name: String,
     /// The domain xmxd and the backend run in (0: dom0).
@@ -60,11 +60,11 @@ pub struct Config {
     pub(crate) release_timeout: Duration,
 }
 
-impl Config {
+impl XmxdConfig {
     /// Defaults for a host named `host_name` keeping its state in `state_dir`.
-    pub fn new(host_name: &str, state_dir: &Path) -> Config {
+    pub fn new(host_name: &str, state_dir: &Path) -> XmxdConfig {
         let discovery = DiscoveryConfig::default();
-        Config {
+        XmxdConfig {
             host_name: host_name.to_owned(),
             toolstack: xmx_hv::DOM0,
             state_dir: state_dir.to_path_buf(),
@@ -112,7 +112,7 @@ fn unix_now() -> u32 {
 
 /// Everything xmxd knows and does; see the module documentation.
 pub struct Core {
-    cfg: Config,
+    cfg: XmxdConfig,
     xs: Box<dyn Xenstore>,
     store: StateStore,
     domains: BTreeMap<DomId, Domain>,
@@ -135,7 +135,7 @@ pub struct Core {
 }
 
 impl Core {
-    fn new(platform: &dyn Platform, fabric: Option<PacketFabric>, cfg: Config) -> Result<Core> {
+    fn new(platform: &dyn Platform, fabric: Option<PacketFabric>, cfg: XmxdConfig) -> Result<Core> {
         names::check_host_name(&cfg.host_name)?;
         let xs = platform.xenstore()?;
         xsnodes::ensure_root(xs.as_ref(), cfg.toolstack)?;
@@ -321,7 +321,7 @@ impl Xmxd {
     pub fn start(
         platform: &dyn Platform,
         fabric: Option<PacketFabric>,
-        cfg: Config,
+        cfg: XmxdConfig,
     ) -> Result<Xmxd> {
         let control_path = cfg.control_socket.clone();
         let core = Core::new(platform, fabric, cfg)?;

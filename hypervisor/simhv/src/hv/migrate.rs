@@ -39,7 +39,7 @@ use super::mem::read_fully_at;
 use super::stream::{GrantRecord, Record, StreamReader, StreamWriter};
 use super::table::{GTF_PERMIT_ACCESS, GTF_READONLY, GTF_TYPE_MASK};
 use super::{entry_flags, no_fds, ConnId, Domain, Grant, Hv, HvState, Owner};
-use crate::config::Config;
+use crate::config::SimhvConfig;
 
 /// What the destination holds of a domain being sent: the frames sent so far, non-zero.
 type Sent = HashMap<u32, Box<[u8]>>;
@@ -470,7 +470,12 @@ impl Domain {
     }
 
     /// Install the grants of a last stream into this incoming domain, all or nothing.
-    fn restore_grants(&mut self, cfg: &Config, me: DomId, grants: &[GrantRecord]) -> Result<()> {
+    fn restore_grants(
+        &mut self,
+        cfg: &SimhvConfig,
+        me: DomId,
+        grants: &[GrantRecord],
+    ) -> Result<()> {
         if !self.grants.is_empty() {
             return Err(Error::Invalid(format!(
                 "domain {me} has grants already; restoring into it would mix two domains"
@@ -541,9 +546,9 @@ mod tests {
 
     /// A host with one incoming domain (1) in `dir`.
     fn incoming(dir: &Path) -> Hv {
-        let hv = Hv::new(Config {
+        let hv = Hv::new(SimhvConfig {
             gnttab_entries: 64,
-            ..Config::default()
+            ..SimhvConfig::default()
         });
         std::fs::create_dir(xmx_hv::sim::layout::dom_dir(dir, 1)).unwrap();
         hv.add_domain(dir, 1, "in", Some(16 * PAGE_SIZE as u64), true)

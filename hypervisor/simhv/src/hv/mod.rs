@@ -39,7 +39,7 @@ use xmx_hv::sim::proto::{
 use xmx_hv::sim::{layout, proto};
 use xmx_hv::{DomId, Error, GrantRef, Port, Result, PAGE_SIZE};
 
-use crate::config::Config;
+use crate::config::SimhvConfig;
 use mem::MemFile;
 use status::StatusPage;
 use table::{TableFile, GTF_PERMIT_ACCESS, GTF_READING, GTF_READONLY, GTF_TYPE_MASK, GTF_WRITING};
@@ -49,7 +49,7 @@ pub(crate) type ConnId = u64;
 
 /// The hypervisor state of the host.
 pub(crate) struct Hv {
-    config: Config,
+    config: SimhvConfig,
     state: Mutex<HvState>,
 }
 
@@ -148,7 +148,7 @@ pub(crate) struct Counters {
 
 impl Hv {
     /// An empty host.
-    pub(crate) fn new(config: Config) -> Hv {
+    pub(crate) fn new(config: SimhvConfig) -> Hv {
         Hv {
             config,
             state: Mutex::new(HvState {
@@ -538,7 +538,7 @@ impl HvState {
         Ok(dom)
     }
 
-    fn hello(&mut self, domid: DomId, cfg: &Config) -> Result<(SimResponse, Vec<OwnedFd>)> {
+    fn hello(&mut self, domid: DomId, cfg: &SimhvConfig) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.domain(domid)?;
         let fd = dom.mem.fd(true).try_clone_to_owned()?;
         Ok((
@@ -553,7 +553,7 @@ impl HvState {
 
     fn grant_alloc(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
@@ -665,7 +665,7 @@ impl HvState {
 
     fn map(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
@@ -903,7 +903,7 @@ impl HvState {
     }
 
     /// Check the caller may open one more port on `conn`.
-    fn port_room(&mut self, cfg: &Config, conn: ConnId, domid: DomId) -> Result<()> {
+    fn port_room(&mut self, cfg: &SimhvConfig, conn: ConnId, domid: DomId) -> Result<()> {
         let dom = self.running_mut(domid)?;
         if dom.ports.len() >= cfg.max_ports {
             return Err(Error::Quota(format!(
@@ -974,7 +974,7 @@ impl HvState {
 
     fn alloc_unbound(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
@@ -989,7 +989,7 @@ impl HvState {
 
     fn bind(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,

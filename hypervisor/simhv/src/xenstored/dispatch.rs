@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use xmx_hv::xs::wire::{self, Frame, Header, MsgType, XsErrno, DOMID_SELF, PAYLOAD_MAX};
+use xmx_hv::xs::wire::{self, Header, MsgType, XsErrno, XsFrame, DOMID_SELF, PAYLOAD_MAX};
 use xmx_hv::{DomId, DOM0};
 
 use super::conn::{ConnId, Outstanding};
@@ -53,7 +53,7 @@ pub(crate) fn process(
     quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
-    frame: Frame,
+    frame: XsFrame,
 ) {
     let Some(io) = st.conns.get(&conn_id).map(|c| Arc::clone(&c.io)) else {
         return;
@@ -80,15 +80,15 @@ pub(crate) fn process(
     let done = match outcome {
         Ok(done) => done,
         Err(e) => {
-            io.push_reply(Frame::error_reply(&header, e).encode(), outstanding);
+            io.push_reply(XsFrame::error_reply(&header, e).encode(), outstanding);
             return;
         }
     };
     st.fire(&done.events);
     let reply = if done.reply.len() > PAYLOAD_MAX {
-        Frame::error_reply(&header, XsErrno::E2big)
+        XsFrame::error_reply(&header, XsErrno::E2big)
     } else {
-        Frame {
+        XsFrame {
             header: Header {
                 len: done.reply.len() as u32,
                 ..header

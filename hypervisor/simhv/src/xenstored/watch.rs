@@ -1,6 +1,6 @@
 //! Watches and the events that fire them.
 
-use xmx_hv::xs::wire::{self, Frame, MsgType};
+use xmx_hv::xs::wire::{self, MsgType, XsFrame};
 use xmx_hv::{DomId, XsPerm};
 
 use super::path;
@@ -121,7 +121,7 @@ impl Watch {
     /// The encoded `XS_WATCH_EVENT` for `event_path`, or `None` if it cannot fit.
     pub fn event_frame(&self, event_path: &str) -> Option<Vec<u8>> {
         let payload = wire::join_strings(&[self.reported(event_path), &self.token]);
-        Frame::new(MsgType::WatchEvent, 0, 0, payload)
+        XsFrame::new(MsgType::WatchEvent, 0, 0, payload)
             .ok()
             .map(|f| f.encode())
     }
@@ -166,7 +166,7 @@ mod tests {
         let watch = w("/local/domain/5/dev", "/local/domain/5/".len());
         assert_eq!(watch.reported("/local/domain/5/dev/x"), "dev/x");
         let frame = watch.event_frame("/local/domain/5/dev/x").unwrap();
-        let parsed = Frame::parse(&frame).unwrap();
+        let parsed = XsFrame::parse(&frame).unwrap();
         assert_eq!(parsed.kind(), Some(MsgType::WatchEvent));
         assert_eq!(parsed.header.req_id, 0);
         assert_eq!(parsed.payload, b"dev/x\0tok\0");

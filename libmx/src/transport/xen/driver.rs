@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::port::{EndpointShared, LinkRef};
-use super::windows::Daemon;
+use super::windows::FrontdRegistrar;
 use super::Shared;
 
 /// What a polled descriptor stands for.
@@ -111,7 +111,7 @@ pub(super) fn run(shared: Arc<Shared>) {
         for ep in endpoints {
             let (delivered, fd) = {
                 let mut link = ep.link.lock().unwrap_or_else(|e| e.into_inner());
-                let mut reg = Daemon(&shared.client);
+                let mut reg = FrontdRegistrar(&shared.client);
                 // An application thread that polls, or will be back within
                 // its lease, takes the events in itself and arms the ring
                 // before it sleeps; arming it here would have the backend

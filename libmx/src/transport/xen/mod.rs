@@ -76,7 +76,7 @@ use crate::transport::mailbox::Mailbox;
 use link::XenLink;
 use peers::PeerView;
 use port::EndpointShared;
-use windows::Daemon;
+use windows::FrontdRegistrar;
 
 /// Default delay of an explicit ack: the native transport's (Open-MX's), for
 /// the same reason: replies carry the acks.
@@ -397,7 +397,7 @@ impl Shared {
         let mut link = lock(&ep.link);
         for s in orphans {
             tracing::debug!(id = ?s.id, "a direct pull goes through the backend");
-            let mut reg = Daemon(&self.client);
+            let mut reg = FrontdRegistrar(&self.client);
             let progress = link.pull(
                 &mut reg,
                 &ep.mailbox,
@@ -423,7 +423,7 @@ impl Shared {
         }
         let channel = {
             let mut link = lock(&ep.link);
-            link.flush_sends(&ep.mailbox, &mut Daemon(&self.client), CLOSE_FLUSH);
+            link.flush_sends(&ep.mailbox, &mut FrontdRegistrar(&self.client), CLOSE_FLUSH);
             link.close()
         };
         lock(&self.endpoints).remove(&ep.index);

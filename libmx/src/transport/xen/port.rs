@@ -6,7 +6,7 @@ use xmx_mx::frame::{Message, MessageKind};
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::link::XenLink;
-use super::windows::Daemon;
+use super::windows::FrontdRegistrar;
 use super::Shared;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
@@ -117,7 +117,7 @@ impl Port for XenPort {
         match self.outgoing.convert(frame) {
             Ok(None) => {}
             Ok(Some(out)) => {
-                let mut reg = Daemon(&self.shared.client);
+                let mut reg = FrontdRegistrar(&self.shared.client);
                 lock(&self.ep.link).post(out, &self.ep.mailbox, &mut reg);
             }
             Err(e) => tracing::debug!(%e, "frame not sent"),
@@ -150,7 +150,7 @@ impl Port for XenPort {
         // the driver thread is at it already. It leaves the ring unarmed: the
         // backend need not signal a port nobody sleeps on (see before_sleep).
         let mut link = self.ep.link.try_lock().ok()?;
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         if link.take_in(&self.ep.mailbox, &mut reg) == 0 {
             return None;
         }
@@ -175,7 +175,7 @@ impl Port for XenPort {
                 return true;
             }
         }
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
 
@@ -202,18 +202,18 @@ pub(crate) struct XenRegions {
 
 impl Regions for XenRegions {
     fn register(&self, data: &Segments) -> Option<RdmaWindow> {
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).register(&mut reg, data)
     }
 
     fn release(&self, window: RdmaWindow) {
         lock(&self.ep.direct).withdraw(window);
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).release(&mut reg, window);
     }
 
     fn invalidate(&self, addr: usize, len: usize) {
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).invalidate(&mut reg, addr, len);
     }
 
@@ -231,7 +231,7 @@ impl Regions for XenRegions {
                 return p;
             }
         }
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).pull(&mut reg, &self.ep.mailbox, id, source, window, dest, length)
     }
 
