@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::bytes::{check_pages, fill_pages, pattern, seed, Shared};
 use super::coord::{reset_area, Coord, SyncResult};
-use super::{run_id, verdict, wait_port, xs_checks, Ctx, GRANT_SIZES};
+use super::{run_id, verdict, wait_port, xs_checks, RoleCtx, GRANT_SIZES};
 use crate::{
     DomId, Error, EventChannels, GrantTable, GrantedPages, XsAccess, XsPerm, PAGE_SIZE, XBT_NULL,
 };
@@ -23,7 +23,7 @@ pub(crate) const HALF: usize = PAGE_SIZE / 2;
 pub(crate) const COPY_DEST_OFFSET: u16 = 100;
 pub(crate) const COPY_DEST_LEN: u16 = 1000;
 
-pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
+pub(crate) fn run(ctx: &mut RoleCtx) -> SyncResult<()> {
     let me = ctx.me;
     let mapper = ctx.setup.peer;
     let third = ctx.setup.third;
@@ -156,7 +156,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
 }
 
 /// Two nodes the mapper may read (`shared`) and may not (`private`).
-fn publish_perm_nodes(ctx: &mut Ctx, coord: &Coord, g: &str, mapper: DomId) {
+fn publish_perm_nodes(ctx: &mut RoleCtx, coord: &Coord, g: &str, mapper: DomId) {
     let me = ctx.me;
     let result = (|| -> crate::Result<()> {
         let xs = coord.xs();
@@ -226,7 +226,7 @@ fn offer(
 /// One batch scenario: grant `n` pages, the mapper maps them in one call, each side
 /// sees what the other wrote.
 fn batch(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     gt: &Result<Arc<dyn GrantTable>, String>,
     g: &str,
@@ -288,7 +288,7 @@ fn batch(
 
 /// Ending access is refused while the mapper holds the page, then allowed.
 fn end_access_while_mapped(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     g: &str,
     m: &str,
@@ -377,7 +377,7 @@ fn offer_copy(
 /// After the mapper's grant copies: its bytes are in the destination page at the
 /// agreed place and nowhere else, and the read-only page is untouched.
 fn check_copy(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     m: &str,
     copy: Result<CopyPages, String>,
@@ -425,7 +425,7 @@ fn check_copy(
 /// Event channels: the mapper binds our port, notifies both ways, masking holds
 /// events until unmask, then both ends close.
 fn event_channels(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     g: &str,
     m: &str,

@@ -184,7 +184,7 @@ pub fn run_with(platform: &dyn Platform, setup: &ConformanceSetup) -> Conformanc
         PlatformKind::Linux => "linux",
         PlatformKind::Sim => "sim",
     };
-    let mut ctx = Ctx {
+    let mut ctx = RoleCtx {
         platform,
         setup,
         me: platform.domid(),
@@ -205,7 +205,7 @@ pub fn run_with(platform: &dyn Platform, setup: &ConformanceSetup) -> Conformanc
 }
 
 /// One role's run.
-pub(crate) struct Ctx<'a> {
+pub(crate) struct RoleCtx<'a> {
     pub(crate) platform: &'a dyn Platform,
     pub(crate) setup: &'a ConformanceSetup,
     pub(crate) me: DomId,
@@ -213,7 +213,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) report: ConformanceReport,
 }
 
-impl Ctx<'_> {
+impl RoleCtx<'_> {
     /// The area of `domid` under the setup's base.
     pub(crate) fn area(&self, xs: &dyn Xenstore, domid: DomId) -> SyncResult<String> {
         let base = self.setup.base.trim_end_matches('/');

@@ -28,8 +28,8 @@ use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
 use crate::transport::{Port, PullProgress, Regions, Transport};
 
-pub(crate) use requests::Kind;
 pub(crate) use requests::Request;
+pub(crate) use requests::RequestKind;
 pub(crate) use unexp::UnexpHandler;
 
 /// Bits of a request token that number the request within its endpoint.
@@ -645,7 +645,7 @@ impl Endpoint {
                     if let Some(w) = r.window.take() {
                         st.regions.release(w);
                     }
-                    if r.kind == (Kind::Send { eager: false }) {
+                    if r.kind == (RequestKind::Send { eager: false }) {
                         // Rendezvous: what the receiver took.
                         r.xfer_length = xfer_length;
                     } else if status.is_success() {

@@ -15,7 +15,7 @@ use crate::segments::Segments;
 
 /// What a request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum RequestKind {
     /// A send; `eager` when its data was copied at posting.
     Send {
         /// Copied at posting (TINY/SMALL/MEDIUM `mx_isend`).
@@ -30,7 +30,7 @@ pub(crate) enum Kind {
 /// One request of the application.
 #[derive(Debug)]
 pub(crate) struct Request {
-    pub(crate) kind: Kind,
+    pub(crate) kind: RequestKind,
     pub(crate) context: usize,
     pub(crate) code: Status,
     pub(crate) source: Addr,
@@ -52,7 +52,7 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(kind: Kind, context: usize) -> Self {
+    pub(crate) fn new(kind: RequestKind, context: usize) -> Self {
         Request {
             kind,
             context,
@@ -131,7 +131,7 @@ impl Endpoint {
         self.with_state(|ep, st| {
             let now = runtime::now();
             let eager = !sync && MessageClass::of(segs.len()) != MessageClass::Large;
-            let mut r = Request::new(Kind::Send { eager }, context);
+            let mut r = Request::new(RequestKind::Send { eager }, context);
             r.source = Addr {
                 local: ep.handle,
                 ..addr
@@ -189,7 +189,7 @@ impl Endpoint {
         counters::add(Counter::Recvs, 1);
         self.with_state(|ep, st| {
             let now = runtime::now();
-            let mut r = Request::new(Kind::Recv, context);
+            let mut r = Request::new(RequestKind::Recv, context);
             r.segs = segs;
             r.match_info = match_info;
             let seq = ep.new_request(st, r);
@@ -233,7 +233,7 @@ impl Endpoint {
         let peer = self.peer_of(&addr)?;
         counters::add(Counter::Connects, 1);
         let id = st.core.connect(runtime::now(), peer, key);
-        let mut r = Request::new(Kind::Connect, context);
+        let mut r = Request::new(RequestKind::Connect, context);
         r.source = addr;
         r.match_info = match_info;
         r.dest = Some(peer);
@@ -445,8 +445,8 @@ impl Endpoint {
             ep.known(st, seq)?;
             let r = &st.requests[&seq];
             match r.kind {
-                Kind::Send { eager: true } => Ok(true),
-                Kind::Send { eager: false } => Ok(r.done.is_some()),
+                RequestKind::Send { eager: true } => Ok(true),
+                RequestKind::Send { eager: false } => Ok(r.done.is_some()),
                 _ => Err(Failure::new(
                     MxReturn::BadRequest,
                     "only sends can be buffered",
@@ -479,11 +479,11 @@ impl Endpoint {
                 return Ok(false);
             }
             match r.kind {
-                Kind::Send { .. } => Err(Failure::new(
+                RequestKind::Send { .. } => Err(Failure::new(
                     MxReturn::CancelNotSupported,
                     "sends cannot be cancelled",
                 )),
-                Kind::Recv => {
+                RequestKind::Recv => {
                     let Some(id) = r.core else { return Ok(false) };
                     if !st.core.cancel(id) {
                         return Ok(false);
@@ -492,7 +492,7 @@ impl Endpoint {
                     st.requests.remove(&seq);
                     Ok(true)
                 }
-                Kind::Connect => {
+                RequestKind::Connect => {
                     if let Some(id) = r.core {
                         st.links.insert(id, CoreRequestOwner::Discard);
                     }

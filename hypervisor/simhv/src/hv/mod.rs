@@ -73,7 +73,7 @@ struct Domain {
     mapped_pages: usize,
     ports: BTreeMap<Port, PortEntry>,
     /// Set while the domain is sent to another host (see [`migrate`]).
-    outgoing: Option<migrate::Outgoing>,
+    outgoing: Option<migrate::OutgoingMigration>,
     /// Set while the domain receives a migration stream, until its last one.
     incoming: Option<migrate::Incoming>,
 }

@@ -72,7 +72,7 @@ impl SimChannel {
 }
 
 /// One endpoint in the simulation and what it reported.
-pub struct Node {
+pub struct SimNode {
     pub host: u16,
     pub ep: Endpoint,
     pub events: Vec<Event>,
@@ -84,7 +84,7 @@ pub struct Node {
     pub closed: Option<Duration>,
 }
 
-impl Node {
+impl SimNode {
     /// Whether the port is closed for good at `now`.
     fn port_closed(&self, now: Instant) -> bool {
         self.closed
@@ -92,7 +92,7 @@ impl Node {
     }
 }
 
-impl Node {
+impl SimNode {
     pub fn addr(&self) -> PeerAddr {
         PeerAddr::new(self.host, self.ep.index())
     }
@@ -118,7 +118,7 @@ struct InFlight {
 /// The simulation.
 pub struct Sim {
     pub now: Instant,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<SimNode>,
     pub rng: Rng,
     pub channel: SimChannel,
     /// Drop every frame from now on.
@@ -163,7 +163,7 @@ impl Sim {
 
     /// Adds an endpoint on host `host`; returns its node index.
     pub fn add(&mut self, host: u16, ep: Endpoint) -> usize {
-        self.nodes.push(Node {
+        self.nodes.push(SimNode {
             host,
             ep,
             events: Vec::new(),
