@@ -84,7 +84,7 @@ pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
 use output::{Output, Path};
-use vnic::{Endpoint, EngineUsage, GuestWire, Region};
+use vnic::{Endpoint, EngineUsage, GuestRegion, GuestWire};
 
 /// A guest, by the id dom0 gives it (its domain id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -452,7 +452,7 @@ impl Engine {
             nic.link.counters.quota_refusals += 1;
             return Err(EngineError::Quota("regions"));
         }
-        ep.regions.insert(region_id, Region { handle, length });
+        ep.regions.insert(region_id, GuestRegion { handle, length });
         nic.usage.regions += 1;
         Ok(())
     }

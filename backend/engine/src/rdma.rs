@@ -1,4 +1,4 @@
-//! LARGE transfers on the engine: a guest's Pull request becomes a [`Pull`] whose blocks
+//! LARGE transfers on the engine: a guest's Pull request becomes an [`OutstandingPull`] whose blocks
 //! are requested from the peer; PULL requests from peers are answered with PULL_REPLY
 //! frames read from the pulled region; replies and NACK_MCP complete the puller's pulls.
 
@@ -14,8 +14,8 @@ use super::budget::PullKey;
 use super::memory::MemoryArea;
 use super::output::Path;
 use super::pull::{
-    deadline_after, magic_endpoint, mask_positions, Pull, PullSink, PullSource, ReplyRefusal,
-    TimeoutOutcome,
+    deadline_after, magic_endpoint, mask_positions, OutstandingPull, PullSink, PullSource,
+    ReplyRefusal, TimeoutOutcome,
 };
 use super::vnic::{DropReason, Endpoint, EngineUsage, GuestWire, VirtualNic};
 use super::Ctx;
@@ -80,7 +80,7 @@ pub(crate) fn start_pull(
         offset: u64::from(p.local_offset),
     };
     let deadline = deadline_after(s.now, ctx.config.pull_retransmit_timeout);
-    let mut pull = Pull::new(
+    let mut pull = OutstandingPull::new(
         s.tag,
         source,
         sink,

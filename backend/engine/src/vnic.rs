@@ -180,7 +180,7 @@ pub(crate) struct EngineUsage {
 
 /// A registered region.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Region {
+pub(crate) struct GuestRegion {
     pub handle: RegionHandle,
     pub length: u64,
 }
@@ -232,7 +232,7 @@ pub(crate) struct Endpoint {
     pub session: u32,
     pub send_queue_slots: u16,
     pub recvq: RecvQueue,
-    pub regions: HashMap<u8, Region>,
+    pub regions: HashMap<u8, GuestRegion>,
     pub pulls: PullSlots,
     /// Re-opened with its session (see `Engine::expect_reopen`) and not used since: its
     /// guest registers its regions again under their ids first, so a PULL for a region

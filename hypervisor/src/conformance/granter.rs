@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::bytes::{check_pages, fill_pages, pattern, seed, Shared};
+use super::bytes::{check_pages, fill_pages, pattern, seed, SharedBytes};
 use super::coord::{reset_area, Coord, SyncResult};
 use super::{run_id, verdict, wait_port, xs_checks, RoleCtx, GRANT_SIZES};
 use crate::{
@@ -205,7 +205,7 @@ fn offer(
             .map_err(|e| format!("grant {count} page(s) to {remote}: {e}"))?;
         if let Some(tag) = tag {
             // SAFETY: the pages stay mapped while `pages` lives, which outlasts `mem`.
-            let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+            let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
             fill_pages(&mem, count, tag, 0..PAGE_SIZE)?;
         }
         Ok(pages)
@@ -238,7 +238,7 @@ fn batch(
     let granted = gt.clone().and_then(|gt| {
         let pages = gt.grant_pages(mapper, n, true).map_err(|e| e.to_string())?;
         // SAFETY: the pages stay mapped while `pages` lives, which outlasts `mem`.
-        let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+        let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
         if pages.refs().len() != n || pages.len() != n * PAGE_SIZE {
             return Err(format!(
                 "{} refs, {} bytes for {n} pages",
@@ -265,7 +265,7 @@ fn batch(
     let answer = coord.wait_text(&format!("{m}/grant/{n}/done"))?;
     if answer == "ok" {
         // SAFETY: as above; the mapper has unmapped before answering.
-        let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+        let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
         ctx.report.record(
             &format!("grant.{n}.mapper-to-granter"),
             check_pages(&mem, n, TAG_MAPPER, HALF..PAGE_SIZE).map(|_| String::new()),
@@ -360,7 +360,7 @@ fn offer_copy(
             .grant_pages(mapper, 1, false)
             .map_err(|e| e.to_string())?;
         // SAFETY: the pages stay mapped while `rw` lives, which outlasts `mem`.
-        let mem = unsafe { Shared::new(rw.as_ptr(), rw.len()) };
+        let mem = unsafe { SharedBytes::new(rw.as_ptr(), rw.len()) };
         mem.write(0, &pattern(seed(TAG_COPY_SOURCE, 1, 0), PAGE_SIZE))?;
         Ok(CopyPages { rw, ro })
     });
@@ -395,9 +395,9 @@ fn check_copy(
         ctx.report.skip(NAME, format!("mapper: {answer}"));
     } else {
         // SAFETY: both grants stay mapped while `pages` lives, which outlasts these.
-        let rw = unsafe { Shared::new(pages.rw.as_ptr(), pages.rw.len()) };
+        let rw = unsafe { SharedBytes::new(pages.rw.as_ptr(), pages.rw.len()) };
         // SAFETY: as above.
-        let ro = unsafe { Shared::new(pages.ro.as_ptr(), pages.ro.len()) };
+        let ro = unsafe { SharedBytes::new(pages.ro.as_ptr(), pages.ro.len()) };
         let result = (|| -> Result<String, String> {
             let dest = rw.read(PAGE_SIZE, PAGE_SIZE)?;
             let (at, len) = (usize::from(COPY_DEST_OFFSET), usize::from(COPY_DEST_LEN));

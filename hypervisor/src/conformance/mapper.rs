@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::bytes::{check_pages, fill_pages, pattern, seed, Shared};
+use super::bytes::{check_pages, fill_pages, pattern, seed, SharedBytes};
 use super::coord::{reset_area, Coord, SyncResult};
 use super::granter::{
     COPY_DEST_LEN, COPY_DEST_OFFSET, HALF, TAG_COPY_DEST, TAG_COPY_SOURCE, TAG_GRANTER, TAG_MAPPER,
@@ -190,7 +190,7 @@ fn batch(
     };
     ctx.report.pass(&map_name, "one batch");
     // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
-    let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+    let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
     ctx.report.record(
         &seen_name,
         check_pages(&mem, n, TAG_GRANTER, 0..HALF).map(|_| String::new()),
@@ -235,7 +235,7 @@ fn readonly(
         .map_err(|e| e.to_string())
         .and_then(|pages| {
             // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
-            let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+            let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
             check_pages(&mem, refs.len(), TAG_READONLY, 0..PAGE_SIZE).map(|_| String::new())
         });
     ctx.report.record(MAPS, result);

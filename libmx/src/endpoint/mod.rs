@@ -26,7 +26,7 @@ use crate::doorbell::{Doorbell, PollPace, POLL_NAP};
 use crate::errors::{Failure, MxResult};
 use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
-use crate::transport::{Port, PullProgress, Regions, Transport};
+use crate::transport::{PullProgress, Regions, Transport, TransportPort};
 
 pub(crate) use requests::Request;
 pub(crate) use requests::RequestKind;
@@ -68,9 +68,9 @@ pub(crate) enum CoreRequestOwner {
 }
 
 /// The state behind an endpoint's lock.
-pub(crate) struct State {
+pub(crate) struct EndpointState {
     pub(crate) core: xmx_mx::Endpoint,
-    port: Option<Box<dyn Port>>,
+    port: Option<Box<dyn TransportPort>>,
     regions: Arc<dyn Regions>,
     pub(crate) requests: HashMap<u64, Request>,
     pub(crate) links: HashMap<RequestId, CoreRequestOwner>,
@@ -122,7 +122,7 @@ pub(crate) struct Endpoint {
     /// The port's regions, reachable without the state lock: memory hooks
     /// (`mx__regcache_clean`) invalidate registrations from any thread.
     regions: Arc<dyn Regions>,
-    state: Mutex<State>,
+    state: Mutex<EndpointState>,
     handlers: Mutex<()>,
 }
 
@@ -211,7 +211,7 @@ impl Endpoint {
             closed: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
             regions: port.regions(),
-            state: Mutex::new(State {
+            state: Mutex::new(EndpointState {
                 core,
                 regions: port.regions(),
                 port: Some(port),
@@ -279,7 +279,7 @@ impl Endpoint {
         .encode()
     }
 
-    pub(crate) fn lock(&self) -> MxResult<MutexGuard<'_, State>> {
+    pub(crate) fn lock(&self) -> MxResult<MutexGuard<'_, EndpointState>> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(self.closed_failure());
         }
@@ -465,7 +465,7 @@ impl Endpoint {
     /// again (to send what `f` queued) and runs unexpected handlers.
     pub(crate) fn with_state<T>(
         &self,
-        f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<T> {
         self.with_state_moved(f).map(|(r, _)| r)
     }
@@ -473,7 +473,7 @@ impl Endpoint {
     /// [`Self::with_state`], also saying whether progress moved anything.
     fn with_state_moved<T>(
         &self,
-        f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<(T, bool)> {
         let r = {
             let mut st = self.lock()?;
@@ -492,7 +492,7 @@ impl Endpoint {
     /// polls in a loop never starves the backend or peer it waits on.
     pub(crate) fn poll_state<T>(
         &self,
-        f: impl FnOnce(&Self, &mut State) -> MxResult<Option<T>>,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<Option<T>>,
     ) -> MxResult<Option<T>> {
         let seen = self.doorbell.generation();
         let (found, moved) = self.with_state_moved(f)?;
@@ -542,7 +542,7 @@ impl Endpoint {
 
     /// Moves everything forward: frames in, timers, events, frames out.
     /// True if anything moved.
-    fn progress(&self, st: &mut State) -> bool {
+    fn progress(&self, st: &mut EndpointState) -> bool {
         self.doorbell.clear_deferred();
         let now = runtime::now();
         let mut moved = false;
@@ -612,7 +612,7 @@ impl Endpoint {
         moved
     }
 
-    fn on_event(&self, st: &mut State, now: xmx_mx::Instant, ev: Event) {
+    fn on_event(&self, st: &mut EndpointState, now: xmx_mx::Instant, ev: Event) {
         match ev {
             Event::Connected { id, status, addr } => {
                 let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&id) else {
@@ -687,7 +687,7 @@ impl Endpoint {
 
     fn finish_pull(
         &self,
-        st: &mut State,
+        st: &mut EndpointState,
         now: xmx_mx::Instant,
         id: RequestId,
         result: Result<(), Status>,
@@ -702,7 +702,7 @@ impl Endpoint {
         }
     }
 
-    fn finish_recv(&self, st: &mut State, seq: u64, done: xmx_mx::RecvDone) {
+    fn finish_recv(&self, st: &mut EndpointState, seq: u64, done: xmx_mx::RecvDone) {
         let Some(r) = st.requests.get_mut(&seq) else {
             return;
         };
@@ -729,7 +729,7 @@ impl Endpoint {
     }
 
     /// A request finished: queue it for test/wait (or drop it if forgotten).
-    pub(crate) fn complete(&self, st: &mut State, seq: u64) {
+    pub(crate) fn complete(&self, st: &mut EndpointState, seq: u64) {
         let Some(r) = st.requests.get_mut(&seq) else {
             return;
         };
@@ -746,7 +746,7 @@ impl Endpoint {
         st.completed = true;
     }
 
-    fn start_waiting_large(&self, st: &mut State, now: xmx_mx::Instant) {
+    fn start_waiting_large(&self, st: &mut EndpointState, now: xmx_mx::Instant) {
         while let Some(&seq) = st.waiting_large.front() {
             let Some(r) = st.requests.get_mut(&seq) else {
                 st.waiting_large.pop_front();
@@ -779,7 +779,7 @@ impl Endpoint {
     /// `mx_issend`) still announces a registered window, as engines check
     /// every rendezvous against one: a one-byte stand-in that nobody reads
     /// (transports finish 0-byte pulls at once).
-    pub(super) fn window_for(&self, st: &mut State, seq: u64) -> Option<RdmaWindow> {
+    pub(super) fn window_for(&self, st: &mut EndpointState, seq: u64) -> Option<RdmaWindow> {
         let r = st.requests.get(&seq)?;
         if r.segs.is_empty() {
             static STAND_IN: [u8; 1] = [0];
@@ -791,7 +791,13 @@ impl Endpoint {
         st.regions.register(&r.segs)
     }
 
-    fn launch_large(&self, st: &mut State, now: xmx_mx::Instant, seq: u64, window: RdmaWindow) {
+    fn launch_large(
+        &self,
+        st: &mut EndpointState,
+        now: xmx_mx::Instant,
+        seq: u64,
+        window: RdmaWindow,
+    ) {
         let Some(r) = st.requests.get_mut(&seq) else {
             st.regions.release(window);
             return;
@@ -821,7 +827,7 @@ impl Endpoint {
     pub(crate) fn block<T>(
         &self,
         timeout_ms: u32,
-        mut check: impl FnMut(&Self, &mut State) -> Option<T>,
+        mut check: impl FnMut(&Self, &mut EndpointState) -> Option<T>,
     ) -> MxResult<Option<T>> {
         let deadline = (timeout_ms != MX_INFINITE)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
@@ -878,7 +884,7 @@ impl Endpoint {
         }
     }
 
-    fn new_request(&self, st: &mut State, r: Request) -> u64 {
+    fn new_request(&self, st: &mut EndpointState, r: Request) -> u64 {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.requests.insert(seq, r);

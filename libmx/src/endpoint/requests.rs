@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xmx_mx::{MessageClass, PeerAddr, RequestId, Status};
 
-use super::{CoreRequestOwner, Endpoint, State};
+use super::{CoreRequestOwner, Endpoint, EndpointState};
 use crate::abi::{MxEndpointAddr, MxReturn, MxStatus};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};
@@ -86,7 +86,7 @@ impl Endpoint {
     /// An eager send `seq` was handed to the core as `id`: MX completes it
     /// once its data is buffered (the ack arrives later), up to the zombie
     /// limit; beyond it, at its ack.
-    pub(super) fn eager_sent(&self, st: &mut State, seq: u64, id: RequestId) {
+    pub(super) fn eager_sent(&self, st: &mut EndpointState, seq: u64, id: RequestId) {
         if self.zombie_max > 0 && st.zombies < self.zombie_max {
             st.zombies += 1;
             st.links.insert(id, CoreRequestOwner::Zombie);
@@ -210,7 +210,7 @@ impl Endpoint {
     #[allow(clippy::too_many_arguments)] // mx_iconnect's arguments, plus who waits
     fn start_connect(
         &self,
-        st: &mut State,
+        st: &mut EndpointState,
         nic_id: u64,
         endpoint_id: u32,
         key: u32,
@@ -321,14 +321,14 @@ impl Endpoint {
     }
 
     /// Takes request `seq` out if it is complete, with its status.
-    fn take_done(&self, st: &mut State, seq: u64) -> Option<MxStatus> {
+    fn take_done(&self, st: &mut EndpointState, seq: u64) -> Option<MxStatus> {
         let order = st.requests.get(&seq)?.done?;
         st.done.remove(&order);
         let r = st.requests.remove(&seq)?;
         Some(self.status_of(&r))
     }
 
-    fn known(&self, st: &State, seq: u64) -> MxResult<()> {
+    fn known(&self, st: &EndpointState, seq: u64) -> MxResult<()> {
         if st.requests.get(&seq).is_some_and(|r| !r.forgotten) {
             Ok(())
         } else {
@@ -355,7 +355,12 @@ impl Endpoint {
         self.block(timeout_ms, |ep, st| ep.take_done(st, seq))
     }
 
-    fn take_any(&self, st: &mut State, match_info: u64, match_mask: u64) -> Option<MxStatus> {
+    fn take_any(
+        &self,
+        st: &mut EndpointState,
+        match_info: u64,
+        match_mask: u64,
+    ) -> Option<MxStatus> {
         let seq = st.done.values().copied().find(|seq| {
             st.requests
                 .get(seq)
@@ -424,7 +429,12 @@ impl Endpoint {
         })
     }
 
-    fn probe_now(&self, st: &mut State, match_info: u64, match_mask: u64) -> Option<MxStatus> {
+    fn probe_now(
+        &self,
+        st: &mut EndpointState,
+        match_info: u64,
+        match_mask: u64,
+    ) -> Option<MxStatus> {
         let p = st.core.probe(match_info, match_mask).ok()??;
         Some(MxStatus {
             code: Status::Success.code(),

@@ -17,7 +17,7 @@ use std::ffi::{c_int, c_void};
 
 use xmx_mx::{InboundId, UnexpectedArrival};
 
-use super::{CoreRequestOwner, Endpoint, State, IN_HANDLER};
+use super::{CoreRequestOwner, Endpoint, EndpointState, IN_HANDLER};
 use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
 use crate::counters::{self, Counter};
 use crate::errors::{Failure, MxResult};
@@ -63,7 +63,7 @@ impl Endpoint {
     }
 
     /// A message joined the core's unexpected queue.
-    pub(super) fn unexp_arrived(&self, st: &mut State, arrival: UnexpectedArrival) {
+    pub(super) fn unexp_arrived(&self, st: &mut EndpointState, arrival: UnexpectedArrival) {
         if st.unexp.handler.is_some() {
             st.unexp.calls.push_back(arrival);
         }
@@ -137,7 +137,7 @@ impl Endpoint {
     /// The handler finished with message `id`: it leaves the queue, taken
     /// by an empty receive nobody waits for (a LARGE sender is still
     /// notified, of 0 bytes taken).
-    fn drop_unexpected(&self, st: &mut State, id: InboundId) {
+    fn drop_unexpected(&self, st: &mut EndpointState, id: InboundId) {
         if let Some(rid) = st.core.receive_unexpected(runtime::now(), id, 0) {
             st.links.insert(rid, CoreRequestOwner::Discard);
         }

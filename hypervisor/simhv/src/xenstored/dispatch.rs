@@ -13,7 +13,7 @@ use super::conn::{ConnId, Outstanding};
 use super::ops::{self, Limits};
 use super::path::{self, Canonical};
 use super::perms;
-use super::state::State;
+use super::state::XenstoredState;
 use super::store::{Store, Transaction, Tree};
 use super::watch::{Event, Watch};
 use super::XenstoreQuotas;
@@ -49,7 +49,7 @@ fn invalid(_: wire::WireError) -> XsErrno {
 
 /// Run one request from connection `conn_id` and queue what it produced.
 pub(crate) fn process(
-    st: &mut State,
+    st: &mut XenstoredState,
     quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
@@ -110,7 +110,7 @@ fn limits(quotas: &XenstoreQuotas) -> Limits {
 }
 
 fn handle(
-    st: &mut State,
+    st: &mut XenstoredState,
     quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
@@ -341,7 +341,7 @@ fn watch_args(domid: DomId, payload: &[u8]) -> Result<(Canonical, String), XsErr
 }
 
 fn watch(
-    st: &mut State,
+    st: &mut XenstoredState,
     quotas: &XenstoreQuotas,
     conn_id: ConnId,
     domid: DomId,
@@ -378,12 +378,12 @@ fn watch(
 
 /// Run `op` on the committed tree or on the open transaction `tx_id`.
 fn in_tree<R>(
-    st: &mut State,
+    st: &mut XenstoredState,
     conn_id: ConnId,
     tx_id: u32,
     op: impl FnOnce(&mut dyn Tree) -> Result<R, XsErrno>,
 ) -> Result<R, XsErrno> {
-    let State { store, conns, .. } = st;
+    let XenstoredState { store, conns, .. } = st;
     if tx_id == 0 {
         return op(store as &mut Store);
     }
@@ -396,7 +396,7 @@ fn in_tree<R>(
 }
 
 /// Acknowledge a change: its events fire now, or on commit if it was transactional.
-fn changed(st: &mut State, conn_id: ConnId, tx_id: u32, events: Vec<Event>) -> Outcome {
+fn changed(st: &mut XenstoredState, conn_id: ConnId, tx_id: u32, events: Vec<Event>) -> Outcome {
     if tx_id == 0 {
         return Ok(Done {
             events,

@@ -49,7 +49,7 @@ use xmx_hv::xs::wire::{self, ReadError, XsErrno};
 use xmx_hv::{DomId, XsPerm};
 
 use conn::{ConnIo, Outstanding};
-use state::{ConnEntry, ListenerEntry, State};
+use state::{ConnEntry, ListenerEntry, XenstoredState};
 use watch::Event;
 
 /// Per-domain limits for unprivileged domains (dom0 is unlimited). The defaults are
@@ -98,7 +98,7 @@ pub struct XenstoredDomainUsage {
 /// The simulated xenstored; see the module documentation.
 pub struct Xenstored {
     quotas: XenstoreQuotas,
-    state: Mutex<State>,
+    state: Mutex<XenstoredState>,
     outstanding: Outstanding,
     next_conn: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -115,7 +115,7 @@ impl Xenstored {
     pub fn new(quotas: XenstoreQuotas) -> Arc<Xenstored> {
         Arc::new(Xenstored {
             quotas,
-            state: Mutex::new(State::new()),
+            state: Mutex::new(XenstoredState::new()),
             outstanding: Outstanding::default(),
             next_conn: AtomicU64::new(1),
             threads: Mutex::new(Vec::new()),

@@ -54,7 +54,7 @@ pub(crate) struct ListenerEntry {
     pub stop: Arc<EventFd>,
 }
 
-pub(crate) struct State {
+pub(crate) struct XenstoredState {
     pub store: Store,
     pub conns: HashMap<ConnId, ConnEntry>,
     pub introduced: BTreeSet<DomId>,
@@ -62,9 +62,9 @@ pub(crate) struct State {
     pub shut_down: bool,
 }
 
-impl State {
-    pub fn new() -> State {
-        State {
+impl XenstoredState {
+    pub fn new() -> XenstoredState {
+        XenstoredState {
             store: Store::new(),
             conns: HashMap::new(),
             introduced: BTreeSet::from([DOM0]),

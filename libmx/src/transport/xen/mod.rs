@@ -64,7 +64,7 @@ use xmx_wire::msg::CtrlStatus;
 use xmx_wire::mxoe::Mac;
 
 use super::native::board_name;
-use super::{BoardInfo, OpenError, Port, RawPort, Transport};
+use super::{BoardInfo, OpenError, RawPort, Transport, TransportPort};
 use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
@@ -169,14 +169,14 @@ pub(crate) fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
 }
 
 /// What the transport, its ports and the driver thread share.
-pub(crate) struct Shared {
+pub(crate) struct XenShared {
     client: Mutex<FrontdClient>,
     client_fd: RawFd,
     daemon_gone: AtomicBool,
     board: FrontdBoardInfo,
     view: PeerView,
     /// The peer view's directory and the connection watching it; both change when the
-    /// domain moves to another host (a simulated migration, see [`Shared::follow_move`]).
+    /// domain moves to another host (a simulated migration, see [`XenShared::follow_move`]).
     view_dir: Mutex<String>,
     xs: Mutex<Option<Arc<dyn Xenstore>>>,
     /// This process's attachment to its domain, followed when the domain moves.
@@ -192,7 +192,7 @@ pub(crate) struct Shared {
     config: XenConfig,
 }
 
-impl Shared {
+impl XenShared {
     fn endpoints(&self) -> Vec<Arc<EndpointShared>> {
         lock(&self.endpoints).values().cloned().collect()
     }
@@ -442,7 +442,7 @@ impl Shared {
 
 /// The guest's board. See the module documentation.
 pub(crate) struct Xen {
-    shared: Arc<Shared>,
+    shared: Arc<XenShared>,
     driver: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -528,7 +528,7 @@ impl Xen {
         };
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| format!("eventfd: {e}"))?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(XenShared {
             client: Mutex::new(client),
             client_fd,
             daemon_gone: AtomicBool::new(false),
@@ -608,7 +608,7 @@ impl Transport for Xen {
         endpoint: Option<u8>,
         doorbell: Arc<Doorbell>,
         rcache: bool,
-    ) -> Result<Box<dyn Port>, OpenError> {
+    ) -> Result<Box<dyn TransportPort>, OpenError> {
         if board != 0 {
             return Err(OpenError::BoardUnknown(board));
         }

@@ -7,11 +7,11 @@ use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::link::XenLink;
 use super::windows::FrontdRegistrar;
-use super::Shared;
+use super::XenShared;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
 use crate::transport::mailbox::Mailbox;
-use crate::transport::{Port, PullProgress, Regions};
+use crate::transport::{PullProgress, Regions, TransportPort};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -55,7 +55,7 @@ impl super::direct::LinkAccess for LinkRef<'_> {
 
 /// An open endpoint of a guest.
 pub(crate) struct XenPort {
-    shared: Arc<Shared>,
+    shared: Arc<XenShared>,
     ep: Arc<EndpointShared>,
     session: u32,
     outgoing: Outgoing,
@@ -63,7 +63,7 @@ pub(crate) struct XenPort {
 }
 
 impl XenPort {
-    pub(super) fn new(shared: Arc<Shared>, ep: Arc<EndpointShared>) -> XenPort {
+    pub(super) fn new(shared: Arc<XenShared>, ep: Arc<EndpointShared>) -> XenPort {
         let session = lock(&ep.link).session();
         let regions = Arc::new(XenRegions {
             shared: shared.clone(),
@@ -79,7 +79,7 @@ impl XenPort {
     }
 }
 
-impl Port for XenPort {
+impl TransportPort for XenPort {
     fn describe(&self) -> String {
         let mut out = match self.ep.link.try_lock() {
             Ok(link) => link.describe(),
@@ -196,7 +196,7 @@ impl Drop for XenPort {
 
 /// An endpoint's LARGE buffers: copied into and out of granted windows.
 pub(crate) struct XenRegions {
-    shared: Arc<Shared>,
+    shared: Arc<XenShared>,
     ep: Arc<EndpointShared>,
 }
 
