@@ -84,7 +84,7 @@ pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
 use output::{Output, Path};
-use vnic::{Endpoint, EngineUsage, GuestRegion, GuestWire};
+use vnic::{EngineUsage, GuestEndpoint, GuestRegion, GuestWire};
 
 /// A guest, by the id dom0 gives it (its domain id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -353,7 +353,7 @@ impl Engine {
         if nic.endpoints.contains_key(&endpoint) {
             return Err(EngineError::EndpointBusy(endpoint));
         }
-        let mut ep = Endpoint::new(config);
+        let mut ep = GuestEndpoint::new(config);
         ep.regions_returning = nic.link.reopening.remove(&endpoint);
         nic.endpoints.insert(endpoint, ep);
         Ok(())

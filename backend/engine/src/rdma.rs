@@ -17,7 +17,7 @@ use super::pull::{
     deadline_after, magic_endpoint, mask_positions, OutstandingPull, PullSink, PullSource,
     ReplyRefusal, TimeoutOutcome,
 };
-use super::vnic::{DropReason, Endpoint, EngineUsage, GuestWire, VirtualNic};
+use super::vnic::{DropReason, EngineUsage, GuestEndpoint, GuestWire, VirtualNic};
 use super::Ctx;
 
 const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
@@ -37,7 +37,7 @@ pub(crate) fn start_pull(
     ctx: &mut Ctx,
     link: &mut GuestWire,
     usage: &mut EngineUsage,
-    ep: &mut Endpoint,
+    ep: &mut GuestEndpoint,
     s: PullStart,
 ) {
     let p = s.pull;
@@ -108,7 +108,7 @@ pub(crate) fn start_pull(
 pub(crate) fn request_blocks(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    ep: &mut Endpoint,
+    ep: &mut GuestEndpoint,
     endpoint: u8,
     handle: u32,
     mask: u32,
@@ -129,7 +129,7 @@ pub(crate) fn finish_pull(
     ctx: &mut Ctx,
     link: &mut GuestWire,
     usage: &mut EngineUsage,
-    ep: &mut Endpoint,
+    ep: &mut GuestEndpoint,
     endpoint: u8,
     handle: u32,
     status: DoneStatus,

@@ -16,7 +16,7 @@ use xmx_wire::mxoe::{
 
 use super::memory::MemoryArea;
 use super::output::Path;
-use super::vnic::{DropReason, Endpoint, GuestWire};
+use super::vnic::{DropReason, GuestEndpoint, GuestWire};
 use super::{host, rdma, Ctx, Engine, EngineConfig};
 
 /// Who sent a frame: its board and its index in the peer table.
@@ -295,10 +295,10 @@ impl Engine {
 /// else the NACK type Open-MX answers with.
 fn check_endpoint<'e>(
     config: &EngineConfig,
-    endpoints: &'e mut HashMap<u8, Endpoint>,
+    endpoints: &'e mut HashMap<u8, GuestEndpoint>,
     endpoint: u8,
     session: Option<u32>,
-) -> Result<&'e mut Endpoint, NackType> {
+) -> Result<&'e mut GuestEndpoint, NackType> {
     if u16::from(endpoint) >= config.endpoints_per_guest {
         return Err(NackType::BadEndpoint);
     }
@@ -315,10 +315,10 @@ fn check_endpoint<'e>(
 fn accept_message<'e>(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    endpoints: &'e mut HashMap<u8, Endpoint>,
+    endpoints: &'e mut HashMap<u8, GuestEndpoint>,
     from: Sender,
     h: &MsgHeader,
-) -> Option<&'e mut Endpoint> {
+) -> Option<&'e mut GuestEndpoint> {
     match check_endpoint(ctx.config, endpoints, h.dst_endpoint, Some(h.session)) {
         Ok(ep) => Some(ep),
         Err(t) => {
@@ -377,7 +377,7 @@ fn nack_lib(
 fn deliver_inline(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    endpoints: &mut HashMap<u8, Endpoint>,
+    endpoints: &mut HashMap<u8, GuestEndpoint>,
     from: Sender,
     h: &MsgHeader,
     data: &[u8],
@@ -394,7 +394,13 @@ fn deliver_inline(
 }
 
 /// Queue an unsolicited event unless the endpoint already has too many waiting.
-fn deliver(ctx: &mut Ctx, link: &mut GuestWire, ep: &mut Endpoint, endpoint: u8, body: EventBody) {
+fn deliver(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    ep: &mut GuestEndpoint,
+    endpoint: u8,
+    body: EventBody,
+) {
     if !ctx.out.has_event_room(link.id, endpoint) {
         return link.counters.drop(DropReason::EventQueueFull);
     }

@@ -14,7 +14,7 @@ use xmx_wire::mxoe::{
 
 use super::memory::MemoryArea;
 use super::output::Path;
-use super::vnic::{DropReason, Endpoint, GuestWire};
+use super::vnic::{DropReason, GuestEndpoint, GuestWire};
 use super::{rdma, Ctx, Engine, GuestId, Violation};
 
 impl Engine {
@@ -224,7 +224,7 @@ impl Engine {
 
 /// Re-check what parsing could not know: lengths against classes, queue slots against the
 /// endpoint's queue, regions against the endpoint's registrations.
-fn check_op(op: &SendOp, ep: &Endpoint) -> Result<(), Violation> {
+fn check_op(op: &SendOp, ep: &GuestEndpoint) -> Result<(), Violation> {
     match op {
         SendOp::Tiny(m) if m.data.len() > TINY_MAX => Err(Violation::BadLength {
             class: "tiny",
@@ -263,7 +263,7 @@ fn check_op(op: &SendOp, ep: &Endpoint) -> Result<(), Violation> {
     }
 }
 
-fn check_region(ep: &Endpoint, region: u8, offset: u64, length: u32) -> Result<(), Violation> {
+fn check_region(ep: &GuestEndpoint, region: u8, offset: u64, length: u32) -> Result<(), Violation> {
     let r = ep
         .regions
         .get(&region)

@@ -228,7 +228,7 @@ impl RecvQueue {
 }
 
 /// An open endpoint.
-pub(crate) struct Endpoint {
+pub(crate) struct GuestEndpoint {
     pub session: u32,
     pub send_queue_slots: u16,
     pub recvq: RecvQueue,
@@ -241,9 +241,9 @@ pub(crate) struct Endpoint {
     next_event_tag: u32,
 }
 
-impl Endpoint {
+impl GuestEndpoint {
     pub fn new(config: EndpointConfig) -> Self {
-        Endpoint {
+        GuestEndpoint {
             session: config.session_id,
             send_queue_slots: config.send_queue_slots,
             recvq: RecvQueue::new(config.recv_queue_slots),
@@ -266,7 +266,7 @@ impl Endpoint {
 pub struct VirtualNic {
     pub(crate) link: GuestWire,
     pub(crate) memory: Box<dyn GuestMemory>,
-    pub(crate) endpoints: HashMap<u8, Endpoint>,
+    pub(crate) endpoints: HashMap<u8, GuestEndpoint>,
     pub(crate) usage: EngineUsage,
 }
 

@@ -87,7 +87,7 @@ pub(crate) struct EndpointState {
     completed: bool,
 }
 
-/// What [`Endpoint::stall_view`] saw.
+/// What [`AppEndpoint::stall_view`] saw.
 pub(crate) enum StallView {
     /// The endpoint's lock stayed held past the watch's patience.
     Locked,
@@ -103,7 +103,7 @@ pub(crate) enum StallView {
 }
 
 /// An open endpoint.
-pub(crate) struct Endpoint {
+pub(crate) struct AppEndpoint {
     handle: u32,
     index: u8,
     session: u32,
@@ -126,9 +126,9 @@ pub(crate) struct Endpoint {
     handlers: Mutex<()>,
 }
 
-impl std::fmt::Debug for Endpoint {
+impl std::fmt::Debug for AppEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
+        f.debug_struct("AppEndpoint")
             .field("handle", &self.handle)
             .field("index", &self.index)
             .field("session", &self.session)
@@ -140,7 +140,7 @@ thread_local! {
     static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-impl Endpoint {
+impl AppEndpoint {
     /// Opens endpoint `endpoint_id` (or any) of board `board` with
     /// application key `key`, and registers it with the library.
     pub(crate) fn open(
@@ -149,7 +149,7 @@ impl Endpoint {
         endpoint_id: Option<u8>,
         key: u32,
         params: OpenParams,
-    ) -> MxResult<Arc<Endpoint>> {
+    ) -> MxResult<Arc<AppEndpoint>> {
         let ctxid_mask = match params.context_id {
             None | Some((0, _)) => 0,
             Some((bits, shift)) => {
@@ -195,7 +195,7 @@ impl Endpoint {
                 "the board is not in its own peer table: no sends to itself"
             ),
         }
-        let ep = Arc::new(Endpoint {
+        let ep = Arc::new(AppEndpoint {
             handle,
             index: port.index(),
             session: port.session(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xmx_mx::{MessageClass, PeerAddr, RequestId, Status};
 
-use super::{CoreRequestOwner, Endpoint, EndpointState};
+use super::{AppEndpoint, CoreRequestOwner, EndpointState};
 use crate::abi::{MxEndpointAddr, MxReturn, MxStatus};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};
@@ -82,7 +82,7 @@ fn not_connected(e: xmx_mx::Error) -> Failure {
     Failure::new(MxReturn::ConnectionFailed, e.to_string())
 }
 
-impl Endpoint {
+impl AppEndpoint {
     /// An eager send `seq` was handed to the core as `id`: MX completes it
     /// once its data is buffered (the ack arrives later), up to the zombie
     /// limit; beyond it, at its ack.

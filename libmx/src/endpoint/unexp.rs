@@ -17,7 +17,7 @@ use std::ffi::{c_int, c_void};
 
 use xmx_mx::{InboundId, UnexpectedArrival};
 
-use super::{CoreRequestOwner, Endpoint, EndpointState, IN_HANDLER};
+use super::{AppEndpoint, CoreRequestOwner, EndpointState, IN_HANDLER};
 use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
 use crate::counters::{self, Counter};
 use crate::errors::{Failure, MxResult};
@@ -39,14 +39,14 @@ pub(crate) struct Unexp {
     calls: VecDeque<UnexpectedArrival>,
 }
 
-impl Endpoint {
+impl AppEndpoint {
     /// Registers (or with `None` removes) the endpoint's unexpected handler.
     pub(crate) fn register_unexp_handler(
         &self,
         handler: Option<UnexpHandler>,
         context: usize,
     ) -> MxResult<()> {
-        if Endpoint::in_handler() {
+        if AppEndpoint::in_handler() {
             return Err(Failure::new(
                 MxReturn::CloseInHandler,
                 "registering a handler from a handler",

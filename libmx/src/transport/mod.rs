@@ -99,7 +99,7 @@ pub(crate) trait Transport: Send + Sync {
         config
     }
     /// How long a closed endpoint keeps its port to answer what partners
-    /// resend (see [`crate::endpoint::Endpoint::close`]); zero for a
+    /// resend (see [`crate::endpoint::AppEndpoint::close`]); zero for a
     /// transport that loses nothing or lingers by itself.
     fn close_linger(&self) -> std::time::Duration {
         std::time::Duration::ZERO

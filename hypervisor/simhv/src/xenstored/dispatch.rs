@@ -15,14 +15,14 @@ use super::path::{self, Canonical};
 use super::perms;
 use super::state::XenstoredState;
 use super::store::{Store, Transaction, Tree};
-use super::watch::{Event, Watch};
+use super::watch::{NodeChange, Watch};
 use super::XenstoreQuotas;
 
 /// What a successful request produced.
 struct Done {
     reply: Vec<u8>,
     /// Changes to announce before the reply.
-    events: Vec<Event>,
+    events: Vec<NodeChange>,
     /// A watch event for the requesting connection, queued after the reply.
     first_event: Option<(Vec<u8>, bool)>,
 }
@@ -396,7 +396,12 @@ fn in_tree<R>(
 }
 
 /// Acknowledge a change: its events fire now, or on commit if it was transactional.
-fn changed(st: &mut XenstoredState, conn_id: ConnId, tx_id: u32, events: Vec<Event>) -> Outcome {
+fn changed(
+    st: &mut XenstoredState,
+    conn_id: ConnId,
+    tx_id: u32,
+    events: Vec<NodeChange>,
+) -> Outcome {
     if tx_id == 0 {
         return Ok(Done {
             events,

@@ -50,7 +50,7 @@ use xmx_hv::{DomId, XsPerm};
 
 use conn::{ConnIo, Outstanding};
 use state::{ConnEntry, ListenerEntry, XenstoredState};
-use watch::Event;
+use watch::NodeChange;
 
 /// Per-domain limits for unprivileged domains (dom0 is unlimited). The defaults are
 /// Xen xenstored's.
@@ -363,7 +363,7 @@ impl Xenstored {
     /// toolstack writes) and fire its events.
     fn local<R>(
         &self,
-        op: impl FnOnce(&mut store::Store, ops::Limits) -> Result<(R, Vec<Event>), XsErrno>,
+        op: impl FnOnce(&mut store::Store, ops::Limits) -> Result<(R, Vec<NodeChange>), XsErrno>,
     ) -> Result<R, XsErrno> {
         let mut st = lock(&self.state);
         let limits = ops::Limits {
