@@ -30,7 +30,7 @@ use super::proto::{
     PORT_UNBOUND,
 };
 use crate::handoff::{dup, PortSource};
-use crate::{DomId, Error, EventChannels, ExportedPort, Notify, Port, Result};
+use crate::{DomId, Error, EventChannels, ExportedPort, Port, PortNotifier, Result};
 
 /// What a port is connected to, as the daemon reports it (EVTCHNOP_status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +115,7 @@ impl SimNotifier {
     }
 }
 
-impl Notify for SimNotifier {
+impl PortNotifier for SimNotifier {
     fn notify(&self) -> Result<()> {
         let (generation, state) = split_status_word(self.status.load(self.slot));
         if generation != self.generation {
@@ -312,7 +312,7 @@ impl EventChannels for SimEventChannels {
         n.notify()
     }
 
-    fn notifier(&self, port: Port) -> Result<Arc<dyn Notify>> {
+    fn notifier(&self, port: Port) -> Result<Arc<dyn PortNotifier>> {
         let n = self
             .lock()?
             .get(&port)
