@@ -2,9 +2,9 @@
 
 mod backd_util;
 
-use backd_util::{guest_mac, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, PeerSpec, Request};
-use xmx_backend::service::{BackendThread, Quotas};
+use backd_util::{guest_mac, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint};
+use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
+use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
     QueueSlots, Rndv, Route, SendOp, SendRequest,
@@ -22,7 +22,7 @@ fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
         .collect();
     let r = backend
         .control()
-        .call(Request::SetPeers { peers })
+        .call(BackdRequest::SetPeers { peers })
         .into_result()
         .unwrap();
     assert_eq!(r["peers"], entries.len());
@@ -30,9 +30,9 @@ fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
 
 /// Two connected guests with endpoint 0 open each, in the peer table as 0 and 1.
 fn pair(
-    host: &Host,
+    host: &BackdTestHost,
     backend: &BackendThread,
-) -> (FakeGuest, FakeEndpoint, FakeGuest, FakeEndpoint) {
+) -> (FakeGuest, FakeGuestEndpoint, FakeGuest, FakeGuestEndpoint) {
     peers(backend, &[(0, 1, 1), (1, 2, 1)]);
     let mut a = host.guest("a", 1, 1);
     let mut b = host.guest("b", 2, 1);
@@ -54,7 +54,7 @@ fn info(seqnum: u16, match_info: u64) -> MsgInfo {
 }
 
 /// The next event is the successful completion of send `tag` (of `length` bytes if given).
-fn expect_done(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32, length: Option<u32>) {
+fn expect_done(g: &FakeGuest, ep: &mut FakeGuestEndpoint, tag: u32, length: Option<u32>) {
     let ev = g.next_event(ep);
     assert_eq!(ev.tag, tag);
     match ev.body {
@@ -73,8 +73,8 @@ fn expect_done(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32, length: Option<u3
 
 #[test]
 fn tiny_and_medium_messages_cross_between_colocated_guests() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let (a, mut ea, b, mut eb) = pair(&host, &backend);
     let to_b = Route {
         peer_index: 1,
@@ -154,7 +154,7 @@ fn tiny_and_medium_messages_cross_between_colocated_guests() {
     let report: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -173,8 +173,8 @@ fn tiny_and_medium_messages_cross_between_colocated_guests() {
 
 #[test]
 fn a_large_message_is_pulled_between_registered_regions() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let (mut a, mut ea, mut b, mut eb) = pair(&host, &backend);
     // 100 KiB, starting 300 bytes into the sender's first page and 1000 into the receiver's.
     let len = 100 * 1024u32;

@@ -2,8 +2,8 @@
 
 mod backd_util;
 
-use backd_util::{small_endpoint, Host};
-use xmx_backend::service::Quotas;
+use backd_util::{small_endpoint, BackdTestHost};
+use xmx_backend::service::GuestQuotas;
 use xmx_hv::DOM0;
 use xmx_wire::msg::{
     CtrlOp, CtrlReply, CtrlStatus, DirectRegister, DoneStatus, EndpointPages, ErrorCode, EventBody,
@@ -12,8 +12,8 @@ use xmx_wire::msg::{
 
 #[test]
 fn endpoints_and_regions_map_and_unmap_exactly_their_pages() {
-    let host = Host::start();
-    let _backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let d = g.domid;
@@ -89,8 +89,8 @@ fn endpoints_and_regions_map_and_unmap_exactly_their_pages() {
 
 #[test]
 fn an_endpoint_opened_twice_is_busy_and_closing_the_device_releases_everything() {
-    let host = Host::start();
-    let _backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let (rsp, _a) = g.open_endpoint(0, small_endpoint(2));
@@ -131,7 +131,7 @@ fn grant_direct(
 
 fn region_op(
     g: &backd_util::FakeGuest,
-    ep: &mut backd_util::FakeEndpoint,
+    ep: &mut backd_util::FakeGuestEndpoint,
     tag: u32,
     op: SendOp,
 ) -> EventBody {
@@ -151,8 +151,8 @@ fn region_op(
 
 #[test]
 fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_are_refused() {
-    let host = Host::start();
-    let _backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let d = g.domid;

@@ -5,10 +5,10 @@ mod backd_util;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 
-use backd_util::{FakeGuest, Host, WAIT};
+use backd_util::{BackdTestHost, FakeGuest, WAIT};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use xmx_backend::admin::{AdminClient, CountersReport, GuestReport, PeerSpec, Request};
+use xmx_backend::admin::{AdminClient, BackdRequest, CountersReport, GuestReport, PeerSpec};
 use xmx_hv::DOM0;
 use xmx_wire::xenbus::XenbusState;
 
@@ -47,7 +47,7 @@ fn wait_exit(mut child: Child) -> std::process::ExitStatus {
 
 #[test]
 fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     // A device exists before the daemon starts: the daemon finds it.
     let mut g = host.guest("g1", 1, 3);
     let socket = host.path().join("backd-test.sock");
@@ -77,7 +77,7 @@ fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
 
     // attach through the socket, then the new guest is found too.
     let d2 = host.create("g2");
-    let r = client.call(&Request::Attach {
+    let r = client.call(&BackdRequest::Attach {
         domid: d2,
         devid: 0,
         mac: "02:00:00:00:00:02".into(),
@@ -87,7 +87,7 @@ fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
     assert_eq!(r.unwrap(), serde_json::Value::Null);
     let mut g2 = FakeGuest::new(&host, d2, 0);
     g2.wait_backend_state(XenbusState::InitWait);
-    let dup = client.call(&Request::Attach {
+    let dup = client.call(&BackdRequest::Attach {
         domid: d2,
         devid: 0,
         mac: "02:00:00:00:00:02".into(),
@@ -98,7 +98,7 @@ fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
 
     g.connect();
     let guests: Vec<GuestReport> =
-        serde_json::from_value(client.call(&Request::Guests).unwrap()).unwrap();
+        serde_json::from_value(client.call(&BackdRequest::Guests).unwrap()).unwrap();
     assert_eq!(guests.len(), 2);
     let g1 = guests.iter().find(|r| r.domid == g.domid).unwrap();
     assert!(g1.connected);
@@ -114,7 +114,7 @@ fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
         cluster: 3,
     }];
     assert_eq!(
-        client.call(&Request::SetPeers { peers }).unwrap(),
+        client.call(&BackdRequest::SetPeers { peers }).unwrap(),
         serde_json::json!({"peers": 1})
     );
     let bad = vec![PeerSpec {
@@ -125,19 +125,19 @@ fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
     }];
     assert_eq!(
         client
-            .call(&Request::SetPeers { peers: bad })
+            .call(&BackdRequest::SetPeers { peers: bad })
             .unwrap_err()
             .kind,
         "invalid"
     );
     let counters: CountersReport =
-        serde_json::from_value(client.call(&Request::Counters).unwrap()).unwrap();
+        serde_json::from_value(client.call(&BackdRequest::Counters).unwrap()).unwrap();
     assert_eq!(counters.guests.len(), 2);
     assert!(counters.backend.rounds > 0);
 
     assert_eq!(
         client
-            .call(&Request::Detach {
+            .call(&BackdRequest::Detach {
                 domid: d2,
                 devid: 0
             })
@@ -146,7 +146,7 @@ fn the_daemon_serves_its_socket_and_stops_cleanly_on_sigterm() {
     );
     assert_eq!(
         client
-            .call(&Request::Detach {
+            .call(&BackdRequest::Detach {
                 domid: d2,
                 devid: 0
             })

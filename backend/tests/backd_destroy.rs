@@ -3,9 +3,11 @@
 
 mod backd_util;
 
-use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, GuestReport, Request};
-use xmx_backend::service::Quotas;
+use backd_util::{
+    set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
+use xmx_backend::service::GuestQuotas;
 use xmx_hv::{Platform, DOM0};
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, QueueSlots,
@@ -29,7 +31,7 @@ fn tiny(tag: u32, to: Route, text: &[u8]) -> SendRequest {
 }
 
 /// Take events until the completion of `tag`; returns it.
-fn completion(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32) -> EventBody {
+fn completion(g: &FakeGuest, ep: &mut FakeGuestEndpoint, tag: u32) -> EventBody {
     loop {
         let ev = g.next_event(ep);
         g.retire_events(ep);
@@ -46,8 +48,8 @@ fn completion(g: &FakeGuest, ep: &mut FakeEndpoint, tag: u32) -> EventBody {
 
 #[test]
 fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     set_two_guest_peers(&backend);
     let mut a = host.guest("a", 1, 1);
     let mut b = host.guest("b", 2, 1);
@@ -98,7 +100,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -122,7 +124,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -155,7 +157,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )

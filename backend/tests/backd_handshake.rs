@@ -2,9 +2,9 @@
 
 mod backd_util;
 
-use backd_util::{small_endpoint, Host};
-use xmx_backend::admin::{GuestReport, Request};
-use xmx_backend::service::Quotas;
+use backd_util::{small_endpoint, BackdTestHost};
+use xmx_backend::admin::{BackdRequest, GuestReport};
+use xmx_backend::service::GuestQuotas;
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Platform, XsAccess, XsPerm, DOM0};
 use xmx_wire::msg::{CtrlOp, CtrlStatus};
@@ -12,8 +12,8 @@ use xmx_wire::xenbus::{keys, XenbusState};
 
 #[test]
 fn states_go_initwait_connected_closed_and_back() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 7);
 
     g.wait_backend_state(XenbusState::InitWait);
@@ -33,7 +33,7 @@ fn states_go_initwait_connected_closed_and_back() {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -68,8 +68,8 @@ fn states_go_initwait_connected_closed_and_back() {
 
 #[test]
 fn a_frontend_restarting_while_connected_is_released_and_served_again() {
-    let host = Host::start();
-    let _backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     assert_eq!(host.dom0_mappings(), 1);
@@ -84,8 +84,8 @@ fn a_frontend_restarting_while_connected_is_released_and_served_again() {
 
 #[test]
 fn detaching_the_device_releases_the_guest() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let xs0 = host.attach(DOM0).xenstore().unwrap();
@@ -96,7 +96,7 @@ fn detaching_the_device_releases_the_guest() {
     assert_eq!(host.mapped_by_others(g.domid), 0);
     let guests = backend
         .control()
-        .call(Request::Guests)
+        .call(BackdRequest::Guests)
         .into_result()
         .unwrap();
     assert_eq!(guests, serde_json::json!([]));
@@ -106,8 +106,8 @@ fn detaching_the_device_releases_the_guest() {
 
 #[test]
 fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
-    let host = Host::start();
-    let _backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.wait_backend_state(XenbusState::InitWait);
     // A ring-ref that grants nothing, and an unbound port.
@@ -129,8 +129,8 @@ fn a_frontend_with_a_bad_ring_is_refused_and_may_try_again() {
 
 #[test]
 fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     // A second guest's device claims a multicast MAC (written by hand: attach refuses it).
@@ -175,7 +175,7 @@ fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -194,7 +194,7 @@ fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
 
 #[test]
 fn attach_writes_both_halves_with_the_toolstack_permissions() {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let g = host.guest("g1", 1, 4);
     let other = backd_util::FakeGuest::new(&host, host.create("other"), 0);
     let xs0 = host.attach(DOM0).xenstore().unwrap();
@@ -261,8 +261,8 @@ fn attach_writes_both_halves_with_the_toolstack_permissions() {
 
 #[test]
 fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let a = g.open_endpoint(0, small_endpoint(1)).1.expect("endpoint 0");
@@ -271,7 +271,7 @@ fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
     // The backend goes with both endpoints open; what it recorded stays in xenstore,
     // as after a crash.
     backend.stop().unwrap();
-    let _backend = host.start_backend(Quotas::default());
+    let _backend = host.start_backend(GuestQuotas::default());
     // The frontend still says Connected to the backend that is gone: the new one does
     // not adopt that ring (its endpoints died with the old backend) but closes the
     // device, so that the frontend starts over.

@@ -5,9 +5,11 @@ mod backd_util;
 
 use std::sync::atomic::Ordering;
 
-use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
-use xmx_backend::admin::{CountersReport, GuestReport, Request};
-use xmx_backend::service::{BackendThread, Quotas};
+use backd_util::{
+    set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
+use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
     CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, Rndv, Route,
@@ -19,8 +21,8 @@ use xmx_wire::xenbus::XenbusState;
 /// A well-behaved guest with two endpoints that talks to itself through the backend.
 struct Bystander {
     g: FakeGuest,
-    e0: FakeEndpoint,
-    e1: FakeEndpoint,
+    e0: FakeGuestEndpoint,
+    e1: FakeGuestEndpoint,
     sent: u32,
 }
 
@@ -30,7 +32,7 @@ const BYSTANDER_PAGES: usize = 1 + 2 * 4;
 const BYSTANDER_PORTS: usize = 3;
 
 impl Bystander {
-    fn start(host: &Host) -> Bystander {
+    fn start(host: &BackdTestHost) -> Bystander {
         let mut g = host.guest("bystander", 2, 1);
         g.connect();
         let e0 = g.open_endpoint(0, small_endpoint(1)).1.unwrap();
@@ -73,8 +75,8 @@ impl Bystander {
     }
 }
 
-fn setup(quotas: Quotas) -> (Host, BackendThread, Bystander, FakeGuest) {
-    let host = Host::start();
+fn setup(quotas: GuestQuotas) -> (BackdTestHost, BackendThread, Bystander, FakeGuest) {
+    let host = BackdTestHost::start();
     let backend = host.start_backend(quotas);
     set_two_guest_peers(&backend);
     let bystander = Bystander::start(&host);
@@ -84,7 +86,7 @@ fn setup(quotas: Quotas) -> (Host, BackendThread, Bystander, FakeGuest) {
 }
 
 /// The offender holds nothing in dom0 any more; the bystander still holds its share.
-fn assert_released(host: &Host, offender: DomId) {
+fn assert_released(host: &BackdTestHost, offender: DomId) {
     assert_eq!(host.mapped_by_others(offender), 0);
     assert_eq!(host.dom0_mappings(), BYSTANDER_PAGES);
     assert_eq!(host.state(DOM0).ports_open, BYSTANDER_PORTS);
@@ -94,7 +96,7 @@ fn report(backend: &BackendThread, domid: DomId) -> GuestReport {
     let guests: Vec<GuestReport> = serde_json::from_value(
         backend
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
@@ -104,7 +106,7 @@ fn report(backend: &BackendThread, domid: DomId) -> GuestReport {
 
 #[test]
 fn garbage_on_the_control_ring_disconnects_only_the_offender() {
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, _ep) = h.open_endpoint(0, small_endpoint(2));
     let (rsp, _region) = h.register_region(0, 1, 0, 3 * 4096);
     assert_eq!(rsp.status, CtrlStatus::Ok);
@@ -135,7 +137,7 @@ fn garbage_on_the_control_ring_disconnects_only_the_offender() {
 
 #[test]
 fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(2));
     let ep = ep.unwrap();
     // req_prod jumps a thousand slots ahead of a 16-slot ring.
@@ -153,7 +155,7 @@ fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -163,7 +165,7 @@ fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
 
 #[test]
 fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
-    let (host, _backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, _backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(1));
     let mut ep = ep.unwrap();
     // An RNDV from a region the endpoint never registered: the engine calls it a
@@ -212,7 +214,7 @@ fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
 
 #[test]
 fn grant_refs_that_are_invalid_or_granted_elsewhere_are_refused_without_mapping() {
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let before = host.dom0_mappings();
     let port = h.evtchn.alloc_unbound(DOM0).unwrap();
     let open = |info_ref| {
@@ -264,11 +266,11 @@ fn grant_refs_that_are_invalid_or_granted_elsewhere_are_refused_without_mapping(
 
 #[test]
 fn a_quota_flood_is_refused_and_counted() {
-    let quotas = Quotas {
+    let quotas = GuestQuotas {
         max_endpoints: 2,
         max_regions_per_endpoint: 2,
         max_mapped_pages: 40,
-        ..Quotas::default()
+        ..GuestQuotas::default()
     };
     let (host, backend, mut bystander, mut h) = setup(quotas);
     let (r0, _e0) = h.open_endpoint(0, small_endpoint(1));
@@ -296,7 +298,7 @@ fn a_quota_flood_is_refused_and_counted() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -320,7 +322,7 @@ fn slots_rewritten_while_the_backend_reads_them_disconnect_only_the_offender() {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    let (host, backend, mut bystander, mut h) = setup(Quotas::default());
+    let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(1));
     let mut ep = ep.unwrap();
 
@@ -395,7 +397,7 @@ fn slots_rewritten_while_the_backend_reads_them_disconnect_only_the_offender() {
     let counters: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )

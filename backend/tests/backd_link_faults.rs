@@ -8,7 +8,9 @@ mod backd_util;
 use std::process::Command;
 use std::time::Duration;
 
-use backd_util::{counters, eventually, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use backd_util::{
+    counters, eventually, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+};
 use xmx_backend::service::BackendThread;
 use xmx_nic::testbed::VethPair;
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
@@ -29,13 +31,13 @@ struct Pair {
     backends: [BackendThread; 2],
     a: FakeGuest,
     b: FakeGuest,
-    ea: FakeEndpoint,
-    eb: FakeEndpoint,
-    _hosts: [Host; 2],
+    ea: FakeGuestEndpoint,
+    eb: FakeGuestEndpoint,
+    _hosts: [BackdTestHost; 2],
 }
 
 fn pair(veth: &VethPair) -> Pair {
-    let hosts = [Host::start(), Host::start()];
+    let hosts = [BackdTestHost::start(), BackdTestHost::start()];
     let backends = [
         hosts[0].start_wire_backend(&veth.ns_a, &veth.if_a),
         hosts[1].start_wire_backend(&veth.ns_b, &veth.if_b),

@@ -8,7 +8,9 @@ mod backd_util;
 
 use std::time::{Duration, Instant};
 
-use backd_util::{set_two_guest_peers, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use backd_util::{
+    set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+};
 use xmx_backend::service::{Backend, BackendConfig};
 use xmx_hv::DOM0;
 use xmx_wire::msg::{EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest};
@@ -31,7 +33,7 @@ fn tiny(tag: u32, to: Route, payload: &[u8]) -> SendRequest {
 }
 
 /// The next received TINY's payload; completions on the way are handed back.
-fn receive(g: &FakeGuest, ep: &mut FakeEndpoint) -> Vec<u8> {
+fn receive(g: &FakeGuest, ep: &mut FakeGuestEndpoint) -> Vec<u8> {
     loop {
         let ev = g.next_event(ep);
         g.retire_events(ep);
@@ -42,7 +44,7 @@ fn receive(g: &FakeGuest, ep: &mut FakeEndpoint) -> Vec<u8> {
 }
 
 fn run(spin: Duration) -> Vec<Duration> {
-    let host = Host::start();
+    let host = BackdTestHost::start();
     let dom0 = host.attach(DOM0);
     let cfg = BackendConfig {
         spin,

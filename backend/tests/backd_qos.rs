@@ -3,9 +3,9 @@
 
 mod backd_util;
 
-use backd_util::{eventually, Host};
-use xmx_backend::admin::{CountersReport, Request};
-use xmx_backend::service::{BackendThread, Quotas};
+use backd_util::{eventually, BackdTestHost};
+use xmx_backend::admin::{BackdRequest, CountersReport};
+use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Error, Platform, DOM0, XBT_NULL};
 use xmx_wire::xenbus::{self, keys};
@@ -14,7 +14,7 @@ fn weight(backend: &BackendThread) -> Option<u32> {
     let report: CountersReport = serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -24,8 +24,8 @@ fn weight(backend: &BackendThread) -> Option<u32> {
 
 #[test]
 fn dom0_sets_the_weight_and_the_guest_cannot() {
-    let host = Host::start();
-    let backend = host.start_backend(Quotas::default());
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     assert_eq!(

@@ -4,14 +4,14 @@
 
 mod backd_util;
 
-use backd_util::{counters, small_endpoint, FakeEndpoint, FakeGuest, Host};
+use backd_util::{counters, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint};
 use xmx_nic::testbed::VethPair;
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
     QueueSlots, Rndv, Route, SendOp, SendRequest,
 };
 
-fn next_non_completion(g: &FakeGuest, ep: &mut FakeEndpoint) -> EventBody {
+fn next_non_completion(g: &FakeGuest, ep: &mut FakeGuestEndpoint) -> EventBody {
     loop {
         let ev = g.next_event(ep);
         if !matches!(ev.body, EventBody::SendDone { .. }) {
@@ -38,8 +38,8 @@ fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
         return;
     }
     let pair = VethPair::create("backd", 9000).expect("veth pair");
-    let host1 = Host::start();
-    let host2 = Host::start();
+    let host1 = BackdTestHost::start();
+    let host2 = BackdTestHost::start();
     let backend1 = host1.start_wire_backend(&pair.ns_a, &pair.if_a);
     let backend2 = host2.start_wire_backend(&pair.ns_b, &pair.if_b);
     let mut a = host1.guest("a", 1, 1);

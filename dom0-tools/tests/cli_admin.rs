@@ -257,7 +257,7 @@ fn the_subcommands_drive_a_running_host() {
 fn qos_weights_follow_the_guests_name_and_reach_the_backend() {
     use xmx_hv::{Error, XBT_NULL};
     use xmx_wire::xenbus::{self, keys};
-    use xmxd_util::{eventually, read, Frontend};
+    use xmxd_util::{eventually, read, MinimalFrontend};
 
     let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, Duration::from_millis(100));
@@ -265,7 +265,7 @@ fn qos_weights_follow_the_guests_name_and_reach_the_backend() {
     let vm1 = host.create("vm1");
     let d1 = vm1.to_string();
     ok(&s.to_xmxd(&["attach", &d1]));
-    let mut front = Frontend::new(&host.hv_dir(), vm1);
+    let mut front = MinimalFrontend::new(&host.hv_dir(), vm1);
     front.connect();
     let weight_of = |domid: u16| -> Option<u32> {
         let c: CountersReport = json(&["counters", "--json", "--backd-socket", &s.backd]);

@@ -7,11 +7,11 @@ mod xmxd_util;
 use std::time::Duration;
 
 use xmx_hv::{DomId, XsAccess, XsPerm, DOM0, XBT_NULL};
-use xmx_tools::xmxd::control::{GuestStatus, PeersReport, Request};
+use xmx_tools::xmxd::control::{GuestStatus, PeersReport, XmxdRequest};
 use xmx_tools::xmxd::names;
 use xmx_tools::xmxd::xsnodes;
 use xmx_wire::xenbus::{self, keys};
-use xmxd_util::{children, eventually, read, wait_node, Frontend, XmxdHost};
+use xmxd_util::{children, eventually, read, wait_node, MinimalFrontend, XmxdHost};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -20,7 +20,7 @@ fn backend_dir(domid: DomId) -> String {
 }
 
 fn peers(host: &XmxdHost) -> PeersReport {
-    serde_json::from_value(host.call(Request::Peers {
+    serde_json::from_value(host.call(XmxdRequest::Peers {
         guest: None,
         after: None,
         timeout_ms: None,
@@ -82,7 +82,7 @@ fn a_flagged_domain_gets_its_device_and_a_destroyed_one_leaves_nothing() {
     );
 
     // The guest can read its identity but not change it, nor touch xmxd's nodes.
-    let mut front = Frontend::new(&host.hv_dir(), d);
+    let mut front = MinimalFrontend::new(&host.hv_dir(), d);
     assert_eq!(
         read(front.xs.as_ref(), &xenbus::key_path(&bdir, keys::MAC)),
         Some(mac.to_string())
@@ -117,7 +117,7 @@ fn a_flagged_domain_gets_its_device_and_a_destroyed_one_leaves_nothing() {
             .unwrap();
         host.wait("marker attached", |c| c.is_attached(marker));
         assert_eq!(key(keys::MAC), Some(mac.to_string()));
-        let g: Vec<GuestStatus> = serde_json::from_value(host.call(Request::Guests)).unwrap();
+        let g: Vec<GuestStatus> = serde_json::from_value(host.call(XmxdRequest::Guests)).unwrap();
         let vm1 = g.iter().find(|g| g.name == "vm1").unwrap();
         assert_eq!((vm1.domid, vm1.attached), (Some(d), true));
         assert!(g.iter().all(|g| g.name != "victim"));
@@ -177,11 +177,11 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
     let mut host = XmxdHost::start("h0");
     host.start_xmxd(None, INTERVAL);
     let xs = host.dom0_xs();
-    host.call(Request::ClusterCreate {
+    host.call(XmxdRequest::ClusterCreate {
         name: "blue".into(),
     });
     // Recorded before the domain exists.
-    host.call(Request::ClusterAdd {
+    host.call(XmxdRequest::ClusterAdd {
         name: "blue".into(),
         guest: "web".into(),
         new: true,
@@ -222,7 +222,7 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
     assert_eq!(read(xs.as_ref(), &backend_dir(other)), None);
 
     // `attach` by domid with a cluster; `detach` takes it away and it stays away.
-    let g: GuestStatus = serde_json::from_value(host.call(Request::Attach {
+    let g: GuestStatus = serde_json::from_value(host.call(XmxdRequest::Attach {
         domid: other,
         cluster: Some("red".into()),
     }))
@@ -237,13 +237,13 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
         ),
         Some(names::cluster_id("red").to_string())
     );
-    host.call(Request::Detach { domid: other });
+    host.call(XmxdRequest::Detach { domid: other });
     assert!(host.xmxd().inspect(|c| !c.is_attached(other)));
     assert_eq!(read(xs.as_ref(), &backend_dir(other)), None);
     assert_eq!(read(xs.as_ref(), &xsnodes::wish_path(DOM0, other)), None);
 
     // Moving a running guest re-attaches its device with the new cluster.
-    host.call(Request::ClusterRemove {
+    host.call(XmxdRequest::ClusterRemove {
         name: "blue".into(),
         guest: web.to_string(),
     });
@@ -259,7 +259,7 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
     assert!(read(xs.as_ref(), &format!("{cdir}/default/members/web")).is_some());
     let e = host
         .xmxd()
-        .call(Request::ClusterDelete {
+        .call(XmxdRequest::ClusterDelete {
             name: "default".into(),
             force: true,
         })
@@ -268,7 +268,7 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
     assert_eq!(e.kind, "invalid");
     let e = host
         .xmxd()
-        .call(Request::Attach {
+        .call(XmxdRequest::Attach {
             domid: 999,
             cluster: None,
         })
@@ -280,7 +280,7 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
     host.xmxd = None;
     host.start_xmxd(None, INTERVAL);
     host.wait("web adopted after the restart", |c| c.is_attached(web));
-    let clusters = host.call(Request::Clusters);
+    let clusters = host.call(XmxdRequest::Clusters);
     let names_of: Vec<&str> = clusters
         .as_array()
         .unwrap()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use xmx_hv::sim::SimPlatform;
 use xmx_hv::{Platform, Xenstore, DOM0, XBT_NULL};
 use xmx_nic::testbed::VethPair;
-use xmx_tools::xmxd::control::{PeersReport, Request};
+use xmx_tools::xmxd::control::{PeersReport, XmxdRequest};
 use xmx_tools::xmxd::table::Peer;
 use xmx_tools::xmxd::{names, xsnodes, Core, PacketFabric};
 use xmxd_util::XmxdHost;
@@ -55,7 +55,7 @@ fn agree(a: &XmxdHost, b: &XmxdHost, n: usize, mut cond: impl FnMut(&[Peer]) -> 
 }
 
 fn guest_view(host: &XmxdHost, guest: &str) -> Vec<String> {
-    let r: PeersReport = serde_json::from_value(host.call(Request::Peers {
+    let r: PeersReport = serde_json::from_value(host.call(XmxdRequest::Peers {
         guest: Some(guest.into()),
         after: None,
         timeout_ms: None,
@@ -65,7 +65,7 @@ fn guest_view(host: &XmxdHost, guest: &str) -> Vec<String> {
 }
 
 fn attach(host: &XmxdHost, domid: u16) {
-    host.call(Request::Attach {
+    host.call(XmxdRequest::Attach {
         domid,
         cluster: None,
     });
@@ -124,10 +124,10 @@ fn two_hosts_agree_on_one_table_and_clusters_split_it() {
     assert_eq!(a.xmxd().inspect(|c| c.remote_hosts()), ["hb"]);
 
     // A cluster on host A only: its id comes from its name, so B needs no setup.
-    a.call(Request::ClusterCreate {
+    a.call(XmxdRequest::ClusterCreate {
         name: "blue".into(),
     });
-    a.call(Request::ClusterAdd {
+    a.call(XmxdRequest::ClusterAdd {
         name: "blue".into(),
         guest: "a1".into(),
         new: false,
@@ -182,7 +182,7 @@ fn two_hosts_agree_on_one_table_and_clusters_split_it() {
     assert_eq!(published(xs_b1.as_ref(), b1), ["a2", "b1"]);
 
     // Back to the default cluster: both tables follow.
-    a.call(Request::ClusterRemove {
+    a.call(XmxdRequest::ClusterRemove {
         name: "blue".into(),
         guest: "a1".into(),
     });

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use xmx_nic::testbed::VethPair;
-use xmx_tools::xmxd::control::Request;
+use xmx_tools::xmxd::control::XmxdRequest;
 use xmx_tools::xmxd::PacketFabric;
 use xmxd_util::XmxdHost;
 
@@ -28,7 +28,7 @@ fn ip(args: &[&str]) {
 
 fn attach(host: &XmxdHost, name: &str) {
     let domid = host.create(name);
-    host.call(Request::Attach {
+    host.call(XmxdRequest::Attach {
         domid,
         cluster: None,
     });

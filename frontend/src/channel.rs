@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use xmx_hv::{ImportedPages, ImportedPort, Notify, Port, PAGE_SIZE};
+use xmx_hv::{ImportedPages, ImportedPort, Port, PortNotifier, PAGE_SIZE};
 use xmx_wire::msg::{EndpointPages, Event, EventBack, SendFront, SendRequest, MEDIUM_FRAG_MAX};
 use xmx_wire::ring::SharedMem;
 
@@ -71,7 +71,7 @@ struct Mapped {
     generation: u32,
     geometry: EndpointPages,
     port: ImportedPort,
-    notify: Arc<dyn Notify>,
+    notify: Arc<dyn PortNotifier>,
     send: SendFront,
     events: EventBack,
     sendq: SharedMem,

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xmx_hv::{DomId, EventChannels, GrantTable, GrantedPages, Notify, Port, PAGE_SIZE};
+use xmx_hv::{DomId, EventChannels, GrantTable, GrantedPages, Port, PortNotifier, PAGE_SIZE};
 use xmx_wire::msg::{CtrlFront, CtrlKind, CtrlOp, CtrlRequest, CtrlResponse, CtrlStatus};
 
 use crate::error::{Error, Result};
@@ -64,7 +64,7 @@ pub struct CtrlClient {
     pages: Arc<GrantedPages>,
     ring_ref: u32,
     port: OwnedPort,
-    notify: Arc<dyn Notify>,
+    notify: Arc<dyn PortNotifier>,
     next_tag: u32,
     abandoned: BTreeSet<u32>,
     stats: CtrlStats,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use xmx_hv::{DomId, EventChannels, GrantedPages, ImportedPages, Notify, Port};
+use xmx_hv::{DomId, EventChannels, GrantedPages, ImportedPages, Port, PortNotifier};
 use xmx_wire::ring::SharedMem;
 
 use crate::error::{Error, Result};
@@ -106,7 +106,7 @@ impl OwnedPort {
         self.evtchn.as_ref()
     }
 
-    pub(crate) fn notifier(&self) -> Result<Arc<dyn Notify>> {
+    pub(crate) fn notifier(&self) -> Result<Arc<dyn PortNotifier>> {
         Ok(self.evtchn.notifier(self.port)?)
     }
 }

@@ -18,7 +18,7 @@ use xmx_wire::xenbus::XenbusState;
 
 /// What the frontend does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum FrontendStep {
     /// Nothing until the backend moves.
     Stay,
     /// Grant the control ring, publish it, say Initialised.
@@ -34,38 +34,38 @@ pub enum Step {
 /// The next step of a frontend that last wrote `front`, whose backend shows `back`
 /// (`None`: the backend directory or its state is gone). `want` is false while the
 /// frontend must stay disconnected (suspended, shutting down).
-pub fn step(front: XenbusState, back: Option<XenbusState>, want: bool) -> Step {
+pub fn step(front: XenbusState, back: Option<XenbusState>, want: bool) -> FrontendStep {
     use XenbusState as S;
     let published = matches!(front, S::Initialised | S::Connected);
     let Some(back) = back else {
         return if published {
-            Step::Teardown
+            FrontendStep::Teardown
         } else {
-            Step::Stay
+            FrontendStep::Stay
         };
     };
     if published {
         return match back {
-            S::Closing | S::Closed => Step::Teardown,
-            S::InitWait if front == S::Connected => Step::Teardown,
-            S::Connected if front == S::Initialised => Step::Connect,
-            _ if !want => Step::Teardown,
-            _ => Step::Stay,
+            S::Closing | S::Closed => FrontendStep::Teardown,
+            S::InitWait if front == S::Connected => FrontendStep::Teardown,
+            S::Connected if front == S::Initialised => FrontendStep::Connect,
+            _ if !want => FrontendStep::Teardown,
+            _ => FrontendStep::Stay,
         };
     }
     if !want {
-        return Step::Stay;
+        return FrontendStep::Stay;
     }
     match front {
         S::Initialising => match back {
-            S::InitWait => Step::Publish,
-            _ => Step::Stay,
+            S::InitWait => FrontendStep::Publish,
+            _ => FrontendStep::Stay,
         },
         // Closing, Closed, or a state we never write: start over once the backend has
         // let go (Closed) or is ready again (InitWait, Initialising).
         _ => match back {
-            S::Closed | S::InitWait | S::Initialising | S::Unknown => Step::Restart,
-            _ => Step::Stay,
+            S::Closed | S::InitWait | S::Initialising | S::Unknown => FrontendStep::Restart,
+            _ => FrontendStep::Stay,
         },
     }
 }
@@ -79,52 +79,79 @@ mod tests {
     fn the_handshake_path() {
         assert_eq!(
             step(S::Initialising, Some(S::Initialising), true),
-            Step::Stay
+            FrontendStep::Stay
         );
         assert_eq!(
             step(S::Initialising, Some(S::InitWait), true),
-            Step::Publish
+            FrontendStep::Publish
         );
-        assert_eq!(step(S::Initialised, Some(S::InitWait), true), Step::Stay);
+        assert_eq!(
+            step(S::Initialised, Some(S::InitWait), true),
+            FrontendStep::Stay
+        );
         assert_eq!(
             step(S::Initialised, Some(S::Connected), true),
-            Step::Connect
+            FrontendStep::Connect
         );
-        assert_eq!(step(S::Connected, Some(S::Connected), true), Step::Stay);
+        assert_eq!(
+            step(S::Connected, Some(S::Connected), true),
+            FrontendStep::Stay
+        );
     }
 
     #[test]
     fn a_closing_backend_is_followed_and_rejoined() {
-        assert_eq!(step(S::Connected, Some(S::Closing), true), Step::Teardown);
-        assert_eq!(step(S::Connected, Some(S::Closed), true), Step::Teardown);
-        assert_eq!(step(S::Initialised, Some(S::Closed), true), Step::Teardown);
-        assert_eq!(step(S::Closed, Some(S::Closing), true), Step::Stay);
-        assert_eq!(step(S::Closed, Some(S::Closed), true), Step::Restart);
-        assert_eq!(step(S::Initialising, Some(S::Closed), true), Step::Stay);
+        assert_eq!(
+            step(S::Connected, Some(S::Closing), true),
+            FrontendStep::Teardown
+        );
+        assert_eq!(
+            step(S::Connected, Some(S::Closed), true),
+            FrontendStep::Teardown
+        );
+        assert_eq!(
+            step(S::Initialised, Some(S::Closed), true),
+            FrontendStep::Teardown
+        );
+        assert_eq!(step(S::Closed, Some(S::Closing), true), FrontendStep::Stay);
+        assert_eq!(
+            step(S::Closed, Some(S::Closed), true),
+            FrontendStep::Restart
+        );
+        assert_eq!(
+            step(S::Initialising, Some(S::Closed), true),
+            FrontendStep::Stay
+        );
     }
 
     #[test]
     fn a_vanished_backend_tears_down() {
-        assert_eq!(step(S::Connected, None, true), Step::Teardown);
-        assert_eq!(step(S::Initialised, None, true), Step::Teardown);
-        assert_eq!(step(S::Initialising, None, true), Step::Stay);
-        assert_eq!(step(S::Closed, None, true), Step::Stay);
+        assert_eq!(step(S::Connected, None, true), FrontendStep::Teardown);
+        assert_eq!(step(S::Initialised, None, true), FrontendStep::Teardown);
+        assert_eq!(step(S::Initialising, None, true), FrontendStep::Stay);
+        assert_eq!(step(S::Closed, None, true), FrontendStep::Stay);
     }
 
     #[test]
     fn a_restarted_backend_is_not_trusted_with_the_old_ring() {
-        assert_eq!(step(S::Connected, Some(S::InitWait), true), Step::Teardown);
-        assert_eq!(step(S::Closed, Some(S::InitWait), true), Step::Restart);
+        assert_eq!(
+            step(S::Connected, Some(S::InitWait), true),
+            FrontendStep::Teardown
+        );
+        assert_eq!(
+            step(S::Closed, Some(S::InitWait), true),
+            FrontendStep::Restart
+        );
     }
 
     #[test]
     fn a_frontend_that_must_stay_down_only_tears_down() {
         for b in XenbusState::ALL.iter().copied().map(Some).chain([None]) {
             for f in [S::Initialising, S::Closing, S::Closed] {
-                assert_eq!(step(f, b, false), Step::Stay, "{f:?} {b:?}");
+                assert_eq!(step(f, b, false), FrontendStep::Stay, "{f:?} {b:?}");
             }
-            assert_ne!(step(S::Connected, b, false), Step::Stay, "{b:?}");
-            assert_ne!(step(S::Connected, b, false), Step::Publish);
+            assert_ne!(step(S::Connected, b, false), FrontendStep::Stay, "{b:?}");
+            assert_ne!(step(S::Connected, b, false), FrontendStep::Publish);
         }
     }
 
@@ -134,12 +161,16 @@ mod tests {
             for b in XenbusState::ALL.iter().copied().map(Some).chain([None]) {
                 for want in [true, false] {
                     match step(f, b, want) {
-                        Step::Publish => assert_eq!((f, b), (S::Initialising, Some(S::InitWait))),
-                        Step::Connect => assert_eq!((f, b), (S::Initialised, Some(S::Connected))),
-                        Step::Teardown => {
+                        FrontendStep::Publish => {
+                            assert_eq!((f, b), (S::Initialising, Some(S::InitWait)))
+                        }
+                        FrontendStep::Connect => {
+                            assert_eq!((f, b), (S::Initialised, Some(S::Connected)))
+                        }
+                        FrontendStep::Teardown => {
                             assert!(matches!(f, S::Initialised | S::Connected))
                         }
-                        Step::Restart => {
+                        FrontendStep::Restart => {
                             assert!(
                                 want && !matches!(
                                     f,
@@ -147,7 +178,7 @@ mod tests {
                                 )
                             )
                         }
-                        Step::Stay => {}
+                        FrontendStep::Stay => {}
                     }
                 }
             }

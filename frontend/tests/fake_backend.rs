@@ -18,7 +18,7 @@ use xmx_wire::msg::{
 use xmx_wire::xenbus::XenbusState;
 
 fn connected(
-    host: &Host,
+    host: &FrontendTestHost,
     name: &str,
     last: u8,
     cfg: FrontendConfig,
@@ -51,7 +51,7 @@ fn tiny(tag: u32, bytes: &[u8]) -> SendRequest {
 
 #[test]
 fn endpoint_pages_reach_the_backend_exactly_and_bytes_cross_both_ways() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let (domu, fake, mut fe) = connected(&host, "g1", 1, FrontendConfig::default());
     let info = fe.backend_info().unwrap().clone();
     assert_eq!(info.mac, guest_mac(1));
@@ -168,7 +168,7 @@ fn endpoint_pages_reach_the_backend_exactly_and_bytes_cross_both_ways() {
 
 #[test]
 fn regions_of_1_300_and_2048_pages_are_mapped_in_one_batch() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let (domu, fake, mut fe) = connected(&host, "g1", 1, FrontendConfig::default());
     let h = fe.open_endpoint(Some(0), Some(small_geometry())).unwrap();
     let ch = channel(h);
@@ -250,7 +250,7 @@ impl Registrar for Direct<'_> {
 
 #[test]
 fn the_registration_cache_saves_register_requests_and_can_be_turned_off() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let (_domu, fake, mut fe) = connected(&host, "g1", 1, FrontendConfig::default());
     let h = fe.open_endpoint(Some(0), Some(small_geometry())).unwrap();
     let _ch = channel(h);
@@ -300,7 +300,7 @@ fn the_registration_cache_saves_register_requests_and_can_be_turned_off() {
 
 #[test]
 fn a_backend_that_stops_answering_is_dropped_and_keeps_what_it_was_given_until_then() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let cfg = FrontendConfig {
         ctrl_timeout: Duration::from_millis(300),
         ..FrontendConfig::default()
@@ -337,7 +337,7 @@ fn a_backend_that_stops_answering_is_dropped_and_keeps_what_it_was_given_until_t
 
 #[test]
 fn a_closing_backend_is_followed_and_endpoints_come_back_over_new_grants() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let (domu, fake, mut fe) = connected(&host, "g1", 1, FrontendConfig::default());
     let h = fe.open_endpoint(Some(0), Some(small_geometry())).unwrap();
     let old_refs = h.pages.refs.clone();

@@ -30,7 +30,7 @@ fn through_socket<T>(
 
 #[test]
 fn exported_pages_are_the_granted_pages() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let domu = host.admin.create("g", None).unwrap();
     let guest = host.attach(domu);
     let gt = guest.grant_table().unwrap();
@@ -63,7 +63,7 @@ fn exported_pages_are_the_granted_pages() {
 
 #[test]
 fn an_exported_port_delivers_to_the_importer_only() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let domu = host.admin.create("g", None).unwrap();
     let guest = host.attach(domu).event_channels().unwrap();
     let dom0 = host.attach(DOM0).event_channels().unwrap();

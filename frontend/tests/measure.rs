@@ -9,7 +9,7 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use xmx_backend::admin::{PeerSpec, Request};
+use xmx_backend::admin::{BackdRequest, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig};
 use xmx_frontend::{
     EndpointChannel, Frontend, FrontendConfig, RegionCache, RegionWindow, Registrar, Wake,
@@ -68,7 +68,7 @@ fn tiny(to: &EndpointChannel, seq: u16) -> SendRequest {
 #[test]
 #[ignore = "prints figures; run explicitly"]
 fn figures() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let dom0 = host.attach(xmx_hv::DOM0);
     let backend = Backend::new(&dom0, None, BackendConfig::default())
         .unwrap()
@@ -82,7 +82,7 @@ fn figures() {
     }];
     backend
         .control()
-        .call(Request::SetPeers { peers })
+        .call(BackdRequest::SetPeers { peers })
         .into_result()
         .unwrap();
     let g = host.guest("g1", 1);

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use xmx_backend::admin::{PeerSpec, Request};
+use xmx_backend::admin::{BackdRequest, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
 use xmx_frontend::{EndpointChannel, FrontendConfig, FrontendEvent, Mode, RegionWindow, Wake};
 use xmx_hv::{Platform, DOM0, XBT_NULL};
@@ -15,7 +15,7 @@ use xmx_wire::msg::{
 };
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
-fn start_backend(host: &Host) -> BackendThread {
+fn start_backend(host: &FrontendTestHost) -> BackendThread {
     let dom0 = host.attach(DOM0);
     let cfg = BackendConfig {
         host_name: "testhost".into(),
@@ -37,7 +37,7 @@ fn set_peers(backend: &BackendThread, entries: &[(u16, u8)]) {
         .collect();
     backend
         .control()
-        .call(Request::SetPeers { peers })
+        .call(BackdRequest::SetPeers { peers })
         .into_result()
         .unwrap();
 }
@@ -92,7 +92,7 @@ fn tiny(tag: u32, to: Route, seqnum: u16, bytes: &[u8]) -> SendRequest {
 
 #[test]
 fn handshake_publishes_reads_the_offer_and_survives_a_backend_restart() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let backend = start_backend(&host);
     let domu = host.guest("g1", 1);
     let mut fe = host.frontend(domu, FrontendConfig::default());
@@ -161,7 +161,7 @@ fn handshake_publishes_reads_the_offer_and_survives_a_backend_restart() {
 
 #[test]
 fn messages_of_every_class_cross_between_guests_through_handed_over_memory() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let backend = start_backend(&host);
     set_peers(&backend, &[(0, 1), (1, 2)]);
     let a = host.guest("a", 1);
@@ -296,7 +296,7 @@ fn messages_of_every_class_cross_between_guests_through_handed_over_memory() {
 
 #[test]
 fn suspend_closes_the_device_and_resume_reopens_the_endpoints_in_their_sessions() {
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let backend = start_backend(&host);
     set_peers(&backend, &[(0, 1)]);
     let g = host.guest("g1", 1);
@@ -388,7 +388,7 @@ fn suspend_closes_the_device_and_resume_reopens_the_endpoints_in_their_sessions(
 #[test]
 fn a_migration_waits_until_the_frontend_has_suspended_before_the_last_round() {
     use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let backend = start_backend(&host);
     set_peers(&backend, &[(0, 1)]);
     let g = host.guest("g1", 1);
@@ -405,7 +405,7 @@ fn a_migration_waits_until_the_frontend_has_suspended_before_the_last_round() {
         b"1"
     );
     assert!(host.state(DOM0).mappings_held > 0);
-    let dest = Host::start();
+    let dest = FrontendTestHost::start();
     let work = tempfile::tempdir().unwrap();
     let options = MigrateOptions {
         work_dir: Some(work.path().to_path_buf()),
@@ -439,7 +439,7 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     use std::collections::BTreeMap;
     use xmx_backend::xenbus::toolstack::{self, DeviceRecord};
     use xmx_hv::sim::migrate::{MigrateOptions, Migration};
-    let src = Host::start();
+    let src = FrontendTestHost::start();
     let src_backend = start_backend(&src);
     set_peers(&src_backend, &[(0, 1)]);
     let g = src.guest("g1", 1);
@@ -449,7 +449,7 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
     let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
     let sessions = BTreeMap::from([(0, c0.session_id()), (1, c1.session_id())]);
 
-    let dst = Host::start();
+    let dst = FrontendTestHost::start();
     // So that the guest gets another domid there.
     dst.admin.create("other", None).unwrap();
     let dst_backend = start_backend(&dst);
@@ -554,7 +554,7 @@ fn a_migrated_frontend_follows_its_domain_and_reopens_its_endpoints_on_the_new_h
 #[test]
 fn a_failed_migration_resumes_the_frontend_on_its_host_in_its_sessions() {
     use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
-    let host = Host::start();
+    let host = FrontendTestHost::start();
     let backend = start_backend(&host);
     set_peers(&backend, &[(0, 1)]);
     let g = host.guest("g1", 1);
@@ -564,9 +564,9 @@ fn a_failed_migration_resumes_the_frontend_on_its_host_in_its_sessions() {
     let mut c1 = channel(fe.open_endpoint(Some(1), Some(geometry())).unwrap());
     let sessions = (c0.session_id(), c1.session_id());
     // Its grant table is too small for the guest's refs: the last round fails.
-    let dest = Host::start_with(xmx_simhv::Config {
+    let dest = FrontendTestHost::start_with(xmx_simhv::SimhvConfig {
         gnttab_entries: 8,
-        ..xmx_simhv::Config::default()
+        ..xmx_simhv::SimhvConfig::default()
     });
     let work = tempfile::tempdir().unwrap();
     let options = MigrateOptions {

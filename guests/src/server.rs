@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use xmx_frontend::frontd::proto::{ErrorReply, MAX_MESSAGE};
-use xmx_frontend::frontd::{BoardInfo, Message, Notice, Reply, Request};
+use xmx_frontend::frontd::{FrontdBoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice};
 use xmx_frontend::{Error, Frontend, FrontendEvent, Mode};
 use xmx_hv::handoff::{recv_message, send_message};
 
@@ -88,7 +88,7 @@ struct Client {
 }
 
 impl Client {
-    fn send(&self, msg: &Message) -> io::Result<()> {
+    fn send(&self, msg: &FrontdMessage) -> io::Result<()> {
         let (body, fds) = msg.emit();
         send_message(&lock(&self.writer), &body, &fds)
     }
@@ -114,7 +114,7 @@ impl Shared {
     }
 
     fn broadcast(&self, notice: Notice) {
-        let msg = Message::Notice(notice);
+        let msg = FrontdMessage::Notice(notice);
         for c in lock(&self.clients).values() {
             if let Err(e) = c.send(&msg) {
                 tracing::debug!(client = c.id, error = %e, "notice not delivered");
@@ -136,7 +136,10 @@ impl Shared {
                         owned.endpoints.remove(&endpoint);
                         owned.regions.retain(|(e, _)| *e != endpoint);
                         drop(owned);
-                        let _ = c.send(&Message::Notice(Notice::EndpointLost { endpoint, reason }));
+                        let _ = c.send(&FrontdMessage::Notice(Notice::EndpointLost {
+                            endpoint,
+                            reason,
+                        }));
                     }
                     // The application will unmap what it has when it reads the notice or
                     // exits; the retired pages stay until then.
@@ -150,7 +153,7 @@ impl Shared {
                 Some(c) => {
                     // Regions died with the old share.
                     lock(&c.owned).regions.retain(|(e, _)| *e != endpoint);
-                    if let Err(e) = c.send(&Message::Notice(Notice::EndpointReopened(h))) {
+                    if let Err(e) = c.send(&FrontdMessage::Notice(Notice::EndpointReopened(h))) {
                         tracing::warn!(client = c.id, endpoint, error = %e, "re-opened endpoint not delivered");
                     }
                 }
@@ -448,8 +451,8 @@ fn serve_client(shared: &Shared, client: &Client, sock: UnixStream) {
                 break;
             }
         };
-        let (seq, request) = match Message::parse(&body, fds) {
-            Ok(Message::Request { seq, request }) => (seq, request),
+        let (seq, request) = match FrontdMessage::parse(&body, fds) {
+            Ok(FrontdMessage::Request { seq, request }) => (seq, request),
             Ok(_) | Err(_) => {
                 tracing::warn!(
                     client = client.id,
@@ -460,9 +463,9 @@ fn serve_client(shared: &Shared, client: &Client, sock: UnixStream) {
         };
         let reply = handle(shared, client, request).unwrap_or_else(|e| {
             tracing::debug!(client = client.id, error = %e, "request failed");
-            Reply::Error(ErrorReply::from_error(&e))
+            FrontdReply::Error(ErrorReply::from_error(&e))
         });
-        if let Err(e) = client.send(&Message::Reply { seq, reply }) {
+        if let Err(e) = client.send(&FrontdMessage::Reply { seq, reply }) {
             tracing::debug!(client = client.id, error = %e, "reply not delivered");
             break;
         }
@@ -470,17 +473,17 @@ fn serve_client(shared: &Shared, client: &Client, sock: UnixStream) {
     release_client(shared, client);
 }
 
-fn handle(shared: &Shared, client: &Client, request: Request) -> Result<Reply, Error> {
+fn handle(shared: &Shared, client: &Client, request: FrontdRequest) -> Result<FrontdReply, Error> {
     let mut fe = lock(&shared.frontend);
     let owns = |endpoint: u8| lock(&client.owned).endpoints.contains(&endpoint);
     let not_yours = |endpoint: u8| Error::Invalid(format!("endpoint {endpoint} is not yours"));
     match request {
-        Request::Info => {
+        FrontdRequest::Info => {
             let info = fe
                 .backend_info()
                 .cloned()
                 .ok_or_else(|| Error::NotConnected("the device is not connected".into()))?;
-            Ok(Reply::Info(BoardInfo {
+            Ok(FrontdReply::Info(FrontdBoardInfo {
                 connected: fe.is_connected(),
                 domid: fe.domid(),
                 mac: info.mac,
@@ -491,12 +494,12 @@ fn handle(shared: &Shared, client: &Client, request: Request) -> Result<Reply, E
                 local_delivery: info.local_delivery,
             }))
         }
-        Request::OpenEndpoint { endpoint, geometry } => {
+        FrontdRequest::OpenEndpoint { endpoint, geometry } => {
             let h = fe.open_endpoint(endpoint, geometry)?;
             lock(&client.owned).endpoints.insert(h.endpoint);
-            Ok(Reply::Endpoint(h))
+            Ok(FrontdReply::Endpoint(h))
         }
-        Request::CloseEndpoint { endpoint } => {
+        FrontdRequest::CloseEndpoint { endpoint } => {
             if !owns(endpoint) {
                 return Err(not_yours(endpoint));
             }
@@ -507,17 +510,17 @@ fn handle(shared: &Shared, client: &Client, request: Request) -> Result<Reply, E
             }
             fe.release_all_retired(endpoint);
             fe.close_endpoint(endpoint)?;
-            Ok(Reply::Ok)
+            Ok(FrontdReply::Ok)
         }
-        Request::RegisterRegion { endpoint, length } => {
+        FrontdRequest::RegisterRegion { endpoint, length } => {
             if !owns(endpoint) {
                 return Err(not_yours(endpoint));
             }
             let h = fe.register_region(endpoint, length)?;
             lock(&client.owned).regions.insert((endpoint, h.region_id));
-            Ok(Reply::Region(h))
+            Ok(FrontdReply::Region(h))
         }
-        Request::DeregisterRegion {
+        FrontdRequest::DeregisterRegion {
             endpoint,
             region_id,
         } => {
@@ -527,9 +530,9 @@ fn handle(shared: &Shared, client: &Client, request: Request) -> Result<Reply, E
                 )));
             }
             fe.deregister_region(endpoint, region_id)?;
-            Ok(Reply::Ok)
+            Ok(FrontdReply::Ok)
         }
-        Request::Remapped {
+        FrontdRequest::Remapped {
             endpoint,
             generation,
         } => {
@@ -537,7 +540,7 @@ fn handle(shared: &Shared, client: &Client, request: Request) -> Result<Reply, E
                 return Err(not_yours(endpoint));
             }
             fe.release_retired(endpoint, generation);
-            Ok(Reply::Ok)
+            Ok(FrontdReply::Ok)
         }
     }
 }

@@ -81,7 +81,7 @@ fn tiny_between(from: &mut EndpointChannel, to: &mut EndpointChannel, tag: u32, 
 
 #[test]
 fn an_application_gets_endpoints_and_cached_regions_through_the_daemon() {
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     let g = host.guest("g1", 1);
     let frontd = host.frontd(g, &[]);
     let mut client = FrontdClient::connect(&frontd.socket).unwrap();
@@ -237,7 +237,7 @@ fn child_application() {
 
 #[test]
 fn a_killed_application_has_its_endpoints_closed() {
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     let g = host.guest("g1", 1);
     let frontd = host.frontd(g, &[]);
     let socket = frontd.socket.display().to_string();
@@ -270,7 +270,7 @@ fn a_killed_application_has_its_endpoints_closed() {
 
 #[test]
 fn suspend_and_resume_hand_the_application_its_reopened_endpoints() {
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     let g = host.guest("g1", 1);
     let frontd = host.frontd(g, &[]);
     let mut client = FrontdClient::connect(&frontd.socket).unwrap();
@@ -324,7 +324,7 @@ fn suspend_and_resume_hand_the_application_its_reopened_endpoints() {
 
 #[test]
 fn sigterm_tells_the_applications_and_closes_the_device() {
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     let g = host.guest("g1", 1);
     let mut frontd = host.frontd(g, &["--drain-ms", "10000"]);
     let mut client = FrontdClient::connect(&frontd.socket).unwrap();
@@ -354,7 +354,7 @@ fn sigterm_tells_the_applications_and_closes_the_device() {
 
 #[test]
 fn a_malformed_request_drops_only_that_application() {
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     let g = host.guest("g1", 1);
     let frontd = host.frontd(g, &[]);
     let mut good = FrontdClient::connect(&frontd.socket).unwrap();
@@ -411,9 +411,9 @@ fn the_daemon_has_help() {
 
 #[test]
 fn the_daemon_follows_a_detach_and_reattach_into_another_cluster() {
-    use xmx_backend::admin::{PeerSpec, Request as BackdRequest};
+    use xmx_backend::admin::{BackdRequest, PeerSpec};
     use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     let g = host.guest("g1", 1);
     let frontd = host.frontd(g, &[]);
     let mut client = FrontdClient::connect(&frontd.socket).unwrap();
@@ -469,7 +469,7 @@ fn the_daemon_follows_a_detach_and_reattach_into_another_cluster() {
 
 #[test]
 fn sigterm_stops_a_daemon_still_waiting_for_its_device() {
-    let host = Host::start();
+    let host = GuestsTestHost::start();
     // A domain without the device: the daemon waits for it, and a SIGTERM ends the wait.
     let g = host.admin.create("bare", None).unwrap();
     let socket = host.path().join("bare.sock");
@@ -483,7 +483,7 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_device() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut frontd = Frontd {
+    let mut frontd = FrontdProcess {
         child: Some(child),
         socket,
         domid: g,
@@ -499,7 +499,7 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_device() {
 #[test]
 fn a_migrated_guest_daemon_follows_its_domain_and_hands_the_application_its_reopened_endpoints() {
     use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions};
-    let src = Host::start();
+    let src = GuestsTestHost::start();
     let g = src.guest("g1", 1);
     let frontd = src.frontd(g, &[]);
     let mut client = FrontdClient::connect(&frontd.socket).unwrap();
@@ -507,7 +507,7 @@ fn a_migrated_guest_daemon_follows_its_domain_and_hands_the_application_its_reop
     let mut c1 = client.open_endpoint(Some(1), Some(geometry())).unwrap();
     tiny_between(&mut c0, &mut c1, 1, b"before");
 
-    let dst = Host::start();
+    let dst = GuestsTestHost::start();
     // So that the guest gets another domid there.
     dst.admin.create("other", None).unwrap();
     let work = tempfile::tempdir().unwrap();

@@ -49,7 +49,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
-use crate::{DomId, Error, GrantRef, Notify, Port, Result, PAGE_SIZE};
+use crate::{DomId, Error, GrantRef, Port, PortNotifier, Result, PAGE_SIZE};
 
 /// Most descriptors one message may carry.
 pub const MAX_MESSAGE_FDS: usize = 16;
@@ -435,7 +435,7 @@ enum PortInner {
     },
     Linux {
         handle: crate::linux::LinuxEventChannels,
-        notifier: Arc<dyn Notify>,
+        notifier: Arc<dyn PortNotifier>,
     },
 }
 
@@ -473,7 +473,7 @@ impl ImportedPort {
     }
 
     /// A cheap notifier for the data path.
-    pub fn notifier(&self) -> Arc<dyn Notify> {
+    pub fn notifier(&self) -> Arc<dyn PortNotifier> {
         match &self.inner {
             PortInner::Sim { notifier, .. } => notifier.clone(),
             PortInner::Linux { notifier, .. } => notifier.clone(),

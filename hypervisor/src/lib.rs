@@ -254,7 +254,7 @@ pub trait GrantTable: Send + Sync {
 }
 
 /// A cheap handle that signals one event-channel port, for the data path.
-pub trait Notify: Send + Sync {
+pub trait PortNotifier: Send + Sync {
     /// Signal the other end of the port.
     fn notify(&self) -> Result<()>;
 }
@@ -268,7 +268,7 @@ pub trait EventChannels: Send + Sync {
     /// Signal the other end of `port`.
     fn notify(&self, port: Port) -> Result<()>;
     /// A notifier for `port` that does not go through this handle's locks.
-    fn notifier(&self, port: Port) -> Result<Arc<dyn Notify>>;
+    fn notifier(&self, port: Port) -> Result<Arc<dyn PortNotifier>>;
     /// Re-enable delivery on `port` after it was reported pending.
     fn unmask(&self, port: Port) -> Result<()>;
     /// Close `port`; the remote end sees it closed.

@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::os::unix::net::UnixListener;
 
-use xmx_hv::xs::wire::{self, Frame};
+use xmx_hv::xs::wire::{self, XsFrame};
 use xmx_hv::xs::{XsClient, PATH_ENV};
 use xmx_hv::{Error, Xenstore, XBT_NULL};
 
@@ -20,7 +20,7 @@ fn spawn_socket_server(listener: UnixListener) -> std::thread::JoinHandle<usize>
         while let Ok(Some(req)) = wire::read_frame(&mut s) {
             let path = wire::one_string(&req.payload).unwrap();
             let answer: Vec<u8> = path.bytes().rev().collect();
-            let reply = Frame::with_raw_type(
+            let reply = XsFrame::with_raw_type(
                 req.header.msg_type,
                 req.header.req_id,
                 req.header.tx_id,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::abi::{MxReturn, MX_API};
 use crate::doorbell::Unattended;
-use crate::endpoint::{Endpoint, StallView};
+use crate::endpoint::{AppEndpoint, StallView};
 use crate::errors::{Failure, MxResult};
 use crate::raw::RawEndpoint;
 use crate::settings::Settings;
@@ -47,7 +47,7 @@ pub(crate) struct Library {
     pub(crate) settings: Settings,
     /// The transport every endpoint uses.
     pub(crate) transport: Arc<dyn Transport>,
-    endpoints: RwLock<HashMap<u32, Arc<Endpoint>>>,
+    endpoints: RwLock<HashMap<u32, Arc<AppEndpoint>>>,
     raws: Mutex<HashMap<u32, Arc<RawEndpoint>>>,
     next_handle: AtomicU32,
     background: Arc<Background>,
@@ -126,7 +126,7 @@ pub(crate) fn finalize() -> MxResult<()> {
             "the library is not initialized",
         ));
     };
-    let eps: Vec<Arc<Endpoint>> = lib
+    let eps: Vec<Arc<AppEndpoint>> = lib
         .endpoints
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -169,7 +169,7 @@ pub(crate) fn library() -> MxResult<Arc<Library>> {
 
 /// The open endpoint behind an `mx_endpoint_t` (never dereferenced: it is a
 /// handle number).
-pub(crate) fn endpoint(handle: usize) -> MxResult<Arc<Endpoint>> {
+pub(crate) fn endpoint(handle: usize) -> MxResult<Arc<AppEndpoint>> {
     let lib = library()?;
     let found = u32::try_from(handle)
         .ok()
@@ -184,7 +184,7 @@ pub(crate) fn endpoint(handle: usize) -> MxResult<Arc<Endpoint>> {
 
 impl Library {
     /// Looks an endpoint up by handle.
-    pub(crate) fn endpoint_by_handle(&self, handle: u32) -> Option<Arc<Endpoint>> {
+    pub(crate) fn endpoint_by_handle(&self, handle: u32) -> Option<Arc<AppEndpoint>> {
         self.endpoints
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -193,7 +193,7 @@ impl Library {
     }
 
     /// Every open endpoint.
-    pub(crate) fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+    pub(crate) fn endpoints(&self) -> Vec<Arc<AppEndpoint>> {
         self.endpoints
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -221,7 +221,7 @@ impl Library {
     }
 
     /// Registers an opened endpoint and makes sure the background thread runs.
-    pub(crate) fn add_endpoint(self: &Arc<Self>, ep: Arc<Endpoint>) {
+    pub(crate) fn add_endpoint(self: &Arc<Self>, ep: Arc<AppEndpoint>) {
         self.endpoints
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -252,7 +252,7 @@ impl Library {
     }
 
     /// Unregisters a closed endpoint; returns it if it was open.
-    pub(crate) fn remove_endpoint(&self, handle: u32) -> Option<Arc<Endpoint>> {
+    pub(crate) fn remove_endpoint(&self, handle: u32) -> Option<Arc<AppEndpoint>> {
         self.endpoints
             .write()
             .unwrap_or_else(|e| e.into_inner())

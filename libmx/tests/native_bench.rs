@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::{build, lib_dir, our_include, scratch, OPEN_MX_INCLUDE};
 use twohost::TwoHosts;
-use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::baseline::{raw_pingpong, raw_stream, BaselineEnd, PollPolicy};
 
 const OPEN_MX_TESTS: &str = "/work/ref/xen2mx/tests/mx";
 
@@ -94,8 +94,8 @@ fn native_against_raw_af_packet() {
     let Some(hosts) = TwoHosts::direct("bench") else {
         return;
     };
-    let a = Endpoint::in_netns(&hosts.hosts[1].ns, &hosts.hosts[1].iface);
-    let b = Endpoint::in_netns(&hosts.hosts[0].ns, &hosts.hosts[0].iface);
+    let a = BaselineEnd::in_netns(&hosts.hosts[1].ns, &hosts.hosts[1].iface);
+    let b = BaselineEnd::in_netns(&hosts.hosts[0].ns, &hosts.hosts[0].iface);
     let policy = PollPolicy::default();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
 

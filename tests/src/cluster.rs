@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use xmx_backend::admin::{AdminClient, Request as BackdRequest};
+use xmx_backend::admin::{AdminClient, BackdRequest};
 use xmx_hv::sim::admin::{DomainState, SimAdmin};
 use xmx_hv::xs::XsClient;
 use xmx_hv::{DomId, Xenstore, XBT_NULL};
@@ -94,7 +94,7 @@ pub struct Guest {
 
 /// A host of the cluster.
 #[derive(Clone, Debug)]
-pub struct Host {
+pub struct ClusterHost {
     /// `hI`.
     pub name: String,
     /// Its network namespace.
@@ -126,7 +126,7 @@ fn endpoint_open(backd: &mut AdminClient, domid: DomId, eid: u64) -> (bool, Valu
 pub struct SimCluster {
     name: String,
     xmx: PathBuf,
-    hosts: Vec<Host>,
+    hosts: Vec<ClusterHost>,
 }
 
 fn output_text(o: &Output) -> String {
@@ -185,7 +185,7 @@ impl SimCluster {
                     domid: g["domid"].as_u64().unwrap_or_default() as DomId,
                 })
                 .collect();
-            cluster.hosts.push(Host {
+            cluster.hosts.push(ClusterHost {
                 name: text("name"),
                 netns: text("netns"),
                 mac: text("mac"),
@@ -210,7 +210,7 @@ impl SimCluster {
     }
 
     /// Host `i`.
-    pub fn host(&self, i: usize) -> &Host {
+    pub fn host(&self, i: usize) -> &ClusterHost {
         &self.hosts[i]
     }
 

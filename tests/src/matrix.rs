@@ -335,11 +335,11 @@ pub fn run(c: &SimCluster, agent: &Path, assignment: &Assignment, label: &str) {
 
 /// An `xmx-frontd` started for a re-created guest; killed on drop if still
 /// running (`xmx sim down` ends it otherwise).
-pub struct Frontd {
+pub struct RecreatedFrontd {
     child: Option<Child>,
 }
 
-impl Drop for Frontd {
+impl Drop for RecreatedFrontd {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -374,7 +374,7 @@ pub fn exited(pid: i32) -> bool {
 /// Creates guest `gJ` of host `i` again (same name, same domid: dom0 gives it
 /// its recorded identity) and starts its `xmx-frontd` on the socket the
 /// cluster's tools know; returns once its device is connected.
-pub fn create_again(c: &SimCluster, i: usize, j: usize) -> Frontd {
+pub fn create_again(c: &SimCluster, i: usize, j: usize) -> RecreatedFrontd {
     let h = c.host(i);
     let g = &h.guests[j];
     let domid = c
@@ -403,7 +403,7 @@ pub fn create_again(c: &SimCluster, i: usize, j: usize) -> Frontd {
         .stderr(log)
         .spawn()
         .expect("starting xmx-frontd");
-    let frontd = Frontd { child: Some(child) };
+    let frontd = RecreatedFrontd { child: Some(child) };
     let front = xenbus::frontend_dir(domid, 0);
     wait_xs(
         c,

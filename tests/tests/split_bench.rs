@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::baseline::{raw_pingpong, raw_stream, BaselineEnd, PollPolicy};
 use xmx_nic::testbed::VethPair;
 use xmx_tests::app::App;
 use xmx_tests::cluster::{exclusive, netns_cmd, unavailable, SimCluster};
@@ -51,8 +51,8 @@ fn guest_to_guest_beside_native_and_raw() {
         assert!(ok, "setting {ifname}'s MAC");
     }
     let (a, b) = (
-        Endpoint::in_netns(&pair.ns_a, &pair.if_a),
-        Endpoint::in_netns(&pair.ns_b, &pair.if_b),
+        BaselineEnd::in_netns(&pair.ns_a, &pair.if_a),
+        BaselineEnd::in_netns(&pair.ns_b, &pair.if_b),
     );
     let policy = PollPolicy {
         spin: Duration::from_micros(20),

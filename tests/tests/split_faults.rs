@@ -188,7 +188,7 @@ fn backend_forgets(c: &SimCluster, host: usize, domid: u16) {
     let mut backd = c.backd(host);
     loop {
         let guests = backd
-            .call(&xmx_backend::admin::Request::Guests)
+            .call(&xmx_backend::admin::BackdRequest::Guests)
             .expect("backd guests");
         let present = guests
             .as_array()

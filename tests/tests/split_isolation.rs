@@ -92,7 +92,9 @@ fn isolation_matrix_across_destroy_and_cluster_moves() {
     let mut backd = c.backd(host);
     let deadline = Instant::now() + RELEASE;
     loop {
-        let guests = backd.call(&xmx_backend::admin::Request::Guests).unwrap();
+        let guests = backd
+            .call(&xmx_backend::admin::BackdRequest::Guests)
+            .unwrap();
         let present = guests
             .as_array()
             .into_iter()

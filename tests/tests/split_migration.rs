@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use xmx_backend::admin::{CountersReport, Request as BackdRequest};
+use xmx_backend::admin::{BackdRequest, CountersReport};
 use xmx_lab::demo::migration::DirectUse;
 use xmx_tests::app::App;
 use xmx_tests::cluster::{exclusive, skipped, SimCluster};

@@ -7,11 +7,11 @@ use xmx_wire::mxoe::{
 };
 
 use super::output::HostReply;
-use super::vnic::{DropReason, Link};
+use super::vnic::{DropReason, GuestWire};
 use super::Ctx;
 
 /// Send a HOST_QUERY from the guest to `dst`.
-pub(crate) fn send_query(ctx: &mut Ctx, link: &mut Link, dst: Mac) {
+pub(crate) fn send_query(ctx: &mut Ctx, link: &mut GuestWire, dst: Mac) {
     let query = HostQueryRepr {
         src_dst_peer_index: ctx.peers.by_mac(dst).map_or(u16::MAX, |e| e.index),
         magic: HOST_QUERY_MAGIC,
@@ -20,7 +20,12 @@ pub(crate) fn send_query(ctx: &mut Ctx, link: &mut Link, dst: Mac) {
 }
 
 /// A peer asks the guest's hostname. Only peers of the guest's cluster get an answer.
-pub(crate) fn on_query(ctx: &mut Ctx, link: &mut Link, head: &HeadRepr, query: &HostQueryRepr) {
+pub(crate) fn on_query(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    head: &HeadRepr,
+    query: &HostQueryRepr,
+) {
     let Some(peer) = ctx.peers.by_mac(head.src) else {
         link.counters.drop(DropReason::UnknownSource);
         return;
@@ -47,7 +52,12 @@ pub(crate) fn on_query(ctx: &mut Ctx, link: &mut Link, head: &HeadRepr, query: &
 }
 
 /// A board answered one of our queries: keep the answer for the peer service.
-pub(crate) fn on_reply(ctx: &mut Ctx, link: &mut Link, head: &HeadRepr, reply: &HostReplyRepr) {
+pub(crate) fn on_reply(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    head: &HeadRepr,
+    reply: &HostReplyRepr,
+) {
     if reply.magic != HOST_QUERY_MAGIC {
         link.counters.drop(DropReason::Unsupported);
         return;

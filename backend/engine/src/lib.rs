@@ -84,7 +84,7 @@ pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
 use output::{Output, Path};
-use vnic::{Endpoint, Link, Region, Usage};
+use vnic::{EngineUsage, GuestEndpoint, GuestRegion, GuestWire};
 
 /// A guest, by the id dom0 gives it (its domain id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,7 +160,7 @@ impl Ctx<'_> {
 
     /// The index the peer at `peer` knows this guest by: what it told us, else our own
     /// index in the (cluster-wide, hence shared) table, else "unknown".
-    pub fn reverse_index(&self, link: &Link, peer: Mac) -> u16 {
+    pub fn reverse_index(&self, link: &GuestWire, peer: Mac) -> u16 {
         link.reverse_index
             .get(&peer)
             .copied()
@@ -169,7 +169,7 @@ impl Ctx<'_> {
     }
 
     /// Complete a send request with an ERROR event.
-    pub fn refuse(&mut self, link: &mut Link, endpoint: u8, tag: u32, code: ErrorCode) {
+    pub fn refuse(&mut self, link: &mut GuestWire, endpoint: u8, tag: u32, code: ErrorCode) {
         link.counters.send_errors += 1;
         tracing::debug!(guest = link.id.0, endpoint, tag, ?code, "send refused");
         let body = EventBody::Error { code };
@@ -177,7 +177,7 @@ impl Ctx<'_> {
     }
 
     /// Build a frame from the guest to `dst` and queue it; false if it was dropped.
-    pub fn send(&mut self, link: &mut Link, dst: Mac, packet: PacketRepr) -> bool {
+    pub fn send(&mut self, link: &mut GuestWire, dst: Mac, packet: PacketRepr) -> bool {
         let frame = FrameRepr {
             head: HeadRepr {
                 dst,
@@ -281,7 +281,7 @@ impl Engine {
         self.guests.insert(
             guest.id,
             VirtualNic {
-                link: Link {
+                link: GuestWire {
                     id: guest.id,
                     mac: guest.mac,
                     cluster: guest.cluster,
@@ -294,7 +294,7 @@ impl Engine {
                 },
                 memory: guest.memory,
                 endpoints: HashMap::new(),
-                usage: Usage::default(),
+                usage: EngineUsage::default(),
             },
         );
         tracing::info!(guest = guest.id.0, mac = %guest.mac, cluster = guest.cluster.0, "guest attached");
@@ -353,7 +353,7 @@ impl Engine {
         if nic.endpoints.contains_key(&endpoint) {
             return Err(EngineError::EndpointBusy(endpoint));
         }
-        let mut ep = Endpoint::new(config);
+        let mut ep = GuestEndpoint::new(config);
         ep.regions_returning = nic.link.reopening.remove(&endpoint);
         nic.endpoints.insert(endpoint, ep);
         Ok(())
@@ -452,7 +452,7 @@ impl Engine {
             nic.link.counters.quota_refusals += 1;
             return Err(EngineError::Quota("regions"));
         }
-        ep.regions.insert(region_id, Region { handle, length });
+        ep.regions.insert(region_id, GuestRegion { handle, length });
         nic.usage.regions += 1;
         Ok(())
     }

@@ -115,7 +115,7 @@ pub(crate) enum TimeoutOutcome {
 
 /// One outstanding pull.
 #[derive(Debug)]
-pub(crate) struct Pull {
+pub(crate) struct OutstandingPull {
     /// Tag of the Pull send request, echoed by PULL_DONE.
     pub tag: u32,
     pub source: PullSource,
@@ -140,8 +140,8 @@ pub(crate) struct Pull {
     received: u64,
 }
 
-impl Pull {
-    /// A pull of `total` bytes with no block laid out yet: [`Pull::grow`] lays them out
+impl OutstandingPull {
+    /// A pull of `total` bytes with no block laid out yet: [`OutstandingPull::grow`] lays them out
     /// as the budget grants them, up to `blocks_max` at once.
     pub fn new(
         tag: u32,
@@ -152,7 +152,7 @@ impl Pull {
         deadline: Instant,
     ) -> Self {
         let first_frame_offset = (u64::from(source.offset) % FRAME) as u16;
-        Pull {
+        OutstandingPull {
             tag,
             source,
             sink,
@@ -393,12 +393,12 @@ pub(crate) fn mask_positions(mask: u32) -> impl Iterator<Item = usize> {
 /// was reused does not match.
 #[derive(Debug, Default)]
 pub(crate) struct PullSlots {
-    slots: Vec<(u16, Option<Pull>)>,
+    slots: Vec<(u16, Option<OutstandingPull>)>,
 }
 
 impl PullSlots {
     /// Store a pull; returns its wire handle, or `None` if 65536 slots are in use.
-    pub fn insert(&mut self, mut pull: Pull) -> Option<u32> {
+    pub fn insert(&mut self, mut pull: OutstandingPull) -> Option<u32> {
         let index = match self.slots.iter().position(|(_, p)| p.is_none()) {
             Some(i) => i,
             None if self.slots.len() < 1 << 16 => {
@@ -415,7 +415,7 @@ impl PullSlots {
     }
 
     /// The pull a handle names.
-    pub fn get_mut(&mut self, handle: u32) -> Option<&mut Pull> {
+    pub fn get_mut(&mut self, handle: u32) -> Option<&mut OutstandingPull> {
         let (generation, slot) = self.slots.get_mut((handle & 0xffff) as usize)?;
         if u32::from(*generation) != handle >> 16 {
             return None;
@@ -424,7 +424,7 @@ impl PullSlots {
     }
 
     /// Take a pull out; its handle stops matching.
-    pub fn remove(&mut self, handle: u32) -> Option<Pull> {
+    pub fn remove(&mut self, handle: u32) -> Option<OutstandingPull> {
         let (generation, slot) = self.slots.get_mut((handle & 0xffff) as usize)?;
         if u32::from(*generation) != handle >> 16 {
             return None;
@@ -445,7 +445,7 @@ impl PullSlots {
     }
 
     /// All pulls.
-    pub fn iter(&self) -> impl Iterator<Item = &Pull> {
+    pub fn iter(&self) -> impl Iterator<Item = &OutstandingPull> {
         self.slots.iter().filter_map(|(_, p)| p.as_ref())
     }
 }
@@ -456,7 +456,7 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_millis(100);
 
-    fn pull(total: u32, remote_offset: u16, in_flight: usize) -> Pull {
+    fn pull(total: u32, remote_offset: u16, in_flight: usize) -> OutstandingPull {
         let source = PullSource {
             peer_mac: Mac([2, 0, 0, 0, 0, 9]),
             endpoint: 3,
@@ -470,13 +470,13 @@ mod tests {
             handle: RegionHandle(1),
             offset: 100,
         };
-        let mut p = Pull::new(7, source, sink, total, in_flight, Instant::now());
+        let mut p = OutstandingPull::new(7, source, sink, total, in_flight, Instant::now());
         grow_all(&mut p);
         p
     }
 
     /// Lay out every block the pull wants (an unlimited budget); their positions.
-    fn grow_all(p: &mut Pull) -> u32 {
+    fn grow_all(p: &mut OutstandingPull) -> u32 {
         let mut mask = 0;
         while let Some((pos, _)) = p.grow() {
             mask |= 1 << pos;
@@ -505,11 +505,11 @@ mod tests {
         out
     }
 
-    fn replies(p: &Pull, block: usize) -> Vec<(u8, u32, usize)> {
+    fn replies(p: &OutstandingPull, block: usize) -> Vec<(u8, u32, usize)> {
         replies_for(&p.request(block, 1).unwrap())
     }
 
-    fn deliver(p: &mut Pull, r: (u8, u32, usize)) -> Result<u32, ReplyRefusal> {
+    fn deliver(p: &mut OutstandingPull, r: (u8, u32, usize)) -> Result<u32, ReplyRefusal> {
         let a = p.check_reply(r.0, r.1, r.2)?;
         Ok(p.record_reply(a, r.2, Instant::now(), TIMEOUT).blocks)
     }

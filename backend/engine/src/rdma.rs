@@ -1,4 +1,4 @@
-//! LARGE transfers on the engine: a guest's Pull request becomes a [`Pull`] whose blocks
+//! LARGE transfers on the engine: a guest's Pull request becomes an [`OutstandingPull`] whose blocks
 //! are requested from the peer; PULL requests from peers are answered with PULL_REPLY
 //! frames read from the pulled region; replies and NACK_MCP complete the puller's pulls.
 
@@ -14,10 +14,10 @@ use super::budget::PullKey;
 use super::memory::MemoryArea;
 use super::output::Path;
 use super::pull::{
-    deadline_after, magic_endpoint, mask_positions, Pull, PullSink, PullSource, ReplyRefusal,
-    TimeoutOutcome,
+    deadline_after, magic_endpoint, mask_positions, OutstandingPull, PullSink, PullSource,
+    ReplyRefusal, TimeoutOutcome,
 };
-use super::vnic::{DropReason, Endpoint, Link, Usage, VirtualNic};
+use super::vnic::{DropReason, EngineUsage, GuestEndpoint, GuestWire, VirtualNic};
 use super::Ctx;
 
 const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
@@ -35,9 +35,9 @@ pub(crate) struct PullStart {
 /// Start pulling; the local region and range were checked by the caller.
 pub(crate) fn start_pull(
     ctx: &mut Ctx,
-    link: &mut Link,
-    usage: &mut Usage,
-    ep: &mut Endpoint,
+    link: &mut GuestWire,
+    usage: &mut EngineUsage,
+    ep: &mut GuestEndpoint,
     s: PullStart,
 ) {
     let p = s.pull;
@@ -80,7 +80,7 @@ pub(crate) fn start_pull(
         offset: u64::from(p.local_offset),
     };
     let deadline = deadline_after(s.now, ctx.config.pull_retransmit_timeout);
-    let mut pull = Pull::new(
+    let mut pull = OutstandingPull::new(
         s.tag,
         source,
         sink,
@@ -107,8 +107,8 @@ pub(crate) fn start_pull(
 /// Send the PULL requests for the blocks at the positions set in `mask`.
 pub(crate) fn request_blocks(
     ctx: &mut Ctx,
-    link: &mut Link,
-    ep: &mut Endpoint,
+    link: &mut GuestWire,
+    ep: &mut GuestEndpoint,
     endpoint: u8,
     handle: u32,
     mask: u32,
@@ -127,9 +127,9 @@ pub(crate) fn request_blocks(
 /// Complete a pull with `status` and free its slot.
 pub(crate) fn finish_pull(
     ctx: &mut Ctx,
-    link: &mut Link,
-    usage: &mut Usage,
-    ep: &mut Endpoint,
+    link: &mut GuestWire,
+    usage: &mut EngineUsage,
+    ep: &mut GuestEndpoint,
     endpoint: u8,
     handle: u32,
     status: DoneStatus,
@@ -303,7 +303,7 @@ pub(crate) fn on_timeouts(ctx: &mut Ctx, nic: &mut VirtualNic, now: Instant) {
 /// NACK_MCP if the endpoint, session, region or range is wrong.
 pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, pull: &PullRepr) {
     let link = &mut nic.link;
-    let refuse = |ctx: &mut Ctx, link: &mut Link, nack_type: NackType, reason: DropReason| {
+    let refuse = |ctx: &mut Ctx, link: &mut GuestWire, nack_type: NackType, reason: DropReason| {
         if link.refuse_silently(pull.dst_endpoint, nack_type) {
             return;
         }

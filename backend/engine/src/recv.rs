@@ -16,7 +16,7 @@ use xmx_wire::mxoe::{
 
 use super::memory::MemoryArea;
 use super::output::Path;
-use super::vnic::{DropReason, Endpoint, Link};
+use super::vnic::{DropReason, GuestEndpoint, GuestWire};
 use super::{host, rdma, Ctx, Engine, EngineConfig};
 
 /// Who sent a frame: its board and its index in the peer table.
@@ -295,10 +295,10 @@ impl Engine {
 /// else the NACK type Open-MX answers with.
 fn check_endpoint<'e>(
     config: &EngineConfig,
-    endpoints: &'e mut HashMap<u8, Endpoint>,
+    endpoints: &'e mut HashMap<u8, GuestEndpoint>,
     endpoint: u8,
     session: Option<u32>,
-) -> Result<&'e mut Endpoint, NackType> {
+) -> Result<&'e mut GuestEndpoint, NackType> {
     if u16::from(endpoint) >= config.endpoints_per_guest {
         return Err(NackType::BadEndpoint);
     }
@@ -314,11 +314,11 @@ fn check_endpoint<'e>(
 /// Endpoint and session checks of TINY/SMALL/MEDIUM/RNDV, NACKing a refusal.
 fn accept_message<'e>(
     ctx: &mut Ctx,
-    link: &mut Link,
-    endpoints: &'e mut HashMap<u8, Endpoint>,
+    link: &mut GuestWire,
+    endpoints: &'e mut HashMap<u8, GuestEndpoint>,
     from: Sender,
     h: &MsgHeader,
-) -> Option<&'e mut Endpoint> {
+) -> Option<&'e mut GuestEndpoint> {
     match check_endpoint(ctx.config, endpoints, h.dst_endpoint, Some(h.session)) {
         Ok(ep) => Some(ep),
         Err(t) => {
@@ -350,7 +350,13 @@ fn drop_reason(t: NackType) -> DropReason {
     }
 }
 
-fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_type: NackType) {
+fn nack_lib(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    to: Sender,
+    refused: Refused,
+    nack_type: NackType,
+) {
     if link.refuse_silently(refused.our_endpoint, nack_type) {
         return;
     }
@@ -370,8 +376,8 @@ fn nack_lib(ctx: &mut Ctx, link: &mut Link, to: Sender, refused: Refused, nack_t
 /// A TINY or SMALL message: checked, then delivered inline in the event `body` makes.
 fn deliver_inline(
     ctx: &mut Ctx,
-    link: &mut Link,
-    endpoints: &mut HashMap<u8, Endpoint>,
+    link: &mut GuestWire,
+    endpoints: &mut HashMap<u8, GuestEndpoint>,
     from: Sender,
     h: &MsgHeader,
     data: &[u8],
@@ -388,7 +394,13 @@ fn deliver_inline(
 }
 
 /// Queue an unsolicited event unless the endpoint already has too many waiting.
-fn deliver(ctx: &mut Ctx, link: &mut Link, ep: &mut Endpoint, endpoint: u8, body: EventBody) {
+fn deliver(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    ep: &mut GuestEndpoint,
+    endpoint: u8,
+    body: EventBody,
+) {
     if !ctx.out.has_event_room(link.id, endpoint) {
         return link.counters.drop(DropReason::EventQueueFull);
     }

@@ -14,7 +14,7 @@ use xmx_wire::mxoe::{
 
 use super::memory::MemoryArea;
 use super::output::Path;
-use super::vnic::{DropReason, Endpoint, Link};
+use super::vnic::{DropReason, GuestEndpoint, GuestWire};
 use super::{rdma, Ctx, Engine, GuestId, Violation};
 
 impl Engine {
@@ -45,7 +45,7 @@ impl Engine {
             }
         };
         let link = &mut nic.link;
-        let done = |ctx: &mut Ctx, link: &Link, length: u32| {
+        let done = |ctx: &mut Ctx, link: &GuestWire, length: u32| {
             let body = EventBody::SendDone {
                 status: DoneStatus::Success,
                 length,
@@ -224,7 +224,7 @@ impl Engine {
 
 /// Re-check what parsing could not know: lengths against classes, queue slots against the
 /// endpoint's queue, regions against the endpoint's registrations.
-fn check_op(op: &SendOp, ep: &Endpoint) -> Result<(), Violation> {
+fn check_op(op: &SendOp, ep: &GuestEndpoint) -> Result<(), Violation> {
     match op {
         SendOp::Tiny(m) if m.data.len() > TINY_MAX => Err(Violation::BadLength {
             class: "tiny",
@@ -263,7 +263,7 @@ fn check_op(op: &SendOp, ep: &Endpoint) -> Result<(), Violation> {
     }
 }
 
-fn check_region(ep: &Endpoint, region: u8, offset: u64, length: u32) -> Result<(), Violation> {
+fn check_region(ep: &GuestEndpoint, region: u8, offset: u64, length: u32) -> Result<(), Violation> {
     let r = ep
         .regions
         .get(&region)
@@ -281,7 +281,11 @@ fn check_region(ep: &Endpoint, region: u8, offset: u64, length: u32) -> Result<(
 }
 
 /// The board a peer index names, or the ERROR code a send to it completes with.
-fn resolve(ctx: &Ctx, link: &Link, peer_index: u16) -> Result<Result<Mac, ErrorCode>, Violation> {
+fn resolve(
+    ctx: &Ctx,
+    link: &GuestWire,
+    peer_index: u16,
+) -> Result<Result<Mac, ErrorCode>, Violation> {
     // An index beyond the table is no violation: dom0 may shrink the table (a host
     // forgotten, a guest gone) between the library's lookup and its send, so a
     // correct library can name an entry that no longer exists.

@@ -140,7 +140,7 @@ pub struct EndpointConfig {
 
 /// The guest's identity on the wire, its counters and what it learnt from peers. Kept
 /// apart from the endpoints so frames can be sent while an endpoint is borrowed.
-pub(crate) struct Link {
+pub(crate) struct GuestWire {
     pub id: GuestId,
     pub mac: Mac,
     pub cluster: ClusterId,
@@ -158,7 +158,7 @@ pub(crate) struct Link {
     pub reopening: HashSet<u8>,
 }
 
-impl Link {
+impl GuestWire {
     /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
     /// endpoint is coming back with its session, so the peer must resend, not fail.
     pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType) -> bool {
@@ -172,7 +172,7 @@ impl Link {
 
 /// Resources a guest holds, checked against the per-guest quotas.
 #[derive(Debug, Default)]
-pub(crate) struct Usage {
+pub(crate) struct EngineUsage {
     pub regions: usize,
     pub pulls: usize,
     pub pull_bytes: u64,
@@ -180,7 +180,7 @@ pub(crate) struct Usage {
 
 /// A registered region.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Region {
+pub(crate) struct GuestRegion {
     pub handle: RegionHandle,
     pub length: u64,
 }
@@ -228,11 +228,11 @@ impl RecvQueue {
 }
 
 /// An open endpoint.
-pub(crate) struct Endpoint {
+pub(crate) struct GuestEndpoint {
     pub session: u32,
     pub send_queue_slots: u16,
     pub recvq: RecvQueue,
-    pub regions: HashMap<u8, Region>,
+    pub regions: HashMap<u8, GuestRegion>,
     pub pulls: PullSlots,
     /// Re-opened with its session (see `Engine::expect_reopen`) and not used since: its
     /// guest registers its regions again under their ids first, so a PULL for a region
@@ -241,9 +241,9 @@ pub(crate) struct Endpoint {
     next_event_tag: u32,
 }
 
-impl Endpoint {
+impl GuestEndpoint {
     pub fn new(config: EndpointConfig) -> Self {
-        Endpoint {
+        GuestEndpoint {
             session: config.session_id,
             send_queue_slots: config.send_queue_slots,
             recvq: RecvQueue::new(config.recv_queue_slots),
@@ -264,10 +264,10 @@ impl Endpoint {
 
 /// A guest served by the engine: its virtual MX NIC.
 pub struct VirtualNic {
-    pub(crate) link: Link,
+    pub(crate) link: GuestWire,
     pub(crate) memory: Box<dyn GuestMemory>,
-    pub(crate) endpoints: HashMap<u8, Endpoint>,
-    pub(crate) usage: Usage,
+    pub(crate) endpoints: HashMap<u8, GuestEndpoint>,
+    pub(crate) usage: EngineUsage,
 }
 
 impl VirtualNic {

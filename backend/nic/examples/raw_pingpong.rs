@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::baseline::{raw_pingpong, raw_stream, BaselineEnd, PollPolicy};
 use xmx_nic::testbed::VethPair;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -70,13 +70,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_pair, a, b) = match (&args.ns_a, &args.if_a, &args.ns_b, &args.if_b) {
         (Some(ns_a), Some(if_a), Some(ns_b), Some(if_b)) => (
             None,
-            Endpoint::in_netns(ns_a, if_a),
-            Endpoint::in_netns(ns_b, if_b),
+            BaselineEnd::in_netns(ns_a, if_a),
+            BaselineEnd::in_netns(ns_b, if_b),
         ),
         _ => {
             let pair = VethPair::create("bench", args.mtu)?;
-            let a = Endpoint::in_netns(&pair.ns_a, &pair.if_a);
-            let b = Endpoint::in_netns(&pair.ns_b, &pair.if_b);
+            let a = BaselineEnd::in_netns(&pair.ns_a, &pair.if_a);
+            let b = BaselineEnd::in_netns(&pair.ns_b, &pair.if_b);
             (Some(pair), a, b)
         }
     };

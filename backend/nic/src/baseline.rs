@@ -15,14 +15,14 @@ use super::{ETHERTYPE, ETH_HEADER_LEN};
 
 /// One end of the link: an interface, in a named network namespace or in the caller's.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+pub struct BaselineEnd {
     /// Namespace to open the interface in; `None`: the caller's.
     pub netns: Option<String>,
     /// Interface name.
     pub ifname: String,
 }
 
-impl Endpoint {
+impl BaselineEnd {
     /// Interface `ifname` of namespace `netns`.
     pub fn in_netns(netns: &str, ifname: &str) -> Self {
         Self {
@@ -167,8 +167,8 @@ fn baseline_config(frame_len: usize, rx_frames: u32, tx_frames: u32) -> NicConfi
 /// `a` sends, `b` echoes, `a` waits for the echo before sending the next. A warm-up of
 /// up to 1000 round trips runs first and is not counted.
 pub fn raw_pingpong(
-    a: &Endpoint,
-    b: &Endpoint,
+    a: &BaselineEnd,
+    b: &BaselineEnd,
     frame_len: usize,
     iters: u32,
     policy: PollPolicy,
@@ -274,8 +274,8 @@ fn echo_loop(sock: &mut PacketSocket, total: u32, policy: PollPolicy) -> Result<
 /// flush, and measure what arrives. Frames the receiver's ring cannot hold are dropped by
 /// the kernel and reported in [`StreamStats::rx_drops`].
 pub fn raw_stream(
-    a: &Endpoint,
-    b: &Endpoint,
+    a: &BaselineEnd,
+    b: &BaselineEnd,
     frame_len: usize,
     frames: u64,
     batch: usize,
@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn short_frames_are_refused() {
-        let e = Endpoint::local("lo");
+        let e = BaselineEnd::local("lo");
         let err = raw_pingpong(&e, &e, 21, 1, PollPolicy::default()).unwrap_err();
         assert!(matches!(err, NicError::FrameTooShort { len: 21 }));
     }

@@ -3,7 +3,7 @@
 mod nic_util;
 
 use nic_util::privileged;
-use xmx_nic::baseline::{raw_pingpong, raw_stream, Endpoint, PollPolicy};
+use xmx_nic::baseline::{raw_pingpong, raw_stream, BaselineEnd, PollPolicy};
 use xmx_nic::testbed::VethPair;
 
 #[test]
@@ -12,8 +12,8 @@ fn pingpong_measures_every_round_trip() {
         return;
     }
     let pair = VethPair::create("pingpong", 9000).unwrap();
-    let a = Endpoint::in_netns(&pair.ns_a, &pair.if_a);
-    let b = Endpoint::in_netns(&pair.ns_b, &pair.if_b);
+    let a = BaselineEnd::in_netns(&pair.ns_a, &pair.if_a);
+    let b = BaselineEnd::in_netns(&pair.ns_b, &pair.if_b);
     for size in [64, 4096, 9014] {
         let s = raw_pingpong(&a, &b, size, 200, PollPolicy::default()).unwrap();
         assert_eq!((s.frame_len, s.iters), (size, 200));
@@ -32,8 +32,8 @@ fn stream_accounts_for_every_frame() {
         return;
     }
     let pair = VethPair::create("stream", 9000).unwrap();
-    let a = Endpoint::in_netns(&pair.ns_a, &pair.if_a);
-    let b = Endpoint::in_netns(&pair.ns_b, &pair.if_b);
+    let a = BaselineEnd::in_netns(&pair.ns_a, &pair.if_a);
+    let b = BaselineEnd::in_netns(&pair.ns_b, &pair.if_b);
     let s = raw_stream(&a, &b, 4096, 5000, 64, PollPolicy::default()).unwrap();
     assert_eq!(s.frames_sent, 5000);
     // veth loses nothing on the way; only a full receive ring drops, and that is counted.

@@ -2,7 +2,7 @@
 
 mod nic_util;
 
-use nic_util::{privileged, Link};
+use nic_util::{privileged, VethSockets};
 use xmx_nic::testbed::VethPair;
 use xmx_nic::{NicConfig, NicError, PacketSocket};
 
@@ -11,7 +11,7 @@ fn reports_the_interface_it_is_bound_to() {
     if !privileged("reports_the_interface_it_is_bound_to") {
         return;
     }
-    let link = Link::jumbo("info");
+    let link = VethSockets::jumbo("info");
     let a = &link.a;
     let sys = |attr: &str| {
         let out = std::process::Command::new("ip")
@@ -118,7 +118,7 @@ fn frames_outside_ethernet_bounds_are_refused() {
     if !privileged("frames_outside_ethernet_bounds_are_refused") {
         return;
     }
-    let mut link = Link::jumbo("bounds");
+    let mut link = VethSockets::jumbo("bounds");
     let err = link.a.send(&[0u8; 13]).unwrap_err();
     assert!(matches!(err, NicError::FrameTooShort { len: 13 }), "{err}");
     let err = link.a.send(&vec![0u8; 9015]).unwrap_err();

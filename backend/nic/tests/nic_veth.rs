@@ -5,8 +5,8 @@ mod nic_util;
 use std::time::Duration;
 
 use nic_util::{
-    assert_same_frames, frame_with_type, iface_counter, mxoe_frame, privileged, recv_frames, Link,
-    Rng,
+    assert_same_frames, frame_with_type, iface_counter, mxoe_frame, privileged, recv_frames, Rng,
+    VethSockets,
 };
 use xmx_nic::{NicConfig, NicError, ETHERTYPE};
 
@@ -17,11 +17,11 @@ fn frames_of_every_size_cross_byte_for_byte_in_order() {
     if !privileged("frames_of_every_size_cross_byte_for_byte_in_order") {
         return;
     }
-    let Link {
+    let VethSockets {
         mut a,
         mut b,
         pair: _pair,
-    } = Link::jumbo("sizes");
+    } = VethSockets::jumbo("sizes");
     assert_eq!(a.mtu(), 9000);
     assert_eq!(a.max_frame_len(), 9014);
     let mut rng = Rng::new(1);
@@ -81,11 +81,11 @@ fn batch_of_1000_frames_leaves_with_one_syscall_and_arrives_complete() {
         tx_frames: 1024,
         ..NicConfig::default()
     };
-    let Link {
+    let VethSockets {
         mut a,
         mut b,
         pair: _pair,
-    } = Link::new("batch", 9000, big_rings.clone(), big_rings);
+    } = VethSockets::new("batch", 9000, big_rings.clone(), big_rings);
     assert!(a.tx_ring_frames() >= 1000);
     let mut rng = Rng::new(2);
     let frames: Vec<Vec<u8>> = (0..1000)
@@ -132,11 +132,11 @@ fn full_transmit_ring_is_flushed_and_reused() {
         rx_frames: 512,
         ..NicConfig::default()
     };
-    let Link {
+    let VethSockets {
         mut a,
         mut b,
         pair: _pair,
-    } = Link::new("txfull", 9000, small_tx, big_rx);
+    } = VethSockets::new("txfull", 9000, small_tx, big_rx);
     let slots = a.tx_ring_frames();
     assert!(slots < 50, "{slots} slots");
     let mut rng = Rng::new(3);
@@ -160,7 +160,7 @@ fn only_mxoe_frames_are_received() {
     if !privileged("only_mxoe_frames_are_received") {
         return;
     }
-    let Link { mut a, mut b, pair } = Link::jumbo("ethertype");
+    let VethSockets { mut a, mut b, pair } = VethSockets::jumbo("ethertype");
     let mut rng = Rng::new(4);
     let rx_before = iface_counter(&pair.ns_a, &pair.if_a, "rx_packets");
     let (to, from) = (a.mac().0, b.mac().0);
@@ -190,11 +190,11 @@ fn own_transmissions_do_not_come_back() {
     if !privileged("own_transmissions_do_not_come_back") {
         return;
     }
-    let Link {
+    let VethSockets {
         mut a,
         mut b,
         pair: _pair,
-    } = Link::jumbo("outgoing");
+    } = VethSockets::jumbo("outgoing");
     let mut rng = Rng::new(5);
     let frames: Vec<Vec<u8>> = (0..50)
         .map(|i| mxoe_frame(&a, &b, SIZES[i % 4], &mut rng))
@@ -224,11 +224,11 @@ fn receive_closure_sees_exactly_the_frame() {
         rx_frames: 1,
         ..NicConfig::default()
     };
-    let Link {
+    let VethSockets {
         mut a,
         mut b,
         pair: _pair,
-    } = Link::new("exact", 9000, NicConfig::default(), small_rx);
+    } = VethSockets::new("exact", 9000, NicConfig::default(), small_rx);
     let slots = b.rx_ring_frames();
     let mut rng = Rng::new(6);
     // Fill every slot with a full-size frame of 0xaa so leftovers would show.
@@ -268,7 +268,7 @@ fn link_down_is_reported_to_a_waiting_receiver() {
     if !privileged("link_down_is_reported_to_a_waiting_receiver") {
         return;
     }
-    let Link { a: _a, mut b, pair } = Link::jumbo("down");
+    let VethSockets { a: _a, mut b, pair } = VethSockets::jumbo("down");
     pair.set_up_b(false).unwrap();
     let err = b.wait_readable(Some(Duration::from_secs(5))).unwrap_err();
     assert!(
@@ -286,7 +286,7 @@ fn frame_refused_after_mtu_shrinks_does_not_stall_the_ring() {
     if !privileged("frame_refused_after_mtu_shrinks_does_not_stall_the_ring") {
         return;
     }
-    let Link { mut a, mut b, pair } = Link::jumbo("shrink");
+    let VethSockets { mut a, mut b, pair } = VethSockets::jumbo("shrink");
     pair.set_mtu_a(4200).unwrap();
     let mut rng = Rng::new(7);
     let too_long = mxoe_frame(&a, &b, 9014, &mut rng);
@@ -307,8 +307,8 @@ fn frame_longer_than_a_slot_is_dropped_and_counted() {
     if !privileged("frame_longer_than_a_slot_is_dropped_and_counted") {
         return;
     }
-    let Link { mut a, mut b, pair } =
-        Link::new("grow", 9000, NicConfig::default(), NicConfig::default());
+    let VethSockets { mut a, mut b, pair } =
+        VethSockets::new("grow", 9000, NicConfig::default(), NicConfig::default());
     // Reopen B at a smaller MTU, then let the interface grow past its slots.
     drop(std::mem::replace(&mut b, {
         pair.set_mtu_b(5000).unwrap();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xmx_hv::daemon::control::{LineClient, Reply};
 
-use super::{ReplyError, Request};
+use super::{BackdRequest, ReplyError};
 
 /// One connection to `xmx-backd`'s control socket.
 pub struct AdminClient {
@@ -21,7 +21,7 @@ impl AdminClient {
     }
 
     /// Send one request and wait for its reply.
-    pub fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
+    pub fn call(&mut self, request: &BackdRequest) -> Result<serde_json::Value, ReplyError> {
         let reply: Reply = self
             .conn
             .call(request)

@@ -53,7 +53,7 @@ pub use xmx_hv::daemon::control::{Reply, ReplyError};
 /// A request on the control socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Request {
+pub enum BackdRequest {
     /// Counters per guest and endpoint.
     Counters,
     /// Every device the backend knows.
@@ -301,15 +301,15 @@ mod tests {
 
     #[test]
     fn requests_have_the_documented_json_form() {
-        let r: Request = serde_json::from_str(r#"{"op":"counters"}"#).unwrap();
-        assert_eq!(r, Request::Counters);
-        let r: Request = serde_json::from_str(
+        let r: BackdRequest = serde_json::from_str(r#"{"op":"counters"}"#).unwrap();
+        assert_eq!(r, BackdRequest::Counters);
+        let r: BackdRequest = serde_json::from_str(
             r#"{"op":"set-peers","peers":[{"index":3,"mac":"02:00:00:00:00:01","hostname":"h:0","cluster":1}]}"#,
         )
         .unwrap();
         assert_eq!(
             r,
-            Request::SetPeers {
+            BackdRequest::SetPeers {
                 peers: vec![PeerSpec {
                     index: 3,
                     mac: "02:00:00:00:00:01".into(),
@@ -318,11 +318,11 @@ mod tests {
                 }]
             }
         );
-        let r: Request =
+        let r: BackdRequest =
             serde_json::from_str(r#"{"op":"attach","domid":5,"mac":"02:00:00:00:05:00"}"#).unwrap();
         assert_eq!(
             r,
-            Request::Attach {
+            BackdRequest::Attach {
                 domid: 5,
                 devid: 0,
                 mac: "02:00:00:00:05:00".into(),
@@ -331,7 +331,7 @@ mod tests {
             }
         );
         assert_eq!(
-            serde_json::to_string(&Request::Detach { domid: 5, devid: 1 }).unwrap(),
+            serde_json::to_string(&BackdRequest::Detach { domid: 5, devid: 1 }).unwrap(),
             r#"{"op":"detach","domid":5,"devid":1}"#
         );
         for bad in [
@@ -341,7 +341,7 @@ mod tests {
             r#"{"op":"detach","domid":70000}"#,
             "[]",
         ] {
-            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+            assert!(serde_json::from_str::<BackdRequest>(bad).is_err(), "{bad}");
         }
     }
 

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use xmx_backend::service::{Backend, BackendConfig, FrameLink, Quotas};
+use xmx_backend::service::{Backend, BackendConfig, FrameLink, GuestQuotas};
 use xmx_engine::EngineConfig;
 use xmx_nic::{NicConfig, PacketSocket};
 
@@ -39,13 +39,13 @@ struct Args {
     #[arg(long)]
     control: Option<PathBuf>,
     /// Endpoints a guest may have open at once.
-    #[arg(long, default_value_t = Quotas::default().max_endpoints)]
+    #[arg(long, default_value_t = GuestQuotas::default().max_endpoints)]
     max_endpoints: usize,
     /// Regions an endpoint may have registered at once.
-    #[arg(long, default_value_t = Quotas::default().max_regions_per_endpoint)]
+    #[arg(long, default_value_t = GuestQuotas::default().max_regions_per_endpoint)]
     max_regions: usize,
     /// Guest pages a guest may have mapped in dom0 at once.
-    #[arg(long, default_value_t = Quotas::default().max_mapped_pages)]
+    #[arg(long, default_value_t = GuestQuotas::default().max_mapped_pages)]
     max_mapped_pages: usize,
     /// Do not put the interface in promiscuous mode (guests' MACs then need the NIC's
     /// unicast filter to pass them).
@@ -104,11 +104,11 @@ fn run(args: Args) -> Result<(), String> {
         host_name: args
             .hostname
             .unwrap_or_else(xmx_hv::daemon::kernel_host_name),
-        quotas: Quotas {
+        quotas: GuestQuotas {
             max_endpoints: args.max_endpoints,
             max_regions_per_endpoint: args.max_regions,
             max_mapped_pages: args.max_mapped_pages,
-            ..Quotas::default()
+            ..GuestQuotas::default()
         },
         control_socket: Some(args.control.unwrap_or_else(default_control_socket)),
         engine: EngineConfig {

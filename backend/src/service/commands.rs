@@ -5,8 +5,8 @@ use xmx_wire::mxoe::Mac;
 
 use super::Backend;
 use crate::admin::{
-    snake_case, CountersReport, EngineCountersReport, GuestCountersReport, GuestReport,
-    NicCountersReport, Reply, ReplyError, Request,
+    snake_case, BackdRequest, CountersReport, EngineCountersReport, GuestCountersReport,
+    GuestReport, NicCountersReport, Reply, ReplyError,
 };
 use crate::xenbus::toolstack::{self, DeviceSpec};
 use xmx_engine::{ClusterId, DropReason, PeerEntry, VirtualNic};
@@ -44,16 +44,16 @@ fn parse_mac(text: &str) -> Result<Mac, ReplyError> {
 
 impl Backend {
     /// Answer one control-socket request.
-    pub(super) fn answer(&mut self, request: Request) -> Reply {
+    pub(super) fn answer(&mut self, request: BackdRequest) -> Reply {
         let result = match request {
-            Request::Counters => {
+            BackdRequest::Counters => {
                 let open = self.link.as_mut().map_or(0, |l| l.rx_ring_drops());
                 self.counters.nic_rx_ring_drops = self.rx_ring_drops_closed + open;
                 self.counters_report().map(|r| json!(r))
             }
-            Request::Guests => Ok(json!(self.guests_report())),
-            Request::SetPeers { peers } => self.set_peers(peers),
-            Request::Attach {
+            BackdRequest::Guests => Ok(json!(self.guests_report())),
+            BackdRequest::SetPeers { peers } => self.set_peers(peers),
+            BackdRequest::Attach {
                 domid,
                 devid,
                 mac,
@@ -72,7 +72,7 @@ impl Backend {
                     .map(|()| serde_json::Value::Null)
                     .map_err(|e| crate::admin::hv_reply_error(&e))
             }),
-            Request::Detach { domid, devid } => {
+            BackdRequest::Detach { domid, devid } => {
                 toolstack::detach(self.xs.as_ref(), self.domid, domid, devid)
                     .map(|()| serde_json::Value::Null)
                     .map_err(|e| crate::admin::hv_reply_error(&e))

@@ -19,7 +19,7 @@ use xmx_wire::msg::{
 use xmx_wire::ring::SharedMem;
 
 use super::guest::{Connection, EndpointConn, EndpointCounters, RegionConn};
-use super::quota::Quotas;
+use super::quota::GuestQuotas;
 use xmx_engine::{EndpointConfig, Engine, EngineError, MemoryArea, RegionHandle};
 
 /// Session ids for new endpoints: unpredictable, never 0.
@@ -52,7 +52,7 @@ pub(crate) struct ControlCtx<'a> {
     pub engine: &'a mut Engine,
     pub gnttab: &'a dyn GrantTable,
     pub evtchn: &'a dyn EventChannels,
-    pub quotas: &'a Quotas,
+    pub quotas: &'a GuestQuotas,
     pub sessions: &'a mut SessionIds,
     pub next_region: &'a mut u64,
 }

@@ -11,10 +11,10 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 
 use super::guest::{Connection, DeviceKey};
 use super::memory::GrantMemory;
-use super::quota::Usage;
+use super::quota::GuestUsage;
 use super::{control, Backend, BackendError, WATCH_BACKEND, WATCH_FRONTEND_PREFIX, WATCH_RELEASE};
 use crate::xenbus::toolstack::{self, in_transaction, DeviceSpec};
-use crate::xenbus::{step, Step};
+use crate::xenbus::{step, BackendStep};
 use xmx_engine::{ClusterId, GuestConfig};
 
 /// One device the backend found under its xenstore directory.
@@ -329,9 +329,9 @@ impl Backend {
             }
         };
         match step(device.state, frontend) {
-            Step::Stay => {}
-            Step::InitWait => self.publish_init_wait(key),
-            Step::Connect => match self.connect(key) {
+            BackendStep::Stay => {}
+            BackendStep::InitWait => self.publish_init_wait(key),
+            BackendStep::Connect => match self.connect(key) {
                 Ok(conn) => {
                     if let Some(d) = self.devices.get_mut(&key) {
                         d.conn = Some(conn);
@@ -346,8 +346,8 @@ impl Backend {
                     self.close_device(key, Some(reason));
                 }
             },
-            Step::Close => self.close_device(key, None),
-            Step::Restart => {
+            BackendStep::Close => self.close_device(key, None),
+            BackendStep::Restart => {
                 // The sessions stay recorded: the frontend re-opens its endpoints asking
                 // to keep them (after a resume, or after it gave up on this backend).
                 if let Some(conn) = self.devices.get_mut(&key).and_then(|d| d.conn.take()) {
@@ -385,11 +385,11 @@ impl Backend {
                 "frontend speaks protocol {version}, backend {PROTOCOL_VERSION}"
             ));
         }
-        let usage = Usage {
+        let usage = GuestUsage {
             mapped_pages: 1,
-            ..Usage::default()
+            ..GuestUsage::default()
         };
-        if !Usage::default().may_map(&self.cfg.quotas, 1) {
+        if !GuestUsage::default().may_map(&self.cfg.quotas, 1) {
             return Err("page quota leaves no room for the control ring".into());
         }
         let mapping = self

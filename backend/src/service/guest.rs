@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use xmx_hv::{DomId, Notify, Port};
+use xmx_hv::{DomId, Port, PortNotifier};
 use xmx_wire::msg::{CtrlBack, Event, EventBody, EventFront, SendBack};
 use xmx_wire::ring::RingError;
 
 use super::memory::GrantMemory;
-use super::quota::Usage;
+use super::quota::GuestUsage;
 use crate::admin::EndpointCountersReport;
 use xmx_engine::{GuestId, RegionHandle};
 
@@ -68,7 +68,7 @@ pub(crate) fn recvq_slot(event: &Event) -> Option<u16> {
 pub(crate) struct EndpointConn {
     /// Our port of the endpoint's event channel.
     pub port: Port,
-    pub notify: Arc<dyn Notify>,
+    pub notify: Arc<dyn PortNotifier>,
     /// Requests from the application; we consume.
     pub send: SendBack,
     /// Events for the application; we produce.
@@ -164,13 +164,13 @@ pub(crate) struct Connection {
     /// Control requests from the guest daemon; we answer.
     pub ctrl: CtrlBack,
     pub ctrl_port: Port,
-    pub ctrl_notify: Arc<dyn Notify>,
+    pub ctrl_notify: Arc<dyn PortNotifier>,
     /// The guest's areas as the engine reaches them (a clone is the engine's).
     pub memory: GrantMemory,
     pub endpoints: BTreeMap<u8, EndpointConn>,
     /// By (endpoint, region id).
     pub regions: BTreeMap<(u8, u8), RegionConn>,
-    pub usage: Usage,
+    pub usage: GuestUsage,
     /// Sessions this device's endpoints had under a previous run of the backend, as
     /// recorded in xenstore: an endpoint re-opened with its own keeps it.
     pub resumable: BTreeMap<u8, u32>,
@@ -201,7 +201,7 @@ mod tests {
     use xmx_wire::ring::{init_shared, SharedMem};
 
     struct Counting(std::sync::atomic::AtomicU32);
-    impl Notify for Counting {
+    impl PortNotifier for Counting {
         fn notify(&self) -> xmx_hv::Result<()> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(())

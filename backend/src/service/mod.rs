@@ -62,7 +62,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::{DomId, EventChannels, GrantTable, Platform, Port, Xenstore};
 use xmx_wire::ring::RingError;
 
-use crate::admin::{BackendCounters, Reply, ReplyError, Request};
+use crate::admin::{BackdRequest, BackendCounters, Reply, ReplyError};
 use control::{ControlCtx, SessionIds};
 use devices::Device;
 use guest::Connection;
@@ -72,7 +72,7 @@ use xmx_hv::daemon::control::{LineServer, LineService, Refusal};
 pub use guest::DeviceKey;
 pub use link::{FrameLink, LinkFault};
 pub use memory::GrantMemory;
-pub use quota::{Quotas, Usage};
+pub use quota::{GuestQuotas, GuestUsage};
 
 /// How the backend runs.
 #[derive(Debug, Clone)]
@@ -82,7 +82,7 @@ pub struct BackendConfig {
     /// This host's name; guests without a `hostname` key are named `<host>-<domid>:<devid>`.
     pub host_name: String,
     /// Per-guest limits.
-    pub quotas: Quotas,
+    pub quotas: GuestQuotas,
     /// The MX engine's limits and timers.
     pub engine: EngineConfig,
     /// Where to serve the status and control socket, if anywhere.
@@ -94,7 +94,7 @@ impl Default for BackendConfig {
         BackendConfig {
             spin: Duration::from_micros(200),
             host_name: "xmx".into(),
-            quotas: Quotas::default(),
+            quotas: GuestQuotas::default(),
             engine: EngineConfig::default(),
             control_socket: None,
         }
@@ -127,7 +127,7 @@ fn sys(op: &'static str) -> impl FnOnce(nix::errno::Errno) -> BackendError {
 
 /// A request from the control socket with the way back to its caller.
 struct Command {
-    request: Request,
+    request: BackdRequest,
     reply: SyncSender<Reply>,
 }
 
@@ -149,7 +149,7 @@ pub struct ControlHandle {
 
 impl ControlHandle {
     /// Have the service loop answer `request`.
-    pub fn call(&self, request: Request) -> Reply {
+    pub fn call(&self, request: BackdRequest) -> Reply {
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         let cmd = Command {
             request,
@@ -176,10 +176,10 @@ impl ControlHandle {
 }
 
 impl LineService for ControlHandle {
-    type Request = Request;
+    type Request = BackdRequest;
     type Reply = Reply;
 
-    fn answer(&self, request: Request) -> Reply {
+    fn answer(&self, request: BackdRequest) -> Reply {
         self.call(request)
     }
 
@@ -194,12 +194,12 @@ impl LineService for ControlHandle {
 
 /// Stops a running backend from another thread; cheap to clone.
 #[derive(Clone)]
-pub struct Stopper {
+pub struct BackendStopper {
     flag: Arc<AtomicBool>,
     wake: Arc<EventFd>,
 }
 
-impl Stopper {
+impl BackendStopper {
     /// Ask the loop to disconnect every guest and return.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::Release);
@@ -210,7 +210,7 @@ impl Stopper {
 /// A backend running on its own thread.
 pub struct BackendThread {
     handle: Option<JoinHandle<Result<(), BackendError>>>,
-    stopper: Stopper,
+    stopper: BackendStopper,
     control: ControlHandle,
 }
 
@@ -221,7 +221,7 @@ impl BackendThread {
     }
 
     /// A handle that stops the loop.
-    pub fn stopper(&self) -> Stopper {
+    pub fn stopper(&self) -> BackendStopper {
         self.stopper.clone()
     }
 
@@ -564,8 +564,8 @@ impl Backend {
     }
 
     /// A handle that stops [`Backend::run`] from another thread.
-    pub fn stopper(&self) -> Stopper {
-        Stopper {
+    pub fn stopper(&self) -> BackendStopper {
+        BackendStopper {
             flag: self.stop.clone(),
             wake: self.wake.clone(),
         }

@@ -5,7 +5,7 @@
 
 /// Limits applied to every guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quotas {
+pub struct GuestQuotas {
     /// Endpoints open at once (published as `max-endpoints`).
     pub max_endpoints: usize,
     /// Regions registered at once on one endpoint (published as `max-regions`).
@@ -22,9 +22,9 @@ pub struct Quotas {
     pub send_budget_per_round: u32,
 }
 
-impl Default for Quotas {
+impl Default for GuestQuotas {
     fn default() -> Self {
-        Quotas {
+        GuestQuotas {
             max_endpoints: 32,
             max_regions_per_endpoint: 256,
             // 64 Ki pages: 256 MiB of guest memory mapped at once.
@@ -35,9 +35,9 @@ impl Default for Quotas {
     }
 }
 
-/// What a guest holds now, checked against [`Quotas`].
+/// What a guest holds now, checked against [`GuestQuotas`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub struct GuestUsage {
     /// Foreign pages mapped for the guest.
     pub mapped_pages: usize,
     /// Endpoints open.
@@ -46,9 +46,9 @@ pub struct Usage {
     pub regions: usize,
 }
 
-impl Usage {
+impl GuestUsage {
     /// True if `more` pages may be mapped on top of what is mapped.
-    pub fn may_map(&self, quotas: &Quotas, more: usize) -> bool {
+    pub fn may_map(&self, quotas: &GuestQuotas, more: usize) -> bool {
         self.mapped_pages
             .checked_add(more)
             .is_some_and(|n| n <= quotas.max_mapped_pages)
@@ -61,13 +61,13 @@ mod tests {
 
     #[test]
     fn page_quota_is_inclusive_and_overflow_safe() {
-        let q = Quotas {
+        let q = GuestQuotas {
             max_mapped_pages: 10,
-            ..Quotas::default()
+            ..GuestQuotas::default()
         };
-        let u = Usage {
+        let u = GuestUsage {
             mapped_pages: 7,
-            ..Usage::default()
+            ..GuestUsage::default()
         };
         assert!(u.may_map(&q, 3));
         assert!(!u.may_map(&q, 4));

@@ -24,7 +24,7 @@ use xmx_wire::xenbus::XenbusState;
 
 /// What the backend does next for one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum BackendStep {
     /// Nothing.
     Stay,
     /// Publish the features and move to InitWait: the frontend (re)starts.
@@ -40,26 +40,26 @@ pub enum Step {
 
 /// The next step of a backend in state `backend` whose frontend is in state `frontend`
 /// (`None`: the frontend directory or its `state` key is gone).
-pub fn step(backend: XenbusState, frontend: Option<XenbusState>) -> Step {
+pub fn step(backend: XenbusState, frontend: Option<XenbusState>) -> BackendStep {
     use XenbusState as S;
     match frontend {
         None | Some(S::Closing) | Some(S::Closed) => {
             if backend == S::Closed {
-                Step::Stay
+                BackendStep::Stay
             } else {
-                Step::Close
+                BackendStep::Close
             }
         }
         Some(S::Initialising) | Some(S::InitWait) => match backend {
-            S::InitWait => Step::Stay,
-            S::Connected => Step::Restart,
-            _ => Step::InitWait,
+            S::InitWait => BackendStep::Stay,
+            S::Connected => BackendStep::Restart,
+            _ => BackendStep::InitWait,
         },
         Some(S::Initialised) => {
             if backend == S::InitWait {
-                Step::Connect
+                BackendStep::Connect
             } else {
-                Step::Stay
+                BackendStep::Stay
             }
         }
         Some(S::Connected) => {
@@ -67,14 +67,14 @@ pub fn step(backend: XenbusState, frontend: Option<XenbusState>) -> Step {
                 // Connected to a backend that is gone (this one restarted): its endpoints
                 // died with that backend, so the frontend goes through Closed and opens
                 // them again; adopting its old ring would leave them unserved.
-                Step::Close
+                BackendStep::Close
             } else {
                 // Connected already, or closed under a frontend that has not noticed yet:
                 // it has to go through Closed/Initialising before we serve it again.
-                Step::Stay
+                BackendStep::Stay
             }
         }
-        Some(S::Unknown) | Some(S::Reconfiguring) | Some(S::Reconfigured) => Step::Stay,
+        Some(S::Unknown) | Some(S::Reconfiguring) | Some(S::Reconfigured) => BackendStep::Stay,
     }
 }
 
@@ -85,42 +85,54 @@ mod tests {
 
     #[test]
     fn handshake_path() {
-        assert_eq!(step(S::InitWait, Some(S::Initialising)), Step::Stay);
-        assert_eq!(step(S::InitWait, Some(S::Initialised)), Step::Connect);
-        assert_eq!(step(S::Connected, Some(S::Connected)), Step::Stay);
-        assert_eq!(step(S::Connected, Some(S::Closing)), Step::Close);
-        assert_eq!(step(S::Closed, Some(S::Closed)), Step::Stay);
-        assert_eq!(step(S::Closed, Some(S::Initialising)), Step::InitWait);
+        assert_eq!(step(S::InitWait, Some(S::Initialising)), BackendStep::Stay);
+        assert_eq!(
+            step(S::InitWait, Some(S::Initialised)),
+            BackendStep::Connect
+        );
+        assert_eq!(step(S::Connected, Some(S::Connected)), BackendStep::Stay);
+        assert_eq!(step(S::Connected, Some(S::Closing)), BackendStep::Close);
+        assert_eq!(step(S::Closed, Some(S::Closed)), BackendStep::Stay);
+        assert_eq!(
+            step(S::Closed, Some(S::Initialising)),
+            BackendStep::InitWait
+        );
     }
 
     #[test]
     fn a_backend_restart_makes_a_connected_frontend_start_over() {
-        assert_eq!(step(S::InitWait, Some(S::Connected)), Step::Close);
-        assert_eq!(step(S::Closed, Some(S::Connected)), Step::Stay);
-        assert_eq!(step(S::Closed, Some(S::Initialising)), Step::InitWait);
+        assert_eq!(step(S::InitWait, Some(S::Connected)), BackendStep::Close);
+        assert_eq!(step(S::Closed, Some(S::Connected)), BackendStep::Stay);
+        assert_eq!(
+            step(S::Closed, Some(S::Initialising)),
+            BackendStep::InitWait
+        );
     }
 
     #[test]
     fn a_vanished_frontend_closes_the_backend() {
         for b in [S::InitWait, S::Connected, S::Closing] {
-            assert_eq!(step(b, None), Step::Close, "{b:?}");
+            assert_eq!(step(b, None), BackendStep::Close, "{b:?}");
         }
-        assert_eq!(step(S::Closed, None), Step::Stay);
+        assert_eq!(step(S::Closed, None), BackendStep::Stay);
     }
 
     #[test]
     fn a_stale_frontend_is_not_served_after_a_disconnect() {
         // The backend closed the device (protocol violation); the frontend still says
         // Connected and must restart before it is served again.
-        assert_eq!(step(S::Closed, Some(S::Connected)), Step::Stay);
-        assert_eq!(step(S::Closed, Some(S::Initialised)), Step::Stay);
-        assert_eq!(step(S::Closing, Some(S::Connected)), Step::Stay);
+        assert_eq!(step(S::Closed, Some(S::Connected)), BackendStep::Stay);
+        assert_eq!(step(S::Closed, Some(S::Initialised)), BackendStep::Stay);
+        assert_eq!(step(S::Closing, Some(S::Connected)), BackendStep::Stay);
     }
 
     #[test]
     fn a_frontend_restarting_under_a_connected_backend_restarts_it() {
-        assert_eq!(step(S::Connected, Some(S::Initialising)), Step::Restart);
-        assert_eq!(step(S::Connected, Some(S::InitWait)), Step::Restart);
+        assert_eq!(
+            step(S::Connected, Some(S::Initialising)),
+            BackendStep::Restart
+        );
+        assert_eq!(step(S::Connected, Some(S::InitWait)), BackendStep::Restart);
     }
 
     #[test]
@@ -128,11 +140,11 @@ mod tests {
         for b in XenbusState::ALL {
             for f in XenbusState::ALL.iter().copied().map(Some).chain([None]) {
                 let s = step(b, f);
-                if s == Step::Connect {
+                if s == BackendStep::Connect {
                     assert_eq!(b, S::InitWait);
                 }
                 if b == S::Closed {
-                    assert_ne!(s, Step::Close);
+                    assert_ne!(s, BackendStep::Close);
                 }
             }
         }

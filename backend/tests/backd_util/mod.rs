@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xmx_backend::admin::{CountersReport, PeerSpec, Request};
-use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, Quotas};
+use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
+use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, GuestQuotas};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::sim::SimPlatform;
 use xmx_hv::{
@@ -27,22 +27,22 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 pub use xmx_simkit::{eventually, guest_mac, wait_removed, SimHost, WAIT};
 
 /// A simulated host in a temporary directory, with what the backend tests start on it.
-pub struct Host(SimHost);
+pub struct BackdTestHost(SimHost);
 
-impl std::ops::Deref for Host {
+impl std::ops::Deref for BackdTestHost {
     type Target = SimHost;
     fn deref(&self) -> &SimHost {
         &self.0
     }
 }
 
-impl Host {
-    pub fn start() -> Host {
-        Host(SimHost::start())
+impl BackdTestHost {
+    pub fn start() -> BackdTestHost {
+        BackdTestHost(SimHost::start())
     }
 
     /// A backend in dom0 of this host, on its own thread, without a NIC.
-    pub fn start_backend(&self, quotas: Quotas) -> BackendThread {
+    pub fn start_backend(&self, quotas: GuestQuotas) -> BackendThread {
         let dom0 = self.attach(DOM0);
         let cfg = BackendConfig {
             host_name: "testhost".into(),
@@ -104,7 +104,7 @@ pub fn set_two_guest_peers(backend: &BackendThread) {
         .collect();
     backend
         .control()
-        .call(Request::SetPeers { peers })
+        .call(BackdRequest::SetPeers { peers })
         .into_result()
         .unwrap();
 }
@@ -114,7 +114,7 @@ pub fn counters(backend: &BackendThread) -> CountersReport {
     serde_json::from_value(
         backend
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap(),
     )
@@ -138,7 +138,7 @@ pub struct Ctrl {
 }
 
 /// The application's side of an open endpoint.
-pub struct FakeEndpoint {
+pub struct FakeGuestEndpoint {
     pub index: u8,
     pub port: Port,
     pub session: u32,
@@ -151,7 +151,7 @@ pub struct FakeEndpoint {
 }
 
 /// A registered region's pages, kept granted by the guest.
-pub struct FakeRegion {
+pub struct FakeGuestRegion {
     pub pages: Arc<GrantedPages>,
     pub info: GrantedPages,
     pub mem: SharedMem,
@@ -171,7 +171,7 @@ pub struct FakeGuest {
 }
 
 impl FakeGuest {
-    pub fn new(host: &Host, domid: DomId, devid: u32) -> FakeGuest {
+    pub fn new(host: &BackdTestHost, domid: DomId, devid: u32) -> FakeGuest {
         let platform = host.attach(domid);
         let xs = platform.xenstore().unwrap();
         let gnttab = platform.grant_table().unwrap();
@@ -329,7 +329,7 @@ impl FakeGuest {
         &mut self,
         index: u8,
         pages: EndpointPages,
-    ) -> (CtrlResponse, Option<FakeEndpoint>) {
+    ) -> (CtrlResponse, Option<FakeGuestEndpoint>) {
         self.open_endpoint_resuming(index, pages, 0)
     }
 
@@ -339,7 +339,7 @@ impl FakeGuest {
         index: u8,
         pages: EndpointPages,
         resume_session: u32,
-    ) -> (CtrlResponse, Option<FakeEndpoint>) {
+    ) -> (CtrlResponse, Option<FakeGuestEndpoint>) {
         let total = pages.total();
         let granted = Arc::new(self.gnttab.grant_pages(DOM0, total, true).unwrap());
         let info = self.gnttab.grant_pages(DOM0, 1, false).unwrap();
@@ -372,7 +372,7 @@ impl FakeGuest {
             xmx_wire::msg::CtrlReply::EndpointOpen { session_id, .. } => session_id,
             other => panic!("answer to an open: {other:?}"),
         };
-        let ep = FakeEndpoint {
+        let ep = FakeGuestEndpoint {
             index,
             port,
             session,
@@ -394,7 +394,7 @@ impl FakeGuest {
         region_id: u8,
         offset: u16,
         len: u32,
-    ) -> (CtrlResponse, FakeRegion) {
+    ) -> (CtrlResponse, FakeGuestRegion) {
         let nr = (usize::from(offset) + len as usize).div_ceil(PAGE_SIZE);
         let pages = Arc::new(self.gnttab.grant_pages(DOM0, nr, true).unwrap());
         let packed = pack_info_pages(pages.refs());
@@ -411,11 +411,11 @@ impl FakeGuest {
             info_refs: info.refs().to_vec(),
         }));
         let mem = granted_mem(&pages, 0, pages.len());
-        (rsp, FakeRegion { pages, info, mem })
+        (rsp, FakeGuestRegion { pages, info, mem })
     }
 
     /// Put a request on an endpoint's send ring and notify if the backend asked.
-    pub fn send(&self, ep: &mut FakeEndpoint, req: SendRequest) {
+    pub fn send(&self, ep: &mut FakeGuestEndpoint, req: SendRequest) {
         let deadline = Instant::now() + WAIT;
         loop {
             ep.send.reclaim().unwrap();
@@ -434,7 +434,7 @@ impl FakeGuest {
 
     /// The next event of an endpoint, waiting on the event channel; its slot stays taken
     /// until [`FakeGuest::retire_events`].
-    pub fn next_event(&self, ep: &mut FakeEndpoint) -> Event {
+    pub fn next_event(&self, ep: &mut FakeGuestEndpoint) -> Event {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(ev) = ep.events.next_request().unwrap() {
@@ -447,7 +447,7 @@ impl FakeGuest {
     }
 
     /// Hand consumed event slots back to the backend.
-    pub fn retire_events(&self, ep: &mut FakeEndpoint) {
+    pub fn retire_events(&self, ep: &mut FakeGuestEndpoint) {
         ep.events.retire_consumed();
         if ep.events.push_responses_and_check_notify() {
             self.evtchn.notify(ep.port).unwrap();

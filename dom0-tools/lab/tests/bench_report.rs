@@ -1,14 +1,14 @@
 //! Ratios and plots of `xmx bench` on synthetic figures (no measurement, no root).
 
 use xmx_lab::bench::plot::write_plots;
-use xmx_lab::bench::report::{ratio, ratios, Cell, Machine, Report, SetupResult, Status};
+use xmx_lab::bench::report::{ratio, ratios, Cell, Machine, Report, SetupResult, SetupStatus};
 use xmx_lab::bench::stats::{Bandwidth, Latency};
 
 fn setup(name: &str, figures: &[(u64, f64, f64)]) -> SetupResult {
     SetupResult {
         name: name.into(),
         description: format!("synthetic {name}"),
-        status: Status::Ok,
+        status: SetupStatus::Ok,
         reason: None,
         cells: figures
             .iter()
@@ -42,7 +42,7 @@ fn na(name: &str) -> SetupResult {
     SetupResult {
         name: name.into(),
         description: String::new(),
-        status: Status::NotAvailable,
+        status: SetupStatus::NotAvailable,
         reason: Some("not here".into()),
         cells: vec![],
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use xmx_tools::xmxd::state::DEFAULT_STATE_DIR;
-use xmx_tools::xmxd::{self, discovery::DiscoveryConfig, Config, PacketFabric, Xmxd};
+use xmx_tools::xmxd::{self, discovery::DiscoveryConfig, PacketFabric, Xmxd, XmxdConfig};
 
 /// How long the orderly stop after SIGTERM may take before the process ends anyway.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -72,7 +72,7 @@ fn run(args: Args) -> Result<(), String> {
     } else {
         Some(PacketFabric::open(&args.iface).map_err(|e| format!("{}: {e}", args.iface))?)
     };
-    let mut cfg = Config::new(
+    let mut cfg = XmxdConfig::new(
         &args
             .hostname
             .unwrap_or_else(xmx_hv::daemon::kernel_host_name),

@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::Subcommand;
 
 use super::{print_table, Target};
-use crate::xmxd::control::{ClusterReport, Request};
+use crate::xmxd::control::{ClusterReport, XmxdRequest};
 
 /// The subcommands of `xmx cluster`.
 #[derive(Debug, Subcommand)]
@@ -57,7 +57,7 @@ pub(super) fn run(cmd: ClusterCmd) -> Result<i32> {
         ClusterCmd::Create { target, name } => {
             let v = target
                 .connect()?
-                .call(&Request::ClusterCreate { name: name.clone() })?;
+                .call(&XmxdRequest::ClusterCreate { name: name.clone() })?;
             println!("cluster {name} created (id {})", v["id"]);
         }
         ClusterCmd::Delete {
@@ -65,7 +65,7 @@ pub(super) fn run(cmd: ClusterCmd) -> Result<i32> {
             name,
             force,
         } => {
-            let v = target.connect()?.call(&Request::ClusterDelete {
+            let v = target.connect()?.call(&XmxdRequest::ClusterDelete {
                 name: name.clone(),
                 force,
             })?;
@@ -83,7 +83,7 @@ pub(super) fn run(cmd: ClusterCmd) -> Result<i32> {
             guest,
             new,
         } => {
-            let v = target.connect()?.call(&Request::ClusterAdd {
+            let v = target.connect()?.call(&XmxdRequest::ClusterAdd {
                 name: name.clone(),
                 guest: guest.clone(),
                 new,
@@ -99,14 +99,14 @@ pub(super) fn run(cmd: ClusterCmd) -> Result<i32> {
             name,
             guest,
         } => {
-            target.connect()?.call(&Request::ClusterRemove {
+            target.connect()?.call(&XmxdRequest::ClusterRemove {
                 name: name.clone(),
                 guest: guest.clone(),
             })?;
             println!("{guest} left cluster {name} for the default cluster");
         }
         ClusterCmd::List { target, json } => {
-            let list: Vec<ClusterReport> = target.connect()?.call_as(&Request::Clusters)?;
+            let list: Vec<ClusterReport> = target.connect()?.call_as(&XmxdRequest::Clusters)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {

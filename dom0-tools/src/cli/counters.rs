@@ -1,7 +1,7 @@
 //! `xmx counters`.
 
 use anyhow::{Context, Result};
-use xmx_backend::admin::{CountersReport, Request};
+use xmx_backend::admin::{BackdRequest, CountersReport};
 
 use super::{print_table, BackendTarget};
 
@@ -19,7 +19,7 @@ pub(super) fn run(args: &CountersArgs) -> Result<i32> {
     let value = args
         .target
         .connect()?
-        .call(&Request::Counters)
+        .call(&BackdRequest::Counters)
         .context("asking xmx-backd for its counters")?;
     let report: CountersReport =
         serde_json::from_value(value).context("xmx-backd's counters report")?;

@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use super::Target;
-use crate::xmxd::control::{DirectReport, Request};
+use crate::xmxd::control::{DirectReport, XmxdRequest};
 
 /// Arguments of `xmx direct`.
 #[derive(Debug, clap::Args)]
@@ -22,7 +22,7 @@ pub struct DirectArgs {
 
 pub(super) fn run(args: &DirectArgs) -> Result<i32> {
     let mut client = args.target.connect()?;
-    let report: DirectReport = client.call_as(&Request::Direct {
+    let report: DirectReport = client.call_as(&XmxdRequest::Direct {
         enabled: args.state.as_deref().map(|s| s == "on"),
     })?;
     if args.json {

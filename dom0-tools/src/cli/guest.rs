@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use super::Target;
-use crate::xmxd::control::{GuestStatus, Request};
+use crate::xmxd::control::{GuestStatus, XmxdRequest};
 
 /// Arguments of `xmx attach`.
 #[derive(Debug, clap::Args)]
@@ -32,7 +32,7 @@ pub struct DetachArgs {
 
 pub(super) fn attach(args: &AttachArgs) -> Result<i32> {
     let mut client = args.target.connect()?;
-    let status: Option<GuestStatus> = client.call_as(&Request::Attach {
+    let status: Option<GuestStatus> = client.call_as(&XmxdRequest::Attach {
         domid: args.domid,
         cluster: args.cluster.clone(),
     })?;
@@ -61,7 +61,7 @@ pub(super) fn attach(args: &AttachArgs) -> Result<i32> {
 
 pub(super) fn detach(args: &DetachArgs) -> Result<i32> {
     let mut client = args.target.connect()?;
-    client.call(&Request::Detach { domid: args.domid })?;
+    client.call(&XmxdRequest::Detach { domid: args.domid })?;
     println!("domain {}: xmx device detached", args.domid);
     Ok(0)
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use super::{print_table, Target};
-use crate::xmxd::control::{PeersReport, Request};
+use crate::xmxd::control::{PeersReport, XmxdRequest};
 
 /// Arguments of `xmx peers`.
 #[derive(Debug, clap::Args)]
@@ -40,7 +40,7 @@ pub(super) fn run(args: &PeersArgs) -> Result<i32> {
             Some(d) => d.saturating_duration_since(Instant::now()),
             None => Duration::MAX,
         };
-        let report: PeersReport = client.call_as(&Request::Peers {
+        let report: PeersReport = client.call_as(&XmxdRequest::Peers {
             guest: args.guest.clone(),
             after,
             timeout_ms: after.map(|_| left.as_millis().min(u128::from(u64::MAX)) as u64),

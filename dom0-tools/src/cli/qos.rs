@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use super::Target;
-use crate::xmxd::control::{QosReport, Request};
+use crate::xmxd::control::{QosReport, XmxdRequest};
 
 /// Arguments of `xmx qos`.
 #[derive(Debug, clap::Args)]
@@ -23,7 +23,7 @@ pub struct QosArgs {
 
 pub(super) fn run(args: &QosArgs) -> Result<i32> {
     let mut client = args.target.connect()?;
-    let report: QosReport = client.call_as(&Request::Qos {
+    let report: QosReport = client.call_as(&XmxdRequest::Qos {
         guest: args.guest.clone(),
         weight: args.weight,
     })?;

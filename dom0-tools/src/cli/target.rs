@@ -18,12 +18,12 @@ pub struct Target {
     pub(crate) xmxd_socket: Option<PathBuf>,
     /// A host of a simulated cluster whose daemons to talk to, when no socket is given.
     #[command(flatten)]
-    pub(crate) sim: SimHost,
+    pub(crate) sim: SimHostArgs,
 }
 
 /// A host of a simulated cluster (`xmx sim up`).
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct SimHost {
+pub(crate) struct SimHostArgs {
     /// Talk to the daemons of this host of the simulated cluster (e.g. h0).
     #[arg(long, env = "XMX_SIM_HOST")]
     pub(crate) sim_host: Option<String>,
@@ -32,7 +32,7 @@ pub(crate) struct SimHost {
     pub(crate) sim_name: String,
 }
 
-impl SimHost {
+impl SimHostArgs {
     /// The simhv directory of the chosen simulated host, where its daemons' sockets are.
     fn dir(&self) -> Result<Option<PathBuf>> {
         let Some(host) = &self.sim_host else {
@@ -73,7 +73,7 @@ pub(crate) struct BackendTarget {
     pub(crate) backd_socket: Option<PathBuf>,
     /// A host of a simulated cluster whose daemons to talk to, when no socket is given.
     #[command(flatten)]
-    pub(crate) sim: SimHost,
+    pub(crate) sim: SimHostArgs,
 }
 
 impl BackendTarget {

@@ -92,18 +92,18 @@ pub(crate) mod field {
 
 /// What a message asks or tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Kind {
+pub(crate) enum AnnounceKind {
     /// The sender's guests.
     Announce = 1,
     /// The sender just started: everyone announces at once.
     Solicit = 2,
 }
 
-impl Kind {
-    fn from_u8(v: u8) -> Result<Kind> {
+impl AnnounceKind {
+    fn from_u8(v: u8) -> Result<AnnounceKind> {
         match v {
-            1 => Ok(Kind::Announce),
-            2 => Ok(Kind::Solicit),
+            1 => Ok(AnnounceKind::Announce),
+            2 => Ok(AnnounceKind::Solicit),
             other => Err(Error::Unknown {
                 what: "discovery message kind",
                 value: u32::from(other),
@@ -318,7 +318,7 @@ impl EntryRepr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MessageRepr {
     /// What the message asks or tells.
-    pub(crate) kind: Kind,
+    pub(crate) kind: AnnounceKind,
     /// Generation of the sender's guest list (changes whenever the list does).
     pub(crate) generation: u32,
     /// How long to keep the sender's guests without news, in milliseconds.
@@ -329,7 +329,7 @@ pub(crate) struct MessageRepr {
     pub(crate) fragments: u8,
     /// The sender's host name.
     pub(crate) host_name: String,
-    /// The guests this message carries (none in a [`Kind::Solicit`]).
+    /// The guests this message carries (none in an [`AnnounceKind::Solicit`]).
     pub(crate) entries: Vec<EntryRepr>,
 }
 
@@ -348,7 +348,7 @@ impl MessageRepr {
                 value: u32::from(packet.version()),
             });
         }
-        let kind = Kind::from_u8(packet.kind())?;
+        let kind = AnnounceKind::from_u8(packet.kind())?;
         if packet.fragments() == 0 || packet.fragment() >= packet.fragments() {
             return Err(Error::Invalid {
                 field: "fragment",
@@ -370,7 +370,7 @@ impl MessageRepr {
             rest = rest.get(len..).unwrap_or(&[]);
             entries.push(entry);
         }
-        if kind == Kind::Solicit && !entries.is_empty() {
+        if kind == AnnounceKind::Solicit && !entries.is_empty() {
             return Err(Error::Invalid {
                 field: "entries",
                 reason: "a solicitation carries none",
@@ -483,7 +483,7 @@ pub(crate) fn announcements(
         .into_iter()
         .enumerate()
         .map(|(i, entries)| MessageRepr {
-            kind: Kind::Announce,
+            kind: AnnounceKind::Announce,
             generation,
             ttl_ms,
             fragment: i as u8,
@@ -497,7 +497,7 @@ pub(crate) fn announcements(
 /// A solicitation from `host_name`.
 pub(crate) fn solicitation(host_name: &str, ttl_ms: u32) -> MessageRepr {
     MessageRepr {
-        kind: Kind::Solicit,
+        kind: AnnounceKind::Solicit,
         generation: 0,
         ttl_ms,
         fragment: 0,
@@ -553,7 +553,7 @@ mod tests {
     #[test]
     fn a_message_has_the_documented_layout() {
         let msg = MessageRepr {
-            kind: Kind::Announce,
+            kind: AnnounceKind::Announce,
             generation: 0x0102_0304,
             ttl_ms: 8000,
             fragment: 0,
@@ -673,7 +673,7 @@ mod tests {
         ));
         // A solicitation with entries.
         let mut bad = bytes;
-        bad[field::KIND] = Kind::Solicit as u8;
+        bad[field::KIND] = AnnounceKind::Solicit as u8;
         assert!(matches!(
             parse(&bad),
             Err(Error::Invalid {

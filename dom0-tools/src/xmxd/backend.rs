@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use xmx_backend::admin::{AdminClient, GuestReport, PeerSpec, ReplyError, Request};
+use xmx_backend::admin::{AdminClient, BackdRequest, GuestReport, PeerSpec, ReplyError};
 use xmx_hv::DomId;
 
 /// The backend's control socket, as a reconnecting client.
@@ -46,7 +46,7 @@ impl BackendLink {
     }
 
     /// One request, on a fresh connection if the old one broke.
-    pub(crate) fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
+    pub(crate) fn call(&mut self, request: &BackdRequest) -> Result<serde_json::Value, ReplyError> {
         let Some(path) = self.path.clone() else {
             return Err(ReplyError::new("not_found", "no backend socket configured"));
         };
@@ -110,7 +110,7 @@ impl BackendLink {
         let Some(peers) = self.wanted.clone() else {
             return;
         };
-        match self.call(&Request::SetPeers {
+        match self.call(&BackdRequest::SetPeers {
             peers: peers.clone(),
         }) {
             Ok(_) => {
@@ -129,7 +129,7 @@ impl BackendLink {
         }
         self.next_probe = now + self.probe_every;
         if self.synced() {
-            let _ = self.call(&Request::Guests);
+            let _ = self.call(&BackdRequest::Guests);
         }
         self.sync();
     }
@@ -141,7 +141,7 @@ impl BackendLink {
 
     /// The devices the backend serves now.
     pub(crate) fn guests(&mut self) -> Result<Vec<GuestReport>, ReplyError> {
-        let v = self.call(&Request::Guests)?;
+        let v = self.call(&BackdRequest::Guests)?;
         serde_json::from_value(v).map_err(|e| ReplyError::new("protocol", format!("guests: {e}")))
     }
 

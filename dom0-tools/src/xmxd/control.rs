@@ -45,7 +45,7 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 /// A request on the control socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Request {
+pub enum XmxdRequest {
     /// This host, its fabric and its backend.
     Status,
     /// The peer table, or one guest's view of it.
@@ -250,7 +250,7 @@ impl ControlClient {
     }
 
     /// Send one request and wait for its reply.
-    pub fn call(&mut self, request: &Request) -> Result<serde_json::Value, ReplyError> {
+    pub fn call(&mut self, request: &XmxdRequest) -> Result<serde_json::Value, ReplyError> {
         let reply: Reply = self
             .conn
             .call(request)
@@ -261,7 +261,7 @@ impl ControlClient {
     /// [`ControlClient::call`] with the result decoded as `T`.
     pub fn call_as<T: for<'de> Deserialize<'de>>(
         &mut self,
-        request: &Request,
+        request: &XmxdRequest,
     ) -> Result<T, ReplyError> {
         let v = self.call(request)?;
         serde_json::from_value(v).map_err(|e| ReplyError::new("protocol", format!("result: {e}")))
@@ -277,11 +277,11 @@ mod tests {
 
     #[test]
     fn requests_have_the_documented_json_form() {
-        let cases: Vec<(&str, Request)> = vec![
-            (r#"{"op":"status"}"#, Request::Status),
+        let cases: Vec<(&str, XmxdRequest)> = vec![
+            (r#"{"op":"status"}"#, XmxdRequest::Status),
             (
                 r#"{"op":"peers","guest":"vm1"}"#,
-                Request::Peers {
+                XmxdRequest::Peers {
                     guest: Some("vm1".into()),
                     after: None,
                     timeout_ms: None,
@@ -289,7 +289,7 @@ mod tests {
             ),
             (
                 r#"{"op":"cluster-add","name":"blue","guest":"5"}"#,
-                Request::ClusterAdd {
+                XmxdRequest::ClusterAdd {
                     name: "blue".into(),
                     guest: "5".into(),
                     new: false,
@@ -297,32 +297,32 @@ mod tests {
             ),
             (
                 r#"{"op":"cluster-delete","name":"blue"}"#,
-                Request::ClusterDelete {
+                XmxdRequest::ClusterDelete {
                     name: "blue".into(),
                     force: false,
                 },
             ),
             (
                 r#"{"op":"attach","domid":5}"#,
-                Request::Attach {
+                XmxdRequest::Attach {
                     domid: 5,
                     cluster: None,
                 },
             ),
             (
                 r#"{"op":"qos","guest":"vm1","weight":4}"#,
-                Request::Qos {
+                XmxdRequest::Qos {
                     guest: "vm1".into(),
                     weight: Some(4),
                 },
             ),
         ];
         for (text, want) in cases {
-            let got: Request = serde_json::from_str(text).unwrap();
+            let got: XmxdRequest = serde_json::from_str(text).unwrap();
             assert_eq!(got, want, "{text}");
         }
         assert_eq!(
-            serde_json::to_string(&Request::Detach { domid: 3 }).unwrap(),
+            serde_json::to_string(&XmxdRequest::Detach { domid: 3 }).unwrap(),
             r#"{"op":"detach","domid":3}"#
         );
         for bad in [
@@ -331,7 +331,7 @@ mod tests {
             r#"{"op":"attach","domid":70000}"#,
             r#"{"op":"detach","domid":1,"x":1}"#,
         ] {
-            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+            assert!(serde_json::from_str::<XmxdRequest>(bad).is_err(), "{bad}");
         }
     }
 
@@ -339,12 +339,12 @@ mod tests {
     struct StatusOnly;
 
     impl LineService for StatusOnly {
-        type Request = Request;
+        type Request = XmxdRequest;
         type Reply = Reply;
 
-        fn answer(&self, request: Request) -> Reply {
+        fn answer(&self, request: XmxdRequest) -> Reply {
             match request {
-                Request::Status => Reply::ok(serde_json::json!("fine")),
+                XmxdRequest::Status => Reply::ok(serde_json::json!("fine")),
                 _ => Reply::err(ReplyError::new("not_found", "nope")),
             }
         }
@@ -360,8 +360,11 @@ mod tests {
         let path = dir.path().join("x.sock");
         let server = LineServer::start(&path, Some(0o600), "xmxd-test", StatusOnly).unwrap();
         let mut c = ControlClient::connect(&path).unwrap();
-        assert_eq!(c.call(&Request::Status).unwrap(), serde_json::json!("fine"));
-        let e = c.call(&Request::Detach { domid: 1 }).unwrap_err();
+        assert_eq!(
+            c.call(&XmxdRequest::Status).unwrap(),
+            serde_json::json!("fine")
+        );
+        let e = c.call(&XmxdRequest::Detach { domid: 1 }).unwrap_err();
         assert_eq!(e.kind, "not_found");
         let mut raw = UnixStream::connect(&path).unwrap();
         raw.write_all(b"{\"op\":\n").unwrap();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use xmx_wire::mxoe::Mac;
 
-use super::announce::{self, EntryRepr, Kind, MessageRepr};
+use super::announce::{self, AnnounceKind, EntryRepr, MessageRepr};
 
 /// Timers of discovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +192,7 @@ impl Discovery {
         }
         let ttl = Duration::from_millis(u64::from(msg.ttl_ms));
         match msg.kind {
-            Kind::Solicit => {
+            AnnounceKind::Solicit => {
                 // The newcomer needs our list now, not in an interval; at most a few
                 // times per interval, whoever asks.
                 let quiet = self.cfg.interval / 4;
@@ -214,7 +214,7 @@ impl Discovery {
                 known.expires = now + ttl;
                 false
             }
-            Kind::Announce => self.take_announcement(now, src, msg, ttl),
+            AnnounceKind::Announce => self.take_announcement(now, src, msg, ttl),
         }
     }
 
@@ -327,7 +327,7 @@ mod tests {
         std::iter::from_fn(|| d.poll_transmit()).collect()
     }
 
-    fn kinds(frames: &[Vec<u8>]) -> Vec<Kind> {
+    fn kinds(frames: &[Vec<u8>]) -> Vec<AnnounceKind> {
         frames
             .iter()
             .map(|f| announce::parse_frame(f).unwrap().1.kind)
@@ -343,13 +343,13 @@ mod tests {
         b.set_local(vec![entry("b1", Some(0))], t0);
         drain(&mut b);
         let from_a = drain(&mut a);
-        assert_eq!(kinds(&from_a), [Kind::Solicit]);
+        assert_eq!(kinds(&from_a), [AnnounceKind::Solicit]);
         for f in &from_a {
             assert!(!b.handle_frame(t0, f), "a solicitation changes no list");
         }
         // B answers at once with its list.
         let from_b = drain(&mut b);
-        assert_eq!(kinds(&from_b), [Kind::Announce]);
+        assert_eq!(kinds(&from_b), [AnnounceKind::Announce]);
         assert!(a.handle_frame(t0, &from_b[0]));
         let hosts: Vec<_> = a.hosts().collect();
         assert_eq!(hosts.len(), 1);
@@ -423,7 +423,7 @@ mod tests {
         assert_eq!(a.hosts().count(), 1);
         assert_eq!(a.poll_timeout(), t0 + Duration::from_secs(1));
         assert!(!a.handle_timeout(t0 + Duration::from_secs(1)));
-        assert_eq!(kinds(&drain(&mut a)), [Kind::Announce]);
+        assert_eq!(kinds(&drain(&mut a)), [AnnounceKind::Announce]);
         assert!(!a.handle_timeout(t0 + MIN_TTL - Duration::from_millis(1)));
         assert!(a.handle_timeout(t0 + MIN_TTL));
         assert_eq!(a.hosts().count(), 0);
@@ -452,7 +452,10 @@ mod tests {
         // Back: B re-announces and is kept from then on.
         b.reannounce(t);
         let frames = drain(&mut b);
-        assert_eq!(kinds(&frames), [Kind::Solicit, Kind::Announce]);
+        assert_eq!(
+            kinds(&frames),
+            [AnnounceKind::Solicit, AnnounceKind::Announce]
+        );
         for f in frames {
             a.handle_frame(t, &f);
         }
@@ -471,9 +474,9 @@ mod tests {
         for _ in 0..100 {
             a.handle_frame(t0, &solicit);
         }
-        assert_eq!(kinds(&drain(&mut a)), [Kind::Announce]);
+        assert_eq!(kinds(&drain(&mut a)), [AnnounceKind::Announce]);
         a.handle_frame(t0 + Duration::from_millis(250), &solicit);
-        assert_eq!(kinds(&drain(&mut a)), [Kind::Announce]);
+        assert_eq!(kinds(&drain(&mut a)), [AnnounceKind::Announce]);
     }
 
     #[test]

@@ -83,10 +83,10 @@ pub mod state;
 pub mod table;
 pub mod xsnodes;
 
-pub use control::{ControlClient, Request};
+pub use control::{ControlClient, XmxdRequest};
 pub use error::{Error, Result};
 pub use fabric::PacketFabric;
-pub use service::{Config, Core, Stopper, Xmxd};
+pub use service::{Core, Xmxd, XmxdConfig, XmxdStopper};
 
 /// The control socket's default path: `$XMX_SIM_DIR/xmxd.sock` on the simulator,
 /// `/run/xmx/xmxd.sock` on Xen.

@@ -49,14 +49,14 @@ pub(crate) struct GuestRecord {
 
 /// The whole state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct State {
+pub(crate) struct XmxdState {
     /// Clusters by name; the default cluster is always there.
     pub(crate) clusters: BTreeMap<String, ClusterRecord>,
     /// Guests by (base) name.
     pub(crate) guests: BTreeMap<String, GuestRecord>,
 }
 
-impl Default for State {
+impl Default for XmxdState {
     fn default() -> Self {
         let mut clusters = BTreeMap::new();
         clusters.insert(
@@ -65,14 +65,14 @@ impl Default for State {
                 id: names::DEFAULT_CLUSTER_ID,
             },
         );
-        State {
+        XmxdState {
             clusters,
             guests: BTreeMap::new(),
         }
     }
 }
 
-impl State {
+impl XmxdState {
     /// Repair what a hand-edited or older file may hold: ids recomputed, the default
     /// cluster present, invalid names refused, guests of unknown clusters moved to the
     /// default one.
@@ -194,7 +194,7 @@ impl State {
 pub(crate) struct StateStore {
     path: PathBuf,
     /// The current state; call [`StateStore::save`] after changing it.
-    pub(crate) state: State,
+    pub(crate) state: XmxdState,
 }
 
 impl StateStore {
@@ -205,7 +205,7 @@ impl StateStore {
         let mut state = match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => XmxdState::default(),
             Err(e) => return Err(e.into()),
         };
         state.normalise()?;
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn clusters_are_created_once_and_deleted_with_their_members_moved() {
-        let mut s = State::default();
+        let mut s = XmxdState::default();
         assert_eq!(s.cluster_id(DEFAULT_CLUSTER), Some(0));
         let id = s.create_cluster("blue").unwrap();
         assert_eq!(id, names::cluster_id("blue"));
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_new_guest_gets_the_default_cluster_and_its_derived_mac() {
-        let mut s = State::default();
+        let mut s = XmxdState::default();
         let g = s.guest_entry("vm7").unwrap().clone();
         assert_eq!(g.cluster, DEFAULT_CLUSTER);
         assert_eq!(g.mac, names::guest_mac("vm7"));
@@ -296,7 +296,7 @@ mod tests {
     fn the_file_round_trips_and_is_repaired_on_load() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateStore::open(dir.path()).unwrap();
-        assert_eq!(store.state, State::default());
+        assert_eq!(store.state, XmxdState::default());
         store.state.create_cluster("blue").unwrap();
         let g = store.state.guest_entry("vm1").unwrap();
         g.cluster = "blue".into();

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use xmx_backend::xenbus::toolstack::in_transaction;
 use xmx_hv::{DomId, Error, Result, Xenstore, XsAccess, XsPerm, XBT_NULL};
 
-use super::state::State;
+use super::state::XmxdState;
 
 /// `/local/domain/<toolstack>/xmx`.
 pub fn root(toolstack: DomId) -> String {
@@ -195,7 +195,11 @@ pub(crate) fn listed_domains(xs: &dyn Xenstore) -> Result<Vec<DomId>> {
 }
 
 /// Rewrite the mirror of the clusters from `state`, in one transaction.
-pub(crate) fn mirror_clusters(xs: &dyn Xenstore, toolstack: DomId, state: &State) -> Result<()> {
+pub(crate) fn mirror_clusters(
+    xs: &dyn Xenstore,
+    toolstack: DomId,
+    state: &XmxdState,
+) -> Result<()> {
     let dir = clusters_dir(toolstack);
     in_transaction(xs, |tx| {
         if xs.read(tx, &dir).is_ok() {

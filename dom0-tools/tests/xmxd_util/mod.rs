@@ -12,9 +12,9 @@ use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, Platform, Port, Xenstore, DOM0, PAGE_SIZE,
     XBT_NULL,
 };
-use xmx_tools::xmxd::control::Request;
+use xmx_tools::xmxd::control::XmxdRequest;
 use xmx_tools::xmxd::discovery::DiscoveryConfig;
-use xmx_tools::xmxd::{Config, PacketFabric, Xmxd};
+use xmx_tools::xmxd::{PacketFabric, Xmxd, XmxdConfig};
 use xmx_wire::msg::{CtrlFront, PROTOCOL_VERSION};
 use xmx_wire::ring::SharedMem;
 use xmx_wire::xenbus::{self, keys, XenbusState};
@@ -75,8 +75,8 @@ impl XmxdHost {
     }
 
     /// xmxd's configuration for this host, announcing every `interval`.
-    pub fn xmxd_config(&self, interval: Duration) -> Config {
-        let mut cfg = Config::new(&self.name, &self.state_dir());
+    pub fn xmxd_config(&self, interval: Duration) -> XmxdConfig {
+        let mut cfg = XmxdConfig::new(&self.name, &self.state_dir());
         cfg.control_socket = Some(self.xmxd_socket());
         cfg.backend_socket = Some(self.backend_socket());
         cfg.discovery = DiscoveryConfig::every(interval);
@@ -96,7 +96,7 @@ impl XmxdHost {
     }
 
     /// A control request that must succeed.
-    pub fn call(&self, request: Request) -> serde_json::Value {
+    pub fn call(&self, request: XmxdRequest) -> serde_json::Value {
         self.xmxd()
             .call(request.clone())
             .into_result()
@@ -159,7 +159,7 @@ pub fn wait_node(xs: &dyn Xenstore, path: &str, mut cond: impl FnMut(Option<Stri
 }
 
 /// The guest's side of a device: just enough of a frontend to connect the control ring.
-pub struct Frontend {
+pub struct MinimalFrontend {
     pub domid: DomId,
     pub platform: SimPlatform,
     pub xs: Box<dyn Xenstore>,
@@ -168,13 +168,13 @@ pub struct Frontend {
     pub ring: Option<(CtrlFront, Arc<GrantedPages>, Port)>,
 }
 
-impl Frontend {
-    pub fn new(hv_dir: &Path, domid: DomId) -> Frontend {
+impl MinimalFrontend {
+    pub fn new(hv_dir: &Path, domid: DomId) -> MinimalFrontend {
         let platform = SimPlatform::attach(hv_dir, domid).unwrap();
         let xs = platform.xenstore().unwrap();
         let gnttab = platform.grant_table().unwrap();
         let evtchn = platform.event_channels().unwrap();
-        Frontend {
+        MinimalFrontend {
             domid,
             platform,
             xs,

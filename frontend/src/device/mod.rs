@@ -50,7 +50,7 @@ use crate::ctrl::{CtrlClient, CtrlStats};
 use crate::error::{Error, Result};
 use crate::handoff::{check_geometry, EndpointHandoff};
 use crate::shared::{end_grants, end_shared_grants, OwnedPort};
-use crate::xenbus::{step, Step};
+use crate::xenbus::{step, FrontendStep};
 
 mod endpoints;
 mod handshake;
@@ -509,16 +509,16 @@ impl Frontend {
             let s = step(self.state, back, want);
             tracing::trace!(front = ?self.state, ?back, want, step = ?s, "xenbus");
             match s {
-                Step::Stay => {
+                FrontendStep::Stay => {
                     if back.is_none() && !self.device_present()? {
                         self.mark_detached()?;
                     }
                     return Ok(());
                 }
-                Step::Publish => self.publish()?,
-                Step::Connect => self.connect()?,
-                Step::Teardown => self.teardown()?,
-                Step::Restart => self.set_state(XenbusState::Initialising)?,
+                FrontendStep::Publish => self.publish()?,
+                FrontendStep::Connect => self.connect()?,
+                FrontendStep::Teardown => self.teardown()?,
+                FrontendStep::Restart => self.set_state(XenbusState::Initialising)?,
             }
         }
         Ok(())

@@ -11,7 +11,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use xmx_hv::handoff::{recv_message, send_message};
 use xmx_wire::msg::EndpointPages;
 
-use super::proto::{BoardInfo, Message, Notice, Reply, Request, MAX_MESSAGE};
+use super::proto::{
+    FrontdBoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice, MAX_MESSAGE,
+};
 use crate::channel::{EndpointChannel, RegionWindow};
 use crate::error::{Error, Result};
 use crate::handoff::EndpointHandoff;
@@ -61,7 +63,7 @@ impl FrontdClient {
         self.sock.as_fd()
     }
 
-    fn recv(&mut self, timeout: Option<Duration>) -> Result<Option<Message>> {
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Option<FrontdMessage>> {
         if let Some(t) = timeout {
             let ms = t.as_millis().min(i32::MAX as u128) as i32;
             let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
@@ -75,7 +77,7 @@ impl FrontdClient {
             }
         }
         match recv_message(&self.sock, MAX_MESSAGE) {
-            Ok(Some((body, fds))) => Ok(Some(Message::parse(&body, fds)?)),
+            Ok(Some((body, fds))) => Ok(Some(FrontdMessage::parse(&body, fds)?)),
             Ok(None) => Err(Error::Closed("xmx-frontd closed the connection".into())),
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 Err(Error::Closed("xmx-frontd closed the connection".into()))
@@ -85,10 +87,10 @@ impl FrontdClient {
     }
 
     /// Send `request` and wait for its reply, queueing notices met meanwhile.
-    fn call(&mut self, request: Request) -> Result<Reply> {
+    fn call(&mut self, request: FrontdRequest) -> Result<FrontdReply> {
         self.seq = self.seq.wrapping_add(1).max(1);
         let seq = self.seq;
-        let msg = Message::Request { seq, request };
+        let msg = FrontdMessage::Request { seq, request };
         let (body, fds) = msg.emit();
         send_message(&self.sock, &body, &fds)
             .map_err(|e| Error::Closed(format!("sending to xmx-frontd: {e}")))?;
@@ -97,34 +99,34 @@ impl FrontdClient {
                 return Err(Error::Timeout("xmx-frontd did not answer".into()));
             };
             match msg {
-                Message::Reply { seq: s, reply } if s == seq => {
+                FrontdMessage::Reply { seq: s, reply } if s == seq => {
                     return match reply {
-                        Reply::Error(e) => Err(e.into_error()),
+                        FrontdReply::Error(e) => Err(e.into_error()),
                         other => Ok(other),
                     }
                 }
-                Message::Reply { seq: s, .. } => {
+                FrontdMessage::Reply { seq: s, .. } => {
                     return Err(Error::Protocol(format!("reply {s} to request {seq}")))
                 }
-                Message::Notice(n) => self.notices.push_back(n),
-                Message::Request { .. } => {
+                FrontdMessage::Notice(n) => self.notices.push_back(n),
+                FrontdMessage::Request { .. } => {
                     return Err(Error::Protocol("the daemon sent a request".into()))
                 }
             }
         }
     }
 
-    fn expect_ok(&mut self, request: Request) -> Result<()> {
+    fn expect_ok(&mut self, request: FrontdRequest) -> Result<()> {
         match self.call(request)? {
-            Reply::Ok => Ok(()),
+            FrontdReply::Ok => Ok(()),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }
     }
 
     /// The board.
-    pub fn info(&mut self) -> Result<BoardInfo> {
-        match self.call(Request::Info)? {
-            Reply::Info(i) => Ok(i),
+    pub fn info(&mut self) -> Result<FrontdBoardInfo> {
+        match self.call(FrontdRequest::Info)? {
+            FrontdReply::Info(i) => Ok(i),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }
     }
@@ -140,7 +142,7 @@ impl FrontdClient {
         match EndpointChannel::from_handoff(h) {
             Ok(c) => Ok(c),
             Err(e) => {
-                let _ = self.expect_ok(Request::CloseEndpoint { endpoint: index });
+                let _ = self.expect_ok(FrontdRequest::CloseEndpoint { endpoint: index });
                 Err(e)
             }
         }
@@ -152,8 +154,8 @@ impl FrontdClient {
         endpoint: Option<u8>,
         geometry: Option<EndpointPages>,
     ) -> Result<EndpointHandoff> {
-        match self.call(Request::OpenEndpoint { endpoint, geometry })? {
-            Reply::Endpoint(h) => Ok(h),
+        match self.call(FrontdRequest::OpenEndpoint { endpoint, geometry })? {
+            FrontdReply::Endpoint(h) => Ok(h),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }
     }
@@ -162,20 +164,20 @@ impl FrontdClient {
     pub fn close_endpoint(&mut self, channel: EndpointChannel) -> Result<()> {
         let endpoint = channel.endpoint();
         drop(channel);
-        self.expect_ok(Request::CloseEndpoint { endpoint })
+        self.expect_ok(FrontdRequest::CloseEndpoint { endpoint })
     }
 
     /// Register a window of `length` bytes on `endpoint` and map it.
     pub fn register_region(&mut self, endpoint: u8, length: u32) -> Result<RegionWindow> {
-        let h = match self.call(Request::RegisterRegion { endpoint, length })? {
-            Reply::Region(h) => h,
+        let h = match self.call(FrontdRequest::RegisterRegion { endpoint, length })? {
+            FrontdReply::Region(h) => h,
             other => return Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         };
         let (endpoint, region_id) = (h.endpoint, h.region_id);
         match RegionWindow::from_handoff(h) {
             Ok(w) => Ok(w),
             Err(e) => {
-                let _ = self.expect_ok(Request::DeregisterRegion {
+                let _ = self.expect_ok(FrontdRequest::DeregisterRegion {
                     endpoint,
                     region_id,
                 });
@@ -188,7 +190,7 @@ impl FrontdClient {
     pub fn deregister_region(&mut self, window: RegionWindow) -> Result<()> {
         let (endpoint, region_id) = (window.endpoint(), window.region_id());
         drop(window);
-        self.expect_ok(Request::DeregisterRegion {
+        self.expect_ok(FrontdRequest::DeregisterRegion {
             endpoint,
             region_id,
         })
@@ -198,7 +200,7 @@ impl FrontdClient {
     pub fn poll_notices(&mut self) -> Result<Vec<Notice>> {
         while let Some(msg) = self.recv(Some(Duration::ZERO))? {
             match msg {
-                Message::Notice(n) => self.notices.push_back(n),
+                FrontdMessage::Notice(n) => self.notices.push_back(n),
                 other => return Err(Error::Protocol(format!("unsolicited {other:?}"))),
             }
         }
@@ -212,7 +214,7 @@ impl FrontdClient {
         }
         match self.recv(Some(timeout))? {
             None => Ok(None),
-            Some(Message::Notice(n)) => Ok(Some(n)),
+            Some(FrontdMessage::Notice(n)) => Ok(Some(n)),
             Some(other) => Err(Error::Protocol(format!("unsolicited {other:?}"))),
         }
     }
@@ -222,7 +224,7 @@ impl FrontdClient {
     pub fn remap(&mut self, channel: &mut EndpointChannel, h: EndpointHandoff) -> Result<()> {
         let (endpoint, generation) = (h.endpoint, h.generation);
         channel.remap(h)?;
-        self.expect_ok(Request::Remapped {
+        self.expect_ok(FrontdRequest::Remapped {
             endpoint,
             generation,
         })

@@ -5,4 +5,4 @@ pub mod client;
 pub mod proto;
 
 pub use client::FrontdClient;
-pub use proto::{BoardInfo, ErrorReply, Message, Notice, Reply, Request};
+pub use proto::{ErrorReply, FrontdBoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice};

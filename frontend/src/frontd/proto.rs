@@ -14,7 +14,7 @@
 //! | request | REMAPPED | `endpoint u8, generation u32` | – |
 //! | reply | OK | – | – |
 //! | reply | ERROR | `code u8, ctrl_kind u8, ctrl_status u32, message str` | – |
-//! | reply | INFO | [`BoardInfo`] | – |
+//! | reply | INFO | [`FrontdBoardInfo`] | – |
 //! | reply | ENDPOINT | [`EndpointHandoff`] | pages, port |
 //! | reply | REGION | [`RegionHandoff`] | pages |
 //! | notice | REOPENED | [`EndpointHandoff`] | pages, port |
@@ -76,7 +76,7 @@ pub fn default_socket_path() -> std::path::PathBuf {
 
 /// What an application asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
+pub enum FrontdRequest {
     /// The board: MAC, hostname, limits.
     Info,
     /// Open an endpoint (index, or any free one) with a geometry (or the daemon's).
@@ -116,7 +116,7 @@ pub enum Request {
 
 /// The board as the daemon sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BoardInfo {
+pub struct FrontdBoardInfo {
     /// Whether the device is connected to its backend now.
     pub connected: bool,
     /// The guest's domain id.
@@ -138,7 +138,7 @@ pub struct BoardInfo {
 /// Why a request failed, as sent back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum ErrorCode {
+pub enum FrontdErrorCode {
     /// The backend refused (with a control status).
     Refused = 1,
     /// The device is not connected to its backend.
@@ -157,8 +157,8 @@ pub enum ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorReply {
     /// What kind of failure.
-    pub code: ErrorCode,
-    /// For [`ErrorCode::Refused`]: what the backend refused and why.
+    pub code: FrontdErrorCode,
+    /// For [`FrontdErrorCode::Refused`]: what the backend refused and why.
     pub refused: Option<(CtrlKind, CtrlStatus)>,
     /// The daemon's description of the failure.
     pub message: String,
@@ -168,12 +168,12 @@ impl ErrorReply {
     /// The reply describing `e`.
     pub fn from_error(e: &Error) -> ErrorReply {
         let (code, refused) = match e {
-            Error::Refused { op, status } => (ErrorCode::Refused, Some((*op, *status))),
-            Error::NotConnected(_) => (ErrorCode::NotConnected, None),
-            Error::Invalid(_) => (ErrorCode::Invalid, None),
-            Error::Exhausted(_) => (ErrorCode::Exhausted, None),
-            Error::Timeout(_) => (ErrorCode::Timeout, None),
-            _ => (ErrorCode::Failed, None),
+            Error::Refused { op, status } => (FrontdErrorCode::Refused, Some((*op, *status))),
+            Error::NotConnected(_) => (FrontdErrorCode::NotConnected, None),
+            Error::Invalid(_) => (FrontdErrorCode::Invalid, None),
+            Error::Exhausted(_) => (FrontdErrorCode::Exhausted, None),
+            Error::Timeout(_) => (FrontdErrorCode::Timeout, None),
+            _ => (FrontdErrorCode::Failed, None),
         };
         // What ran out, alone: the application's side words it again.
         let message = match e {
@@ -190,11 +190,11 @@ impl ErrorReply {
     /// The error this reply stands for, on the application's side.
     pub fn into_error(self) -> Error {
         match (self.code, self.refused) {
-            (ErrorCode::Refused, Some((op, status))) => Error::Refused { op, status },
-            (ErrorCode::NotConnected, _) => Error::NotConnected(self.message),
-            (ErrorCode::Invalid, _) => Error::Invalid(self.message),
-            (ErrorCode::Exhausted, _) => Error::Exhausted(self.message.into()),
-            (ErrorCode::Timeout, _) => Error::Timeout(self.message),
+            (FrontdErrorCode::Refused, Some((op, status))) => Error::Refused { op, status },
+            (FrontdErrorCode::NotConnected, _) => Error::NotConnected(self.message),
+            (FrontdErrorCode::Invalid, _) => Error::Invalid(self.message),
+            (FrontdErrorCode::Exhausted, _) => Error::Exhausted(self.message.into()),
+            (FrontdErrorCode::Timeout, _) => Error::Timeout(self.message),
             _ => Error::Protocol(format!("xmx-frontd: {}", self.message)),
         }
     }
@@ -202,17 +202,17 @@ impl ErrorReply {
 
 /// What the daemon answers.
 #[derive(Debug)]
-pub enum Reply {
-    /// Done: the answer to [`Request::CloseEndpoint`], [`Request::DeregisterRegion`] and
-    /// [`Request::Remapped`].
+pub enum FrontdReply {
+    /// Done: the answer to [`FrontdRequest::CloseEndpoint`], [`FrontdRequest::DeregisterRegion`] and
+    /// [`FrontdRequest::Remapped`].
     Ok,
     /// The request failed.
     Error(ErrorReply),
-    /// The answer to [`Request::Info`].
-    Info(BoardInfo),
-    /// The answer to [`Request::OpenEndpoint`]: the endpoint, its pages and its port.
+    /// The answer to [`FrontdRequest::Info`].
+    Info(FrontdBoardInfo),
+    /// The answer to [`FrontdRequest::OpenEndpoint`]: the endpoint, its pages and its port.
     Endpoint(EndpointHandoff),
-    /// The answer to [`Request::RegisterRegion`]: the region and its window's pages.
+    /// The answer to [`FrontdRequest::RegisterRegion`]: the region and its window's pages.
     Region(RegionHandoff),
 }
 
@@ -220,7 +220,7 @@ pub enum Reply {
 #[derive(Debug)]
 pub enum Notice {
     /// An endpoint was opened again after a reconnection: remap it, then say
-    /// [`Request::Remapped`].
+    /// [`FrontdRequest::Remapped`].
     EndpointReopened(EndpointHandoff),
     /// An endpoint could not be opened again; it is gone.
     EndpointLost {
@@ -239,44 +239,44 @@ pub enum Notice {
 
 /// One message either way.
 #[derive(Debug)]
-pub enum Message {
+pub enum FrontdMessage {
     /// From an application.
     Request {
         /// Chosen by the application (never 0); its reply carries it back.
         seq: u32,
         /// What it asks.
-        request: Request,
+        request: FrontdRequest,
     },
     /// From the daemon, to one request.
     Reply {
         /// The request's `seq`.
         seq: u32,
         /// The answer.
-        reply: Reply,
+        reply: FrontdReply,
     },
     /// From the daemon, unasked (sent with seq 0).
     Notice(Notice),
 }
 
-impl Message {
+impl FrontdMessage {
     /// Encode; the descriptors borrow from `self`.
     pub fn emit(&self) -> (Vec<u8>, Vec<BorrowedFd<'_>>) {
         let mut out = Vec::with_capacity(64);
         let mut fds = Vec::new();
         match self {
-            Message::Request { seq, request } => {
+            FrontdMessage::Request { seq, request } => {
                 let op = match request {
-                    Request::Info => OP_INFO,
-                    Request::OpenEndpoint { .. } => OP_OPEN_ENDPOINT,
-                    Request::CloseEndpoint { .. } => OP_CLOSE_ENDPOINT,
-                    Request::RegisterRegion { .. } => OP_REGISTER_REGION,
-                    Request::DeregisterRegion { .. } => OP_DEREGISTER_REGION,
-                    Request::Remapped { .. } => OP_REMAPPED,
+                    FrontdRequest::Info => OP_INFO,
+                    FrontdRequest::OpenEndpoint { .. } => OP_OPEN_ENDPOINT,
+                    FrontdRequest::CloseEndpoint { .. } => OP_CLOSE_ENDPOINT,
+                    FrontdRequest::RegisterRegion { .. } => OP_REGISTER_REGION,
+                    FrontdRequest::DeregisterRegion { .. } => OP_DEREGISTER_REGION,
+                    FrontdRequest::Remapped { .. } => OP_REMAPPED,
                 };
                 header(&mut out, KIND_REQUEST, op, *seq);
                 match request {
-                    Request::Info => {}
-                    Request::OpenEndpoint { endpoint, geometry } => {
+                    FrontdRequest::Info => {}
+                    FrontdRequest::OpenEndpoint { endpoint, geometry } => {
                         out.push(endpoint.unwrap_or(ANY_ENDPOINT));
                         let g = geometry.unwrap_or(EndpointPages {
                             send_ring: 0,
@@ -290,16 +290,16 @@ impl Message {
                         out.extend_from_slice(&g.send_queue.to_le_bytes());
                         out.extend_from_slice(&g.recv_queue.to_le_bytes());
                     }
-                    Request::CloseEndpoint { endpoint } => out.push(*endpoint),
-                    Request::RegisterRegion { endpoint, length } => {
+                    FrontdRequest::CloseEndpoint { endpoint } => out.push(*endpoint),
+                    FrontdRequest::RegisterRegion { endpoint, length } => {
                         out.push(*endpoint);
                         out.extend_from_slice(&length.to_le_bytes());
                     }
-                    Request::DeregisterRegion {
+                    FrontdRequest::DeregisterRegion {
                         endpoint,
                         region_id,
                     } => out.extend_from_slice(&[*endpoint, *region_id]),
-                    Request::Remapped {
+                    FrontdRequest::Remapped {
                         endpoint,
                         generation,
                     } => {
@@ -308,9 +308,9 @@ impl Message {
                     }
                 }
             }
-            Message::Reply { seq, reply } => match reply {
-                Reply::Ok => header(&mut out, KIND_REPLY, REPLY_OK, *seq),
-                Reply::Error(e) => {
+            FrontdMessage::Reply { seq, reply } => match reply {
+                FrontdReply::Ok => header(&mut out, KIND_REPLY, REPLY_OK, *seq),
+                FrontdReply::Error(e) => {
                     header(&mut out, KIND_REPLY, REPLY_ERROR, *seq);
                     out.push(e.code as u8);
                     let (kind, status) = e
@@ -321,7 +321,7 @@ impl Message {
                     out.extend_from_slice(&status.to_le_bytes());
                     put_string(&mut out, &e.message);
                 }
-                Reply::Info(i) => {
+                FrontdReply::Info(i) => {
                     header(&mut out, KIND_REPLY, REPLY_INFO, *seq);
                     out.push(u8::from(i.connected));
                     out.extend_from_slice(&i.domid.to_le_bytes());
@@ -332,16 +332,16 @@ impl Message {
                     out.extend_from_slice(&i.max_regions.to_le_bytes());
                     out.push(u8::from(i.local_delivery));
                 }
-                Reply::Endpoint(h) => {
+                FrontdReply::Endpoint(h) => {
                     header(&mut out, KIND_REPLY, REPLY_ENDPOINT, *seq);
                     h.emit(&mut out, &mut fds);
                 }
-                Reply::Region(h) => {
+                FrontdReply::Region(h) => {
                     header(&mut out, KIND_REPLY, REPLY_REGION, *seq);
                     h.emit(&mut out, &mut fds);
                 }
             },
-            Message::Notice(n) => match n {
+            FrontdMessage::Notice(n) => match n {
                 Notice::EndpointReopened(h) => {
                     header(&mut out, KIND_NOTICE, NOTICE_REOPENED, 0);
                     h.emit(&mut out, &mut fds);
@@ -361,7 +361,7 @@ impl Message {
 
     /// Decode a body and the descriptors that came with it. Untrusted: every field is
     /// checked, trailing bytes and unused descriptors are refused.
-    pub fn parse(body: &[u8], fds: Vec<OwnedFd>) -> Result<Message> {
+    pub fn parse(body: &[u8], fds: Vec<OwnedFd>) -> Result<FrontdMessage> {
         let mut fds: VecDeque<OwnedFd> = fds.into();
         let mut f = Fields(body);
         let kind = f.u8()?;
@@ -370,7 +370,7 @@ impl Message {
         let msg = match kind {
             KIND_REQUEST => {
                 let request = match op {
-                    OP_INFO => Request::Info,
+                    OP_INFO => FrontdRequest::Info,
                     OP_OPEN_ENDPOINT => {
                         let endpoint = f.u8()?;
                         let has = flag(f.u8()?)?;
@@ -380,48 +380,48 @@ impl Message {
                             send_queue: f.u16()?,
                             recv_queue: f.u16()?,
                         };
-                        Request::OpenEndpoint {
+                        FrontdRequest::OpenEndpoint {
                             endpoint: (endpoint != ANY_ENDPOINT).then_some(endpoint),
                             geometry: has.then_some(g),
                         }
                     }
-                    OP_CLOSE_ENDPOINT => Request::CloseEndpoint { endpoint: f.u8()? },
-                    OP_REGISTER_REGION => Request::RegisterRegion {
+                    OP_CLOSE_ENDPOINT => FrontdRequest::CloseEndpoint { endpoint: f.u8()? },
+                    OP_REGISTER_REGION => FrontdRequest::RegisterRegion {
                         endpoint: f.u8()?,
                         length: f.u32()?,
                     },
-                    OP_DEREGISTER_REGION => Request::DeregisterRegion {
+                    OP_DEREGISTER_REGION => FrontdRequest::DeregisterRegion {
                         endpoint: f.u8()?,
                         region_id: f.u8()?,
                     },
-                    OP_REMAPPED => Request::Remapped {
+                    OP_REMAPPED => FrontdRequest::Remapped {
                         endpoint: f.u8()?,
                         generation: f.u32()?,
                     },
                     other => return Err(Error::Protocol(format!("unknown request {other}"))),
                 };
-                Message::Request { seq, request }
+                FrontdMessage::Request { seq, request }
             }
             KIND_REPLY => {
                 let reply = match op {
-                    REPLY_OK => Reply::Ok,
+                    REPLY_OK => FrontdReply::Ok,
                     REPLY_ERROR => {
                         let code = match f.u8()? {
-                            1 => ErrorCode::Refused,
-                            2 => ErrorCode::NotConnected,
-                            3 => ErrorCode::Invalid,
-                            4 => ErrorCode::Exhausted,
-                            5 => ErrorCode::Timeout,
-                            _ => ErrorCode::Failed,
+                            1 => FrontdErrorCode::Refused,
+                            2 => FrontdErrorCode::NotConnected,
+                            3 => FrontdErrorCode::Invalid,
+                            4 => FrontdErrorCode::Exhausted,
+                            5 => FrontdErrorCode::Timeout,
+                            _ => FrontdErrorCode::Failed,
                         };
                         let kind = f.u8()?;
                         let status = f.u32()?;
-                        let refused = if code == ErrorCode::Refused {
+                        let refused = if code == FrontdErrorCode::Refused {
                             Some((CtrlKind::try_from(kind)?, CtrlStatus::try_from(status)?))
                         } else {
                             None
                         };
-                        Reply::Error(ErrorReply {
+                        FrontdReply::Error(ErrorReply {
                             code,
                             refused,
                             message: f.string(MAX_STRING)?,
@@ -432,7 +432,7 @@ impl Message {
                         let domid = f.u16()?;
                         let mut mac = [0u8; 6];
                         mac.copy_from_slice(f.bytes(6)?);
-                        Reply::Info(BoardInfo {
+                        FrontdReply::Info(FrontdBoardInfo {
                             connected,
                             domid,
                             mac: Mac(mac),
@@ -443,13 +443,15 @@ impl Message {
                             local_delivery: flag(f.u8()?)?,
                         })
                     }
-                    REPLY_ENDPOINT => Reply::Endpoint(EndpointHandoff::parse(&mut f.0, &mut fds)?),
-                    REPLY_REGION => Reply::Region(RegionHandoff::parse(&mut f.0, &mut fds)?),
+                    REPLY_ENDPOINT => {
+                        FrontdReply::Endpoint(EndpointHandoff::parse(&mut f.0, &mut fds)?)
+                    }
+                    REPLY_REGION => FrontdReply::Region(RegionHandoff::parse(&mut f.0, &mut fds)?),
                     other => return Err(Error::Protocol(format!("unknown reply {other}"))),
                 };
-                Message::Reply { seq, reply }
+                FrontdMessage::Reply { seq, reply }
             }
-            KIND_NOTICE => Message::Notice(match op {
+            KIND_NOTICE => FrontdMessage::Notice(match op {
                 NOTICE_REOPENED => {
                     Notice::EndpointReopened(EndpointHandoff::parse(&mut f.0, &mut fds)?)
                 }
@@ -495,21 +497,21 @@ fn flag(v: u8) -> Result<bool> {
 mod tests {
     use super::*;
 
-    fn round_trip(m: &Message) -> Message {
+    fn round_trip(m: &FrontdMessage) -> FrontdMessage {
         let (body, fds) = m.emit();
         assert!(fds.is_empty());
-        Message::parse(&body, Vec::new()).unwrap()
+        FrontdMessage::parse(&body, Vec::new()).unwrap()
     }
 
     #[test]
     fn requests_round_trip() {
         let reqs = [
-            Request::Info,
-            Request::OpenEndpoint {
+            FrontdRequest::Info,
+            FrontdRequest::OpenEndpoint {
                 endpoint: None,
                 geometry: None,
             },
-            Request::OpenEndpoint {
+            FrontdRequest::OpenEndpoint {
                 endpoint: Some(3),
                 geometry: Some(EndpointPages {
                     send_ring: 1,
@@ -518,27 +520,27 @@ mod tests {
                     recv_queue: 400,
                 }),
             },
-            Request::CloseEndpoint { endpoint: 7 },
-            Request::RegisterRegion {
+            FrontdRequest::CloseEndpoint { endpoint: 7 },
+            FrontdRequest::RegisterRegion {
                 endpoint: 1,
                 length: 1 << 24,
             },
-            Request::DeregisterRegion {
+            FrontdRequest::DeregisterRegion {
                 endpoint: 1,
                 region_id: 200,
             },
-            Request::Remapped {
+            FrontdRequest::Remapped {
                 endpoint: 2,
                 generation: 5,
             },
         ];
         for (i, r) in reqs.into_iter().enumerate() {
-            let m = Message::Request {
+            let m = FrontdMessage::Request {
                 seq: i as u32 + 1,
                 request: r.clone(),
             };
             match round_trip(&m) {
-                Message::Request { seq, request } => {
+                FrontdMessage::Request { seq, request } => {
                     assert_eq!(seq, i as u32 + 1);
                     assert_eq!(request, r);
                 }
@@ -549,7 +551,7 @@ mod tests {
 
     #[test]
     fn replies_and_notices_round_trip() {
-        let info = BoardInfo {
+        let info = FrontdBoardInfo {
             connected: true,
             domid: 3,
             mac: Mac([2, 0, 0, 0, 0, 9]),
@@ -559,13 +561,13 @@ mod tests {
             max_regions: 256,
             local_delivery: true,
         };
-        match round_trip(&Message::Reply {
+        match round_trip(&FrontdMessage::Reply {
             seq: 9,
-            reply: Reply::Info(info.clone()),
+            reply: FrontdReply::Info(info.clone()),
         }) {
-            Message::Reply {
+            FrontdMessage::Reply {
                 seq: 9,
-                reply: Reply::Info(got),
+                reply: FrontdReply::Info(got),
             } => assert_eq!(got, info),
             other => panic!("{other:?}"),
         }
@@ -573,12 +575,12 @@ mod tests {
             op: CtrlKind::RegionRegister,
             status: CtrlStatus::Quota,
         });
-        match round_trip(&Message::Reply {
+        match round_trip(&FrontdMessage::Reply {
             seq: 1,
-            reply: Reply::Error(e.clone()),
+            reply: FrontdReply::Error(e.clone()),
         }) {
-            Message::Reply {
-                reply: Reply::Error(got),
+            FrontdMessage::Reply {
+                reply: FrontdReply::Error(got),
                 ..
             } => {
                 assert_eq!(got, e);
@@ -594,21 +596,21 @@ mod tests {
         }
         // A resource the daemon ran out of keeps its name across the socket.
         let e = ErrorReply::from_error(&Error::Exhausted("region id".into()));
-        match round_trip(&Message::Reply {
+        match round_trip(&FrontdMessage::Reply {
             seq: 2,
-            reply: Reply::Error(e),
+            reply: FrontdReply::Error(e),
         }) {
-            Message::Reply {
-                reply: Reply::Error(got),
+            FrontdMessage::Reply {
+                reply: FrontdReply::Error(got),
                 ..
             } => assert_eq!(got.into_error().to_string(), "no free region id"),
             other => panic!("{other:?}"),
         }
-        match round_trip(&Message::Notice(Notice::EndpointLost {
+        match round_trip(&FrontdMessage::Notice(Notice::EndpointLost {
             endpoint: 4,
             reason: "gone".into(),
         })) {
-            Message::Notice(Notice::EndpointLost {
+            FrontdMessage::Notice(Notice::EndpointLost {
                 endpoint: 4,
                 reason,
             }) => {
@@ -617,16 +619,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            round_trip(&Message::Notice(Notice::Shutdown)),
-            Message::Notice(Notice::Shutdown)
+            round_trip(&FrontdMessage::Notice(Notice::Shutdown)),
+            FrontdMessage::Notice(Notice::Shutdown)
         ));
     }
 
     #[test]
     fn garbage_is_refused_without_panicking() {
-        let (body, _) = Message::Request {
+        let (body, _) = FrontdMessage::Request {
             seq: 1,
-            request: Request::RegisterRegion {
+            request: FrontdRequest::RegisterRegion {
                 endpoint: 1,
                 length: 10,
             },
@@ -634,45 +636,45 @@ mod tests {
         .emit();
         for cut in 0..body.len() {
             assert!(
-                Message::parse(&body[..cut], Vec::new()).is_err(),
+                FrontdMessage::parse(&body[..cut], Vec::new()).is_err(),
                 "cut {cut}"
             );
         }
         let mut long = body.clone();
         long.push(0);
-        assert!(Message::parse(&long, Vec::new()).is_err());
+        assert!(FrontdMessage::parse(&long, Vec::new()).is_err());
         for kind in [0u8, 4, 255] {
             let mut b = body.clone();
             b[0] = kind;
-            assert!(Message::parse(&b, Vec::new()).is_err());
+            assert!(FrontdMessage::parse(&b, Vec::new()).is_err());
         }
         let mut b = body.clone();
         b[1] = 99;
-        assert!(Message::parse(&b, Vec::new()).is_err());
+        assert!(FrontdMessage::parse(&b, Vec::new()).is_err());
         // An endpoint reply without descriptors.
         let mut b = vec![KIND_REPLY, REPLY_ENDPOINT, 1, 0, 0, 0];
         b.extend_from_slice(&[0; 40]);
-        assert!(Message::parse(&b, Vec::new()).is_err());
+        assert!(FrontdMessage::parse(&b, Vec::new()).is_err());
         // A request carrying a descriptor.
         let f = std::fs::File::open("/dev/null").unwrap();
-        assert!(Message::parse(&body, vec![f.into()]).is_err());
+        assert!(FrontdMessage::parse(&body, vec![f.into()]).is_err());
         // Bad flags.
-        let (mut b, _) = Message::Request {
+        let (mut b, _) = FrontdMessage::Request {
             seq: 1,
-            request: Request::OpenEndpoint {
+            request: FrontdRequest::OpenEndpoint {
                 endpoint: None,
                 geometry: None,
             },
         }
         .emit();
         b[7] = 2;
-        assert!(Message::parse(&b, Vec::new()).is_err());
+        assert!(FrontdMessage::parse(&b, Vec::new()).is_err());
     }
 
     proptest::proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
-            let _ = Message::parse(&body, Vec::new());
+            let _ = FrontdMessage::parse(&body, Vec::new());
         }
     }
 }

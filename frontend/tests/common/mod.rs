@@ -27,22 +27,22 @@ pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
 
 /// A simulated host in a temporary directory, with the guests and frontends the tests
 /// create on it.
-pub struct Host(SimHost);
+pub struct FrontendTestHost(SimHost);
 
-impl std::ops::Deref for Host {
+impl std::ops::Deref for FrontendTestHost {
     type Target = SimHost;
     fn deref(&self) -> &SimHost {
         &self.0
     }
 }
 
-impl Host {
-    pub fn start() -> Host {
-        Host(SimHost::start())
+impl FrontendTestHost {
+    pub fn start() -> FrontendTestHost {
+        FrontendTestHost(SimHost::start())
     }
 
-    pub fn start_with(config: xmx_simhv::Config) -> Host {
-        Host(SimHost::start_with(config))
+    pub fn start_with(config: xmx_simhv::SimhvConfig) -> FrontendTestHost {
+        FrontendTestHost(SimHost::start_with(config))
     }
 
     /// Create a guest and its xmx device 0, as the toolstack does.
@@ -121,7 +121,7 @@ pub fn mapped_window(m: &Arc<MappedPages>, offset: usize, len: usize) -> SharedM
 }
 
 /// An endpoint as the fake backend holds it.
-pub struct FakeEndpoint {
+pub struct FakeBackendEndpoint {
     /// The refs it read from the info page.
     pub refs: Vec<u32>,
     pub pages: EndpointPages,
@@ -130,7 +130,7 @@ pub struct FakeEndpoint {
 }
 
 /// A region as the fake backend holds it.
-pub struct FakeRegion {
+pub struct FakeBackendRegion {
     pub info_refs: Vec<u32>,
     pub refs: Vec<u32>,
     pub length: u32,
@@ -142,8 +142,8 @@ pub struct FakeRegion {
 pub struct FakeState {
     /// Every control request, in order.
     pub requests: Vec<CtrlKind>,
-    pub endpoints: BTreeMap<u8, FakeEndpoint>,
-    pub regions: BTreeMap<(u8, u8), FakeRegion>,
+    pub endpoints: BTreeMap<u8, FakeBackendEndpoint>,
+    pub regions: BTreeMap<(u8, u8), FakeBackendRegion>,
     /// Leave requests unanswered while set.
     pub hold: bool,
     /// Times a guest notification woke the service loop.
@@ -166,7 +166,7 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     /// Offer the device (InitWait) and serve the guest once it publishes its ring.
-    pub fn start(host: &Host, domu: DomId) -> FakeBackend {
+    pub fn start(host: &FrontendTestHost, domu: DomId) -> FakeBackend {
         let state = Arc::new(Mutex::new(FakeState::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let close = Arc::new(AtomicBool::new(false));
@@ -335,7 +335,7 @@ fn serve(
                 .map_err(|_| CtrlStatus::Malformed)?;
             st.endpoints.insert(
                 open.endpoint,
-                FakeEndpoint {
+                FakeBackendEndpoint {
                     refs,
                     pages: open.pages,
                     mapping,
@@ -373,7 +373,7 @@ fn serve(
             );
             st.regions.insert(
                 (reg.endpoint, reg.region_id),
-                FakeRegion {
+                FakeBackendRegion {
                     info_refs: reg.info_refs.clone(),
                     refs,
                     length: reg.length,

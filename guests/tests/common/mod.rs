@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use xmx_backend::admin::{CountersReport, GuestReport, PeerSpec, Request};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::{DomId, Xenstore, DOM0, XBT_NULL};
@@ -19,21 +19,21 @@ use xmx_wire::xenbus::{self, keys, XenbusState};
 pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
 
 /// A simulated host with the backend running in dom0.
-pub struct Host {
+pub struct GuestsTestHost {
     pub backend: Option<BackendThread>,
     sim: SimHost,
 }
 
-impl std::ops::Deref for Host {
+impl std::ops::Deref for GuestsTestHost {
     type Target = SimHost;
     fn deref(&self) -> &SimHost {
         &self.sim
     }
 }
 
-impl Host {
+impl GuestsTestHost {
     /// A simulated host with the backend running in dom0.
-    pub fn start() -> Host {
+    pub fn start() -> GuestsTestHost {
         let sim = SimHost::start();
         let cfg = BackendConfig {
             host_name: "testhost".into(),
@@ -43,7 +43,7 @@ impl Host {
             .unwrap()
             .spawn()
             .unwrap();
-        Host {
+        GuestsTestHost {
             backend: Some(backend),
             sim,
         }
@@ -74,7 +74,7 @@ impl Host {
         }];
         self.backend()
             .control()
-            .call(Request::SetPeers { peers })
+            .call(BackdRequest::SetPeers { peers })
             .into_result()
             .unwrap();
     }
@@ -88,7 +88,7 @@ impl Host {
         let v = self
             .backend()
             .control()
-            .call(Request::Guests)
+            .call(BackdRequest::Guests)
             .into_result()
             .unwrap();
         let all: Vec<GuestReport> = serde_json::from_value(v).unwrap();
@@ -100,7 +100,7 @@ impl Host {
         let v = self
             .backend()
             .control()
-            .call(Request::Counters)
+            .call(BackdRequest::Counters)
             .into_result()
             .unwrap();
         let r: CountersReport = serde_json::from_value(v).unwrap();
@@ -112,7 +112,7 @@ impl Host {
     }
 
     /// Start `xmx-frontd` in guest `domid`; returns once the device is connected.
-    pub fn frontd(&self, domid: DomId, extra: &[&str]) -> Frontd {
+    pub fn frontd(&self, domid: DomId, extra: &[&str]) -> FrontdProcess {
         let socket = self.path().join(format!("frontd{domid}.sock"));
         let child = Command::new(env!("CARGO_BIN_EXE_xmx-frontd"))
             .arg("--socket")
@@ -128,7 +128,7 @@ impl Host {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let f = Frontd {
+        let f = FrontdProcess {
             child: Some(child),
             socket,
             domid,
@@ -138,7 +138,7 @@ impl Host {
     }
 }
 
-impl Drop for Host {
+impl Drop for GuestsTestHost {
     fn drop(&mut self) {
         // The backend goes before the hypervisor it runs on (the field drops after this).
         if let Some(b) = self.backend.take() {
@@ -148,13 +148,13 @@ impl Drop for Host {
 }
 
 /// A running `xmx-frontd`; killed on drop if still running.
-pub struct Frontd {
+pub struct FrontdProcess {
     pub child: Option<Child>,
     pub socket: PathBuf,
     pub domid: DomId,
 }
 
-impl Frontd {
+impl FrontdProcess {
     pub fn pid(&self) -> Pid {
         Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
     }
@@ -166,7 +166,7 @@ impl Frontd {
     }
 }
 
-impl Drop for Frontd {
+impl Drop for FrontdProcess {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -12,14 +12,14 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::{DomId, EventChannels, Platform, Port, XBT_NULL};
-use xmx_simhv::{Config, Daemon, DaemonHandle};
+use xmx_simhv::{Daemon, DaemonHandle, SimhvConfig};
 
 /// Set in the child process of the round-trip benchmark: "DIR,DOMID,PEER,PING,STOP".
 const PONG_ENV: &str = "XMX_HV_BENCH_PONG";
 /// How long either side waits for the other before giving up.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-struct Host {
+struct BenchHost {
     _dir: tempfile::TempDir,
     daemon: Option<DaemonHandle>,
     path: std::path::PathBuf,
@@ -27,17 +27,17 @@ struct Host {
     mapper: DomId,
 }
 
-impl Host {
-    fn start() -> Host {
+impl BenchHost {
+    fn start() -> BenchHost {
         let dir = tempfile::Builder::new()
             .prefix("simhv-bench")
             .tempdir()
             .unwrap();
-        let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+        let daemon = Daemon::start(dir.path(), SimhvConfig::default()).unwrap();
         let admin = SimAdmin::connect(dir.path()).unwrap();
         let granter = admin.create("granter", None).unwrap();
         let mapper = admin.create("mapper", None).unwrap();
-        Host {
+        BenchHost {
             path: dir.path().to_path_buf(),
             _dir: dir,
             daemon: Some(daemon),
@@ -51,7 +51,7 @@ impl Host {
     }
 }
 
-impl Drop for Host {
+impl Drop for BenchHost {
     fn drop(&mut self) {
         if let Some(d) = self.daemon.take() {
             d.shutdown();
@@ -59,7 +59,7 @@ impl Drop for Host {
     }
 }
 
-fn map_batch(c: &mut Criterion, host: &Host) {
+fn map_batch(c: &mut Criterion, host: &BenchHost) {
     let granter = host.attach(host.granter);
     let mapper = host.attach(host.mapper);
     let ggt = granter.grant_table().unwrap();
@@ -126,7 +126,7 @@ struct Ponger {
     stop: Port,
 }
 
-fn evtchn_round_trip(c: &mut Criterion, host: &Host) {
+fn evtchn_round_trip(c: &mut Criterion, host: &BenchHost) {
     let me = host.attach(host.granter);
     let ev = me.event_channels().unwrap();
     let ping = ev.alloc_unbound(host.mapper).unwrap();
@@ -162,7 +162,7 @@ fn evtchn_round_trip(c: &mut Criterion, host: &Host) {
     assert!(status.success(), "the pong process failed: {status}");
 }
 
-fn xenstore(c: &mut Criterion, host: &Host) {
+fn xenstore(c: &mut Criterion, host: &BenchHost) {
     let p = host.attach(host.mapper);
     let xs = p.xenstore().unwrap();
     let path = format!("/local/domain/{}/data/bench", host.mapper);
@@ -187,7 +187,7 @@ fn main() {
         return;
     }
     let mut c = Criterion::default().configure_from_args();
-    let host = Host::start();
+    let host = BenchHost::start();
     map_batch(&mut c, &host);
     evtchn_round_trip(&mut c, &host);
     xenstore(&mut c, &host);

@@ -12,10 +12,10 @@ use xmx_hv::daemon::control::{LineServer, LineService, Refusal, Reply};
 use xmx_hv::sim::admin::{error_reply, AdminRequest};
 use xmx_hv::Error;
 
-use crate::domains::{Host, Spec};
+use crate::domains::{HostDomains, Spec};
 
 /// The admin protocol of one host.
-struct HostAdmin(Arc<Host>);
+struct HostAdmin(Arc<HostDomains>);
 
 impl LineService for HostAdmin {
     type Request = AdminRequest;
@@ -42,7 +42,7 @@ impl LineService for HostAdmin {
 }
 
 /// Serve `path` (the directory's `ctl.sock`) for `host`.
-pub(crate) fn serve_admin(host: Arc<Host>, path: &Path) -> xmx_hv::Result<LineServer> {
+pub(crate) fn serve_admin(host: Arc<HostDomains>, path: &Path) -> xmx_hv::Result<LineServer> {
     LineServer::start(path, None, "admin", HostAdmin(host)).map_err(|e| {
         if e.kind() == std::io::ErrorKind::InvalidInput {
             Error::Invalid(format!(
@@ -55,7 +55,7 @@ pub(crate) fn serve_admin(host: Arc<Host>, path: &Path) -> xmx_hv::Result<LineSe
     })
 }
 
-fn execute(host: &Host, req: AdminRequest) -> xmx_hv::Result<serde_json::Value> {
+fn execute(host: &HostDomains, req: AdminRequest) -> xmx_hv::Result<serde_json::Value> {
     let encoding = |e: serde_json::Error| Error::Protocol(format!("encoding: {e}"));
     match req {
         AdminRequest::Create {

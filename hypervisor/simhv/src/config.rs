@@ -1,6 +1,6 @@
 //! Limits of a simulated host, per domain.
 
-use crate::xenstored::Quotas;
+use crate::xenstored::XenstoreQuotas;
 
 /// Xen's default grant-table size: 64 frames of 512 v1 entries.
 pub const DEFAULT_GNTTAB_ENTRIES: u32 = 32768;
@@ -13,7 +13,7 @@ pub const DEFAULT_MAX_MAPPINGS: usize = 1 << 18;
 
 /// Configuration of a daemon; every limit applies to each domain.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct SimhvConfig {
     /// Entries of each grant table.
     pub gnttab_entries: u32,
     /// Bytes of memory a domain may grant from.
@@ -25,18 +25,18 @@ pub struct Config {
     /// Event-channel ports a domain may have open.
     pub max_ports: usize,
     /// xenstored's per-domain quotas.
-    pub xenstore: Quotas,
+    pub xenstore: XenstoreQuotas,
 }
 
-impl Default for Config {
+impl Default for SimhvConfig {
     fn default() -> Self {
-        Config {
+        SimhvConfig {
             gnttab_entries: DEFAULT_GNTTAB_ENTRIES,
             mem_limit: DEFAULT_MEM_LIMIT,
             max_grants: DEFAULT_GNTTAB_ENTRIES as usize,
             max_mappings: DEFAULT_MAX_MAPPINGS,
             max_ports: DEFAULT_MAX_PORTS,
-            xenstore: Quotas::default(),
+            xenstore: XenstoreQuotas::default(),
         }
     }
 }

@@ -18,8 +18,8 @@ use xmx_hv::sim::{layout, SimAdmin, SimPlatform};
 use xmx_hv::{DomId, Error, Result};
 
 use crate::admin::serve_admin;
-use crate::config::Config;
-use crate::domains::Host;
+use crate::config::SimhvConfig;
+use crate::domains::HostDomains;
 
 /// Entry point of an in-process simulated host.
 pub struct Daemon;
@@ -27,14 +27,14 @@ pub struct Daemon;
 /// A running simulated host; dropping it shuts it down.
 pub struct DaemonHandle {
     dir: PathBuf,
-    host: Arc<Host>,
+    host: Arc<HostDomains>,
     admin: Option<LineServer>,
     lock: Option<Flock<File>>,
 }
 
 impl Daemon {
     /// Serve `dir` with threads of this process until the handle is shut down.
-    pub fn start(dir: impl AsRef<Path>, config: Config) -> Result<DaemonHandle> {
+    pub fn start(dir: impl AsRef<Path>, config: SimhvConfig) -> Result<DaemonHandle> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -54,7 +54,7 @@ impl Daemon {
         })?;
         remove_leftovers(&dir)?;
 
-        let host = Arc::new(Host::new(&dir, config));
+        let host = Arc::new(HostDomains::new(&dir, config));
         let mut handle = DaemonHandle {
             dir: dir.clone(),
             host: host.clone(),

@@ -34,7 +34,7 @@ use xmx_hv::sim::admin::{
 use xmx_hv::sim::layout;
 use xmx_hv::{DomId, Error, Result, XsAccess, XsPerm, DOM0};
 
-use crate::config::Config;
+use crate::config::SimhvConfig;
 use crate::hv::{serve, Hv};
 use crate::xenstored::Xenstored;
 
@@ -62,7 +62,7 @@ struct Runtime {
 }
 
 /// Every domain of the host and the services around them.
-pub(crate) struct Host {
+pub(crate) struct HostDomains {
     dir: PathBuf,
     hv: Arc<Hv>,
     xenstored: Arc<Xenstored>,
@@ -119,11 +119,11 @@ fn stream_path(path: &Path) -> Result<()> {
     Ok(())
 }
 
-impl Host {
+impl HostDomains {
     /// A host with no domain yet.
-    pub(crate) fn new(dir: &Path, config: Config) -> Host {
+    pub(crate) fn new(dir: &Path, config: SimhvConfig) -> HostDomains {
         let xenstored = Xenstored::new(config.xenstore);
-        Host {
+        HostDomains {
             dir: dir.to_path_buf(),
             hv: Arc::new(Hv::new(config)),
             xenstored,

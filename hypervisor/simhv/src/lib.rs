@@ -15,6 +15,6 @@ mod hv;
 mod procs;
 pub mod xenstored;
 
-pub use config::Config;
+pub use config::SimhvConfig;
 pub use daemon::{Daemon, DaemonHandle};
 pub use domains::{DOM0_NAME, DOMID_FIRST_RESERVED, MAX_NAME_LEN};

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use nix::unistd::{fork, setsid, ForkResult};
 use xmx_simhv::config::{DEFAULT_GNTTAB_ENTRIES, DEFAULT_MAX_MAPPINGS, DEFAULT_MAX_PORTS};
-use xmx_simhv::{Config, Daemon};
+use xmx_simhv::{Daemon, SimhvConfig};
 
 /// A one-machine Xen hypervisor for xmx: xenstored, grant tables, event channels and
 /// domain lifecycle, served under DIR (see the layout in the xmx-hv `sim` module).
@@ -43,14 +43,14 @@ struct Args {
     max_ports: usize,
 }
 
-fn config(args: &Args) -> Config {
-    Config {
+fn config(args: &Args) -> SimhvConfig {
+    SimhvConfig {
         gnttab_entries: args.gnttab_entries,
         mem_limit: args.mem_limit_mib.saturating_mul(1 << 20),
         max_grants: args.max_grants.unwrap_or(args.gnttab_entries as usize),
         max_mappings: args.max_mappings,
         max_ports: args.max_ports,
-        ..Config::default()
+        ..SimhvConfig::default()
     }
 }
 

@@ -5,10 +5,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use xmx_hv::conformance::{self, Outcome, Report, Role, Setup, DEFAULT_BASE, GRANT_SIZES};
+use xmx_hv::conformance::{
+    self, ConformanceReport, ConformanceRole, ConformanceSetup, Outcome, DEFAULT_BASE, GRANT_SIZES,
+};
 use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::{DomId, DOM0};
-use xmx_simhv::{Config, Daemon};
+use xmx_simhv::{Daemon, SimhvConfig};
 
 const LOCAL_XS: [&str; 10] = [
     "xs.domain-path",
@@ -93,7 +95,7 @@ fn outsider_checks() -> BTreeSet<String> {
 
 /// Every expected check ran exactly once, and each passed, except `skipped` which
 /// must have been skipped.
-fn assert_report(report: &Report, expected: &BTreeSet<String>, skipped: &[&str]) {
+fn assert_report(report: &ConformanceReport, expected: &BTreeSet<String>, skipped: &[&str]) {
     let names = report.names();
     let ran: BTreeSet<String> = names.iter().map(|s| s.to_string()).collect();
     assert_eq!(ran.len(), names.len(), "a check ran twice:\n{report}");
@@ -123,26 +125,36 @@ struct Run {
 }
 
 /// Run the roles of `run` concurrently against one simhv and return their reports.
-fn run_roles(dir: &std::path::Path, run: &Run) -> (Report, Report, Option<Report>) {
+fn run_roles(
+    dir: &std::path::Path,
+    run: &Run,
+) -> (
+    ConformanceReport,
+    ConformanceReport,
+    Option<ConformanceReport>,
+) {
     let timeout = Duration::from_secs(120);
     std::thread::scope(|s| {
         let granter = s.spawn(|| {
             let p = SimPlatform::attach(dir, run.granter).unwrap();
-            let mut setup = Setup::new(Role::Granter, run.mapper, DEFAULT_BASE);
+            let mut setup =
+                ConformanceSetup::new(ConformanceRole::Granter, run.mapper, DEFAULT_BASE);
             setup.third = run.outsider;
             setup.timeout = timeout;
             conformance::run_with(&p, &setup)
         });
         let mapper = s.spawn(|| {
             let p = SimPlatform::attach(dir, run.mapper).unwrap();
-            let mut setup = Setup::new(Role::Mapper, run.granter, DEFAULT_BASE);
+            let mut setup =
+                ConformanceSetup::new(ConformanceRole::Mapper, run.granter, DEFAULT_BASE);
             setup.timeout = timeout;
             conformance::run_with(&p, &setup)
         });
         let outsider = run.outsider.map(|o| {
             s.spawn(move || {
                 let p = SimPlatform::attach(dir, o).unwrap();
-                let mut setup = Setup::new(Role::Outsider, run.granter, DEFAULT_BASE);
+                let mut setup =
+                    ConformanceSetup::new(ConformanceRole::Outsider, run.granter, DEFAULT_BASE);
                 setup.timeout = timeout;
                 conformance::run_with(&p, &setup)
             })
@@ -160,7 +172,7 @@ fn start() -> (tempfile::TempDir, xmx_simhv::DaemonHandle, SimAdmin) {
         .prefix("simhv-conf")
         .tempdir()
         .unwrap();
-    let daemon = Daemon::start(dir.path(), Config::default()).unwrap();
+    let daemon = Daemon::start(dir.path(), SimhvConfig::default()).unwrap();
     let admin = SimAdmin::connect(dir.path()).unwrap();
     (dir, daemon, admin)
 }
@@ -373,13 +385,13 @@ fn a_faulty_mapper_platform_fails_exactly_the_checks_of_its_faults() {
     let (granter, mapper) = std::thread::scope(|s| {
         let granter = s.spawn(|| {
             let p = SimPlatform::attach(path, g).unwrap();
-            let mut setup = Setup::new(Role::Granter, m, DEFAULT_BASE);
+            let mut setup = ConformanceSetup::new(ConformanceRole::Granter, m, DEFAULT_BASE);
             setup.timeout = timeout;
             conformance::run_with(&p, &setup)
         });
         let mapper = s.spawn(|| {
             let p = faulty::Faulty(SimPlatform::attach(path, m).unwrap());
-            let mut setup = Setup::new(Role::Mapper, g, DEFAULT_BASE);
+            let mut setup = ConformanceSetup::new(ConformanceRole::Mapper, g, DEFAULT_BASE);
             setup.timeout = timeout;
             conformance::run_with(&p, &setup)
         });

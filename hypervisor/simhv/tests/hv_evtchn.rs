@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use hv_util::Host;
+use hv_util::SimHost;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use xmx_hv::sim::PortStatus;
 use xmx_hv::{Error, EventChannels, Platform, Port, DOM0};
@@ -35,7 +35,7 @@ fn readable(ev: &dyn EventChannels) -> bool {
 
 #[test]
 fn ports_bind_and_notify_both_ways() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -68,7 +68,7 @@ fn ports_bind_and_notify_both_ways() {
 
 #[test]
 fn delivery_masks_the_port_until_unmask() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let ev0 = host.attach(DOM0).event_channels().unwrap();
     let evg = host.attach(g).event_channels().unwrap();
@@ -104,7 +104,7 @@ fn delivery_masks_the_port_until_unmask() {
 
 #[test]
 fn notifications_before_the_bind_are_dropped() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let ev0 = host.attach(DOM0).event_channels().unwrap();
     let evg = host.attach(g).event_channels().unwrap();
@@ -118,7 +118,7 @@ fn notifications_before_the_bind_are_dropped() {
 
 #[test]
 fn binding_needs_an_unbound_port_offered_to_the_caller() {
-    let host = Host::start();
+    let host = SimHost::start();
     let a = host.create("a");
     let b = host.create("b");
     let c = host.create("c");
@@ -164,7 +164,7 @@ fn binding_needs_an_unbound_port_offered_to_the_caller() {
 
 #[test]
 fn the_peer_sees_a_close_and_the_port_can_be_bound_again() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let dom0 = host.attach(DOM0);
     let guest = host.attach(g);
@@ -204,7 +204,7 @@ fn the_peer_sees_a_close_and_the_port_can_be_bound_again() {
 
 #[test]
 fn dropping_a_handle_closes_its_ports() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let evg = host.attach(g).sim_event_channels().unwrap();
     let pg = {
@@ -220,7 +220,7 @@ fn dropping_a_handle_closes_its_ports() {
 
 #[test]
 fn port_quota_is_enforced() {
-    let host = Host::start_with(xmx_simhv::Config {
+    let host = SimHost::start_with(xmx_simhv::SimhvConfig {
         max_ports: 2,
         ..Default::default()
     });
@@ -259,7 +259,7 @@ fn role_evtchn_peer() {
 
 #[test]
 fn notifications_cross_processes() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let ev0 = host.attach(DOM0).event_channels().unwrap();
     let p0 = ev0.alloc_unbound(g).unwrap();
@@ -294,7 +294,7 @@ fn notifications_cross_processes() {
 fn measure_event_round_trip() {
     use std::time::Instant;
     const ROUNDS: u32 = 20_000;
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let ev0 = host.attach(DOM0).event_channels().unwrap();
     let evg = host.attach(g).event_channels().unwrap();

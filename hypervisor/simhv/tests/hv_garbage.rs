@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hv_util::Host;
+use hv_util::SimHost;
 use xmx_hv::sim::layout;
-use xmx_hv::sim::proto::{self, Request, Response, VERSION};
+use xmx_hv::sim::proto::{self, SimRequest, SimResponse, VERSION};
 use xmx_hv::sim::transport::{recv_frame, send_frame};
 use xmx_hv::{Error, Platform, DOM0};
 
 /// A well-behaved domain doing grant, map and event work in a loop until told to stop.
-fn good_citizen(host: &Host, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+fn good_citizen(host: &SimHost, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
     let a = host.create("good-a");
     let b = host.create("good-b");
     let pa = host.attach(a);
@@ -49,7 +49,7 @@ fn good_citizen(host: &Host, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u
     })
 }
 
-fn connect_hv(host: &Host, domid: u16) -> UnixStream {
+fn connect_hv(host: &SimHost, domid: u16) -> UnixStream {
     UnixStream::connect(layout::hv_sock(host.path(), domid)).unwrap()
 }
 
@@ -64,7 +64,7 @@ fn exchange(s: &UnixStream, body: &[u8]) -> Option<Vec<u8>> {
 
 #[test]
 fn garbage_on_hv_sock_leaves_other_domains_working() {
-    let host = Host::start();
+    let host = SimHost::start();
     let stop = Arc::new(AtomicBool::new(false));
     let worker = good_citizen(&host, stop.clone());
     let victim = host.create("hostile");
@@ -82,7 +82,7 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
     // Unknown op: a protocol error reply, and the connection goes on.
     let s = connect_hv(&host, victim);
     let mut body = Vec::new();
-    Request::Hello.emit(9, &mut body);
+    SimRequest::Hello.emit(9, &mut body);
     body[2] = 200;
     let reply = exchange(&s, &body).unwrap();
     let h = proto::ResponseHeader::parse(&reply).unwrap();
@@ -92,7 +92,7 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
     );
     // A truncated payload: error reply too.
     let mut body = Vec::new();
-    Request::Map {
+    SimRequest::Map {
         remote: DOM0,
         writable: true,
         refs: vec![1, 2, 3],
@@ -103,20 +103,20 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
     assert_ne!(proto::ResponseHeader::parse(&reply).unwrap().status, 0);
     // Still usable for a real request afterwards.
     let mut body = Vec::new();
-    Request::Hello.emit(11, &mut body);
+    SimRequest::Hello.emit(11, &mut body);
     let (reply, fds) = {
         send_frame(&s, &body, &[]).unwrap();
         recv_frame(&s, proto::MAX_FRAME).unwrap().unwrap()
     };
-    let (resp, nfds) = Response::parse(&reply, proto::Op::Hello, 11).unwrap();
-    assert!(matches!(resp, Response::Hello { domid, .. } if domid == victim));
+    let (resp, nfds) = SimResponse::parse(&reply, proto::Op::Hello, 11).unwrap();
+    assert!(matches!(resp, SimResponse::Hello { domid, .. } if domid == victim));
     assert_eq!((nfds, fds.len()), (1, 1));
     drop(s);
 
     // A wrong protocol version: error reply, then hang up.
     let s = connect_hv(&host, victim);
     let mut body = Vec::new();
-    Request::Hello.emit(1, &mut body);
+    SimRequest::Hello.emit(1, &mut body);
     body[0..2].copy_from_slice(&(VERSION + 1).to_le_bytes());
     let reply = exchange(&s, &body).unwrap();
     assert_ne!(proto::ResponseHeader::parse(&reply).unwrap().status, 0);
@@ -126,7 +126,7 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
     let s = connect_hv(&host, victim);
     let (junk, _keep) = UnixStream::pair().unwrap();
     let mut body = Vec::new();
-    Request::Hello.emit(2, &mut body);
+    SimRequest::Hello.emit(2, &mut body);
     send_frame(&s, &body, &[junk.as_fd()]).unwrap();
     assert!(recv_frame(&s, proto::MAX_FRAME).unwrap().is_some());
     drop(s);
@@ -135,7 +135,7 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
     {
         let s = connect_hv(&host, victim);
         let mut body = Vec::new();
-        Request::GrantAlloc {
+        SimRequest::GrantAlloc {
             remote: DOM0,
             writable: true,
             count: 16,
@@ -143,10 +143,10 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
         .emit(1, &mut body);
         assert!(exchange(&s, &body).is_some());
         let mut body = Vec::new();
-        Request::EvtchnOpen.emit(2, &mut body);
+        SimRequest::EvtchnOpen.emit(2, &mut body);
         assert!(exchange(&s, &body).is_some());
         let mut body = Vec::new();
-        Request::EvtchnAllocUnbound { remote: DOM0 }.emit(3, &mut body);
+        SimRequest::EvtchnAllocUnbound { remote: DOM0 }.emit(3, &mut body);
         assert!(exchange(&s, &body).is_some());
         assert_eq!(host.state(victim).grants_active, 16);
         assert_eq!(host.state(victim).ports_open, 1);
@@ -184,7 +184,7 @@ fn garbage_on_hv_sock_leaves_other_domains_working() {
 
 #[test]
 fn garbage_on_ctl_sock_gets_errors_and_does_not_stop_the_daemon() {
-    let host = Host::start();
+    let host = SimHost::start();
     let s = UnixStream::connect(layout::ctl_sock(host.path())).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let mut ask = |line: &[u8]| -> serde_json::Value {

@@ -2,7 +2,7 @@
 
 mod hv_util;
 
-use hv_util::{pattern, Host};
+use hv_util::{pattern, SimHost};
 use xmx_hv::sim::layout;
 use xmx_hv::{CopyPtr, CopySegment, Error, Platform, DOM0, PAGE_SIZE};
 
@@ -28,7 +28,7 @@ fn check_pages(ptr: *const u8, pages: usize, seed: u8) {
 
 #[test]
 fn one_page_is_shared_both_ways_with_dom0() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -66,7 +66,7 @@ fn one_page_is_shared_both_ways_with_dom0() {
 #[test]
 fn two_thousand_pages_map_in_one_batch() {
     const N: usize = 2048;
-    let host = Host::start();
+    let host = SimHost::start();
     let a = host.create("a");
     let b = host.create("b");
     let pa = host.attach(a);
@@ -98,7 +98,7 @@ fn two_thousand_pages_map_in_one_batch() {
 
 #[test]
 fn a_read_only_grant_refuses_a_writable_map() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -121,7 +121,7 @@ fn a_read_only_grant_refuses_a_writable_map() {
 
 #[test]
 fn a_guest_cannot_map_what_was_not_granted_to_it() {
-    let host = Host::start();
+    let host = SimHost::start();
     let a = host.create("a");
     let b = host.create("b");
     let c = host.create("c");
@@ -165,7 +165,7 @@ fn a_guest_cannot_map_what_was_not_granted_to_it() {
 
 #[test]
 fn end_access_is_busy_while_mapped_and_succeeds_after_unmap() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -200,7 +200,7 @@ fn end_access_is_busy_while_mapped_and_succeeds_after_unmap() {
 
 #[test]
 fn dropping_mapped_grants_defers_the_free_until_unmap() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -241,7 +241,7 @@ fn grant_table_entries_have_xen_v1_bytes() {
     const GTF_READONLY: u16 = 1 << 2;
     const GTF_READING: u16 = 1 << 3;
     const GTF_WRITING: u16 = 1 << 4;
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -292,7 +292,7 @@ fn grant_table_entries_have_xen_v1_bytes() {
 
 #[test]
 fn grant_copy_moves_bytes_both_ways_and_checks_each_side() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("guest");
     let other = host.create("other");
     let guest = host.attach(g);
@@ -391,7 +391,7 @@ fn grant_copy_moves_bytes_both_ways_and_checks_each_side() {
 
 #[test]
 fn grant_quotas_are_enforced() {
-    let host = Host::start_with(xmx_simhv::Config {
+    let host = SimHost::start_with(xmx_simhv::SimhvConfig {
         mem_limit: 4 * PAGE_SIZE as u64,
         max_mappings: 2,
         ..Default::default()
@@ -447,7 +447,7 @@ fn role_map_then_crash() {
 
 #[test]
 fn a_mapper_that_crashes_releases_its_mappings() {
-    let host = Host::start();
+    let host = SimHost::start();
     let a = host.create("a");
     let b = host.create("b");
     let pa = host.attach(a);
@@ -479,7 +479,7 @@ fn a_mapper_that_crashes_releases_its_mappings() {
 #[ignore]
 fn measure_grant_and_map_2048_pages() {
     use std::time::Instant;
-    let host = Host::start();
+    let host = SimHost::start();
     let a = host.create("a");
     let b = host.create("b");
     let gta = host.attach(a).grant_table().unwrap();

@@ -9,12 +9,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hv_util::{pattern, Host};
+use hv_util::{pattern, SimHost};
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::layout;
 use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions, Migration};
 use xmx_hv::{DomId, Error, GrantRef, GrantedPages, Platform, DOM0, PAGE_SIZE};
-use xmx_simhv::Config;
+use xmx_simhv::SimhvConfig;
 
 const GTF_PERMIT_ACCESS: u16 = 1;
 const GTF_READONLY: u16 = 1 << 2;
@@ -66,7 +66,7 @@ fn is_pattern(page: &[u8], seed: u8, i: usize) -> bool {
     page.iter().all(|b| *b == pattern(seed, i))
 }
 
-fn names(host: &Host) -> Vec<(DomId, String, RunState)> {
+fn names(host: &SimHost) -> Vec<(DomId, String, RunState)> {
     host.admin
         .list()
         .unwrap()
@@ -78,11 +78,11 @@ fn names(host: &Host) -> Vec<(DomId, String, RunState)> {
 #[test]
 fn a_domain_moves_with_its_memory_and_grants_and_leaves_nothing_behind() {
     const LIMIT: u64 = 64 << 20;
-    let src = Host::start_with(Config {
+    let src = SimHost::start_with(SimhvConfig {
         mem_limit: LIMIT,
-        ..Config::default()
+        ..SimhvConfig::default()
     });
-    let dst = Host::start();
+    let dst = SimHost::start();
     // So that the domain gets another domid at the destination.
     dst.create("other");
     let work = tempfile::tempdir().unwrap();
@@ -243,8 +243,8 @@ fn a_domain_moves_with_its_memory_and_grants_and_leaves_nothing_behind() {
 
 #[test]
 fn migrate_domain_runs_the_rounds_and_cleans_up() {
-    let src = Host::start();
-    let dst = Host::start();
+    let src = SimHost::start();
+    let dst = SimHost::start();
     let work = tempfile::tempdir().unwrap();
     let g = src.create("small");
     let guest = src.attach(g);
@@ -300,8 +300,8 @@ fn migrate_domain_runs_the_rounds_and_cleans_up() {
 
 #[test]
 fn migrations_that_cannot_happen_are_refused_and_change_nothing() {
-    let src = Host::start();
-    let dst = Host::start();
+    let src = SimHost::start();
+    let dst = SimHost::start();
     let work = tempfile::tempdir().unwrap();
     let options = MigrateOptions {
         work_dir: Some(work.path().to_path_buf()),
@@ -335,11 +335,11 @@ fn migrations_that_cannot_happen_are_refused_and_change_nothing() {
 
 #[test]
 fn a_failed_last_round_rolls_back_to_the_running_source() {
-    let src = Host::start();
+    let src = SimHost::start();
     // Its grant table is too small for the guest's refs.
-    let dst = Host::start_with(Config {
+    let dst = SimHost::start_with(SimhvConfig {
         gnttab_entries: 10,
-        ..Config::default()
+        ..SimhvConfig::default()
     });
     let g = src.create("guest");
     let guest = src.attach(g);
@@ -376,7 +376,7 @@ fn a_failed_last_round_rolls_back_to_the_running_source() {
 
 #[test]
 fn the_admin_operations_refuse_what_makes_no_sense() {
-    let src = Host::start();
+    let src = SimHost::start();
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");
     let stream = work.path().join("s");
@@ -452,8 +452,8 @@ fn the_admin_operations_refuse_what_makes_no_sense() {
 
 #[test]
 fn a_process_of_the_moved_domain_adopts_its_restored_grants() {
-    let src = Host::start();
-    let dst = Host::start();
+    let src = SimHost::start();
+    let dst = SimHost::start();
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");
     let gt = src.attach(g).grant_table().unwrap();
@@ -601,11 +601,11 @@ struct Writer {
 }
 
 impl Writer {
-    fn start(host: &Host, domid: DomId) -> Writer {
+    fn start(host: &SimHost, domid: DomId) -> Writer {
         Self::start_with(host, domid, false)
     }
 
-    fn start_with(host: &Host, domid: DomId, follow: bool) -> Writer {
+    fn start_with(host: &SimHost, domid: DomId, follow: bool) -> Writer {
         let follow = [("XMX_TEST_FOLLOW", u8::from(follow).to_string())];
         let mut child = hv_util::spawn_role("role_memory_writer", host, domid, &follow);
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -647,8 +647,8 @@ impl Drop for Writer {
 
 #[test]
 fn the_last_round_has_every_write_because_the_processes_are_frozen() {
-    let src = Host::start();
-    let dst = Host::start();
+    let src = SimHost::start();
+    let dst = SimHost::start();
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");
     let writer = Writer::start(&src, g);
@@ -687,10 +687,10 @@ fn the_last_round_has_every_write_because_the_processes_are_frozen() {
 
 #[test]
 fn a_rolled_back_migration_thaws_the_processes() {
-    let src = Host::start();
-    let dst = Host::start_with(Config {
+    let src = SimHost::start();
+    let dst = SimHost::start_with(SimhvConfig {
         gnttab_entries: 8,
-        ..Config::default()
+        ..SimhvConfig::default()
     });
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");
@@ -717,8 +717,8 @@ fn a_rolled_back_migration_thaws_the_processes() {
 
 #[test]
 fn a_process_follows_its_domain_and_writes_on_at_the_same_address() {
-    let src = Host::start();
-    let dst = Host::start();
+    let src = SimHost::start();
+    let dst = SimHost::start();
     dst.create("other");
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");
@@ -759,8 +759,8 @@ fn a_process_follows_its_domain_and_writes_on_at_the_same_address() {
 
 #[test]
 fn a_new_domain_with_a_moved_domains_id_does_not_inherit_its_forwarding_record() {
-    let src = Host::start();
-    let dst = Host::start();
+    let src = SimHost::start();
+    let dst = SimHost::start();
     let work = tempfile::tempdir().unwrap();
     let g = src.create("guest");
     let options = MigrateOptions {

@@ -5,11 +5,11 @@ mod hv_util;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use hv_util::Host;
+use hv_util::SimHost;
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::{layout, SimAdmin, SimPlatform};
 use xmx_hv::{Error, EventChannels, Platform, Xenstore, DOM0, XBT_NULL};
-use xmx_simhv::{Config, Daemon};
+use xmx_simhv::{Daemon, SimhvConfig};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(20));
 
@@ -21,7 +21,7 @@ fn next_event(xs: &dyn Xenstore) -> xmx_hv::WatchEvent {
 
 #[test]
 fn create_lists_and_lays_out_a_domain() {
-    let host = Host::start();
+    let host = SimHost::start();
     let names: Vec<_> = host
         .admin
         .list()
@@ -101,7 +101,7 @@ fn create_lists_and_lays_out_a_domain() {
 
 #[test]
 fn destroy_releases_everything_the_domain_touched() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("doomed");
     let dom0 = host.attach(DOM0);
     let guest = host.attach(g);
@@ -174,7 +174,7 @@ fn destroy_releases_everything_the_domain_touched() {
 
 #[test]
 fn a_reused_domid_is_a_new_domain() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("first");
     let old = host.attach(g);
     let old_gt = old.grant_table().unwrap();
@@ -197,7 +197,7 @@ fn a_reused_domid_is_a_new_domain() {
 
 #[test]
 fn suspend_blocks_hypervisor_operations_until_resume() {
-    let host = Host::start();
+    let host = SimHost::start();
     let g = host.create("sleepy");
     let guest = host.attach(g);
     let dom0 = host.attach(DOM0);
@@ -241,8 +241,8 @@ fn suspend_blocks_hypervisor_operations_until_resume() {
 #[test]
 fn one_daemon_per_directory_and_leftovers_are_replaced() {
     let dir = tempfile::Builder::new().prefix("simhv").tempdir().unwrap();
-    let first = Daemon::start(dir.path(), Config::default()).unwrap();
-    match Daemon::start(dir.path(), Config::default()) {
+    let first = Daemon::start(dir.path(), SimhvConfig::default()).unwrap();
+    match Daemon::start(dir.path(), SimhvConfig::default()) {
         Err(Error::Busy(_)) => {}
         Err(e) => panic!("second daemon: {e}"),
         Ok(_) => panic!("two daemons on one directory"),
@@ -258,7 +258,7 @@ fn one_daemon_per_directory_and_leftovers_are_replaced() {
     std::fs::write(layout::dom_dir(dir.path(), 5).join("hv.sock"), b"").unwrap();
     std::os::unix::net::UnixListener::bind(layout::ctl_sock(dir.path())).unwrap();
     std::fs::write(layout::ready_file(dir.path()), b"12345\n").unwrap();
-    let second = Daemon::start(dir.path(), Config::default()).unwrap();
+    let second = Daemon::start(dir.path(), SimhvConfig::default()).unwrap();
     assert!(!layout::dom_dir(dir.path(), 5).exists());
     let pid = std::fs::read_to_string(layout::ready_file(dir.path())).unwrap();
     assert_eq!(pid.trim(), std::process::id().to_string());

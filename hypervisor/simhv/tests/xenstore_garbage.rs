@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
 use xenstore_common::{next_event, raw_request, Harness};
-use xmx_hv::xs::wire::{self, Frame, MsgType, HEADER_LEN};
+use xmx_hv::xs::wire::{self, MsgType, XsFrame, HEADER_LEN};
 use xmx_hv::{Error, WatchEvent, Xenstore, XBT_NULL};
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
@@ -185,7 +185,7 @@ fn oversized_header_disconnects_that_client_only() {
     let h = Harness::start();
     let other = h.client(1);
     let mut s = h.raw(1);
-    let mut hdr = Frame::new(MsgType::Read, 1, 0, Vec::new())
+    let mut hdr = XsFrame::new(MsgType::Read, 1, 0, Vec::new())
         .unwrap()
         .encode();
     hdr[12..16].copy_from_slice(&5000u32.to_ne_bytes());
@@ -210,7 +210,7 @@ fn truncated_messages_and_abrupt_disconnects_leave_nothing() {
     drop(s);
     // A header and part of its payload.
     let mut s = h.raw(2);
-    let f = Frame::new(
+    let f = XsFrame::new(
         MsgType::Write,
         1,
         0,
@@ -250,7 +250,7 @@ fn truncated_messages_and_abrupt_disconnects_leave_nothing() {
 fn a_reply_is_still_delivered_after_the_client_stops_sending() {
     let h = Harness::start();
     let mut s = h.raw(0);
-    let f = Frame::new(MsgType::Read, 7, 0, b"/tool\0".to_vec()).unwrap();
+    let f = XsFrame::new(MsgType::Read, 7, 0, b"/tool\0".to_vec()).unwrap();
     s.write_all(&f.encode()).unwrap();
     s.shutdown(Shutdown::Write).unwrap();
     let r = wire::read_frame(&mut s).unwrap().unwrap();
@@ -284,7 +284,7 @@ fn fuzzing_guests_do_not_disturb_a_well_behaved_client() {
                                 } else {
                                     0
                                 };
-                                Frame::with_raw_type(ty, rng.next() as u32, tx, rng.payload())
+                                XsFrame::with_raw_type(ty, rng.next() as u32, tx, rng.payload())
                                     .unwrap()
                                     .encode()
                             }
@@ -355,7 +355,7 @@ fn fuzzing_dom0_never_panics_the_daemon() {
             } else {
                 0
             };
-            let f = Frame::with_raw_type(ty, rng.next() as u32, tx, rng.payload()).unwrap();
+            let f = XsFrame::with_raw_type(ty, rng.next() as u32, tx, rng.payload()).unwrap();
             if s.write_all(&f.encode()).is_err() {
                 break;
             }

@@ -6,11 +6,11 @@ mod xenstore_common;
 use std::io::Write;
 
 use xenstore_common::Harness;
-use xmx_hv::xs::wire::{self, Frame, MsgType};
+use xmx_hv::xs::wire::{self, MsgType, XsFrame};
 use xmx_hv::{Error, Xenstore, XBT_NULL};
-use xmx_simhv::xenstored::Quotas;
+use xmx_simhv::xenstored::XenstoreQuotas;
 
-const QUOTAS: Quotas = Quotas {
+const QUOTAS: XenstoreQuotas = XenstoreQuotas {
     nodes: 8,
     watches: 3,
     transactions: 2,
@@ -108,7 +108,7 @@ fn outstanding_replies_throttle_the_domain_only() {
     let mut batch = Vec::new();
     for id in 1..=REQUESTS {
         batch.extend(
-            Frame::new(MsgType::Read, id, 0, b"big\0".to_vec())
+            XsFrame::new(MsgType::Read, id, 0, b"big\0".to_vec())
                 .unwrap()
                 .encode(),
         );

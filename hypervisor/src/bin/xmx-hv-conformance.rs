@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use xmx_hv::conformance::{self, Role, Setup, DEFAULT_BASE};
+use xmx_hv::conformance::{self, ConformanceRole, ConformanceSetup, DEFAULT_BASE};
 use xmx_hv::linux::LinuxPlatform;
 use xmx_hv::sim::SimPlatform;
 use xmx_hv::{DomId, Platform};
@@ -103,11 +103,11 @@ fn main() -> ExitCode {
         }
     };
     let role = match args.role {
-        RoleArg::Granter => Role::Granter,
-        RoleArg::Mapper => Role::Mapper,
-        RoleArg::Outsider => Role::Outsider,
+        RoleArg::Granter => ConformanceRole::Granter,
+        RoleArg::Mapper => ConformanceRole::Mapper,
+        RoleArg::Outsider => ConformanceRole::Outsider,
     };
-    let mut setup = Setup::new(role, args.peer, &args.base);
+    let mut setup = ConformanceSetup::new(role, args.peer, &args.base);
     setup.third = args.third;
     setup.other = args.other;
     setup.timeout = Duration::from_secs(args.timeout);

@@ -27,17 +27,17 @@ pub(crate) fn seed(tag: u32, pages: usize, page: usize) -> u64 {
 
 /// A shared mapping as a base pointer and length, for bounds-checked copies.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared {
+pub(crate) struct SharedBytes {
     ptr: *mut u8,
     len: usize,
 }
 
-impl Shared {
+impl SharedBytes {
     /// # Safety
-    /// `ptr` must be valid for reads (and for writes, if [`Shared::write`] is used) of
+    /// `ptr` must be valid for reads (and for writes, if [`SharedBytes::write`] is used) of
     /// `len` bytes for as long as this value is used.
     pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Self {
-        Shared { ptr, len }
+        SharedBytes { ptr, len }
     }
 
     /// Copy `n` bytes at `offset` out of the mapping.
@@ -74,7 +74,7 @@ impl Shared {
 
 /// Write the pattern of page `page` into bytes `range` of every page of `mem`.
 pub(crate) fn fill_pages(
-    mem: &Shared,
+    mem: &SharedBytes,
     pages: usize,
     tag: u32,
     range: std::ops::Range<usize>,
@@ -88,7 +88,7 @@ pub(crate) fn fill_pages(
 
 /// Compare bytes `range` of every page of `mem` with the pattern of that page.
 pub(crate) fn check_pages(
-    mem: &Shared,
+    mem: &SharedBytes,
     pages: usize,
     tag: u32,
     range: std::ops::Range<usize>,
@@ -129,7 +129,7 @@ mod tests {
     fn fill_then_check_round_trips_and_catches_changes() {
         let mut buf = vec![0u8; 3 * PAGE_SIZE];
         // SAFETY: `buf` is a live local buffer of the length given, used only here.
-        let mem = unsafe { Shared::new(buf.as_mut_ptr(), buf.len()) };
+        let mem = unsafe { SharedBytes::new(buf.as_mut_ptr(), buf.len()) };
         fill_pages(&mem, 3, 7, 0..2048).unwrap();
         check_pages(&mem, 3, 7, 0..2048).unwrap();
         assert!(check_pages(&mem, 3, 8, 0..2048).is_err());
@@ -145,7 +145,7 @@ mod tests {
     fn out_of_bounds_copies_are_refused() {
         let mut buf = vec![0u8; 64];
         // SAFETY: `buf` is a live local buffer of the length given, used only here.
-        let mem = unsafe { Shared::new(buf.as_mut_ptr(), buf.len()) };
+        let mem = unsafe { SharedBytes::new(buf.as_mut_ptr(), buf.len()) };
         assert!(mem.read(60, 5).is_err());
         assert!(mem.read(usize::MAX, 2).is_err());
         assert!(mem.write(64, &[1]).is_err());

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use super::bytes::{check_pages, fill_pages, pattern, seed, Shared};
+use super::bytes::{check_pages, fill_pages, pattern, seed, SharedBytes};
 use super::coord::{reset_area, Coord, SyncResult};
-use super::{run_id, verdict, wait_port, xs_checks, Ctx, GRANT_SIZES};
+use super::{run_id, verdict, wait_port, xs_checks, RoleCtx, GRANT_SIZES};
 use crate::{
     DomId, Error, EventChannels, GrantTable, GrantedPages, XsAccess, XsPerm, PAGE_SIZE, XBT_NULL,
 };
@@ -23,7 +23,7 @@ pub(crate) const HALF: usize = PAGE_SIZE / 2;
 pub(crate) const COPY_DEST_OFFSET: u16 = 100;
 pub(crate) const COPY_DEST_LEN: u16 = 1000;
 
-pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
+pub(crate) fn run(ctx: &mut RoleCtx) -> SyncResult<()> {
     let me = ctx.me;
     let mapper = ctx.setup.peer;
     let third = ctx.setup.third;
@@ -156,7 +156,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
 }
 
 /// Two nodes the mapper may read (`shared`) and may not (`private`).
-fn publish_perm_nodes(ctx: &mut Ctx, coord: &Coord, g: &str, mapper: DomId) {
+fn publish_perm_nodes(ctx: &mut RoleCtx, coord: &Coord, g: &str, mapper: DomId) {
     let me = ctx.me;
     let result = (|| -> crate::Result<()> {
         let xs = coord.xs();
@@ -205,7 +205,7 @@ fn offer(
             .map_err(|e| format!("grant {count} page(s) to {remote}: {e}"))?;
         if let Some(tag) = tag {
             // SAFETY: the pages stay mapped while `pages` lives, which outlasts `mem`.
-            let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+            let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
             fill_pages(&mem, count, tag, 0..PAGE_SIZE)?;
         }
         Ok(pages)
@@ -226,7 +226,7 @@ fn offer(
 /// One batch scenario: grant `n` pages, the mapper maps them in one call, each side
 /// sees what the other wrote.
 fn batch(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     gt: &Result<Arc<dyn GrantTable>, String>,
     g: &str,
@@ -238,7 +238,7 @@ fn batch(
     let granted = gt.clone().and_then(|gt| {
         let pages = gt.grant_pages(mapper, n, true).map_err(|e| e.to_string())?;
         // SAFETY: the pages stay mapped while `pages` lives, which outlasts `mem`.
-        let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+        let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
         if pages.refs().len() != n || pages.len() != n * PAGE_SIZE {
             return Err(format!(
                 "{} refs, {} bytes for {n} pages",
@@ -265,7 +265,7 @@ fn batch(
     let answer = coord.wait_text(&format!("{m}/grant/{n}/done"))?;
     if answer == "ok" {
         // SAFETY: as above; the mapper has unmapped before answering.
-        let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+        let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
         ctx.report.record(
             &format!("grant.{n}.mapper-to-granter"),
             check_pages(&mem, n, TAG_MAPPER, HALF..PAGE_SIZE).map(|_| String::new()),
@@ -288,7 +288,7 @@ fn batch(
 
 /// Ending access is refused while the mapper holds the page, then allowed.
 fn end_access_while_mapped(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     g: &str,
     m: &str,
@@ -360,7 +360,7 @@ fn offer_copy(
             .grant_pages(mapper, 1, false)
             .map_err(|e| e.to_string())?;
         // SAFETY: the pages stay mapped while `rw` lives, which outlasts `mem`.
-        let mem = unsafe { Shared::new(rw.as_ptr(), rw.len()) };
+        let mem = unsafe { SharedBytes::new(rw.as_ptr(), rw.len()) };
         mem.write(0, &pattern(seed(TAG_COPY_SOURCE, 1, 0), PAGE_SIZE))?;
         Ok(CopyPages { rw, ro })
     });
@@ -377,7 +377,7 @@ fn offer_copy(
 /// After the mapper's grant copies: its bytes are in the destination page at the
 /// agreed place and nowhere else, and the read-only page is untouched.
 fn check_copy(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     m: &str,
     copy: Result<CopyPages, String>,
@@ -395,9 +395,9 @@ fn check_copy(
         ctx.report.skip(NAME, format!("mapper: {answer}"));
     } else {
         // SAFETY: both grants stay mapped while `pages` lives, which outlasts these.
-        let rw = unsafe { Shared::new(pages.rw.as_ptr(), pages.rw.len()) };
+        let rw = unsafe { SharedBytes::new(pages.rw.as_ptr(), pages.rw.len()) };
         // SAFETY: as above.
-        let ro = unsafe { Shared::new(pages.ro.as_ptr(), pages.ro.len()) };
+        let ro = unsafe { SharedBytes::new(pages.ro.as_ptr(), pages.ro.len()) };
         let result = (|| -> Result<String, String> {
             let dest = rw.read(PAGE_SIZE, PAGE_SIZE)?;
             let (at, len) = (usize::from(COPY_DEST_OFFSET), usize::from(COPY_DEST_LEN));
@@ -425,7 +425,7 @@ fn check_copy(
 /// Event channels: the mapper binds our port, notifies both ways, masking holds
 /// events until unmask, then both ends close.
 fn event_channels(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     g: &str,
     m: &str,

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use super::bytes::{check_pages, fill_pages, pattern, seed, Shared};
+use super::bytes::{check_pages, fill_pages, pattern, seed, SharedBytes};
 use super::coord::{reset_area, Coord, SyncResult};
 use super::granter::{
     COPY_DEST_LEN, COPY_DEST_OFFSET, HALF, TAG_COPY_DEST, TAG_COPY_SOURCE, TAG_GRANTER, TAG_MAPPER,
     TAG_READONLY,
 };
 use super::{
-    expect_refused, parse_domid, parse_run_id, verdict, wait_port, xs_checks, Ctx, SyncError,
+    expect_refused, parse_domid, parse_run_id, verdict, wait_port, xs_checks, RoleCtx, SyncError,
     GRANT_SIZES, OUT_OF_RANGE_REF,
 };
 use crate::{
@@ -24,7 +24,7 @@ struct Info {
     table_size_exact: bool,
 }
 
-pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
+pub(crate) fn run(ctx: &mut RoleCtx) -> SyncResult<()> {
     let me = ctx.me;
     let granter = ctx.setup.peer;
     let timeout = ctx.setup.timeout;
@@ -107,7 +107,7 @@ fn read_info(coord: &Coord, g: &str) -> SyncResult<Info> {
 
 /// The granter's `shared` node is readable, its `private` one is not, and neither
 /// is writable. dom0 is privileged in xenstore and sees everything.
-fn read_granter_nodes(ctx: &mut Ctx, coord: &Coord, g: &str) {
+fn read_granter_nodes(ctx: &mut RoleCtx, coord: &Coord, g: &str) {
     let xs = coord.xs();
     let shared = format!("{g}/perm/shared");
     let private = format!("{g}/perm/private");
@@ -145,7 +145,7 @@ fn read_granter_nodes(ctx: &mut Ctx, coord: &Coord, g: &str) {
 type Table = Result<Arc<dyn GrantTable>, String>;
 
 fn batch(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     gt: &Table,
     g: &str,
@@ -190,7 +190,7 @@ fn batch(
     };
     ctx.report.pass(&map_name, "one batch");
     // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
-    let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+    let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
     ctx.report.record(
         &seen_name,
         check_pages(&mem, n, TAG_GRANTER, 0..HALF).map(|_| String::new()),
@@ -200,7 +200,13 @@ fn batch(
     coord.put(&answer, verdict(&wrote))
 }
 
-fn readonly(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, granter: DomId) -> SyncResult<()> {
+fn readonly(
+    ctx: &mut RoleCtx,
+    coord: &Coord,
+    gt: &Table,
+    g: &str,
+    granter: DomId,
+) -> SyncResult<()> {
     const REFUSES: &str = "grant.readonly-refuses-writable";
     const MAPS: &str = "grant.readonly-maps-readonly";
     let refs = match coord.wait_refs(&format!("{g}/readonly"))? {
@@ -229,7 +235,7 @@ fn readonly(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, granter: DomId) -
         .map_err(|e| e.to_string())
         .and_then(|pages| {
             // SAFETY: the mapping lives as long as `pages`, which outlasts `mem`.
-            let mem = unsafe { Shared::new(pages.as_ptr(), pages.len()) };
+            let mem = unsafe { SharedBytes::new(pages.as_ptr(), pages.len()) };
             check_pages(&mem, refs.len(), TAG_READONLY, 0..PAGE_SIZE).map(|_| String::new())
         });
     ctx.report.record(MAPS, result);
@@ -237,7 +243,7 @@ fn readonly(ctx: &mut Ctx, coord: &Coord, gt: &Table, g: &str, granter: DomId) -
 }
 
 fn not_granted(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     gt: &Table,
     g: &str,
@@ -258,7 +264,7 @@ fn not_granted(
     Ok(())
 }
 
-fn out_of_range(ctx: &mut Ctx, gt: &Table, granter: DomId, info: &Info) {
+fn out_of_range(ctx: &mut RoleCtx, gt: &Table, granter: DomId, info: &Info) {
     const NAME: &str = "grant.out-of-range-refused";
     let table = match gt {
         Ok(t) => t,
@@ -282,7 +288,7 @@ fn out_of_range(ctx: &mut Ctx, gt: &Table, granter: DomId, info: &Info) {
 
 /// Map a page and hold it while the granter tries to end access.
 fn hold_while_granter_ends(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     gt: &Table,
     g: &str,
@@ -316,7 +322,7 @@ fn hold_while_granter_ends(
 /// One grant-copy call of four segments: foreign to local, local to foreign, a bad
 /// ref (must fail alone) and a write into a read-only grant (must be refused).
 fn copy(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     gt: &Table,
     g: &str,
@@ -429,7 +435,7 @@ fn copy(
 }
 
 fn event_channels(
-    ctx: &mut Ctx,
+    ctx: &mut RoleCtx,
     coord: &Coord,
     g: &str,
     m: &str,

@@ -1,11 +1,11 @@
 //! The platform conformance suite: one set of checks that runs unchanged on `sim` and
 //! on real Xen, where the domains are separate VMs.
 //!
-//! Each domain runs one [`Role`]; the roles coordinate only through xenstore and the
+//! Each domain runs one [`ConformanceRole`]; the roles coordinate only through xenstore and the
 //! primitives under test, never through memory of one process:
-//! - [`Role::Granter`] (a guest) grants pages and allocates event channels,
-//! - [`Role::Mapper`] (dom0 or another guest) maps, copies and binds them,
-//! - [`Role::Outsider`] (optional, a third domain) checks that it can neither map nor
+//! - [`ConformanceRole::Granter`] (a guest) grants pages and allocates event channels,
+//! - [`ConformanceRole::Mapper`] (dom0 or another guest) maps, copies and binds them,
+//! - [`ConformanceRole::Outsider`] (optional, a third domain) checks that it can neither map nor
 //!   bind what was meant for the mapper, nor read the granter's private nodes.
 //!
 //! # Xenstore layout
@@ -20,7 +20,7 @@
 //! after a crash.
 //!
 //! Waits are xenstore watches on the peers' areas, each bounded by
-//! [`Setup::timeout`]; a wait that times out ends the role with a failed `sync` check.
+//! [`ConformanceSetup::timeout`]; a wait that times out ends the role with a failed `sync` check.
 //!
 //! # Platform differences
 //! Real Xen seen through Linux's gntalloc cannot refuse to end access to pages the
@@ -41,7 +41,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use report::{Check, Outcome, Report};
+pub use report::{Check, ConformanceReport, Outcome};
 
 use crate::platform::{Platform, PlatformKind};
 use crate::{DomId, EventChannels, Port, Xenstore};
@@ -63,7 +63,7 @@ pub const OUT_OF_RANGE_REF: u32 = 0xFFFF_FFF0;
 
 /// Which part a domain plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub enum ConformanceRole {
     /// A guest that grants pages and allocates event channels for the others to use.
     Granter,
     /// dom0 or another guest that maps, copies and binds what the granter offered it.
@@ -72,30 +72,30 @@ pub enum Role {
     Outsider,
 }
 
-impl Role {
+impl ConformanceRole {
     /// The role's name as the command line and reports spell it.
     pub fn as_str(self) -> &'static str {
         match self {
-            Role::Granter => "granter",
-            Role::Mapper => "mapper",
-            Role::Outsider => "outsider",
+            ConformanceRole::Granter => "granter",
+            ConformanceRole::Mapper => "mapper",
+            ConformanceRole::Outsider => "outsider",
         }
     }
 }
 
-impl fmt::Display for Role {
+impl fmt::Display for ConformanceRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl FromStr for Role {
+impl FromStr for ConformanceRole {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "granter" => Ok(Role::Granter),
-            "mapper" => Ok(Role::Mapper),
-            "outsider" => Ok(Role::Outsider),
+            "granter" => Ok(ConformanceRole::Granter),
+            "mapper" => Ok(ConformanceRole::Mapper),
+            "outsider" => Ok(ConformanceRole::Outsider),
             _ => Err(format!("unknown role {s:?} (granter, mapper or outsider)")),
         }
     }
@@ -130,14 +130,14 @@ impl Caps {
 
 /// Everything one role needs to know.
 #[derive(Debug, Clone)]
-pub struct Setup {
+pub struct ConformanceSetup {
     /// The part this domain plays.
-    pub role: Role,
+    pub role: ConformanceRole,
     /// The granter's peer is the mapper; the mapper's and the outsider's is the granter.
     pub peer: DomId,
     /// The xenstore area, relative to each domain's home or absolute.
     pub base: String,
-    /// Granter only: the domain running [`Role::Outsider`], if any.
+    /// Granter only: the domain running [`ConformanceRole::Outsider`], if any.
     pub third: Option<DomId>,
     /// Granter only: the grantee of pages and ports meant for neither the mapper nor
     /// the outsider (default: the third domain, else [`UNRELATED_DOMID`]).
@@ -148,10 +148,10 @@ pub struct Setup {
     pub caps: Option<Caps>,
 }
 
-impl Setup {
+impl ConformanceSetup {
     /// A two-role setup with the defaults.
-    pub fn new(role: Role, peer: DomId, base: &str) -> Self {
-        Setup {
+    pub fn new(role: ConformanceRole, peer: DomId, base: &str) -> Self {
+        ConformanceSetup {
             role,
             peer,
             base: base.to_string(),
@@ -167,30 +167,35 @@ impl Setup {
     }
 }
 
-/// Run `role` against `peer` with the defaults of [`Setup::new`].
-pub fn run(role: Role, platform: &dyn Platform, peer: DomId, base: &str) -> Report {
-    run_with(platform, &Setup::new(role, peer, base))
+/// Run `role` against `peer` with the defaults of [`ConformanceSetup::new`].
+pub fn run(
+    role: ConformanceRole,
+    platform: &dyn Platform,
+    peer: DomId,
+    base: &str,
+) -> ConformanceReport {
+    run_with(platform, &ConformanceSetup::new(role, peer, base))
 }
 
 /// Run the role of `setup` on `platform`; never panics on a platform or peer failure,
 /// which become failed checks.
-pub fn run_with(platform: &dyn Platform, setup: &Setup) -> Report {
+pub fn run_with(platform: &dyn Platform, setup: &ConformanceSetup) -> ConformanceReport {
     let kind = match platform.kind() {
         PlatformKind::Linux => "linux",
         PlatformKind::Sim => "sim",
     };
-    let mut ctx = Ctx {
+    let mut ctx = RoleCtx {
         platform,
         setup,
         me: platform.domid(),
         caps: setup.caps.unwrap_or_else(|| Caps::of(platform.kind())),
-        report: Report::new(setup.role.as_str(), platform.domid(), setup.peer, kind),
+        report: ConformanceReport::new(setup.role.as_str(), platform.domid(), setup.peer, kind),
     };
     tracing::info!(role = %setup.role, domid = ctx.me, peer = setup.peer, "conformance: start");
     let result = match setup.role {
-        Role::Granter => granter::run(&mut ctx),
-        Role::Mapper => mapper::run(&mut ctx),
-        Role::Outsider => outsider::run(&mut ctx),
+        ConformanceRole::Granter => granter::run(&mut ctx),
+        ConformanceRole::Mapper => mapper::run(&mut ctx),
+        ConformanceRole::Outsider => outsider::run(&mut ctx),
     };
     if let Err(SyncError(e)) = result {
         ctx.report.fail("sync", e);
@@ -200,15 +205,15 @@ pub fn run_with(platform: &dyn Platform, setup: &Setup) -> Report {
 }
 
 /// One role's run.
-pub(crate) struct Ctx<'a> {
+pub(crate) struct RoleCtx<'a> {
     pub(crate) platform: &'a dyn Platform,
-    pub(crate) setup: &'a Setup,
+    pub(crate) setup: &'a ConformanceSetup,
     pub(crate) me: DomId,
     pub(crate) caps: Caps,
-    pub(crate) report: Report,
+    pub(crate) report: ConformanceReport,
 }
 
-impl Ctx<'_> {
+impl RoleCtx<'_> {
     /// The area of `domid` under the setup's base.
     pub(crate) fn area(&self, xs: &dyn Xenstore, domid: DomId) -> SyncResult<String> {
         let base = self.setup.base.trim_end_matches('/');
@@ -294,10 +299,14 @@ mod tests {
 
     #[test]
     fn roles_parse_and_print() {
-        for r in [Role::Granter, Role::Mapper, Role::Outsider] {
-            assert_eq!(r.to_string().parse::<Role>().unwrap(), r);
+        for r in [
+            ConformanceRole::Granter,
+            ConformanceRole::Mapper,
+            ConformanceRole::Outsider,
+        ] {
+            assert_eq!(r.to_string().parse::<ConformanceRole>().unwrap(), r);
         }
-        assert!("dom0".parse::<Role>().is_err());
+        assert!("dom0".parse::<ConformanceRole>().is_err());
     }
 
     #[test]
@@ -328,7 +337,7 @@ mod tests {
 
     #[test]
     fn the_other_domain_defaults_to_the_third_then_an_unrelated_id() {
-        let mut s = Setup::new(Role::Granter, 1, DEFAULT_BASE);
+        let mut s = ConformanceSetup::new(ConformanceRole::Granter, 1, DEFAULT_BASE);
         assert_eq!(s.other_domain(), UNRELATED_DOMID);
         s.third = Some(3);
         assert_eq!(s.other_domain(), 3);

@@ -2,10 +2,10 @@
 //! meant for the mapper, nor read the granter's nodes.
 
 use super::coord::{reset_area, Coord, SyncResult};
-use super::{expect_refused, parse_domid, parse_run_id, xs_checks, Ctx, SyncError};
+use super::{expect_refused, parse_domid, parse_run_id, xs_checks, RoleCtx, SyncError};
 use crate::{CopyPtr, CopySegment, Error, Port, DOM0, XBT_NULL};
 
-pub(crate) fn run(ctx: &mut Ctx) -> SyncResult<()> {
+pub(crate) fn run(ctx: &mut RoleCtx) -> SyncResult<()> {
     let me = ctx.me;
     let granter = ctx.setup.peer;
     let timeout = ctx.setup.timeout;

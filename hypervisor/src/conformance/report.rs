@@ -31,12 +31,12 @@ pub struct Check {
 
 /// Everything one role checked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Report {
-    /// The role's name (see [`Role::as_str`](crate::conformance::Role::as_str)).
+pub struct ConformanceReport {
+    /// The role's name (see [`ConformanceRole::as_str`](crate::conformance::ConformanceRole::as_str)).
     pub role: String,
     /// The domain that ran the role.
     pub domid: DomId,
-    /// The domain it worked with (see [`Setup::peer`](crate::conformance::Setup::peer)).
+    /// The domain it worked with (see [`ConformanceSetup::peer`](crate::conformance::ConformanceSetup::peer)).
     pub peer: DomId,
     /// The platform the role ran on: `linux` or `sim`.
     pub platform: String,
@@ -44,9 +44,9 @@ pub struct Report {
     pub checks: Vec<Check>,
 }
 
-impl Report {
+impl ConformanceReport {
     pub(crate) fn new(role: &str, domid: DomId, peer: DomId, platform: &str) -> Self {
-        Report {
+        ConformanceReport {
             role: role.to_string(),
             domid,
             peer,
@@ -112,7 +112,7 @@ impl Report {
     }
 }
 
-impl fmt::Display for Report {
+impl fmt::Display for ConformanceReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn skips_do_not_fail_a_report_and_failures_do() {
-        let mut r = Report::new("granter", 1, 2, "sim");
+        let mut r = ConformanceReport::new("granter", 1, 2, "sim");
         r.pass("a", "");
         r.skip("b", "not here");
         assert!(r.passed());
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn json_and_text_carry_every_check() {
-        let mut r = Report::new("mapper", 0, 3, "linux");
+        let mut r = ConformanceReport::new("mapper", 0, 3, "linux");
         r.pass("grant.1.map", "");
         r.fail("evtchn.bind", "refused \"x\"");
         let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();

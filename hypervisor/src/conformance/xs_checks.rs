@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::report::Report;
+use super::report::ConformanceReport;
 use crate::{DomId, Error, Platform, Xenstore, XsAccess, XsPerm, XBT_NULL};
 
 /// Run every local xenstore check under `dir` (which the caller owns), on a fresh
@@ -12,7 +12,7 @@ pub(crate) fn run(
     dir: &str,
     peer: DomId,
     timeout: Duration,
-    report: &mut Report,
+    report: &mut ConformanceReport,
 ) {
     let xs = match platform.xenstore() {
         Ok(xs) => xs,

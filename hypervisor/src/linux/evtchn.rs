@@ -18,7 +18,7 @@ use super::abi::{
     IOCTL_EVTCHN_RESET, IOCTL_EVTCHN_RESTRICT_DOMID, IOCTL_EVTCHN_UNBIND,
 };
 use super::sys::{self, errno_error};
-use crate::{DomId, Error, EventChannels, Notify, Port, Result};
+use crate::{DomId, Error, EventChannels, Port, PortNotifier, Result};
 
 /// How many pending ports one read collects at most.
 const READ_BATCH: usize = 64;
@@ -151,7 +151,7 @@ impl EventChannels for LinuxEventChannels {
         notify_fd(&self.fd, port)
     }
 
-    fn notifier(&self, port: Port) -> Result<Arc<dyn Notify>> {
+    fn notifier(&self, port: Port) -> Result<Arc<dyn PortNotifier>> {
         check_port(port)?;
         Ok(Arc::new(EvtchnNotifier {
             fd: Arc::clone(&self.fd),
@@ -264,7 +264,7 @@ pub struct EvtchnNotifier {
     port: Port,
 }
 
-impl Notify for EvtchnNotifier {
+impl PortNotifier for EvtchnNotifier {
     fn notify(&self) -> Result<()> {
         notify_fd(&self.fd, self.port)
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 
 use super::layout;
-use super::proto::{Request, Response, MAX_FRAME};
+use super::proto::{SimRequest, SimResponse, MAX_FRAME};
 use super::transport::{recv_frame, send_frame};
 use crate::{DomId, Error, Result};
 
@@ -67,7 +67,7 @@ impl HvConn {
     }
 
     /// Send `req`, wait for its reply and the descriptors attached to it.
-    pub(crate) fn call(&self, req: &Request) -> Result<(Response, Vec<OwnedFd>)> {
+    pub(crate) fn call(&self, req: &SimRequest) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let mut inner = self
             .inner
             .lock()
@@ -86,7 +86,7 @@ impl HvConn {
         let (reply, fds) = recv_frame(&inner.sock, MAX_FRAME)
             .map_err(closed_or_io)?
             .ok_or_else(|| Error::Closed("xmx-simhv closed the connection".into()))?;
-        let (resp, nfds) = Response::parse(&reply, req.op(), seq)?;
+        let (resp, nfds) = SimResponse::parse(&reply, req.op(), seq)?;
         if nfds != fds.len() {
             return Err(Error::Protocol(format!(
                 "reply announced {nfds} descriptors, carried {}",

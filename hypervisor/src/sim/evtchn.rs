@@ -26,11 +26,11 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use super::conn::HvConn;
 use super::mmap::Region;
 use super::proto::{
-    split_status_word, Request, Response, GENERATION_MASK, PORT_BOUND, PORT_PEER_CLOSED,
+    split_status_word, SimRequest, SimResponse, GENERATION_MASK, PORT_BOUND, PORT_PEER_CLOSED,
     PORT_UNBOUND,
 };
 use crate::handoff::{dup, PortSource};
-use crate::{DomId, Error, EventChannels, ExportedPort, Notify, Port, Result};
+use crate::{DomId, Error, EventChannels, ExportedPort, Port, PortNotifier, Result};
 
 /// What a port is connected to, as the daemon reports it (EVTCHNOP_status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +115,7 @@ impl SimNotifier {
     }
 }
 
-impl Notify for SimNotifier {
+impl PortNotifier for SimNotifier {
     fn notify(&self) -> Result<()> {
         let (generation, state) = split_status_word(self.status.load(self.slot));
         if generation != self.generation {
@@ -174,8 +174,8 @@ impl SimEventChannels {
     /// Open a handle for `domid` of the simhv at `dir`.
     pub fn open(dir: &Path, domid: DomId) -> Result<SimEventChannels> {
         let conn = HvConn::connect(dir, domid)?;
-        let (resp, fds) = conn.call(&Request::EvtchnOpen)?;
-        let Response::EvtchnOpened { slots } = resp else {
+        let (resp, fds) = conn.call(&SimRequest::EvtchnOpen)?;
+        let SimResponse::EvtchnOpened { slots } = resp else {
             return Err(Error::Protocol("unexpected reply to evtchn open".into()));
         };
         let slots = slots as usize;
@@ -202,12 +202,12 @@ impl SimEventChannels {
 
     /// The daemon's view of `port` (EVTCHNOP_status).
     pub fn status(&self, port: Port) -> Result<PortStatus> {
-        let (resp, _) = self.conn.call(&Request::EvtchnStatus { port })?;
+        let (resp, _) = self.conn.call(&SimRequest::EvtchnStatus { port })?;
         match resp {
-            Response::PortStatus {
+            SimResponse::PortStatus {
                 state: 1, remote, ..
             } => Ok(PortStatus::Unbound { remote }),
-            Response::PortStatus {
+            SimResponse::PortStatus {
                 state: 2,
                 remote,
                 remote_port,
@@ -230,8 +230,8 @@ impl SimEventChannels {
     }
 
     /// Take in a port the daemon just opened for us.
-    fn adopt(&self, resp: Response, fds: Vec<OwnedFd>) -> Result<Port> {
-        let Response::PortOpened {
+    fn adopt(&self, resp: SimResponse, fds: Vec<OwnedFd>) -> Result<Port> {
+        let SimResponse::PortOpened {
             port,
             slot,
             generation,
@@ -271,7 +271,7 @@ impl SimEventChannels {
             Ok(port)
         })();
         if result.is_err() {
-            let _ = self.conn.call(&Request::EvtchnClose { port });
+            let _ = self.conn.call(&SimRequest::EvtchnClose { port });
         }
         result
     }
@@ -291,12 +291,12 @@ impl SimEventChannels {
 
 impl EventChannels for SimEventChannels {
     fn alloc_unbound(&self, remote: DomId) -> Result<Port> {
-        let (resp, fds) = self.conn.call(&Request::EvtchnAllocUnbound { remote })?;
+        let (resp, fds) = self.conn.call(&SimRequest::EvtchnAllocUnbound { remote })?;
         self.adopt(resp, fds)
     }
 
     fn bind_interdomain(&self, remote: DomId, remote_port: Port) -> Result<Port> {
-        let (resp, fds) = self.conn.call(&Request::EvtchnBind {
+        let (resp, fds) = self.conn.call(&SimRequest::EvtchnBind {
             remote,
             remote_port,
         })?;
@@ -312,7 +312,7 @@ impl EventChannels for SimEventChannels {
         n.notify()
     }
 
-    fn notifier(&self, port: Port) -> Result<Arc<dyn Notify>> {
+    fn notifier(&self, port: Port) -> Result<Arc<dyn PortNotifier>> {
         let n = self
             .lock()?
             .get(&port)
@@ -340,7 +340,7 @@ impl EventChannels for SimEventChannels {
         if !self.lock()?.contains_key(&port) {
             return Err(Error::NotFound(format!("port {port}")));
         }
-        let res = self.conn.call(&Request::EvtchnClose { port });
+        let res = self.conn.call(&SimRequest::EvtchnClose { port });
         if let Some(p) = self.lock()?.remove(&port) {
             // The rx eventfd is shared with the daemon and the remote end, so closing our
             // descriptor would not take it out of the epoll set: remove it explicitly.

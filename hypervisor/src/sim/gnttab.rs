@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::conn::HvConn;
 use super::mmap::Region;
-use super::proto::{error_from_code, CopySide, CopySpec, Request, Response, MAX_COPY_SEGMENTS};
+use super::proto::{
+    error_from_code, CopySide, CopySpec, SimRequest, SimResponse, MAX_COPY_SEGMENTS,
+};
 use crate::handoff::{PagesLayout, PagesSource};
 use crate::{
     CopyPtr, CopySegment, DomId, Error, GrantRef, GrantTable, GrantedOwner, GrantedPages,
@@ -90,8 +92,8 @@ impl SimGrantTable {
     /// Open a grant-table connection for `domid` of the simhv at `dir`.
     pub fn open(dir: &Path, domid: DomId) -> Result<SimGrantTable> {
         let conn = HvConn::connect(dir, domid)?;
-        let (resp, fds) = conn.call(&Request::Hello)?;
-        let Response::Hello {
+        let (resp, fds) = conn.call(&SimRequest::Hello)?;
+        let SimResponse::Hello {
             domid: got,
             instance,
             table_size,
@@ -125,8 +127,8 @@ impl SimGrantTable {
     /// mappings stay valid).
     pub fn follow(&self, dir: &Path, domid: DomId) -> Result<usize> {
         self.conn.reconnect(dir, domid)?;
-        let (resp, fds) = self.conn.call(&Request::Hello)?;
-        let Response::Hello {
+        let (resp, fds) = self.conn.call(&SimRequest::Hello)?;
+        let SimResponse::Hello {
             domid: got,
             instance,
             table_size,
@@ -150,12 +152,12 @@ impl SimGrantTable {
             let Some(region) = g.region.upgrade() else {
                 continue;
             };
-            let (resp, _) = self.conn.call(&Request::GrantAdopt {
+            let (resp, _) = self.conn.call(&SimRequest::GrantAdopt {
                 remote: g.remote,
                 writable: g.writable,
                 refs: g.refs.clone(),
             })?;
-            let Response::Granted { grants } = resp else {
+            let SimResponse::Granted { grants } = resp else {
                 return Err(Error::Protocol("unexpected reply to adopt".into()));
             };
             let frames: Vec<u32> = grants.iter().map(|x| x.1).collect();
@@ -237,12 +239,12 @@ impl SimGrantTable {
         if refs.is_empty() {
             return Err(Error::Invalid("adopting zero grants".into()));
         }
-        let (resp, _) = self.conn.call(&Request::GrantAdopt {
+        let (resp, _) = self.conn.call(&SimRequest::GrantAdopt {
             remote,
             writable,
             refs: refs.to_vec(),
         })?;
-        let Response::Granted { grants } = resp else {
+        let SimResponse::Granted { grants } = resp else {
             return Err(Error::Protocol("unexpected reply to adopt".into()));
         };
         if grants.len() != refs.len() || grants.iter().zip(refs).any(|(g, r)| g.0 != *r) {
@@ -283,18 +285,18 @@ impl GrantTable for SimGrantTable {
         }
         let count32 = u32::try_from(count)
             .map_err(|_| Error::Quota(format!("{count} pages in one grant")))?;
-        let (resp, _) = self.conn.call(&Request::GrantAlloc {
+        let (resp, _) = self.conn.call(&SimRequest::GrantAlloc {
             remote,
             writable,
             count: count32,
         })?;
-        let Response::Granted { grants } = resp else {
+        let SimResponse::Granted { grants } = resp else {
             return Err(Error::Protocol("unexpected reply to grant".into()));
         };
         let refs: Vec<GrantRef> = grants.iter().map(|g| g.0).collect();
         let frames: Vec<u32> = grants.iter().map(|g| g.1).collect();
         if refs.len() != count {
-            let _ = self.conn.call(&Request::GrantEnd { defer: true, refs });
+            let _ = self.conn.call(&SimRequest::GrantEnd { defer: true, refs });
             return Err(Error::Protocol(
                 "daemon granted a different page count".into(),
             ));
@@ -302,7 +304,7 @@ impl GrantTable for SimGrantTable {
         let region = match Region::map_frames(self.own_mem.get().as_fd(), &frames, true) {
             Ok(r) => r,
             Err(e) => {
-                let _ = self.conn.call(&Request::GrantEnd { defer: true, refs });
+                let _ = self.conn.call(&SimRequest::GrantEnd { defer: true, refs });
                 return Err(Error::Io(e));
             }
         };
@@ -313,12 +315,12 @@ impl GrantTable for SimGrantTable {
         if refs.is_empty() {
             return Err(Error::Invalid("mapping zero grants".into()));
         }
-        let (resp, fds) = self.conn.call(&Request::Map {
+        let (resp, fds) = self.conn.call(&SimRequest::Map {
             remote,
             writable,
             refs: refs.to_vec(),
         })?;
-        let Response::Mapped {
+        let SimResponse::Mapped {
             handle,
             instance,
             frames,
@@ -327,7 +329,7 @@ impl GrantTable for SimGrantTable {
             return Err(Error::Protocol("unexpected reply to map".into()));
         };
         let unmap = |e: Error| {
-            let _ = self.conn.call(&Request::Unmap { handle });
+            let _ = self.conn.call(&SimRequest::Unmap { handle });
             e
         };
         if frames.len() != refs.len() {
@@ -411,11 +413,11 @@ impl GrantTable for SimGrantTable {
                 len: s.len,
             });
         }
-        let (resp, _) = self.conn.call(&Request::Copy {
+        let (resp, _) = self.conn.call(&SimRequest::Copy {
             segments: specs,
             data,
         })?;
-        let Response::Copied { status, data } = resp else {
+        let SimResponse::Copied { status, data } = resp else {
             return Err(Error::Protocol("unexpected reply to copy".into()));
         };
         if status.len() != segments.len() {
@@ -474,7 +476,7 @@ struct SimGrantedOwner {
 
 impl GrantedOwner for SimGrantedOwner {
     fn end_access(&mut self, refs: &[GrantRef]) -> Result<()> {
-        self.conn.call(&Request::GrantEnd {
+        self.conn.call(&SimRequest::GrantEnd {
             defer: false,
             refs: refs.to_vec(),
         })?;
@@ -489,7 +491,7 @@ impl GrantedOwner for SimGrantedOwner {
         if refs.is_empty() {
             return;
         }
-        if let Err(e) = self.conn.call(&Request::GrantEnd {
+        if let Err(e) = self.conn.call(&SimRequest::GrantEnd {
             defer: true,
             refs: refs.to_vec(),
         }) {
@@ -520,7 +522,7 @@ struct SimMappedOwner {
 impl MappedOwner for SimMappedOwner {
     fn unmap(&mut self) {
         self.region = None;
-        match self.conn.call(&Request::Unmap {
+        match self.conn.call(&SimRequest::Unmap {
             handle: self.handle,
         }) {
             Ok(_) | Err(Error::NotFound(_)) | Err(Error::Closed(_)) => {}

@@ -154,10 +154,10 @@ const SEGMENT_LEN: usize = 2 * 9 + 2;
 
 /// A request to the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
-    /// Attach; answered with [`Response::Hello`] and the domain's memory file.
+pub enum SimRequest {
+    /// Attach; answered with [`SimResponse::Hello`] and the domain's memory file.
     Hello,
-    /// Grant `count` new pages to `remote`; answered with [`Response::Granted`].
+    /// Grant `count` new pages to `remote`; answered with [`SimResponse::Granted`].
     GrantAlloc {
         /// The grantee.
         remote: DomId,
@@ -166,7 +166,7 @@ pub enum Request {
         /// Pages to allocate and grant.
         count: u32,
     },
-    /// End the grants `refs`; answered with [`Response::Done`].
+    /// End the grants `refs`; answered with [`SimResponse::Done`].
     GrantEnd {
         /// Whether grants the remote still maps are kept alive until it unmaps them (the drop path)
         /// rather than refused as busy.
@@ -174,7 +174,7 @@ pub enum Request {
         /// The grants to end.
         refs: Vec<GrantRef>,
     },
-    /// Map `refs` granted by `remote`; answered with [`Response::Mapped`].
+    /// Map `refs` granted by `remote`; answered with [`SimResponse::Mapped`].
     Map {
         /// The granting domain.
         remote: DomId,
@@ -183,9 +183,9 @@ pub enum Request {
         /// The grants to map, in the order of the mapping.
         refs: Vec<GrantRef>,
     },
-    /// Release a mapping; answered with [`Response::Done`].
+    /// Release a mapping; answered with [`SimResponse::Done`].
     Unmap {
-        /// The handle [`Response::Mapped`] gave.
+        /// The handle [`SimResponse::Mapped`] gave.
         handle: u64,
     },
     /// `data` is the concatenated bytes of every segment whose source is local, in order.
@@ -195,33 +195,33 @@ pub enum Request {
         /// The local source bytes.
         data: Vec<u8>,
     },
-    /// Open an event-channel handle; answered with [`Response::EvtchnOpened`] and its status page.
+    /// Open an event-channel handle; answered with [`SimResponse::EvtchnOpened`] and its status page.
     EvtchnOpen,
-    /// Allocate a port `remote` may bind to; answered with [`Response::PortOpened`].
+    /// Allocate a port `remote` may bind to; answered with [`SimResponse::PortOpened`].
     EvtchnAllocUnbound {
         /// The domain that may bind.
         remote: DomId,
     },
-    /// Bind to `remote_port` of `remote`; answered with [`Response::PortOpened`].
+    /// Bind to `remote_port` of `remote`; answered with [`SimResponse::PortOpened`].
     EvtchnBind {
         /// The domain that allocated the port.
         remote: DomId,
         /// The port, in `remote`'s numbering.
         remote_port: Port,
     },
-    /// Close `port`; answered with [`Response::Done`].
+    /// Close `port`; answered with [`SimResponse::Done`].
     EvtchnClose {
         /// The local port.
         port: Port,
     },
-    /// Ask what `port` is connected to; answered with [`Response::PortStatus`].
+    /// Ask what `port` is connected to; answered with [`SimResponse::PortStatus`].
     EvtchnStatus {
         /// The local port.
         port: Port,
     },
     /// Make this connection the owner of grants restored by a migration, as if it had
     /// made them (it may end them, they end when it closes); answered with
-    /// [`Response::Granted`]. Every ref must be a restored grant to `remote` with this
+    /// [`SimResponse::Granted`]. Every ref must be a restored grant to `remote` with this
     /// access, not adopted yet.
     GrantAdopt {
         /// The grantee the grants name.
@@ -256,22 +256,22 @@ impl RequestHeader {
     }
 }
 
-impl Request {
+impl SimRequest {
     /// This request's op code.
     pub fn op(&self) -> Op {
         match self {
-            Request::Hello => Op::Hello,
-            Request::GrantAlloc { .. } => Op::GrantAlloc,
-            Request::GrantEnd { .. } => Op::GrantEnd,
-            Request::Map { .. } => Op::Map,
-            Request::Unmap { .. } => Op::Unmap,
-            Request::Copy { .. } => Op::Copy,
-            Request::EvtchnOpen => Op::EvtchnOpen,
-            Request::EvtchnAllocUnbound { .. } => Op::EvtchnAllocUnbound,
-            Request::EvtchnBind { .. } => Op::EvtchnBind,
-            Request::EvtchnClose { .. } => Op::EvtchnClose,
-            Request::EvtchnStatus { .. } => Op::EvtchnStatus,
-            Request::GrantAdopt { .. } => Op::GrantAdopt,
+            SimRequest::Hello => Op::Hello,
+            SimRequest::GrantAlloc { .. } => Op::GrantAlloc,
+            SimRequest::GrantEnd { .. } => Op::GrantEnd,
+            SimRequest::Map { .. } => Op::Map,
+            SimRequest::Unmap { .. } => Op::Unmap,
+            SimRequest::Copy { .. } => Op::Copy,
+            SimRequest::EvtchnOpen => Op::EvtchnOpen,
+            SimRequest::EvtchnAllocUnbound { .. } => Op::EvtchnAllocUnbound,
+            SimRequest::EvtchnBind { .. } => Op::EvtchnBind,
+            SimRequest::EvtchnClose { .. } => Op::EvtchnClose,
+            SimRequest::EvtchnStatus { .. } => Op::EvtchnStatus,
+            SimRequest::GrantAdopt { .. } => Op::GrantAdopt,
         }
     }
 
@@ -281,8 +281,8 @@ impl Request {
         put_u16(out, self.op() as u16);
         put_u32(out, seq);
         match self {
-            Request::Hello | Request::EvtchnOpen => {}
-            Request::GrantAlloc {
+            SimRequest::Hello | SimRequest::EvtchnOpen => {}
+            SimRequest::GrantAlloc {
                 remote,
                 writable,
                 count,
@@ -291,16 +291,16 @@ impl Request {
                 out.push(*writable as u8);
                 put_u32(out, *count);
             }
-            Request::GrantEnd { defer, refs } => {
+            SimRequest::GrantEnd { defer, refs } => {
                 out.push(*defer as u8);
                 put_u32_array(out, refs);
             }
-            Request::Map {
+            SimRequest::Map {
                 remote,
                 writable,
                 refs,
             }
-            | Request::GrantAdopt {
+            | SimRequest::GrantAdopt {
                 remote,
                 writable,
                 refs,
@@ -309,8 +309,8 @@ impl Request {
                 out.push(*writable as u8);
                 put_u32_array(out, refs);
             }
-            Request::Unmap { handle } => put_u64(out, *handle),
-            Request::Copy { segments, data } => {
+            SimRequest::Unmap { handle } => put_u64(out, *handle),
+            SimRequest::Copy { segments, data } => {
                 put_u32(out, segments.len() as u32);
                 for s in segments {
                     put_side(out, &s.source);
@@ -319,20 +319,22 @@ impl Request {
                 }
                 out.extend_from_slice(data);
             }
-            Request::EvtchnAllocUnbound { remote } => put_u16(out, *remote),
-            Request::EvtchnBind {
+            SimRequest::EvtchnAllocUnbound { remote } => put_u16(out, *remote),
+            SimRequest::EvtchnBind {
                 remote,
                 remote_port,
             } => {
                 put_u16(out, *remote);
                 put_u32(out, *remote_port);
             }
-            Request::EvtchnClose { port } | Request::EvtchnStatus { port } => put_u32(out, *port),
+            SimRequest::EvtchnClose { port } | SimRequest::EvtchnStatus { port } => {
+                put_u32(out, *port)
+            }
         }
     }
 
     /// Parse a whole request body: header, then the payload of its op.
-    pub fn parse(body: &[u8]) -> Result<(RequestHeader, Request)> {
+    pub fn parse(body: &[u8]) -> Result<(RequestHeader, SimRequest)> {
         let header = RequestHeader::parse(body)?;
         if header.version != VERSION {
             return Err(Error::Protocol(format!(
@@ -346,32 +348,32 @@ impl Request {
     }
 
     /// Parse the payload of a request with op code `op`.
-    pub fn parse_payload(op: u16, payload: &[u8]) -> Result<Request> {
+    pub fn parse_payload(op: u16, payload: &[u8]) -> Result<SimRequest> {
         let op = Op::from_code(op).ok_or_else(|| Error::Protocol(format!("unknown op {op}")))?;
         let mut r = Reader::new(payload);
         let req = match op {
-            Op::Hello => Request::Hello,
-            Op::EvtchnOpen => Request::EvtchnOpen,
-            Op::GrantAlloc => Request::GrantAlloc {
+            Op::Hello => SimRequest::Hello,
+            Op::EvtchnOpen => SimRequest::EvtchnOpen,
+            Op::GrantAlloc => SimRequest::GrantAlloc {
                 remote: r.u16()?,
                 writable: r.bool()?,
                 count: r.u32()?,
             },
-            Op::GrantEnd => Request::GrantEnd {
+            Op::GrantEnd => SimRequest::GrantEnd {
                 defer: r.bool()?,
                 refs: r.u32_array()?,
             },
-            Op::Map => Request::Map {
+            Op::Map => SimRequest::Map {
                 remote: r.u16()?,
                 writable: r.bool()?,
                 refs: r.u32_array()?,
             },
-            Op::GrantAdopt => Request::GrantAdopt {
+            Op::GrantAdopt => SimRequest::GrantAdopt {
                 remote: r.u16()?,
                 writable: r.bool()?,
                 refs: r.u32_array()?,
             },
-            Op::Unmap => Request::Unmap { handle: r.u64()? },
+            Op::Unmap => SimRequest::Unmap { handle: r.u64()? },
             Op::Copy => {
                 let n = r.u32()? as usize;
                 if n > MAX_COPY_SEGMENTS {
@@ -390,15 +392,15 @@ impl Request {
                     segments.push(CopySpec { source, dest, len });
                 }
                 let data = r.bytes(local_bytes)?.to_vec();
-                Request::Copy { segments, data }
+                SimRequest::Copy { segments, data }
             }
-            Op::EvtchnAllocUnbound => Request::EvtchnAllocUnbound { remote: r.u16()? },
-            Op::EvtchnBind => Request::EvtchnBind {
+            Op::EvtchnAllocUnbound => SimRequest::EvtchnAllocUnbound { remote: r.u16()? },
+            Op::EvtchnBind => SimRequest::EvtchnBind {
                 remote: r.u16()?,
                 remote_port: r.u32()?,
             },
-            Op::EvtchnClose => Request::EvtchnClose { port: r.u32()? },
-            Op::EvtchnStatus => Request::EvtchnStatus { port: r.u32()? },
+            Op::EvtchnClose => SimRequest::EvtchnClose { port: r.u32()? },
+            Op::EvtchnStatus => SimRequest::EvtchnStatus { port: r.u32()? },
         };
         r.finish()?;
         Ok(req)
@@ -407,8 +409,8 @@ impl Request {
 
 /// A successful reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Response {
-    /// Reply to [`Request::Hello`].
+pub enum SimResponse {
+    /// Reply to [`SimRequest::Hello`].
     Hello {
         /// The domain this connection belongs to.
         domid: DomId,
@@ -417,16 +419,16 @@ pub enum Response {
         /// Entries in the domain's grant table.
         table_size: u32,
     },
-    /// Reply to [`Request::GrantAlloc`] and [`Request::GrantAdopt`].
+    /// Reply to [`SimRequest::GrantAlloc`] and [`SimRequest::GrantAdopt`].
     Granted {
         /// One (grant ref, frame of the domain's memory file) pair per page, in page order.
         grants: Vec<(GrantRef, u32)>,
     },
     /// Reply to a request that returns nothing.
     Done,
-    /// Reply to [`Request::Map`].
+    /// Reply to [`SimRequest::Map`].
     Mapped {
-        /// Names the mapping in [`Request::Unmap`].
+        /// Names the mapping in [`SimRequest::Unmap`].
         handle: u64,
         /// The remote domain's instance, which keys the cache of its memory file.
         instance: u64,
@@ -440,12 +442,12 @@ pub enum Response {
         /// The local destination bytes.
         data: Vec<u8>,
     },
-    /// Reply to [`Request::EvtchnOpen`].
+    /// Reply to [`SimRequest::EvtchnOpen`].
     EvtchnOpened {
         /// Words in the handle's status page.
         slots: u32,
     },
-    /// Reply to [`Request::EvtchnAllocUnbound`] and [`Request::EvtchnBind`].
+    /// Reply to [`SimRequest::EvtchnAllocUnbound`] and [`SimRequest::EvtchnBind`].
     PortOpened {
         /// The new local port.
         port: Port,
@@ -454,7 +456,7 @@ pub enum Response {
         /// The slot's generation at the time, to tell this port from a later user of the slot.
         generation: u32,
     },
-    /// Reply to [`Request::EvtchnStatus`].
+    /// Reply to [`SimRequest::EvtchnStatus`].
     PortStatus {
         /// 1: unbound, waiting for `remote`; 2: connected to `remote_port` of `remote`.
         state: u8,
@@ -522,13 +524,13 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
     i
 }
 
-impl Response {
+impl SimResponse {
     /// Append the body of this reply to `out`; `nfds` descriptors travel with it.
     pub fn emit(&self, op: Op, seq: u32, nfds: u16, out: &mut Vec<u8>) {
         put_response_header(out, op as u16, seq, 0, nfds);
         match self {
-            Response::Done => {}
-            Response::Hello {
+            SimResponse::Done => {}
+            SimResponse::Hello {
                 domid,
                 instance,
                 table_size,
@@ -537,14 +539,14 @@ impl Response {
                 put_u64(out, *instance);
                 put_u32(out, *table_size);
             }
-            Response::Granted { grants } => {
+            SimResponse::Granted { grants } => {
                 put_u32(out, grants.len() as u32);
                 for (r, f) in grants {
                     put_u32(out, *r);
                     put_u32(out, *f);
                 }
             }
-            Response::Mapped {
+            SimResponse::Mapped {
                 handle,
                 instance,
                 frames,
@@ -553,15 +555,15 @@ impl Response {
                 put_u64(out, *instance);
                 put_u32_array(out, frames);
             }
-            Response::Copied { status, data } => {
+            SimResponse::Copied { status, data } => {
                 put_u32(out, status.len() as u32);
                 for s in status {
                     put_u16(out, *s);
                 }
                 out.extend_from_slice(data);
             }
-            Response::EvtchnOpened { slots } => put_u32(out, *slots),
-            Response::PortOpened {
+            SimResponse::EvtchnOpened { slots } => put_u32(out, *slots),
+            SimResponse::PortOpened {
                 port,
                 slot,
                 generation,
@@ -570,7 +572,7 @@ impl Response {
                 put_u32(out, *slot);
                 put_u32(out, *generation);
             }
-            Response::PortStatus {
+            SimResponse::PortStatus {
                 state,
                 remote,
                 remote_port,
@@ -585,7 +587,7 @@ impl Response {
     /// Parse a whole reply body to a request of op `expect_op` with sequence `expect_seq`.
     /// Returns the reply and how many descriptors it says are attached; an error reply
     /// becomes the error it carries.
-    pub fn parse(body: &[u8], expect_op: Op, expect_seq: u32) -> Result<(Response, usize)> {
+    pub fn parse(body: &[u8], expect_op: Op, expect_seq: u32) -> Result<(SimResponse, usize)> {
         let h = ResponseHeader::parse(body)?;
         if h.version != VERSION {
             return Err(Error::Protocol(format!(
@@ -606,7 +608,7 @@ impl Response {
         }
         let mut r = Reader::new(payload);
         let resp = match expect_op {
-            Op::Hello => Response::Hello {
+            Op::Hello => SimResponse::Hello {
                 domid: r.u16()?,
                 instance: r.u64()?,
                 table_size: r.u32()?,
@@ -618,10 +620,10 @@ impl Response {
                 for _ in 0..n {
                     grants.push((r.u32()?, r.u32()?));
                 }
-                Response::Granted { grants }
+                SimResponse::Granted { grants }
             }
-            Op::GrantEnd | Op::Unmap | Op::EvtchnClose => Response::Done,
-            Op::Map => Response::Mapped {
+            Op::GrantEnd | Op::Unmap | Op::EvtchnClose => SimResponse::Done,
+            Op::Map => SimResponse::Mapped {
                 handle: r.u64()?,
                 instance: r.u64()?,
                 frames: r.u32_array()?,
@@ -634,15 +636,15 @@ impl Response {
                     status.push(r.u16()?);
                 }
                 let data = r.rest().to_vec();
-                Response::Copied { status, data }
+                SimResponse::Copied { status, data }
             }
-            Op::EvtchnOpen => Response::EvtchnOpened { slots: r.u32()? },
-            Op::EvtchnAllocUnbound | Op::EvtchnBind => Response::PortOpened {
+            Op::EvtchnOpen => SimResponse::EvtchnOpened { slots: r.u32()? },
+            Op::EvtchnAllocUnbound | Op::EvtchnBind => SimResponse::PortOpened {
                 port: r.u32()?,
                 slot: r.u32()?,
                 generation: r.u32()?,
             },
-            Op::EvtchnStatus => Response::PortStatus {
+            Op::EvtchnStatus => SimResponse::PortStatus {
                 state: r.u8()?,
                 remote: r.u16()?,
                 remote_port: r.u32()?,
@@ -839,25 +841,25 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
-    fn sample_requests() -> Vec<Request> {
+    fn sample_requests() -> Vec<SimRequest> {
         vec![
-            Request::Hello,
-            Request::GrantAlloc {
+            SimRequest::Hello,
+            SimRequest::GrantAlloc {
                 remote: 3,
                 writable: true,
                 count: 2048,
             },
-            Request::GrantEnd {
+            SimRequest::GrantEnd {
                 defer: true,
                 refs: vec![8, 9, 10],
             },
-            Request::Map {
+            SimRequest::Map {
                 remote: 0,
                 writable: false,
                 refs: vec![100, 4000],
             },
-            Request::Unmap { handle: 1 << 40 },
-            Request::Copy {
+            SimRequest::Unmap { handle: 1 << 40 },
+            SimRequest::Copy {
                 segments: vec![
                     CopySpec {
                         source: CopySide::Local,
@@ -880,15 +882,15 @@ mod tests {
                 ],
                 data: vec![1, 2, 3],
             },
-            Request::EvtchnOpen,
-            Request::EvtchnAllocUnbound { remote: 1 },
-            Request::EvtchnBind {
+            SimRequest::EvtchnOpen,
+            SimRequest::EvtchnAllocUnbound { remote: 1 },
+            SimRequest::EvtchnBind {
                 remote: 1,
                 remote_port: 5,
             },
-            Request::EvtchnClose { port: 7 },
-            Request::EvtchnStatus { port: 7 },
-            Request::GrantAdopt {
+            SimRequest::EvtchnClose { port: 7 },
+            SimRequest::EvtchnStatus { port: 7 },
+            SimRequest::GrantAdopt {
                 remote: 0,
                 writable: true,
                 refs: vec![8, 12],
@@ -901,7 +903,7 @@ mod tests {
         for (i, req) in sample_requests().into_iter().enumerate() {
             let mut body = Vec::new();
             req.emit(i as u32, &mut body);
-            let (h, back) = Request::parse(&body).unwrap();
+            let (h, back) = SimRequest::parse(&body).unwrap();
             assert_eq!(h.seq, i as u32);
             assert_eq!(h.op, req.op() as u16);
             assert_eq!(back, req);
@@ -911,7 +913,7 @@ mod tests {
     #[test]
     fn request_bytes_are_little_endian_as_documented() {
         let mut body = Vec::new();
-        Request::Map {
+        SimRequest::Map {
             remote: 0x0102,
             writable: true,
             refs: vec![0x0a0b0c0d],
@@ -937,19 +939,22 @@ mod tests {
             let mut body = Vec::new();
             req.emit(1, &mut body);
             for cut in 0..body.len() {
-                let r = Request::parse(&body[..cut]);
+                let r = SimRequest::parse(&body[..cut]);
                 assert!(matches!(r, Err(Error::Protocol(_))), "{req:?} cut at {cut}");
             }
             let mut longer = body.clone();
             longer.push(0);
-            assert!(matches!(Request::parse(&longer), Err(Error::Protocol(_))));
+            assert!(matches!(
+                SimRequest::parse(&longer),
+                Err(Error::Protocol(_))
+            ));
         }
     }
 
     #[test]
     fn hostile_counts_do_not_allocate_or_panic() {
         let mut body = Vec::new();
-        Request::Map {
+        SimRequest::Map {
             remote: 1,
             writable: false,
             refs: vec![],
@@ -957,40 +962,40 @@ mod tests {
         .emit(0, &mut body);
         let n = body.len();
         body[n - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(Request::parse(&body), Err(Error::Protocol(_))));
+        assert!(matches!(SimRequest::parse(&body), Err(Error::Protocol(_))));
 
         let mut copy = Vec::new();
-        Request::Copy {
+        SimRequest::Copy {
             segments: vec![],
             data: vec![],
         }
         .emit(0, &mut copy);
         let n = copy.len();
         copy[n - 4..].copy_from_slice(&(MAX_COPY_SEGMENTS as u32 + 1).to_le_bytes());
-        assert!(matches!(Request::parse(&copy), Err(Error::Protocol(_))));
+        assert!(matches!(SimRequest::parse(&copy), Err(Error::Protocol(_))));
     }
 
     #[test]
     fn unknown_op_version_and_bool_are_rejected() {
         let mut body = Vec::new();
-        Request::Hello.emit(0, &mut body);
+        SimRequest::Hello.emit(0, &mut body);
         body[2] = 99;
-        assert!(matches!(Request::parse(&body), Err(Error::Protocol(_))));
+        assert!(matches!(SimRequest::parse(&body), Err(Error::Protocol(_))));
 
         let mut body = Vec::new();
-        Request::Hello.emit(0, &mut body);
+        SimRequest::Hello.emit(0, &mut body);
         body[0] = 2;
-        assert!(matches!(Request::parse(&body), Err(Error::Protocol(_))));
+        assert!(matches!(SimRequest::parse(&body), Err(Error::Protocol(_))));
 
         let mut body = Vec::new();
-        Request::GrantAlloc {
+        SimRequest::GrantAlloc {
             remote: 1,
             writable: true,
             count: 1,
         }
         .emit(0, &mut body);
         body[REQUEST_HEADER_LEN + 2] = 7;
-        assert!(matches!(Request::parse(&body), Err(Error::Protocol(_))));
+        assert!(matches!(SimRequest::parse(&body), Err(Error::Protocol(_))));
     }
 
     #[test]
@@ -1010,9 +1015,9 @@ mod tests {
                 buf[2] = (x % 13) as u8;
                 buf[3] = 0;
             }
-            let _ = Request::parse(&buf);
+            let _ = SimRequest::parse(&buf);
             for op in 1..=12 {
-                let _ = Response::parse(&buf, Op::from_code(op).unwrap(), 0);
+                let _ = SimResponse::parse(&buf, Op::from_code(op).unwrap(), 0);
             }
         }
     }
@@ -1022,7 +1027,7 @@ mod tests {
         let cases = vec![
             (
                 Op::Hello,
-                Response::Hello {
+                SimResponse::Hello {
                     domid: 4,
                     instance: 77,
                     table_size: 32768,
@@ -1030,20 +1035,20 @@ mod tests {
             ),
             (
                 Op::GrantAlloc,
-                Response::Granted {
+                SimResponse::Granted {
                     grants: vec![(8, 0), (9, 1)],
                 },
             ),
-            (Op::GrantEnd, Response::Done),
+            (Op::GrantEnd, SimResponse::Done),
             (
                 Op::GrantAdopt,
-                Response::Granted {
+                SimResponse::Granted {
                     grants: vec![(10, 2)],
                 },
             ),
             (
                 Op::Map,
-                Response::Mapped {
+                SimResponse::Mapped {
                     handle: 3,
                     instance: 9,
                     frames: vec![5, 6, 7],
@@ -1051,15 +1056,15 @@ mod tests {
             ),
             (
                 Op::Copy,
-                Response::Copied {
+                SimResponse::Copied {
                     status: vec![0, 2],
                     data: vec![9; 10],
                 },
             ),
-            (Op::EvtchnOpen, Response::EvtchnOpened { slots: 1024 }),
+            (Op::EvtchnOpen, SimResponse::EvtchnOpened { slots: 1024 }),
             (
                 Op::EvtchnBind,
-                Response::PortOpened {
+                SimResponse::PortOpened {
                     port: 3,
                     slot: 0,
                     generation: 12,
@@ -1067,7 +1072,7 @@ mod tests {
             ),
             (
                 Op::EvtchnStatus,
-                Response::PortStatus {
+                SimResponse::PortStatus {
                     state: 2,
                     remote: 1,
                     remote_port: 4,
@@ -1077,10 +1082,10 @@ mod tests {
         for (op, resp) in cases {
             let mut body = Vec::new();
             resp.emit(op, 42, 2, &mut body);
-            let (back, nfds) = Response::parse(&body, op, 42).unwrap();
+            let (back, nfds) = SimResponse::parse(&body, op, 42).unwrap();
             assert_eq!(back, resp);
             assert_eq!(nfds, 2);
-            assert!(Response::parse(&body, op, 43).is_err());
+            assert!(SimResponse::parse(&body, op, 43).is_err());
         }
     }
 
@@ -1102,7 +1107,7 @@ mod tests {
         for e in errors {
             let mut body = Vec::new();
             emit_error(Op::Map as u16, 5, &e, &mut body);
-            let got = Response::parse(&body, Op::Map, 5).unwrap_err();
+            let got = SimResponse::parse(&body, Op::Map, 5).unwrap_err();
             assert_eq!(format!("{got}"), format!("{e}"));
             assert_eq!(error_code(&got), error_code(&e));
         }

@@ -23,7 +23,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{self, MsgFlags};
 
-use super::wire::{self, Frame, MsgType, PAYLOAD_MAX};
+use super::wire::{self, MsgType, XsFrame, PAYLOAD_MAX};
 use crate::{DomId, Error, Port, Result, TxId, WatchEvent, Xenstore, XsPerm};
 
 /// Where xenstored listens on a Xen host.
@@ -86,7 +86,7 @@ struct Shared {
 }
 
 struct Pending {
-    waiting: HashMap<u32, SyncSender<Frame>>,
+    waiting: HashMap<u32, SyncSender<XsFrame>>,
     closed: Option<String>,
 }
 
@@ -125,7 +125,7 @@ impl Shared {
         self.events_cv.notify_all();
     }
 
-    fn deliver(&self, frame: Frame) {
+    fn deliver(&self, frame: XsFrame) {
         if frame.kind() == Some(MsgType::WatchEvent) {
             match wire::split_strings(&frame.payload) {
                 Ok(fields) if fields.len() >= 2 => self.push_event(WatchEvent {
@@ -263,7 +263,7 @@ impl XsClient {
             )));
         }
         let req_id = self.alloc_req_id();
-        let frame = Frame::with_raw_type(msg_type, req_id, tx, payload)?;
+        let frame = XsFrame::with_raw_type(msg_type, req_id, tx, payload)?;
         let (tx_reply, rx_reply) = mpsc::sync_channel(1);
         {
             let mut p = lock(&self.shared.pending);
@@ -627,9 +627,9 @@ mod tests {
 
     /// A scripted peer on the other end of a socketpair: for each request it reads,
     /// it runs `answer`, which returns the frames to send back.
-    fn scripted_server<F>(mut answer: F) -> (XsClient, std::thread::JoinHandle<Vec<Frame>>)
+    fn scripted_server<F>(mut answer: F) -> (XsClient, std::thread::JoinHandle<Vec<XsFrame>>)
     where
-        F: FnMut(&Frame) -> Vec<Frame> + Send + 'static,
+        F: FnMut(&XsFrame) -> Vec<XsFrame> + Send + 'static,
     {
         let (a, mut b) = UnixStream::pair().unwrap();
         let client = XsClient::from_unix_stream(a).unwrap();
@@ -646,8 +646,8 @@ mod tests {
         (client, h)
     }
 
-    fn reply(req: &Frame, payload: &[u8]) -> Frame {
-        Frame::with_raw_type(
+    fn reply(req: &XsFrame, payload: &[u8]) -> XsFrame {
+        XsFrame::with_raw_type(
             req.header.msg_type,
             req.header.req_id,
             req.header.tx_id,
@@ -658,7 +658,7 @@ mod tests {
 
     #[test]
     fn an_unanswered_request_times_out_and_its_late_reply_is_dropped() {
-        let mut held: Option<Frame> = None;
+        let mut held: Option<XsFrame> = None;
         let (client, h) = scripted_server(move |req| {
             let path = wire::split_strings(&req.payload).unwrap()[0].to_string();
             if path == "/stuck" {
@@ -666,7 +666,7 @@ mod tests {
                 held = Some(req.clone());
                 return Vec::new();
             }
-            let mut out: Vec<Frame> = held
+            let mut out: Vec<XsFrame> = held
                 .take()
                 .map(|r| reply(&r, b"late"))
                 .into_iter()
@@ -785,7 +785,7 @@ mod tests {
                 _ => b"EIO\0",
             };
             vec![
-                Frame::with_raw_type(16, req.header.req_id, req.header.tx_id, name.to_vec())
+                XsFrame::with_raw_type(16, req.header.req_id, req.header.tx_id, name.to_vec())
                     .unwrap(),
             ]
         });
@@ -801,7 +801,7 @@ mod tests {
         let (client, _h) = scripted_server(|req| {
             // An event arrives before the reply it races with.
             let ev =
-                Frame::new(MsgType::WatchEvent, 0, 0, wire::join_strings(&["/k", "t1"])).unwrap();
+                XsFrame::new(MsgType::WatchEvent, 0, 0, wire::join_strings(&["/k", "t1"])).unwrap();
             vec![ev, reply(req, b"v")]
         });
         let fd = client.watch_fd();
@@ -901,7 +901,7 @@ mod tests {
     fn directory_falls_back_to_parts_on_e2big() {
         let (client, h) = scripted_server(|req| match req.kind() {
             Some(MsgType::Directory) => {
-                vec![Frame::with_raw_type(16, req.header.req_id, 0, b"E2BIG\0".to_vec()).unwrap()]
+                vec![XsFrame::with_raw_type(16, req.header.req_id, 0, b"E2BIG\0".to_vec()).unwrap()]
             }
             Some(MsgType::DirectoryPart) => {
                 let f = wire::split_strings(&req.payload).unwrap();

@@ -348,14 +348,14 @@ impl Header {
 
 /// A zero-copy view of one complete message in a byte buffer.
 #[derive(Debug, Clone)]
-pub struct Message<T: AsRef<[u8]>> {
+pub struct XsMessage<T: AsRef<[u8]>> {
     buffer: T,
     header: Header,
 }
 
-impl<T: AsRef<[u8]>> Message<T> {
+impl<T: AsRef<[u8]>> XsMessage<T> {
     /// Check that `buffer` starts with a valid header followed by its whole payload.
-    pub fn new_checked(buffer: T) -> Result<Message<T>, WireError> {
+    pub fn new_checked(buffer: T) -> Result<XsMessage<T>, WireError> {
         let bytes = buffer.as_ref();
         let header = Header::parse(bytes)?;
         let needed = HEADER_LEN + header.len as usize;
@@ -365,7 +365,7 @@ impl<T: AsRef<[u8]>> Message<T> {
                 have: bytes.len(),
             });
         }
-        Ok(Message { buffer, header })
+        Ok(XsMessage { buffer, header })
     }
 
     /// The parsed header.
@@ -408,37 +408,37 @@ impl<T: AsRef<[u8]>> Message<T> {
 
 /// An owned message: a header and its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
+pub struct XsFrame {
     /// The header; its `len` is the payload's length.
     pub header: Header,
     /// Exactly `header.len` bytes.
     pub payload: Vec<u8>,
 }
 
-impl Frame {
+impl XsFrame {
     /// A frame of `msg_type` carrying `payload`; fails if the payload is over the limit.
     pub fn new(
         msg_type: MsgType,
         req_id: u32,
         tx_id: u32,
         payload: Vec<u8>,
-    ) -> Result<Frame, WireError> {
-        Frame::with_raw_type(msg_type.as_u32(), req_id, tx_id, payload)
+    ) -> Result<XsFrame, WireError> {
+        XsFrame::with_raw_type(msg_type.as_u32(), req_id, tx_id, payload)
     }
 
-    /// As [`Frame::new`] with a raw type value (tests send unknown types with it).
+    /// As [`XsFrame::new`] with a raw type value (tests send unknown types with it).
     pub fn with_raw_type(
         msg_type: u32,
         req_id: u32,
         tx_id: u32,
         payload: Vec<u8>,
-    ) -> Result<Frame, WireError> {
+    ) -> Result<XsFrame, WireError> {
         if payload.len() > PAYLOAD_MAX {
             return Err(WireError::PayloadTooLong(
                 u32::try_from(payload.len()).unwrap_or(u32::MAX),
             ));
         }
-        Ok(Frame {
+        Ok(XsFrame {
             header: Header {
                 msg_type,
                 req_id,
@@ -450,8 +450,8 @@ impl Frame {
     }
 
     /// An `XS_ERROR` reply to `req`.
-    pub fn error_reply(req: &Header, errno: XsErrno) -> Frame {
-        Frame {
+    pub fn error_reply(req: &Header, errno: XsErrno) -> XsFrame {
+        XsFrame {
             header: Header {
                 msg_type: MsgType::Error.as_u32(),
                 req_id: req.req_id,
@@ -463,9 +463,9 @@ impl Frame {
     }
 
     /// Parse one complete frame from the start of `bytes`.
-    pub fn parse(bytes: &[u8]) -> Result<Frame, WireError> {
-        let msg = Message::new_checked(bytes)?;
-        Ok(Frame {
+    pub fn parse(bytes: &[u8]) -> Result<XsFrame, WireError> {
+        let msg = XsMessage::new_checked(bytes)?;
+        Ok(XsFrame {
             header: msg.header(),
             payload: msg.payload().to_vec(),
         })
@@ -508,7 +508,7 @@ pub enum ReadError {
 
 /// Read one frame. `Ok(None)` on a clean end of stream before any byte of a frame.
 /// Never allocates more than [`PAYLOAD_MAX`] for the payload.
-pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, ReadError> {
+pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<XsFrame>, ReadError> {
     let mut hdr = [0u8; HEADER_LEN];
     let got = read_full(r, &mut hdr)?;
     if got == 0 {
@@ -529,11 +529,11 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, ReadErro
             have: HEADER_LEN + got,
         });
     }
-    Ok(Some(Frame { header, payload }))
+    Ok(Some(XsFrame { header, payload }))
 }
 
 /// Write one frame with a single buffer (the xenbus device wants whole messages).
-pub fn write_frame<W: Write + ?Sized>(w: &mut W, frame: &Frame) -> io::Result<()> {
+pub fn write_frame<W: Write + ?Sized>(w: &mut W, frame: &XsFrame) -> io::Result<()> {
     w.write_all(&frame.encode())
 }
 
@@ -685,11 +685,11 @@ mod tests {
 
     #[test]
     fn header_roundtrip_matches_c_layout() {
-        let f = Frame::new(MsgType::Write, 7, 3, b"/a\0xyz".to_vec()).unwrap();
+        let f = XsFrame::new(MsgType::Write, 7, 3, b"/a\0xyz".to_vec()).unwrap();
         let bytes = f.encode();
         assert_eq!(bytes, frame_bytes(11, 7, 3, b"/a\0xyz"));
-        assert_eq!(Frame::parse(&bytes).unwrap(), f);
-        let msg = Message::new_checked(&bytes[..]).unwrap();
+        assert_eq!(XsFrame::parse(&bytes).unwrap(), f);
+        let msg = XsMessage::new_checked(&bytes[..]).unwrap();
         assert_eq!(msg.msg_type(), 11);
         assert_eq!(msg.req_id(), 7);
         assert_eq!(msg.tx_id(), 3);
@@ -701,7 +701,7 @@ mod tests {
     fn message_view_ignores_bytes_after_payload() {
         let mut bytes = frame_bytes(2, 1, 0, b"/x\0");
         bytes.extend_from_slice(b"trailing");
-        let msg = Message::new_checked(&bytes[..]).unwrap();
+        let msg = XsMessage::new_checked(&bytes[..]).unwrap();
         assert_eq!(msg.payload(), b"/x\0");
     }
 
@@ -724,7 +724,7 @@ mod tests {
         let mut bytes = frame_bytes(2, 1, 0, b"/abc\0");
         bytes.truncate(bytes.len() - 2);
         assert_eq!(
-            Message::new_checked(&bytes[..]).unwrap_err(),
+            XsMessage::new_checked(&bytes[..]).unwrap_err(),
             WireError::Truncated {
                 needed: 21,
                 have: 19
@@ -742,8 +742,8 @@ mod tests {
             Header::parse(&bytes),
             Err(WireError::PayloadTooLong(u32::MAX))
         );
-        assert!(Frame::new(MsgType::Read, 1, 0, vec![0; PAYLOAD_MAX + 1]).is_err());
-        assert!(Frame::new(MsgType::Read, 1, 0, vec![0; PAYLOAD_MAX]).is_ok());
+        assert!(XsFrame::new(MsgType::Read, 1, 0, vec![0; PAYLOAD_MAX + 1]).is_err());
+        assert!(XsFrame::new(MsgType::Read, 1, 0, vec![0; PAYLOAD_MAX]).is_ok());
     }
 
     #[test]
@@ -837,7 +837,7 @@ mod tests {
             tx_id: 4,
             len: 0,
         };
-        let f = Frame::error_reply(&req, XsErrno::Eacces);
+        let f = XsFrame::error_reply(&req, XsErrno::Eacces);
         assert_eq!(f.encode(), frame_bytes(16, 9, 4, b"EACCES\0"));
     }
 
@@ -901,7 +901,7 @@ mod tests {
             }
             let mut cur = std::io::Cursor::new(buf.clone());
             let _ = read_frame(&mut cur);
-            let _ = Frame::parse(&buf);
+            let _ = XsFrame::parse(&buf);
             let _ = split_strings(&buf);
             let _ = one_string(&buf);
             let _ = split_prefix_strings(&buf, 2);

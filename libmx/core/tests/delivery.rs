@@ -5,7 +5,7 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Channel, Sim};
+use sim::{Sim, SimChannel};
 use xmx_mx::{Config, Endpoint, Event, Instant, RdmaWindow, RecvDone, Status};
 
 const KEY: u32 = 0x1234_5678;
@@ -15,7 +15,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| r.next_u64() as u8).collect()
 }
 
-fn pair(seed: u64, channel: Channel, config: Config) -> Sim {
+fn pair(seed: u64, channel: SimChannel, config: Config) -> Sim {
     let mut s = Sim::new(seed, channel);
     s.add(1, Endpoint::new(config.clone(), 0, 0xAAAA_0001, KEY));
     s.add(2, Endpoint::new(config, 3, 0xBBBB_0002, KEY));
@@ -95,7 +95,7 @@ fn exchange(s: &mut Sim, sizes: &[usize]) {
 
 #[test]
 fn lossless_exchange_every_class() {
-    let mut s = pair(1, Channel::perfect(), Config::default());
+    let mut s = pair(1, SimChannel::perfect(), Config::default());
     exchange(&mut s, &[0, 1, 32, 33, 128, 129, 4096, 4097, 20000, 32768]);
 }
 
@@ -103,7 +103,7 @@ fn lossless_exchange_every_class() {
 fn lossy_reordering_duplicating_exchange() {
     let mut s = pair(
         7,
-        Channel::lossy(0.25, 0.2, Duration::from_millis(30)),
+        SimChannel::lossy(0.25, 0.2, Duration::from_millis(30)),
         Config::default(),
     );
     let sizes: Vec<usize> = (0..60)
@@ -117,7 +117,7 @@ fn lossy_reordering_duplicating_exchange() {
 fn unexpected_messages_are_kept_in_arrival_order() {
     let mut s = pair(
         3,
-        Channel::lossy(0.1, 0.1, Duration::from_millis(5)),
+        SimChannel::lossy(0.1, 0.1, Duration::from_millis(5)),
         Config::default(),
     );
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
@@ -168,7 +168,7 @@ fn silent_peer_fails_every_pending_send_with_timeout() {
         ..Config::default()
     };
     let budget = config.retry_budget();
-    let mut s = pair(11, Channel::perfect(), config);
+    let mut s = pair(11, SimChannel::perfect(), config);
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     s.blackhole = true;
     let to = s.addr(1);
@@ -209,7 +209,7 @@ fn silent_peer_fails_a_connect_with_timeout() {
         resend_delay: Duration::from_millis(10),
         ..Config::default()
     };
-    let mut s = pair(12, Channel::perfect(), config);
+    let mut s = pair(12, SimChannel::perfect(), config);
     s.blackhole = true;
     assert_eq!(s.connect(0, 1, KEY), Status::Timeout);
     assert!(s.now <= Instant::ZERO + Duration::from_millis(10 + 20 + 40));
@@ -217,7 +217,7 @@ fn silent_peer_fails_a_connect_with_timeout() {
 
 #[test]
 fn request_timeout_bounds_a_send() {
-    let mut s = pair(13, Channel::perfect(), Config::default());
+    let mut s = pair(13, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     s.blackhole = true;
     let to = s.addr(1);
@@ -235,7 +235,7 @@ fn request_timeout_bounds_a_send() {
 
 #[test]
 fn wrong_key_is_refused() {
-    let mut s = pair(4, Channel::perfect(), Config::default());
+    let mut s = pair(4, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY ^ 1), Status::BadKey);
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
 }
@@ -244,7 +244,7 @@ fn wrong_key_is_refused() {
 fn connects_survive_loss() {
     let mut s = pair(
         5,
-        Channel::lossy(0.5, 0.3, Duration::from_millis(50)),
+        SimChannel::lossy(0.5, 0.3, Duration::from_millis(50)),
         Config::default(),
     );
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
@@ -253,7 +253,7 @@ fn connects_survive_loss() {
 
 #[test]
 fn restarted_peer_gets_bad_session_then_reconnects() {
-    let mut s = pair(6, Channel::perfect(), Config::default());
+    let mut s = pair(6, SimChannel::perfect(), Config::default());
     exchange(&mut s, &[10, 200]);
     // Node 1 closes and reopens: same address, new session.
     s.nodes[1].ep = Endpoint::new(Config::default(), 3, 0xBBBB_0003, KEY);
@@ -279,7 +279,7 @@ fn restarted_peer_gets_bad_session_then_reconnects() {
 
 #[test]
 fn restarted_sender_is_seen_as_a_new_partner() {
-    let mut s = pair(8, Channel::perfect(), Config::default());
+    let mut s = pair(8, SimChannel::perfect(), Config::default());
     exchange(&mut s, &[10, 5000]);
     s.nodes[0].ep = Endpoint::new(Config::default(), 0, 0xAAAA_0009, KEY);
     exchange(&mut s, &[7, 7000, 70]);
@@ -289,7 +289,7 @@ fn restarted_sender_is_seen_as_a_new_partner() {
 fn replies_go_back_to_the_source_without_connecting() {
     let mut s = pair(
         9,
-        Channel::lossy(0.2, 0.1, Duration::from_millis(3)),
+        SimChannel::lossy(0.2, 0.1, Duration::from_millis(3)),
         Config::default(),
     );
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
@@ -313,7 +313,7 @@ fn replies_go_back_to_the_source_without_connecting() {
 #[test]
 fn sequence_numbers_wrap() {
     // 20000 messages each way cross the 14-bit wrap of both directions.
-    let mut s = pair(10, Channel::perfect(), Config::default());
+    let mut s = pair(10, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     assert_eq!(s.connect(1, 0, KEY), Status::Success);
     let (a, b) = (s.addr(0), s.addr(1));
@@ -362,7 +362,7 @@ fn sequence_numbers_wrap() {
 #[test]
 fn throttled_sends_wait_for_acks_and_all_arrive() {
     // Frames take a long time: more than the send window is outstanding.
-    let channel = Channel {
+    let channel = SimChannel {
         loss: 0.0,
         dup: 0.0,
         delay_min: Duration::from_millis(100),
@@ -401,7 +401,7 @@ fn throttled_sends_wait_for_acks_and_all_arrive() {
 fn large_messages_are_pulled_and_notified() {
     let mut s = pair(
         15,
-        Channel::lossy(0.2, 0.2, Duration::from_millis(10)),
+        SimChannel::lossy(0.2, 0.2, Duration::from_millis(10)),
         Config::default(),
     );
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
@@ -452,7 +452,7 @@ fn large_messages_are_pulled_and_notified() {
 
 #[test]
 fn large_message_into_empty_buffer_needs_no_pull() {
-    let mut s = pair(16, Channel::perfect(), Config::default());
+    let mut s = pair(16, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let now = s.now;
     let to = s.addr(1);
@@ -484,7 +484,7 @@ fn large_send_whose_receiver_never_pulls_times_out() {
         rendezvous_timeout: Some(Duration::from_secs(30)),
         ..Config::default()
     };
-    let mut s = pair(17, Channel::perfect(), config);
+    let mut s = pair(17, SimChannel::perfect(), config);
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let now = s.now;
     let to = s.addr(1);
@@ -515,7 +515,7 @@ fn large_send_whose_receiver_never_pulls_times_out() {
 
 #[test]
 fn an_endpoint_can_talk_to_itself() {
-    let mut s = Sim::new(18, Channel::lossy(0.2, 0.2, Duration::from_millis(2)));
+    let mut s = Sim::new(18, SimChannel::lossy(0.2, 0.2, Duration::from_millis(2)));
     s.add(1, Endpoint::new(Config::default(), 0, 0x5E1F, KEY));
     assert_eq!(s.connect(0, 0, KEY), Status::Success);
     let me = s.addr(0);
@@ -602,7 +602,7 @@ fn answer_then_connect_back(s: &mut Sim, first: &[u8], replies_before: usize) {
 /// receive window, or everything after the NOTIFY looks early forever.
 #[test]
 fn connecting_back_after_a_first_large_message() {
-    let mut s = pair(19, Channel::perfect(), Config::default());
+    let mut s = pair(19, SimChannel::perfect(), Config::default());
     answer_then_connect_back(&mut s, &pattern(19, 65_536), 0);
 }
 
@@ -610,7 +610,7 @@ fn connecting_back_after_a_first_large_message() {
 fn connecting_back_after_a_first_large_message_under_loss() {
     let mut s = pair(
         20,
-        Channel::lossy(0.2, 0.2, Duration::from_millis(5)),
+        SimChannel::lossy(0.2, 0.2, Duration::from_millis(5)),
         Config::default(),
     );
     answer_then_connect_back(&mut s, &pattern(20, 200_000), 0);
@@ -618,13 +618,13 @@ fn connecting_back_after_a_first_large_message_under_loss() {
 
 #[test]
 fn connecting_back_after_replying_to_the_source() {
-    let mut s = pair(21, Channel::perfect(), Config::default());
+    let mut s = pair(21, SimChannel::perfect(), Config::default());
     answer_then_connect_back(&mut s, &pattern(21, 40_000), 3);
 }
 
 #[test]
 fn large_receive_completes_even_if_the_sender_leaves_before_acking_the_notify() {
-    let mut s = pair(18, Channel::perfect(), Config::default());
+    let mut s = pair(18, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;
@@ -662,7 +662,7 @@ fn large_receive_completes_even_if_the_sender_leaves_before_acking_the_notify() 
 
 #[test]
 fn closing_flushes_the_acks_still_owed() {
-    let mut s = pair(19, Channel::perfect(), Config::default());
+    let mut s = pair(19, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;
@@ -698,7 +698,7 @@ fn a_small_send_window_holds_sends_until_acks_and_all_arrive() {
         ..Config::default()
     };
     assert_eq!(config.effective_send_window(), 2);
-    let mut s = pair(20, Channel::perfect(), config);
+    let mut s = pair(20, SimChannel::perfect(), config);
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;
@@ -744,7 +744,7 @@ fn the_send_window_never_falls_below_twice_the_ack_threshold() {
 /// every one.
 #[test]
 fn a_closing_sender_lets_its_held_sends_leave_first() {
-    let mut s = pair(21, Channel::perfect(), Config::default());
+    let mut s = pair(21, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;
@@ -782,7 +782,7 @@ fn a_closing_sender_lets_its_held_sends_leave_first() {
 fn refused_messages_free_the_send_window() {
     let config = Config::default();
     let window = u64::from(config.effective_send_window());
-    let mut s = pair(22, Channel::perfect(), config.clone());
+    let mut s = pair(22, SimChannel::perfect(), config.clone());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     s.nodes[1].ep = Endpoint::new(config, 3, 0xBBBB_0003, KEY);
     let to = s.addr(1);
@@ -815,7 +815,7 @@ fn the_default_window_bounds_medium_fragments_in_flight() {
     let window = u64::from(Config::default().effective_send_window());
     assert!(window * frags_per_medium <= 128);
     assert!(window >= 2 * u64::from(Config::default().imm_ack_threshold));
-    let channel = Channel {
+    let channel = SimChannel {
         loss: 0.0,
         dup: 0.0,
         delay_min: Duration::from_millis(1),
@@ -844,7 +844,7 @@ fn the_default_window_bounds_medium_fragments_in_flight() {
 /// connect to itself succeeds without disturbing the sequence numbers.
 #[test]
 fn an_endpoint_connected_to_itself_at_open_sends_at_once() {
-    let mut s = Sim::new(19, Channel::lossy(0.2, 0.2, Duration::from_millis(2)));
+    let mut s = Sim::new(19, SimChannel::lossy(0.2, 0.2, Duration::from_millis(2)));
     s.add(1, Endpoint::new(Config::default(), 0, 0x5E1F, KEY));
     let me = s.addr(0);
     s.nodes[0].ep.connect_self(me);
@@ -878,7 +878,7 @@ fn an_endpoint_connected_to_itself_at_open_sends_at_once() {
 
 #[test]
 fn a_stall_report_names_what_waits_and_nothing_once_it_is_done() {
-    let mut s = pair(21, Channel::perfect(), Config::default());
+    let mut s = pair(21, SimChannel::perfect(), Config::default());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;

@@ -13,7 +13,7 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Channel, Rng, Sim};
+use sim::{Rng, Sim, SimChannel};
 use xmx_mx::{Body, Config, Endpoint, Event, Instant, RdmaWindow, RecvDone, Status, MEDIUM_MAX};
 
 const KEY: u32 = 0x600d_f00d;
@@ -36,14 +36,14 @@ fn config() -> Config {
 
 /// An impaired channel drawn from `rng`: loss up to 10 %, duplicates up to
 /// 5 %, up to 10 ms of jitter (which reorders).
-fn impaired(rng: &mut Rng) -> Channel {
+fn impaired(rng: &mut Rng) -> SimChannel {
     let loss = rng.below(11) as f64 / 100.0;
     let dup = rng.below(6) as f64 / 100.0;
     let jitter = Duration::from_micros(rng.below(10_001));
-    Channel::lossy(loss, dup, jitter)
+    SimChannel::lossy(loss, dup, jitter)
 }
 
-fn pair(seed: u64, channel: Channel) -> Sim {
+fn pair(seed: u64, channel: SimChannel) -> Sim {
     let mut s = Sim::new(seed, channel);
     s.add(
         1,
@@ -355,7 +355,7 @@ fn outstanding_receives_on_impaired_schedules() {
 /// it, failing a send whose message was delivered).
 #[test]
 fn a_closed_endpoint_acks_a_message_resent_after_its_last_ack_was_lost() {
-    let mut s = pair(7, Channel::perfect());
+    let mut s = pair(7, SimChannel::perfect());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let now = s.now;
     let r = s.nodes[1].ep.post_recv(now, 5, !0, 64).unwrap().0;
@@ -379,7 +379,7 @@ fn a_closed_endpoint_acks_a_message_resent_after_its_last_ack_was_lost() {
 /// linger ends, and nothing is reported delivered.
 #[test]
 fn a_closed_endpoint_refuses_what_it_never_took_in() {
-    let mut s = pair(8, Channel::perfect());
+    let mut s = pair(8, SimChannel::perfect());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     s.close(1, LINGER);
     let id = send(&mut s, 0, 1, 6, b"too late");
@@ -399,7 +399,7 @@ fn a_closed_endpoint_refuses_what_it_never_took_in() {
 /// sender waiting for the NOTIFY until its rendezvous timeout.
 #[test]
 fn a_closing_receiver_resends_its_notify_until_acked() {
-    let mut s = pair(9, Channel::perfect());
+    let mut s = pair(9, SimChannel::perfect());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let big = bytes(9, 100_000);
     let now = s.now;

@@ -8,7 +8,7 @@ mod sim;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use sim::{Channel, Sim};
+use sim::{Sim, SimChannel};
 use xmx_mx::{Config, Endpoint, Event, RdmaWindow, RecvDone, Status, MEDIUM_MAX};
 
 const KEY: u32 = 77;
@@ -85,7 +85,7 @@ fn received(s: &mut Sim) -> (Vec<Received>, Vec<RecvDone>) {
     (ok, failed)
 }
 
-fn sim_pair(seed: u64, channel: Channel, config: Config) -> Sim {
+fn sim_pair(seed: u64, channel: SimChannel, config: Config) -> Sim {
     let mut s = Sim::new(seed, channel);
     s.add(
         10,
@@ -107,7 +107,7 @@ proptest! {
         sizes in prop::collection::vec(size(), 1..24),
         post_first in any::<bool>(),
     ) {
-        let channel = Channel::lossy(loss, dup, Duration::from_micros(jitter_us));
+        let channel = SimChannel::lossy(loss, dup, Duration::from_micros(jitter_us));
         let mut s = sim_pair(seed, channel, Config::default());
         prop_assert_eq!(s.connect(0, 1, KEY), Status::Success);
         let msgs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| bytes(seed.wrapping_add(i as u64), n)).collect();
@@ -157,9 +157,9 @@ proptest! {
     ) {
         let config = Config { max_retries, resend_delay: Duration::from_millis(50), ..Config::default() };
         let budget = config.retry_budget();
-        let mut s = sim_pair(seed, Channel::perfect(), config);
+        let mut s = sim_pair(seed, SimChannel::perfect(), config);
         prop_assert_eq!(s.connect(0, 1, KEY), Status::Success);
-        s.channel = Channel::lossy(loss, 0.1, Duration::from_millis(5));
+        s.channel = SimChannel::lossy(loss, 0.1, Duration::from_millis(5));
         let msgs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| bytes(seed ^ i as u64, n)).collect();
         let now = s.now;
         let mut recv_ids = Vec::new();

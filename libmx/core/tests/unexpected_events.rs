@@ -7,7 +7,7 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Channel, Sim};
+use sim::{Sim, SimChannel};
 use xmx_mx::{Config, Endpoint, Event, RdmaWindow, RecvDone, Status};
 
 const KEY: u32 = 0x1234_5678;
@@ -17,7 +17,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| r.next_u64() as u8).collect()
 }
 
-fn pair(seed: u64, channel: Channel) -> Sim {
+fn pair(seed: u64, channel: SimChannel) -> Sim {
     let mut s = Sim::new(seed, channel);
     s.add(1, Endpoint::new(Config::default(), 0, 0xAAAA_0001, KEY));
     s.add(2, Endpoint::new(Config::default(), 3, 0xBBBB_0002, KEY));
@@ -73,7 +73,7 @@ fn large_then_small(s: &mut Sim) -> [Vec<u8>; 3] {
 
 #[test]
 fn arrivals_are_reported_in_arrival_order_and_received_in_it() {
-    let mut s = pair(21, Channel::lossy(0.2, 0.1, Duration::from_millis(5)));
+    let mut s = pair(21, SimChannel::lossy(0.2, 0.1, Duration::from_millis(5)));
     let msgs = large_then_small(&mut s);
     let limit = s.now + Duration::from_secs(600);
     let mut seen = Vec::new();
@@ -141,7 +141,7 @@ fn arrivals_are_reported_in_arrival_order_and_received_in_it() {
 
 #[test]
 fn a_chosen_unexpected_message_is_taken_out_of_its_place() {
-    let mut s = pair(22, Channel::perfect());
+    let mut s = pair(22, SimChannel::perfect());
     let msgs = large_then_small(&mut s);
     // Well within the rendezvous timeout (the retry budget): the LARGE
     // send waits for its receiver meanwhile.
@@ -203,7 +203,7 @@ fn a_chosen_unexpected_message_is_taken_out_of_its_place() {
 
 #[test]
 fn turning_reports_on_shows_the_messages_queued_already() {
-    let mut s = pair(23, Channel::perfect());
+    let mut s = pair(23, SimChannel::perfect());
     assert_eq!(s.connect(0, 1, KEY), Status::Success);
     let to = s.addr(1);
     let now = s.now;

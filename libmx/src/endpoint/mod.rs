@@ -26,10 +26,10 @@ use crate::doorbell::{Doorbell, PollPace, POLL_NAP};
 use crate::errors::{Failure, MxResult};
 use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
-use crate::transport::{Port, PullProgress, Regions, Transport};
+use crate::transport::{PullProgress, Regions, Transport, TransportPort};
 
-pub(crate) use requests::Kind;
 pub(crate) use requests::Request;
+pub(crate) use requests::RequestKind;
 pub(crate) use unexp::UnexpHandler;
 
 /// Bits of a request token that number the request within its endpoint.
@@ -58,7 +58,7 @@ pub(crate) struct OpenParams {
 
 /// What a core request id stands for in the library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Link {
+pub(crate) enum CoreRequestOwner {
     /// An application request.
     Request(u64),
     /// An eager send the application was told is complete.
@@ -68,12 +68,12 @@ pub(crate) enum Link {
 }
 
 /// The state behind an endpoint's lock.
-pub(crate) struct State {
+pub(crate) struct EndpointState {
     pub(crate) core: xmx_mx::Endpoint,
-    port: Option<Box<dyn Port>>,
+    port: Option<Box<dyn TransportPort>>,
     regions: Arc<dyn Regions>,
     pub(crate) requests: HashMap<u64, Request>,
-    pub(crate) links: HashMap<RequestId, Link>,
+    pub(crate) links: HashMap<RequestId, CoreRequestOwner>,
     /// Completed, not yet reported requests in completion order.
     pub(crate) done: BTreeMap<u64, u64>,
     next_seq: u64,
@@ -87,7 +87,7 @@ pub(crate) struct State {
     completed: bool,
 }
 
-/// What [`Endpoint::stall_view`] saw.
+/// What [`AppEndpoint::stall_view`] saw.
 pub(crate) enum StallView {
     /// The endpoint's lock stayed held past the watch's patience.
     Locked,
@@ -103,7 +103,7 @@ pub(crate) enum StallView {
 }
 
 /// An open endpoint.
-pub(crate) struct Endpoint {
+pub(crate) struct AppEndpoint {
     handle: u32,
     index: u8,
     session: u32,
@@ -122,13 +122,13 @@ pub(crate) struct Endpoint {
     /// The port's regions, reachable without the state lock: memory hooks
     /// (`mx__regcache_clean`) invalidate registrations from any thread.
     regions: Arc<dyn Regions>,
-    state: Mutex<State>,
+    state: Mutex<EndpointState>,
     handlers: Mutex<()>,
 }
 
-impl std::fmt::Debug for Endpoint {
+impl std::fmt::Debug for AppEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
+        f.debug_struct("AppEndpoint")
             .field("handle", &self.handle)
             .field("index", &self.index)
             .field("session", &self.session)
@@ -140,7 +140,7 @@ thread_local! {
     static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-impl Endpoint {
+impl AppEndpoint {
     /// Opens endpoint `endpoint_id` (or any) of board `board` with
     /// application key `key`, and registers it with the library.
     pub(crate) fn open(
@@ -149,7 +149,7 @@ impl Endpoint {
         endpoint_id: Option<u8>,
         key: u32,
         params: OpenParams,
-    ) -> MxResult<Arc<Endpoint>> {
+    ) -> MxResult<Arc<AppEndpoint>> {
         let ctxid_mask = match params.context_id {
             None | Some((0, _)) => 0,
             Some((bits, shift)) => {
@@ -195,7 +195,7 @@ impl Endpoint {
                 "the board is not in its own peer table: no sends to itself"
             ),
         }
-        let ep = Arc::new(Endpoint {
+        let ep = Arc::new(AppEndpoint {
             handle,
             index: port.index(),
             session: port.session(),
@@ -211,7 +211,7 @@ impl Endpoint {
             closed: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
             regions: port.regions(),
-            state: Mutex::new(State {
+            state: Mutex::new(EndpointState {
                 core,
                 regions: port.regions(),
                 port: Some(port),
@@ -279,7 +279,7 @@ impl Endpoint {
         .encode()
     }
 
-    pub(crate) fn lock(&self) -> MxResult<MutexGuard<'_, State>> {
+    pub(crate) fn lock(&self) -> MxResult<MutexGuard<'_, EndpointState>> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(self.closed_failure());
         }
@@ -465,7 +465,7 @@ impl Endpoint {
     /// again (to send what `f` queued) and runs unexpected handlers.
     pub(crate) fn with_state<T>(
         &self,
-        f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<T> {
         self.with_state_moved(f).map(|(r, _)| r)
     }
@@ -473,7 +473,7 @@ impl Endpoint {
     /// [`Self::with_state`], also saying whether progress moved anything.
     fn with_state_moved<T>(
         &self,
-        f: impl FnOnce(&Self, &mut State) -> MxResult<T>,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<(T, bool)> {
         let r = {
             let mut st = self.lock()?;
@@ -492,7 +492,7 @@ impl Endpoint {
     /// polls in a loop never starves the backend or peer it waits on.
     pub(crate) fn poll_state<T>(
         &self,
-        f: impl FnOnce(&Self, &mut State) -> MxResult<Option<T>>,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<Option<T>>,
     ) -> MxResult<Option<T>> {
         let seen = self.doorbell.generation();
         let (found, moved) = self.with_state_moved(f)?;
@@ -542,7 +542,7 @@ impl Endpoint {
 
     /// Moves everything forward: frames in, timers, events, frames out.
     /// True if anything moved.
-    fn progress(&self, st: &mut State) -> bool {
+    fn progress(&self, st: &mut EndpointState) -> bool {
         self.doorbell.clear_deferred();
         let now = runtime::now();
         let mut moved = false;
@@ -612,10 +612,10 @@ impl Endpoint {
         moved
     }
 
-    fn on_event(&self, st: &mut State, now: xmx_mx::Instant, ev: Event) {
+    fn on_event(&self, st: &mut EndpointState, now: xmx_mx::Instant, ev: Event) {
         match ev {
             Event::Connected { id, status, addr } => {
-                let Some(Link::Request(seq)) = st.links.remove(&id) else {
+                let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&id) else {
                     return;
                 };
                 if let Some(r) = st.requests.get_mut(&seq) {
@@ -631,13 +631,13 @@ impl Endpoint {
                 status,
                 xfer_length,
             } => match st.links.remove(&id) {
-                Some(Link::Zombie) => {
+                Some(CoreRequestOwner::Zombie) => {
                     st.zombies = st.zombies.saturating_sub(1);
                     if !status.is_success() {
                         tracing::warn!(%status, "a send reported complete failed later");
                     }
                 }
-                Some(Link::Request(seq)) => {
+                Some(CoreRequestOwner::Request(seq)) => {
                     let Some(r) = st.requests.get_mut(&seq) else {
                         return;
                     };
@@ -645,7 +645,7 @@ impl Endpoint {
                     if let Some(w) = r.window.take() {
                         st.regions.release(w);
                     }
-                    if r.kind == (Kind::Send { eager: false }) {
+                    if r.kind == (RequestKind::Send { eager: false }) {
                         // Rendezvous: what the receiver took.
                         r.xfer_length = xfer_length;
                     } else if status.is_success() {
@@ -659,13 +659,13 @@ impl Endpoint {
                 _ => {}
             },
             Event::RecvDone(done) => {
-                if let Some(Link::Request(seq)) = st.links.remove(&done.id) {
+                if let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&done.id) {
                     self.finish_recv(st, seq, done);
                 }
             }
             Event::Unexpected(arrival) => self.unexp_arrived(st, arrival),
             Event::PullNeeded(p) => match st.links.get(&p.id).copied() {
-                Some(Link::Request(seq)) => {
+                Some(CoreRequestOwner::Request(seq)) => {
                     let Some(r) = st.requests.get(&seq) else {
                         let _ = st.core.pull_done(now, p.id, Status::Aborted);
                         return;
@@ -687,7 +687,7 @@ impl Endpoint {
 
     fn finish_pull(
         &self,
-        st: &mut State,
+        st: &mut EndpointState,
         now: xmx_mx::Instant,
         id: RequestId,
         result: Result<(), Status>,
@@ -702,7 +702,7 @@ impl Endpoint {
         }
     }
 
-    fn finish_recv(&self, st: &mut State, seq: u64, done: xmx_mx::RecvDone) {
+    fn finish_recv(&self, st: &mut EndpointState, seq: u64, done: xmx_mx::RecvDone) {
         let Some(r) = st.requests.get_mut(&seq) else {
             return;
         };
@@ -729,7 +729,7 @@ impl Endpoint {
     }
 
     /// A request finished: queue it for test/wait (or drop it if forgotten).
-    pub(crate) fn complete(&self, st: &mut State, seq: u64) {
+    pub(crate) fn complete(&self, st: &mut EndpointState, seq: u64) {
         let Some(r) = st.requests.get_mut(&seq) else {
             return;
         };
@@ -746,7 +746,7 @@ impl Endpoint {
         st.completed = true;
     }
 
-    fn start_waiting_large(&self, st: &mut State, now: xmx_mx::Instant) {
+    fn start_waiting_large(&self, st: &mut EndpointState, now: xmx_mx::Instant) {
         while let Some(&seq) = st.waiting_large.front() {
             let Some(r) = st.requests.get_mut(&seq) else {
                 st.waiting_large.pop_front();
@@ -779,7 +779,7 @@ impl Endpoint {
     /// `mx_issend`) still announces a registered window, as engines check
     /// every rendezvous against one: a one-byte stand-in that nobody reads
     /// (transports finish 0-byte pulls at once).
-    pub(super) fn window_for(&self, st: &mut State, seq: u64) -> Option<RdmaWindow> {
+    pub(super) fn window_for(&self, st: &mut EndpointState, seq: u64) -> Option<RdmaWindow> {
         let r = st.requests.get(&seq)?;
         if r.segs.is_empty() {
             static STAND_IN: [u8; 1] = [0];
@@ -791,7 +791,13 @@ impl Endpoint {
         st.regions.register(&r.segs)
     }
 
-    fn launch_large(&self, st: &mut State, now: xmx_mx::Instant, seq: u64, window: RdmaWindow) {
+    fn launch_large(
+        &self,
+        st: &mut EndpointState,
+        now: xmx_mx::Instant,
+        seq: u64,
+        window: RdmaWindow,
+    ) {
         let Some(r) = st.requests.get_mut(&seq) else {
             st.regions.release(window);
             return;
@@ -804,7 +810,7 @@ impl Endpoint {
             Ok(id) => {
                 r.window = Some(window);
                 r.core = Some(id);
-                st.links.insert(id, Link::Request(seq));
+                st.links.insert(id, CoreRequestOwner::Request(seq));
             }
             Err(e) => {
                 st.regions.release(window);
@@ -821,7 +827,7 @@ impl Endpoint {
     pub(crate) fn block<T>(
         &self,
         timeout_ms: u32,
-        mut check: impl FnMut(&Self, &mut State) -> Option<T>,
+        mut check: impl FnMut(&Self, &mut EndpointState) -> Option<T>,
     ) -> MxResult<Option<T>> {
         let deadline = (timeout_ms != MX_INFINITE)
             .then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms as u64));
@@ -878,7 +884,7 @@ impl Endpoint {
         }
     }
 
-    fn new_request(&self, st: &mut State, r: Request) -> u64 {
+    fn new_request(&self, st: &mut EndpointState, r: Request) -> u64 {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.requests.insert(seq, r);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xmx_mx::{MessageClass, PeerAddr, RequestId, Status};
 
-use super::{Endpoint, Link, State};
+use super::{AppEndpoint, CoreRequestOwner, EndpointState};
 use crate::abi::{MxEndpointAddr, MxReturn, MxStatus};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};
@@ -15,7 +15,7 @@ use crate::segments::Segments;
 
 /// What a request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum RequestKind {
     /// A send; `eager` when its data was copied at posting.
     Send {
         /// Copied at posting (TINY/SMALL/MEDIUM `mx_isend`).
@@ -30,7 +30,7 @@ pub(crate) enum Kind {
 /// One request of the application.
 #[derive(Debug)]
 pub(crate) struct Request {
-    pub(crate) kind: Kind,
+    pub(crate) kind: RequestKind,
     pub(crate) context: usize,
     pub(crate) code: Status,
     pub(crate) source: Addr,
@@ -52,7 +52,7 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(kind: Kind, context: usize) -> Self {
+    pub(crate) fn new(kind: RequestKind, context: usize) -> Self {
         Request {
             kind,
             context,
@@ -82,14 +82,14 @@ fn not_connected(e: xmx_mx::Error) -> Failure {
     Failure::new(MxReturn::ConnectionFailed, e.to_string())
 }
 
-impl Endpoint {
+impl AppEndpoint {
     /// An eager send `seq` was handed to the core as `id`: MX completes it
     /// once its data is buffered (the ack arrives later), up to the zombie
     /// limit; beyond it, at its ack.
-    pub(super) fn eager_sent(&self, st: &mut State, seq: u64, id: RequestId) {
+    pub(super) fn eager_sent(&self, st: &mut EndpointState, seq: u64, id: RequestId) {
         if self.zombie_max > 0 && st.zombies < self.zombie_max {
             st.zombies += 1;
-            st.links.insert(id, Link::Zombie);
+            st.links.insert(id, CoreRequestOwner::Zombie);
             let mut len = 0;
             if let Some(r) = st.requests.get_mut(&seq) {
                 r.code = Status::Success;
@@ -99,7 +99,7 @@ impl Endpoint {
             counters::add(Counter::BytesSent, len as u64);
             self.complete(st, seq);
         } else {
-            st.links.insert(id, Link::Request(seq));
+            st.links.insert(id, CoreRequestOwner::Request(seq));
             if let Some(r) = st.requests.get_mut(&seq) {
                 r.core = Some(id);
             }
@@ -131,7 +131,7 @@ impl Endpoint {
         self.with_state(|ep, st| {
             let now = runtime::now();
             let eager = !sync && MessageClass::of(segs.len()) != MessageClass::Large;
-            let mut r = Request::new(Kind::Send { eager }, context);
+            let mut r = Request::new(RequestKind::Send { eager }, context);
             r.source = Addr {
                 local: ep.handle,
                 ..addr
@@ -189,7 +189,7 @@ impl Endpoint {
         counters::add(Counter::Recvs, 1);
         self.with_state(|ep, st| {
             let now = runtime::now();
-            let mut r = Request::new(Kind::Recv, context);
+            let mut r = Request::new(RequestKind::Recv, context);
             r.segs = segs;
             r.match_info = match_info;
             let seq = ep.new_request(st, r);
@@ -201,7 +201,7 @@ impl Endpoint {
             if let Some(r) = st.requests.get_mut(&seq) {
                 r.core = Some(id);
             }
-            st.links.insert(id, Link::Request(seq));
+            st.links.insert(id, CoreRequestOwner::Request(seq));
             Ok(ep.token(seq))
         })
     }
@@ -210,7 +210,7 @@ impl Endpoint {
     #[allow(clippy::too_many_arguments)] // mx_iconnect's arguments, plus who waits
     fn start_connect(
         &self,
-        st: &mut State,
+        st: &mut EndpointState,
         nic_id: u64,
         endpoint_id: u32,
         key: u32,
@@ -233,14 +233,14 @@ impl Endpoint {
         let peer = self.peer_of(&addr)?;
         counters::add(Counter::Connects, 1);
         let id = st.core.connect(runtime::now(), peer, key);
-        let mut r = Request::new(Kind::Connect, context);
+        let mut r = Request::new(RequestKind::Connect, context);
         r.source = addr;
         r.match_info = match_info;
         r.dest = Some(peer);
         r.core = Some(id);
         r.internal = internal;
         let seq = self.new_request(st, r);
-        st.links.insert(id, Link::Request(seq));
+        st.links.insert(id, CoreRequestOwner::Request(seq));
         Ok(seq)
     }
 
@@ -279,7 +279,7 @@ impl Endpoint {
             let mut st = self.lock()?;
             if let Some(r) = st.requests.remove(&seq) {
                 if let Some(id) = r.core {
-                    st.links.insert(id, Link::Discard);
+                    st.links.insert(id, CoreRequestOwner::Discard);
                 }
             }
             return Err(Failure::new(
@@ -321,14 +321,14 @@ impl Endpoint {
     }
 
     /// Takes request `seq` out if it is complete, with its status.
-    fn take_done(&self, st: &mut State, seq: u64) -> Option<MxStatus> {
+    fn take_done(&self, st: &mut EndpointState, seq: u64) -> Option<MxStatus> {
         let order = st.requests.get(&seq)?.done?;
         st.done.remove(&order);
         let r = st.requests.remove(&seq)?;
         Some(self.status_of(&r))
     }
 
-    fn known(&self, st: &State, seq: u64) -> MxResult<()> {
+    fn known(&self, st: &EndpointState, seq: u64) -> MxResult<()> {
         if st.requests.get(&seq).is_some_and(|r| !r.forgotten) {
             Ok(())
         } else {
@@ -355,7 +355,12 @@ impl Endpoint {
         self.block(timeout_ms, |ep, st| ep.take_done(st, seq))
     }
 
-    fn take_any(&self, st: &mut State, match_info: u64, match_mask: u64) -> Option<MxStatus> {
+    fn take_any(
+        &self,
+        st: &mut EndpointState,
+        match_info: u64,
+        match_mask: u64,
+    ) -> Option<MxStatus> {
         let seq = st.done.values().copied().find(|seq| {
             st.requests
                 .get(seq)
@@ -424,7 +429,12 @@ impl Endpoint {
         })
     }
 
-    fn probe_now(&self, st: &mut State, match_info: u64, match_mask: u64) -> Option<MxStatus> {
+    fn probe_now(
+        &self,
+        st: &mut EndpointState,
+        match_info: u64,
+        match_mask: u64,
+    ) -> Option<MxStatus> {
         let p = st.core.probe(match_info, match_mask).ok()??;
         Some(MxStatus {
             code: Status::Success.code(),
@@ -445,8 +455,8 @@ impl Endpoint {
             ep.known(st, seq)?;
             let r = &st.requests[&seq];
             match r.kind {
-                Kind::Send { eager: true } => Ok(true),
-                Kind::Send { eager: false } => Ok(r.done.is_some()),
+                RequestKind::Send { eager: true } => Ok(true),
+                RequestKind::Send { eager: false } => Ok(r.done.is_some()),
                 _ => Err(Failure::new(
                     MxReturn::BadRequest,
                     "only sends can be buffered",
@@ -479,11 +489,11 @@ impl Endpoint {
                 return Ok(false);
             }
             match r.kind {
-                Kind::Send { .. } => Err(Failure::new(
+                RequestKind::Send { .. } => Err(Failure::new(
                     MxReturn::CancelNotSupported,
                     "sends cannot be cancelled",
                 )),
-                Kind::Recv => {
+                RequestKind::Recv => {
                     let Some(id) = r.core else { return Ok(false) };
                     if !st.core.cancel(id) {
                         return Ok(false);
@@ -492,9 +502,9 @@ impl Endpoint {
                     st.requests.remove(&seq);
                     Ok(true)
                 }
-                Kind::Connect => {
+                RequestKind::Connect => {
                     if let Some(id) = r.core {
-                        st.links.insert(id, Link::Discard);
+                        st.links.insert(id, CoreRequestOwner::Discard);
                     }
                     st.requests.remove(&seq);
                     Ok(true)

@@ -17,7 +17,7 @@ use std::ffi::{c_int, c_void};
 
 use xmx_mx::{InboundId, UnexpectedArrival};
 
-use super::{Endpoint, Link, State, IN_HANDLER};
+use super::{AppEndpoint, CoreRequestOwner, EndpointState, IN_HANDLER};
 use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
 use crate::counters::{self, Counter};
 use crate::errors::{Failure, MxResult};
@@ -39,14 +39,14 @@ pub(crate) struct Unexp {
     calls: VecDeque<UnexpectedArrival>,
 }
 
-impl Endpoint {
+impl AppEndpoint {
     /// Registers (or with `None` removes) the endpoint's unexpected handler.
     pub(crate) fn register_unexp_handler(
         &self,
         handler: Option<UnexpHandler>,
         context: usize,
     ) -> MxResult<()> {
-        if Endpoint::in_handler() {
+        if AppEndpoint::in_handler() {
             return Err(Failure::new(
                 MxReturn::CloseInHandler,
                 "registering a handler from a handler",
@@ -63,7 +63,7 @@ impl Endpoint {
     }
 
     /// A message joined the core's unexpected queue.
-    pub(super) fn unexp_arrived(&self, st: &mut State, arrival: UnexpectedArrival) {
+    pub(super) fn unexp_arrived(&self, st: &mut EndpointState, arrival: UnexpectedArrival) {
         if st.unexp.handler.is_some() {
             st.unexp.calls.push_back(arrival);
         }
@@ -137,9 +137,9 @@ impl Endpoint {
     /// The handler finished with message `id`: it leaves the queue, taken
     /// by an empty receive nobody waits for (a LARGE sender is still
     /// notified, of 0 bytes taken).
-    fn drop_unexpected(&self, st: &mut State, id: InboundId) {
+    fn drop_unexpected(&self, st: &mut EndpointState, id: InboundId) {
         if let Some(rid) = st.core.receive_unexpected(runtime::now(), id, 0) {
-            st.links.insert(rid, Link::Discard);
+            st.links.insert(rid, CoreRequestOwner::Discard);
         }
     }
 }

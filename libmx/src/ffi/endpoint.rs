@@ -7,7 +7,7 @@ use crate::abi::{
     ParamKey, MX_ANY_ENDPOINT, MX_ANY_NIC,
 };
 use crate::addr::Addr;
-use crate::endpoint::{Endpoint, OpenParams, UnexpHandler};
+use crate::endpoint::{AppEndpoint, OpenParams, UnexpHandler};
 use crate::errors::{Failure, MxResult};
 
 use super::{endpoint_of, put, put_opt, run};
@@ -93,7 +93,7 @@ pub unsafe extern "C" fn mx_open_endpoint(
                 )
             })?),
         };
-        let ep = Endpoint::open(&lib, board, id, endpoint_key, params)?;
+        let ep = AppEndpoint::open(&lib, board, id, endpoint_key, params)?;
         // SAFETY: checked non-NULL; writable per the contract.
         unsafe { put(endpoint, ep.handle() as usize as *mut c_void, "endpoint") }
     })
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn mx_open_endpoint(
 pub extern "C" fn mx_close_endpoint(endpoint: *mut c_void) -> c_int {
     run("mx_close_endpoint", |h| {
         let ep = endpoint_of(endpoint, h)?;
-        if Endpoint::in_handler() {
+        if AppEndpoint::in_handler() {
             return Err(Failure::new(
                 MxReturn::CloseInHandler,
                 "closing an endpoint from its handler",
@@ -227,7 +227,7 @@ fn ours(a: MxEndpointAddr) -> MxResult<Addr> {
     Ok(Addr::decode(a))
 }
 
-fn owner_of(addr: &Addr, h: &mut Option<MxErrorHandler>) -> MxResult<std::sync::Arc<Endpoint>> {
+fn owner_of(addr: &Addr, h: &mut Option<MxErrorHandler>) -> MxResult<std::sync::Arc<AppEndpoint>> {
     endpoint_of(addr.local as usize as *mut c_void, h)
 }
 

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use crate::abi::{MxErrorHandler, MxReturn};
-use crate::endpoint::Endpoint;
+use crate::endpoint::AppEndpoint;
 use crate::errors::{self, Failure, MxResult};
 
 mod endpoint;
@@ -51,7 +51,7 @@ pub(crate) fn run(
 pub(crate) fn endpoint_of<T>(
     handle: *mut T,
     handler: &mut Option<MxErrorHandler>,
-) -> MxResult<Arc<Endpoint>> {
+) -> MxResult<Arc<AppEndpoint>> {
     let ep = crate::runtime::endpoint(handle as usize)?;
     *handler = ep.error_handler();
     Ok(ep)

@@ -16,7 +16,9 @@ use xmx_mx::{Config, Frame, NackType, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::peers::PeerDirectory;
 use super::rcache::RegCache;
-use super::{refusal, BoardInfo, OpenError, Port, PullProgress, RawPort, Regions, Transport};
+use super::{
+    refusal, BoardInfo, OpenError, PullProgress, RawPort, Regions, Transport, TransportPort,
+};
 use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
@@ -154,7 +156,7 @@ impl Transport for Loopback {
         endpoint: Option<u8>,
         doorbell: Arc<Doorbell>,
         rcache: bool,
-    ) -> Result<Box<dyn Port>, OpenError> {
+    ) -> Result<Box<dyn TransportPort>, OpenError> {
         if board != 0 {
             return Err(OpenError::BoardUnknown(board));
         }
@@ -270,7 +272,7 @@ struct LoopPort {
     mailbox: Arc<Mailbox>,
 }
 
-impl Port for LoopPort {
+impl TransportPort for LoopPort {
     fn index(&self) -> u8 {
         self.index
     }

@@ -1,7 +1,7 @@
 //! Transports: how an endpoint's frames reach other endpoints.
 //!
 //! A [`Transport`] is one process's view of its boards (NICs) and their peer
-//! table; [`Transport::open`] gives an endpoint its [`Port`], through which
+//! table; [`Transport::open`] gives an endpoint its [`TransportPort`], through which
 //! frames go out and come in, and its [`Regions`], through which LARGE data
 //! is registered and pulled. Arrivals ring the endpoint's
 //! [`Doorbell`], which is what blocked calls wait on.
@@ -99,7 +99,7 @@ pub(crate) trait Transport: Send + Sync {
         config
     }
     /// How long a closed endpoint keeps its port to answer what partners
-    /// resend (see [`crate::endpoint::Endpoint::close`]); zero for a
+    /// resend (see [`crate::endpoint::AppEndpoint::close`]); zero for a
     /// transport that loses nothing or lingers by itself.
     fn close_linger(&self) -> std::time::Duration {
         std::time::Duration::ZERO
@@ -112,7 +112,7 @@ pub(crate) trait Transport: Send + Sync {
         endpoint: Option<u8>,
         doorbell: Arc<Doorbell>,
         rcache: bool,
-    ) -> Result<Box<dyn Port>, OpenError>;
+    ) -> Result<Box<dyn TransportPort>, OpenError>;
     /// Peer-table index of a NIC.
     fn peer_index(&self, nic_id: u64) -> Option<u16>;
     /// NIC id at a peer-table index.
@@ -133,7 +133,7 @@ pub(crate) trait Transport: Send + Sync {
 
 /// An open endpoint's access to the network. Dropping it closes the
 /// endpoint: frames addressed to it are refused from then on.
-pub(crate) trait Port: Send {
+pub(crate) trait TransportPort: Send {
     /// The endpoint id.
     fn index(&self) -> u8;
     /// The session id chosen at open (random: a reopened endpoint differs).

@@ -27,7 +27,7 @@ pub const RUN_LIMIT_S: u32 = 110;
 
 /// One host: its namespace, interface, board address and hostname.
 #[derive(Clone, Debug)]
-pub struct Host {
+pub struct NamespaceHost {
     pub ns: String,
     pub iface: String,
     pub mac: String,
@@ -44,21 +44,21 @@ const FIXED_SEED: u64 = 0x786d_7820_6e65_7465;
 /// `netem loss 5% duplicate 1% reorder 5% delay 1ms`.
 pub const LOSSY: Impairment = Impairment::NETEM;
 
-enum Link {
+enum TwoHostsLink {
     Veth(VethPair),
     Relayed(Relay),
 }
 
 /// Two hosts and the peer list naming both.
 pub struct TwoHosts {
-    pub hosts: [Host; 2],
+    pub hosts: [NamespaceHost; 2],
     /// `XMX_PEERS` file listing both hosts with their hostnames.
     pub peers: PathBuf,
     /// The same hosts with no hostname: they are learnt by HOST_QUERY.
     pub peers_unnamed: PathBuf,
     /// How the link is impaired, for the logs.
     pub impairment: String,
-    link: Link,
+    link: TwoHostsLink,
     dir: tempfile::TempDir,
 }
 
@@ -107,7 +107,11 @@ impl TwoHosts {
             host(&pair.ns_a, &pair.if_a, 0),
             host(&pair.ns_b, &pair.if_b, 1),
         ];
-        Some(TwoHosts::with(hosts, Link::Veth(pair), "none".into()))
+        Some(TwoHosts::with(
+            hosts,
+            TwoHostsLink::Veth(pair),
+            "none".into(),
+        ))
     }
 
     /// Two hosts on a link impaired as `imp` says: by `tc netem` on both
@@ -148,7 +152,7 @@ impl TwoHosts {
                 ];
                 Some(TwoHosts::with(
                     hosts,
-                    Link::Veth(pair),
+                    TwoHostsLink::Veth(pair),
                     format!("tc netem {netem}"),
                 ))
             }
@@ -162,14 +166,14 @@ impl TwoHosts {
                 ];
                 Some(TwoHosts::with(
                     hosts,
-                    Link::Relayed(relay),
+                    TwoHostsLink::Relayed(relay),
                     format!("relay {netem}"),
                 ))
             }
         }
     }
 
-    fn with(hosts: [Host; 2], link: Link, impairment: String) -> TwoHosts {
+    fn with(hosts: [NamespaceHost; 2], link: TwoHostsLink, impairment: String) -> TwoHosts {
         for h in &hosts {
             ip(&["-n", &h.ns, "link", "set", &h.iface, "address", &h.mac]).expect("set MAC");
         }
@@ -208,8 +212,8 @@ impl TwoHosts {
     /// What the relay did, if the link is relayed.
     pub fn relay_stats(&self) -> Option<RelayStats> {
         match &self.link {
-            Link::Relayed(r) => Some(r.stats()),
-            Link::Veth(_) => None,
+            TwoHostsLink::Relayed(r) => Some(r.stats()),
+            TwoHostsLink::Veth(_) => None,
         }
     }
 
@@ -272,8 +276,8 @@ impl TwoHosts {
     }
 }
 
-fn host(ns: &str, iface: &str, i: usize) -> Host {
-    Host {
+fn host(ns: &str, iface: &str, i: usize) -> NamespaceHost {
+    NamespaceHost {
         ns: ns.to_owned(),
         iface: iface.to_owned(),
         mac: MACS[i].to_owned(),

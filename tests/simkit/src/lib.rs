@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use xmx_hv::sim::admin::DomainState;
 use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::{DomId, Platform, Xenstore, DOM0, XBT_NULL};
-use xmx_simhv::{Config, Daemon, DaemonHandle};
+use xmx_simhv::{Daemon, DaemonHandle, SimhvConfig};
 use xmx_wire::mxoe::Mac;
 
 /// How long any wait of a test may take before the test fails.
@@ -33,21 +33,21 @@ pub struct SimHost {
 impl SimHost {
     /// A host whose hypervisor directory is the temporary directory itself.
     pub fn start() -> SimHost {
-        SimHost::start_with(Config::default())
+        SimHost::start_with(SimhvConfig::default())
     }
 
     /// [`SimHost::start`] with a hypervisor configuration.
-    pub fn start_with(config: Config) -> SimHost {
+    pub fn start_with(config: SimhvConfig) -> SimHost {
         SimHost::start_in(None, config)
     }
 
     /// A host whose hypervisor lives in `subdir` of the temporary directory, leaving its
     /// root to the daemons' sockets.
     pub fn start_with_hv_subdir(subdir: &str) -> SimHost {
-        SimHost::start_in(Some(subdir), Config::default())
+        SimHost::start_in(Some(subdir), SimhvConfig::default())
     }
 
-    fn start_in(subdir: Option<&str>, config: Config) -> SimHost {
+    fn start_in(subdir: Option<&str>, config: SimhvConfig) -> SimHost {
         let dir = tempfile::Builder::new().prefix("xmxsim").tempdir().unwrap();
         let hv_dir = match subdir {
             Some(s) => dir.path().join(s),

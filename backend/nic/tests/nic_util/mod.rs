@@ -18,14 +18,14 @@ pub fn privileged(test: &str) -> bool {
 }
 
 /// A veth pair (MTU `mtu`) and a socket on each end.
-pub struct Link {
+pub struct VethSockets {
     pub a: PacketSocket,
     pub b: PacketSocket,
     // Dropped last: the namespaces outlive the sockets.
     pub pair: VethPair,
 }
 
-impl Link {
+impl VethSockets {
     pub fn new(tag: &str, mtu: u32, cfg_a: NicConfig, cfg_b: NicConfig) -> Self {
         let pair = VethPair::create(tag, mtu).expect("veth pair");
         let a = PacketSocket::open_in_netns(&pair.ns_a, &pair.if_a, cfg_a).expect("open end a");

@@ -26,7 +26,7 @@ pub struct Side {
 
 /// Two namespaces joined by Ethernet. End A runs clients, end B servers.
 #[derive(Debug, Serialize)]
-pub struct Link {
+pub struct BenchLink {
     /// `veth` (made for this run) or `sim:NAME` (an existing simulated cluster).
     pub kind: String,
     /// MTU of both ends.
@@ -39,10 +39,10 @@ pub struct Link {
     _pair: Option<VethPair>,
 }
 
-impl Link {
+impl BenchLink {
     /// A fresh veth pair across two namespaces with addresses in 198.18.0.0/15; removed
     /// when the link is dropped. Needs root.
-    pub fn veth() -> Result<Link, String> {
+    pub fn veth() -> Result<BenchLink, String> {
         if !nix::unistd::geteuid().is_root() {
             return Err("needs root (network namespaces and a veth pair)".into());
         }
@@ -62,7 +62,7 @@ impl Link {
             ])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
-        Ok(Link {
+        Ok(BenchLink {
             kind: "veth".into(),
             mtu: MTU,
             a: Side {
@@ -80,7 +80,7 @@ impl Link {
     }
 
     /// Hosts h0 (client end) and h1 (server end) of the simulated cluster `name`.
-    pub fn sim_cluster(name: &str) -> Result<Link, String> {
+    pub fn sim_cluster(name: &str) -> Result<BenchLink, String> {
         let state = ClusterState::load(&cluster::root_of(name))
             .map_err(|e| format!("{e:#}"))?
             .ok_or_else(|| {
@@ -98,7 +98,7 @@ impl Link {
                 addr,
             })
         };
-        Ok(Link {
+        Ok(BenchLink {
             kind: format!("sim:{name}"),
             mtu: state.mtu,
             a: side("h0")?,

@@ -93,9 +93,9 @@ use anyhow::Context;
 use agent::Test;
 use cost::CpuCost;
 use guests::GuestBed;
-use link::Link;
+use link::BenchLink;
 use plan::Depth;
-use report::{BenchReport, Cell, GuestsInfo, LinkInfo, Machine, Report, SetupResult, Status};
+use report::{BenchReport, Cell, GuestsInfo, LinkInfo, Machine, Report, SetupResult, SetupStatus};
 use scaling::ScalingReport;
 use setups::Env;
 use stats::{Bandwidth, Latency};
@@ -309,8 +309,8 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<BenchReport
             None => format!("link: veth pair across two namespaces, MTU {}", link::MTU),
         });
         match &opts.cluster {
-            Some(c) => Link::sim_cluster(c),
-            None => Link::veth(),
+            Some(c) => BenchLink::sim_cluster(c),
+            None => BenchLink::veth(),
         }
     } else {
         Err("no network setup requested".to_owned())
@@ -344,14 +344,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<BenchReport
         let mut result = SetupResult {
             name: setup.name().to_owned(),
             description: setup.description().to_owned(),
-            status: Status::Ok,
+            status: SetupStatus::Ok,
             reason: None,
             cells: Vec::new(),
         };
         match prepared {
             Err(reason) => {
                 progress(&format!("{}: n/a ({reason})", setup.name()));
-                result.status = Status::NotAvailable;
+                result.status = SetupStatus::NotAvailable;
                 result.reason = Some(reason);
             }
             Ok(()) => {

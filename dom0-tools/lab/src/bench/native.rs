@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::agent::Test;
-use super::link::{Link, Side};
+use super::link::{BenchLink, Side};
 use super::plan::Counts;
 use super::runner::{AgentSpec, CellAgents};
 
@@ -89,21 +89,21 @@ fn mac_of(side: &Side) -> Result<String, String> {
 
 /// A prepared native setup: the program, the library and the environment of each end.
 #[derive(Debug, Clone)]
-pub struct Native {
+pub struct PreparedNative {
     prog: PathBuf,
     env_a: Vec<(String, String)>,
     env_b: Vec<(String, String)>,
 }
 
-impl Native {
+impl PreparedNative {
     /// Build the program, write the peer table and probe the transport on end B.
     /// `spin_us` becomes `XMX_SPIN_US`, so the library polls as long as the baselines do.
     pub fn prepare(
         xmx: &Path,
-        link: &Link,
+        link: &BenchLink,
         scratch: &Path,
         spin_us: u64,
-    ) -> Result<Native, String> {
+    ) -> Result<PreparedNative, String> {
         let lib = find_library(xmx)
             .ok_or("libmyriexpress.so not found (build xmx-libmx, or set XMX_LIB_DIR)")?;
         let prog = build_program(scratch, &include_dir(), &lib)?;
@@ -126,7 +126,7 @@ impl Native {
             .map(|(k, v)| (k.to_owned(), v))
             .collect()
         };
-        let native = Native {
+        let native = PreparedNative {
             prog,
             env_a: env(&link.a, HOST_A),
             env_b: env(&link.b, HOST_B),
@@ -171,7 +171,7 @@ impl Native {
     }
 
     /// The two processes of one cell.
-    pub fn cell(&self, link: &Link, test: Test, size: u64, counts: Counts) -> CellAgents {
+    pub fn cell(&self, link: &BenchLink, test: Test, size: u64, counts: Counts) -> CellAgents {
         let common: Vec<String> = vec![
             "-t".into(),
             test.as_str().into(),

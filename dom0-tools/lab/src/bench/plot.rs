@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::report::{Report, Status};
+use super::report::{Report, SetupStatus};
 use super::table::size_label;
 
 /// Files written by [`write_plots`].
@@ -86,7 +86,7 @@ fn series(report: &Report, value: impl Fn(&super::report::Cell) -> Option<f64>) 
     report
         .setups
         .iter()
-        .filter(|s| s.status == Status::Ok)
+        .filter(|s| s.status == SetupStatus::Ok)
         .map(|s| Series {
             name: s.name.clone(),
             points: s

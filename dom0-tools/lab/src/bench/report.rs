@@ -77,7 +77,7 @@ pub struct LinkInfo {
 
 /// Whether a setup ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Status {
+pub enum SetupStatus {
     /// It ran (cells may still carry errors).
     #[serde(rename = "ok")]
     Ok,
@@ -94,7 +94,7 @@ pub struct SetupResult {
     /// What it is.
     pub description: String,
     /// Whether it ran.
-    pub status: Status,
+    pub status: SetupStatus,
     /// Why it did not (`null` when it ran).
     pub reason: Option<String>,
     /// One per size when it ran, none otherwise.
@@ -240,7 +240,7 @@ mod tests {
         SetupResult {
             name: name.into(),
             description: String::new(),
-            status: Status::Ok,
+            status: SetupStatus::Ok,
             reason: None,
             cells: figures
                 .iter()
@@ -298,7 +298,7 @@ mod tests {
     fn missing_figures_give_no_ratio() {
         let mut tcp = setup("tcp", &[(64, 30.0, 100.0)]);
         let na = SetupResult {
-            status: Status::NotAvailable,
+            status: SetupStatus::NotAvailable,
             reason: Some("x".into()),
             cells: vec![],
             ..setup("native", &[])
@@ -349,9 +349,9 @@ mod tests {
     #[test]
     fn status_spelling() {
         assert_eq!(
-            serde_json::to_string(&Status::NotAvailable).unwrap(),
+            serde_json::to_string(&SetupStatus::NotAvailable).unwrap(),
             "\"n/a\""
         );
-        assert_eq!(serde_json::to_string(&Status::Ok).unwrap(), "\"ok\"");
+        assert_eq!(serde_json::to_string(&SetupStatus::Ok).unwrap(), "\"ok\"");
     }
 }

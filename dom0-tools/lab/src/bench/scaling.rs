@@ -83,7 +83,7 @@ pub struct ScalingPoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScalingReport {
     /// `ok` or `n/a`.
-    pub status: super::report::Status,
+    pub status: super::report::SetupStatus,
     /// Why it is n/a.
     pub reason: Option<String>,
     /// Message size, bytes.
@@ -103,7 +103,7 @@ impl ScalingReport {
     pub fn not_available(reason: String, depth: Depth) -> ScalingReport {
         let c = counts(depth);
         ScalingReport {
-            status: super::report::Status::NotAvailable,
+            status: super::report::SetupStatus::NotAvailable,
             reason: Some(reason),
             message_size: MESSAGE_SIZE,
             messages: c.iters,
@@ -364,7 +364,7 @@ pub fn run(
         _ => None,
     };
     Ok(ScalingReport {
-        status: super::report::Status::Ok,
+        status: super::report::SetupStatus::Ok,
         reason: None,
         message_size: MESSAGE_SIZE,
         messages: c.iters,

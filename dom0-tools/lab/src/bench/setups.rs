@@ -11,8 +11,8 @@ use std::path::Path;
 use super::agent::Test;
 use super::cost::DaemonRole;
 use super::guests::{BenchPair, GuestAt, GuestBed};
-use super::link::Link;
-use super::native::Native;
+use super::link::BenchLink;
+use super::native::PreparedNative;
 use super::plan::Counts;
 use super::runner::{AgentSpec, CellAgents};
 use super::BenchError;
@@ -20,7 +20,7 @@ use super::BenchError;
 /// What setups can use while preparing and running.
 pub struct Env<'a> {
     /// The link between the two namespaces, or why there is none.
-    pub link: Result<&'a Link, &'a str>,
+    pub link: Result<&'a BenchLink, &'a str>,
     /// The `xmx` binary (agents are started through it).
     pub xmx: &'a Path,
     /// A directory for this run's files (shared mappings, built programs).
@@ -367,7 +367,7 @@ impl Setup for Tcp {
 }
 
 /// xmx native: libmyriexpress with the engine in-process.
-struct NativeSetup(Option<Native>);
+struct NativeSetup(Option<PreparedNative>);
 
 impl Setup for NativeSetup {
     fn name(&self) -> &'static str {
@@ -381,7 +381,12 @@ impl Setup for NativeSetup {
     }
     fn prepare(&mut self, env: &Env<'_>) -> Result<(), String> {
         let link = env.link.map_err(str::to_owned)?;
-        self.0 = Some(Native::prepare(env.xmx, link, env.scratch, env.spin_us)?);
+        self.0 = Some(PreparedNative::prepare(
+            env.xmx,
+            link,
+            env.scratch,
+            env.spin_us,
+        )?);
         Ok(())
     }
     fn cell(

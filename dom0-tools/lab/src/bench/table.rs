@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::report::{BenchReport, Cell, Report, Status};
+use super::report::{BenchReport, Cell, Report, SetupStatus};
 use super::scaling::{self, ScalingReport};
 
 /// `4096` as `4 KiB`, `16777216` as `16 MiB`.
@@ -71,7 +71,7 @@ fn table(
         report
             .setups
             .iter()
-            .any(|s| s.name == name && s.status == Status::Ok)
+            .any(|s| s.name == name && s.status == SetupStatus::Ok)
     };
     let ratios: Vec<_> = report
         .ratios
@@ -91,9 +91,9 @@ fn table(
         let mut row = vec![size_label(size)];
         for s in &report.setups {
             row.push(match (s.status, s.cell(size)) {
-                (Status::NotAvailable, _) => "n/a".into(),
-                (Status::Ok, Some(c)) => text(c).unwrap_or_else(|| "error".into()),
-                (Status::Ok, None) => "-".into(),
+                (SetupStatus::NotAvailable, _) => "n/a".into(),
+                (SetupStatus::Ok, Some(c)) => text(c).unwrap_or_else(|| "error".into()),
+                (SetupStatus::Ok, None) => "-".into(),
             });
         }
         row.extend(
@@ -164,7 +164,7 @@ fn cpu_table(report: &Report) -> String {
     let with_cost: Vec<_> = report
         .setups
         .iter()
-        .filter(|s| s.status == Status::Ok)
+        .filter(|s| s.status == SetupStatus::Ok)
         .collect();
     let mut rows = vec![];
     let mut header = vec!["size".to_owned()];
@@ -326,7 +326,7 @@ mod tests {
         let ok = SetupResult {
             name: "shm".into(),
             description: String::new(),
-            status: Status::Ok,
+            status: SetupStatus::Ok,
             reason: None,
             cells: vec![
                 cell(0),
@@ -341,7 +341,7 @@ mod tests {
         let na = SetupResult {
             name: "native".into(),
             description: String::new(),
-            status: Status::NotAvailable,
+            status: SetupStatus::NotAvailable,
             reason: Some("not built".into()),
             cells: vec![],
         };

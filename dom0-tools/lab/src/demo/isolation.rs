@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::layout::{self, Place};
 use crate::sim::cluster::{self, ClusterState};
 use xmx_tools::xmxd::control::PeersReport;
-use xmx_tools::xmxd::{ControlClient, Request};
+use xmx_tools::xmxd::{ControlClient, XmxdRequest};
 
 /// Source of the program.
 pub const MX_ISOLATION_C: &str = include_str!("mx_isolation.c");
@@ -53,7 +53,7 @@ impl Answer {
 
 /// What the program printed for one target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Attempt {
+pub struct IsolationAttempt {
     /// The target's MX hostname.
     pub target: String,
     /// Its board address, as dom0 knows it.
@@ -64,7 +64,7 @@ pub struct Attempt {
     pub connect: Answer,
 }
 
-impl Attempt {
+impl IsolationAttempt {
     /// The connection was refused: neither accepted nor left to time out.
     pub fn refused(&self) -> bool {
         self.connect.code != MX_SUCCESS && self.connect.code != MX_TIMEOUT
@@ -95,7 +95,7 @@ pub struct TargetAttempt {
     pub status: String,
     /// What MX answered.
     #[serde(flatten)]
-    pub attempt: Attempt,
+    pub attempt: IsolationAttempt,
 }
 
 /// Compile `source` (named `name`.c) with the system C compiler against our MX header and
@@ -127,7 +127,7 @@ pub fn build(name: &str, source: &str, out_dir: &Path, lib_dir: &Path) -> Result
 }
 
 /// Parse the program's output: one JSON object per line.
-pub fn parse(stdout: &str) -> Result<Vec<Attempt>> {
+pub fn parse(stdout: &str) -> Result<Vec<IsolationAttempt>> {
     stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -151,7 +151,7 @@ pub fn run(state: &ClusterState, prog: &Path, lib_dir: &Path, xmx: &Path) -> Res
     let guest = host.guest(&from.guest_name())?;
     let table: PeersReport = ControlClient::connect(&host.simhv_dir.join("xmxd.sock"))
         .context("connecting to xmxd")?
-        .call_as(&Request::Peers {
+        .call_as(&XmxdRequest::Peers {
             guest: None,
             after: None,
             timeout_ms: None,

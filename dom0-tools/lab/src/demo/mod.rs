@@ -70,7 +70,7 @@ use serde::Serialize;
 
 use crate::bench::native;
 use crate::bench::report::{
-    self as bench_report, Cell, LinkInfo, Machine, Report, SetupResult, Status,
+    self as bench_report, Cell, LinkInfo, Machine, Report, SetupResult, SetupStatus,
 };
 use crate::bench::table;
 use crate::interrupt;
@@ -786,7 +786,7 @@ fn measure_setup(
     SetupResult {
         name: name.to_owned(),
         description: description.to_owned(),
-        status: Status::Ok,
+        status: SetupStatus::Ok,
         reason: None,
         cells,
     }
@@ -837,7 +837,7 @@ mod tests {
         SetupResult {
             name: "guest-remote".into(),
             description: String::new(),
-            status: Status::Ok,
+            status: SetupStatus::Ok,
             reason: None,
             cells,
         }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::layout::{self, VCLUSTERS};
 use crate::sim::cluster::ClusterState;
 use xmx_tools::xmxd::control::PeersReport;
-use xmx_tools::xmxd::{ControlClient, Request};
+use xmx_tools::xmxd::{ControlClient, XmxdRequest};
 
 /// The table of one virtual cluster.
 #[derive(Debug, Clone, Serialize)]
@@ -69,7 +69,7 @@ pub fn views(
         let socket = host.simhv_dir.join("xmxd.sock");
         let report: PeersReport = ControlClient::connect(&socket)
             .with_context(|| format!("connecting to {}", socket.display()))?
-            .call_as(&Request::Peers {
+            .call_as(&XmxdRequest::Peers {
                 guest: Some(guest.clone()),
                 after: None,
                 timeout_ms: None,

@@ -18,7 +18,7 @@ use super::layout::Pair;
 use crate::bench::agent::Test;
 pub use crate::bench::guests::GuestPrograms;
 use crate::bench::guests::{GuestAt, GuestPair};
-use crate::bench::link::Link;
+use crate::bench::link::BenchLink;
 use crate::bench::plan::Counts;
 use crate::bench::report::Cell;
 use crate::bench::runner::{self, CellAgents};
@@ -131,7 +131,7 @@ pub fn measure(
 
 /// The bench's `tcp` setup between hosts h0 and h1 of the simulated cluster `sim_name`.
 pub struct TcpBaseline {
-    link: Link,
+    link: BenchLink,
     setup: Box<dyn Setup>,
     scratch: PathBuf,
     xmx: PathBuf,
@@ -140,7 +140,7 @@ pub struct TcpBaseline {
 impl TcpBaseline {
     /// Ready the setup; `scratch` is a directory for its files.
     pub fn new(sim_name: &str, xmx: &Path, scratch: &Path) -> Result<TcpBaseline> {
-        let link = Link::sim_cluster(sim_name).map_err(anyhow::Error::msg)?;
+        let link = BenchLink::sim_cluster(sim_name).map_err(anyhow::Error::msg)?;
         let mut setup = setups::select(&["tcp".to_owned()])?
             .pop()
             .context("the bench has no tcp setup")?;

@@ -20,7 +20,7 @@ use super::layout::{self, Place, VCLUSTERS};
 use crate::sim::cluster::{ClusterState, HostState};
 use crate::sim::settle;
 use xmx_tools::xmxd::control::ClusterReport;
-use xmx_tools::xmxd::{names, ControlClient, Request};
+use xmx_tools::xmxd::{names, ControlClient, XmxdRequest};
 
 /// How long the fabric may take to settle after the moves.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,7 +52,7 @@ pub fn guest_clusters() -> Vec<Vec<String>> {
 pub fn check_members(state: &ClusterState, note: &mut dyn FnMut(&str)) -> Result<()> {
     for (h, host) in state.hosts.iter().enumerate() {
         let list: Vec<ClusterReport> = xmxd(host)?
-            .call_as(&Request::Clusters)
+            .call_as(&XmxdRequest::Clusters)
             .with_context(|| format!("clusters of {}", host.name))?;
         for c in list.iter().filter(|c| VCLUSTERS.contains(&c.name.as_str())) {
             note(&format!(

@@ -22,7 +22,7 @@ pub use xmx_tools::simstate::{
     guest_name, host_name, root_of, ClusterState, DaemonState, GuestState, HostState, DEFAULT_NAME,
     RUN_DIR, STATE_FILE,
 };
-use xmx_tools::xmxd::{ControlClient, Request as XmxdRequest};
+use xmx_tools::xmxd::{ControlClient, XmxdRequest};
 
 /// Interface name of each host's NIC inside its namespace.
 pub const HOST_IFACE: &str = "eth0";

@@ -23,7 +23,7 @@ use xmx_hv::{DomId, Platform, Xenstore};
 use xmx_wire::mxoe::Mac;
 
 use super::backend::BackendLink;
-use super::control::{refusal_reply, PeersReport, Request, MAX_WAIT};
+use super::control::{refusal_reply, PeersReport, XmxdRequest, MAX_WAIT};
 use super::direct;
 use super::discovery::{Discovery, DiscoveryConfig};
 use super::error::{Error, Result};
@@ -40,7 +40,7 @@ mod requests;
 
 /// How xmxd runs.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct XmxdConfig {
     /// This host's name, announced with its guests.
     pub(crate) host_name: String,
     /// The domain xmxd and the backend run in (0: dom0).
@@ -60,11 +60,11 @@ pub struct Config {
     pub(crate) release_timeout: Duration,
 }
 
-impl Config {
+impl XmxdConfig {
     /// Defaults for a host named `host_name` keeping its state in `state_dir`.
-    pub fn new(host_name: &str, state_dir: &Path) -> Config {
+    pub fn new(host_name: &str, state_dir: &Path) -> XmxdConfig {
         let discovery = DiscoveryConfig::default();
-        Config {
+        XmxdConfig {
             host_name: host_name.to_owned(),
             toolstack: xmx_hv::DOM0,
             state_dir: state_dir.to_path_buf(),
@@ -112,7 +112,7 @@ fn unix_now() -> u32 {
 
 /// Everything xmxd knows and does; see the module documentation.
 pub struct Core {
-    cfg: Config,
+    cfg: XmxdConfig,
     xs: Box<dyn Xenstore>,
     store: StateStore,
     domains: BTreeMap<DomId, Domain>,
@@ -135,7 +135,7 @@ pub struct Core {
 }
 
 impl Core {
-    fn new(platform: &dyn Platform, fabric: Option<PacketFabric>, cfg: Config) -> Result<Core> {
+    fn new(platform: &dyn Platform, fabric: Option<PacketFabric>, cfg: XmxdConfig) -> Result<Core> {
         names::check_host_name(&cfg.host_name)?;
         let xs = platform.xenstore()?;
         xsnodes::ensure_root(xs.as_ref(), cfg.toolstack)?;
@@ -235,8 +235,8 @@ impl Shared {
         out
     }
 
-    fn dispatch(&self, request: Request) -> Reply {
-        if let Request::Peers {
+    fn dispatch(&self, request: XmxdRequest) -> Reply {
+        if let XmxdRequest::Peers {
             after: Some(after),
             timeout_ms,
             ..
@@ -265,7 +265,7 @@ impl Shared {
 
     /// [`Shared::dispatch`], then a wake-up of the loop: timers may have moved, and the
     /// loop recomputes its sleep.
-    fn answer(&self, request: Request, wake: &EventFd) -> Reply {
+    fn answer(&self, request: XmxdRequest, wake: &EventFd) -> Reply {
         let reply = self.dispatch(request);
         let _ = wake.write(1);
         reply
@@ -296,10 +296,10 @@ struct ControlSide {
 }
 
 impl LineService for ControlSide {
-    type Request = Request;
+    type Request = XmxdRequest;
     type Reply = Reply;
 
-    fn answer(&self, request: Request) -> Reply {
+    fn answer(&self, request: XmxdRequest) -> Reply {
         self.shared.answer(request, &self.wake)
     }
 
@@ -321,7 +321,7 @@ impl Xmxd {
     pub fn start(
         platform: &dyn Platform,
         fabric: Option<PacketFabric>,
-        cfg: Config,
+        cfg: XmxdConfig,
     ) -> Result<Xmxd> {
         let control_path = cfg.control_socket.clone();
         let core = Core::new(platform, fabric, cfg)?;
@@ -359,7 +359,7 @@ impl Xmxd {
     }
 
     /// Answer a request as the control socket does.
-    pub fn call(&self, request: Request) -> Reply {
+    pub fn call(&self, request: XmxdRequest) -> Reply {
         self.shared.answer(request, &self.wake)
     }
 
@@ -395,7 +395,7 @@ impl Xmxd {
         }
     }
 
-    /// Wait until the loop ends by itself (a fatal error) or a [`Stopper`] stops it from
+    /// Wait until the loop ends by itself (a fatal error) or an [`XmxdStopper`] stops it from
     /// elsewhere.
     pub fn join(mut self) -> Result<()> {
         let result = match self.thread.take() {
@@ -410,8 +410,8 @@ impl Xmxd {
     }
 
     /// A handle that stops the loop from another thread (a signal handler thread).
-    pub fn stopper(&self) -> Stopper {
-        Stopper {
+    pub fn stopper(&self) -> XmxdStopper {
+        XmxdStopper {
             stop: self.stop.clone(),
             wake: self.wake.clone(),
         }
@@ -439,12 +439,12 @@ impl Drop for Xmxd {
 
 /// Stops a running [`Xmxd`] from another thread; cheap to clone.
 #[derive(Clone)]
-pub struct Stopper {
+pub struct XmxdStopper {
     stop: Arc<AtomicBool>,
     wake: Arc<EventFd>,
 }
 
-impl Stopper {
+impl XmxdStopper {
     /// Ask the loop to end.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);

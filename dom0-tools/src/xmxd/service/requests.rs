@@ -8,33 +8,33 @@ use xmx_hv::DomId;
 
 use super::{Core, DEVID};
 use crate::xmxd::control::{
-    ClusterReport, DirectReport, GuestStatus, PeersReport, QosReport, Request, StatusReport,
+    ClusterReport, DirectReport, GuestStatus, PeersReport, QosReport, StatusReport, XmxdRequest,
 };
 use crate::xmxd::error::{Error, Result};
 use crate::xmxd::names::{self, DEFAULT_CLUSTER};
 use crate::xmxd::xsnodes;
 
 impl Core {
-    pub(super) fn answer(&mut self, request: Request) -> Result<serde_json::Value> {
+    pub(super) fn answer(&mut self, request: XmxdRequest) -> Result<serde_json::Value> {
         let value = match request {
-            Request::Status => json!(self.status()),
-            Request::Peers { guest, .. } => json!(self.peers(guest.as_deref())?),
-            Request::Guests => json!(self.guests()),
-            Request::Clusters => json!(self.clusters()),
-            Request::ClusterCreate { name } => {
+            XmxdRequest::Status => json!(self.status()),
+            XmxdRequest::Peers { guest, .. } => json!(self.peers(guest.as_deref())?),
+            XmxdRequest::Guests => json!(self.guests()),
+            XmxdRequest::Clusters => json!(self.clusters()),
+            XmxdRequest::ClusterCreate { name } => {
                 let id = self.store.state.create_cluster(&name)?;
                 self.save()?;
                 tracing::info!(cluster = %name, id, "cluster created");
                 json!({ "id": id })
             }
-            Request::ClusterDelete { name, force } => {
+            XmxdRequest::ClusterDelete { name, force } => {
                 let moved = self.store.state.delete_cluster(&name, force)?;
                 self.save()?;
                 self.evaluate_guests(&moved);
                 tracing::info!(cluster = %name, ?moved, "cluster deleted");
                 json!({ "moved": moved })
             }
-            Request::ClusterAdd { name, guest, new } => {
+            XmxdRequest::ClusterAdd { name, guest, new } => {
                 let guest = self.resolve_guest(&guest)?;
                 let running = self.runs_here(&guest);
                 // A name nobody knows is far more often a typo than a guest prepared
@@ -56,7 +56,7 @@ impl Core {
                 }
                 json!({ "running": running })
             }
-            Request::ClusterRemove { name, guest } => {
+            XmxdRequest::ClusterRemove { name, guest } => {
                 let guest = self.resolve_guest(&guest)?;
                 let in_it = self
                     .store
@@ -74,7 +74,7 @@ impl Core {
                 self.evaluate_guests(&[guest]);
                 serde_json::Value::Null
             }
-            Request::Attach { domid, cluster } => {
+            XmxdRequest::Attach { domid, cluster } => {
                 if !self.domains.contains_key(&domid) {
                     // It may have been created a moment ago: look again before refusing.
                     self.scan_domains()?;
@@ -95,7 +95,7 @@ impl Core {
                     .and_then(|n| self.guest_status(&n));
                 json!(status)
             }
-            Request::Qos { guest, weight } => {
+            XmxdRequest::Qos { guest, weight } => {
                 let guest = self.resolve_guest(&guest)?;
                 let ts = self.cfg.toolstack;
                 if let Some(w) = weight {
@@ -118,7 +118,7 @@ impl Core {
                     domains
                 })
             }
-            Request::Direct { enabled } => {
+            XmxdRequest::Direct { enabled } => {
                 if let Some(on) = enabled {
                     self.direct.set_enabled(on);
                     tracing::info!(enabled = on, "direct channels switched");
@@ -129,7 +129,7 @@ impl Core {
                     pairs: self.direct.offered(),
                 })
             }
-            Request::Detach { domid } => {
+            XmxdRequest::Detach { domid } => {
                 let Some(d) = self.domains.get(&domid) else {
                     return Err(Error::NotFound(format!("domain {domid}")));
                 };

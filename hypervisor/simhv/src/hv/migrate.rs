@@ -32,20 +32,20 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use xmx_hv::sim::admin::{Restored, RunState, SaveInfo, SaveRound};
-use xmx_hv::sim::proto::Response;
+use xmx_hv::sim::proto::SimResponse;
 use xmx_hv::{DomId, Error, GrantRef, Result, DOM0, PAGE_SIZE};
 
 use super::mem::read_fully_at;
-use super::stream::{GrantRecord, Record, StreamReader, StreamWriter};
+use super::stream::{GrantRecord, StreamReader, StreamRecord, StreamWriter};
 use super::table::{GTF_PERMIT_ACCESS, GTF_READONLY, GTF_TYPE_MASK};
 use super::{entry_flags, no_fds, ConnId, Domain, Grant, Hv, HvState, Owner};
-use crate::config::Config;
+use crate::config::SimhvConfig;
 
 /// What the destination holds of a domain being sent: the frames sent so far, non-zero.
 type Sent = HashMap<u32, Box<[u8]>>;
 
 /// A domain being sent to another host.
-pub(super) struct Outgoing {
+pub(super) struct OutgoingMigration {
     /// Tells this sending from a later one, for a round that ends after `save_end`.
     id: u64,
     /// None while a round runs (with the host's lock released).
@@ -87,7 +87,7 @@ impl Hv {
         if dom.outgoing.is_some() {
             return Err(Error::Busy(format!("domain {domid} is being sent already")));
         }
-        dom.outgoing = Some(Outgoing {
+        dom.outgoing = Some(OutgoingMigration {
             id,
             sent: Some(HashMap::new()),
         });
@@ -256,7 +256,7 @@ impl HvState {
         remote: DomId,
         writable: bool,
         refs: &[GrantRef],
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         if refs.is_empty() {
             return Err(Error::Invalid("adopting zero grants".into()));
         }
@@ -293,7 +293,7 @@ impl HvState {
             }
         }
         tracing::debug!(domid, remote, count = refs.len(), "restored grants adopted");
-        no_fds(Response::Granted { grants })
+        no_fds(SimResponse::Granted { grants })
     }
 }
 
@@ -391,7 +391,7 @@ fn apply(path: &Path, mem: &File, limit_frames: u32, max_grants: usize) -> Resul
     })?;
     let mut r = StreamReader::new(file, max_grants)?;
     let extent = match r.next()? {
-        Record::Memory {
+        StreamRecord::Memory {
             extent,
             limit_frames: source_limit,
         } => {
@@ -416,7 +416,7 @@ fn apply(path: &Path, mem: &File, limit_frames: u32, max_grants: usize) -> Resul
     };
     loop {
         match r.next()? {
-            Record::Page { frame } => {
+            StreamRecord::Page { frame } => {
                 if frame >= extent {
                     return Err(Error::Invalid(format!(
                         "migration stream: frame {frame} beyond its extent of {extent}"
@@ -430,16 +430,16 @@ fn apply(path: &Path, mem: &File, limit_frames: u32, max_grants: usize) -> Resul
                 mem.write_all_at(r.page(), frame as u64 * PAGE_SIZE as u64)?;
                 applied.frames += 1;
             }
-            Record::Grants(g) => {
+            StreamRecord::Grants(g) => {
                 if applied.grants.is_some() {
                     return Err(Error::Invalid("migration stream: GRANTS twice".into()));
                 }
                 applied.grants = Some(g);
             }
-            Record::Memory { .. } => {
+            StreamRecord::Memory { .. } => {
                 return Err(Error::Invalid("migration stream: MEMORY twice".into()))
             }
-            Record::End => return Ok(applied),
+            StreamRecord::End => return Ok(applied),
         }
     }
 }
@@ -470,7 +470,12 @@ impl Domain {
     }
 
     /// Install the grants of a last stream into this incoming domain, all or nothing.
-    fn restore_grants(&mut self, cfg: &Config, me: DomId, grants: &[GrantRecord]) -> Result<()> {
+    fn restore_grants(
+        &mut self,
+        cfg: &SimhvConfig,
+        me: DomId,
+        grants: &[GrantRecord],
+    ) -> Result<()> {
         if !self.grants.is_empty() {
             return Err(Error::Invalid(format!(
                 "domain {me} has grants already; restoring into it would mix two domains"
@@ -541,9 +546,9 @@ mod tests {
 
     /// A host with one incoming domain (1) in `dir`.
     fn incoming(dir: &Path) -> Hv {
-        let hv = Hv::new(Config {
+        let hv = Hv::new(SimhvConfig {
             gnttab_entries: 64,
-            ..Config::default()
+            ..SimhvConfig::default()
         });
         std::fs::create_dir(xmx_hv::sim::layout::dom_dir(dir, 1)).unwrap();
         hv.add_domain(dir, 1, "in", Some(16 * PAGE_SIZE as u64), true)

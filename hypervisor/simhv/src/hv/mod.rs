@@ -33,12 +33,13 @@ use std::sync::{Mutex, MutexGuard};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::proto::{
-    CopySide, CopySpec, Request, Response, PORT_BOUND, PORT_PEER_CLOSED, PORT_UNBOUND, STATUS_SLOTS,
+    CopySide, CopySpec, SimRequest, SimResponse, PORT_BOUND, PORT_PEER_CLOSED, PORT_UNBOUND,
+    STATUS_SLOTS,
 };
 use xmx_hv::sim::{layout, proto};
 use xmx_hv::{DomId, Error, GrantRef, Port, Result, PAGE_SIZE};
 
-use crate::config::Config;
+use crate::config::SimhvConfig;
 use mem::MemFile;
 use status::StatusPage;
 use table::{TableFile, GTF_PERMIT_ACCESS, GTF_READING, GTF_READONLY, GTF_TYPE_MASK, GTF_WRITING};
@@ -48,7 +49,7 @@ pub(crate) type ConnId = u64;
 
 /// The hypervisor state of the host.
 pub(crate) struct Hv {
-    config: Config,
+    config: SimhvConfig,
     state: Mutex<HvState>,
 }
 
@@ -72,7 +73,7 @@ struct Domain {
     mapped_pages: usize,
     ports: BTreeMap<Port, PortEntry>,
     /// Set while the domain is sent to another host (see [`migrate`]).
-    outgoing: Option<migrate::Outgoing>,
+    outgoing: Option<migrate::OutgoingMigration>,
     /// Set while the domain receives a migration stream, until its last one.
     incoming: Option<migrate::Incoming>,
 }
@@ -147,7 +148,7 @@ pub(crate) struct Counters {
 
 impl Hv {
     /// An empty host.
-    pub(crate) fn new(config: Config) -> Hv {
+    pub(crate) fn new(config: SimhvConfig) -> Hv {
         Hv {
             config,
             state: Mutex::new(HvState {
@@ -361,7 +362,11 @@ impl Hv {
     }
 
     /// Serve one request of connection `conn`.
-    pub(crate) fn handle(&self, conn: ConnId, req: Request) -> Result<(Response, Vec<OwnedFd>)> {
+    pub(crate) fn handle(
+        &self,
+        conn: ConnId,
+        req: SimRequest,
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let mut st = self.lock();
         let domid = st
             .conns
@@ -370,29 +375,29 @@ impl Hv {
             .ok_or_else(|| Error::Closed("the domain of this connection is gone".into()))?;
         let cfg = &self.config;
         let result = match req {
-            Request::Hello => st.hello(domid, cfg),
-            Request::GrantAlloc {
+            SimRequest::Hello => st.hello(domid, cfg),
+            SimRequest::GrantAlloc {
                 remote,
                 writable,
                 count,
             } => st.grant_alloc(cfg, conn, domid, remote, writable, count),
-            Request::GrantEnd { defer, refs } => st.grant_end(conn, domid, defer, &refs),
-            Request::Map {
+            SimRequest::GrantEnd { defer, refs } => st.grant_end(conn, domid, defer, &refs),
+            SimRequest::Map {
                 remote,
                 writable,
                 refs,
             } => st.map(cfg, conn, domid, remote, writable, &refs),
-            Request::Unmap { handle } => st.unmap(conn, domid, handle),
-            Request::Copy { segments, data } => st.copy(domid, &segments, &data),
-            Request::EvtchnOpen => st.evtchn_open(conn),
-            Request::EvtchnAllocUnbound { remote } => st.alloc_unbound(cfg, conn, domid, remote),
-            Request::EvtchnBind {
+            SimRequest::Unmap { handle } => st.unmap(conn, domid, handle),
+            SimRequest::Copy { segments, data } => st.copy(domid, &segments, &data),
+            SimRequest::EvtchnOpen => st.evtchn_open(conn),
+            SimRequest::EvtchnAllocUnbound { remote } => st.alloc_unbound(cfg, conn, domid, remote),
+            SimRequest::EvtchnBind {
                 remote,
                 remote_port,
             } => st.bind(cfg, conn, domid, remote, remote_port),
-            Request::EvtchnClose { port } => st.close(conn, domid, port),
-            Request::EvtchnStatus { port } => st.port_status(domid, port),
-            Request::GrantAdopt {
+            SimRequest::EvtchnClose { port } => st.close(conn, domid, port),
+            SimRequest::EvtchnStatus { port } => st.port_status(domid, port),
+            SimRequest::GrantAdopt {
                 remote,
                 writable,
                 refs,
@@ -403,7 +408,7 @@ impl Hv {
     }
 }
 
-fn no_fds(r: Response) -> Result<(Response, Vec<OwnedFd>)> {
+fn no_fds(r: SimResponse) -> Result<(SimResponse, Vec<OwnedFd>)> {
     Ok((r, Vec::new()))
 }
 
@@ -533,11 +538,11 @@ impl HvState {
         Ok(dom)
     }
 
-    fn hello(&mut self, domid: DomId, cfg: &Config) -> Result<(Response, Vec<OwnedFd>)> {
+    fn hello(&mut self, domid: DomId, cfg: &SimhvConfig) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.domain(domid)?;
         let fd = dom.mem.fd(true).try_clone_to_owned()?;
         Ok((
-            Response::Hello {
+            SimResponse::Hello {
                 domid,
                 instance: dom.instance,
                 table_size: cfg.gnttab_entries,
@@ -548,13 +553,13 @@ impl HvState {
 
     fn grant_alloc(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
         writable: bool,
         count: u32,
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.running_mut(domid)?;
         let count = count as usize;
         if count == 0 {
@@ -608,7 +613,7 @@ impl HvState {
             return Err(e);
         }
         tracing::debug!(domid, remote, count, writable, "granted");
-        no_fds(Response::Granted { grants })
+        no_fds(SimResponse::Granted { grants })
     }
 
     fn grant_end(
@@ -617,7 +622,7 @@ impl HvState {
         domid: DomId,
         defer: bool,
         refs: &[GrantRef],
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.domain_mut(domid)?;
         let mut seen = HashSet::with_capacity(refs.len());
         for &r in refs {
@@ -655,18 +660,18 @@ impl HvState {
                 dom.free_grant(r);
             }
         }
-        no_fds(Response::Done)
+        no_fds(SimResponse::Done)
     }
 
     fn map(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
         writable: bool,
         refs: &[GrantRef],
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         if refs.is_empty() {
             return Err(Error::Invalid("mapping zero grants".into()));
         }
@@ -734,7 +739,7 @@ impl HvState {
             "mapped"
         );
         Ok((
-            Response::Mapped {
+            SimResponse::Mapped {
                 handle,
                 instance: remote_instance,
                 frames,
@@ -748,7 +753,7 @@ impl HvState {
         conn: ConnId,
         domid: DomId,
         handle: u64,
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.domain_mut(domid)?;
         match dom.mappings.get(&handle) {
             Some(m) if m.conn == conn => {}
@@ -762,7 +767,7 @@ impl HvState {
             dom.mapped_pages = dom.mapped_pages.saturating_sub(m.refs.len());
             self.release_at_granter(&m);
         }
-        no_fds(Response::Done)
+        no_fds(SimResponse::Done)
     }
 
     /// Drop the granter's side of a mapping that went away.
@@ -797,7 +802,7 @@ impl HvState {
         domid: DomId,
         segments: &[CopySpec],
         data: &[u8],
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         self.running_mut(domid)?;
         let mut at = 0usize;
         let mut status = Vec::with_capacity(segments.len());
@@ -829,7 +834,7 @@ impl HvState {
                 }
             }
         }
-        no_fds(Response::Copied { status, data: out })
+        no_fds(SimResponse::Copied { status, data: out })
     }
 
     /// One copy segment; returns the bytes for a local destination.
@@ -877,7 +882,7 @@ impl HvState {
         }
     }
 
-    fn evtchn_open(&mut self, conn: ConnId) -> Result<(Response, Vec<OwnedFd>)> {
+    fn evtchn_open(&mut self, conn: ConnId) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let c = self
             .conns
             .get_mut(&conn)
@@ -890,7 +895,7 @@ impl HvState {
             None => return Err(Error::Closed("connection gone".into())),
         };
         Ok((
-            Response::EvtchnOpened {
+            SimResponse::EvtchnOpened {
                 slots: STATUS_SLOTS as u32,
             },
             vec![fd],
@@ -898,7 +903,7 @@ impl HvState {
     }
 
     /// Check the caller may open one more port on `conn`.
-    fn port_room(&mut self, cfg: &Config, conn: ConnId, domid: DomId) -> Result<()> {
+    fn port_room(&mut self, cfg: &SimhvConfig, conn: ConnId, domid: DomId) -> Result<()> {
         let dom = self.running_mut(domid)?;
         if dom.ports.len() >= cfg.max_ports {
             return Err(Error::Quota(format!(
@@ -929,7 +934,7 @@ impl HvState {
         rx: OwnedFd,
         tx: OwnedFd,
         binding: Binding,
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let fds = vec![rx.try_clone()?, tx.try_clone()?];
         let page = self
             .conns
@@ -958,7 +963,7 @@ impl HvState {
             },
         );
         Ok((
-            Response::PortOpened {
+            SimResponse::PortOpened {
                 port,
                 slot,
                 generation,
@@ -969,11 +974,11 @@ impl HvState {
 
     fn alloc_unbound(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         self.port_room(cfg, conn, domid)?;
         let rx = new_eventfd()?;
         let tx = new_eventfd()?;
@@ -984,12 +989,12 @@ impl HvState {
 
     fn bind(
         &mut self,
-        cfg: &Config,
+        cfg: &SimhvConfig,
         conn: ConnId,
         domid: DomId,
         remote: DomId,
         remote_port: Port,
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         self.port_room(cfg, conn, domid)?;
         let rdom = self
             .domains
@@ -1022,7 +1027,7 @@ impl HvState {
                 remote_port,
             },
         )?;
-        let Response::PortOpened { port, .. } = resp else {
+        let SimResponse::PortOpened { port, .. } = resp else {
             return Err(Error::Protocol("internal: port reply".into()));
         };
         if let Some(rp) = self
@@ -1047,7 +1052,7 @@ impl HvState {
         conn: ConnId,
         domid: DomId,
         port: Port,
-    ) -> Result<(Response, Vec<OwnedFd>)> {
+    ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.domain(domid)?;
         match dom.ports.get(&port) {
             Some(p) if p.conn == conn => {}
@@ -1058,7 +1063,7 @@ impl HvState {
             }
         }
         self.close_port(domid, port);
-        no_fds(Response::Done)
+        no_fds(SimResponse::Done)
     }
 
     /// Close a port; an interdomain peer becomes unbound (it may be bound again by this
@@ -1105,14 +1110,14 @@ impl HvState {
         tracing::debug!(domid, port, "port closed");
     }
 
-    fn port_status(&self, domid: DomId, port: Port) -> Result<(Response, Vec<OwnedFd>)> {
+    fn port_status(&self, domid: DomId, port: Port) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let dom = self.domain(domid)?;
         let p = dom
             .ports
             .get(&port)
             .ok_or_else(|| Error::NotFound(format!("port {port}")))?;
         let resp = match p.binding {
-            Binding::Unbound { remote } => Response::PortStatus {
+            Binding::Unbound { remote } => SimResponse::PortStatus {
                 state: 1,
                 remote,
                 remote_port: 0,
@@ -1120,7 +1125,7 @@ impl HvState {
             Binding::Interdomain {
                 remote,
                 remote_port,
-            } => Response::PortStatus {
+            } => SimResponse::PortStatus {
                 state: 2,
                 remote,
                 remote_port,

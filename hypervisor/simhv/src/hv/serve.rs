@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use xmx_hv::sim::proto::{emit_error, Request, RequestHeader, MAX_FRAME, REQUEST_HEADER_LEN};
+use xmx_hv::sim::proto::{emit_error, RequestHeader, SimRequest, MAX_FRAME, REQUEST_HEADER_LEN};
 use xmx_hv::sim::transport::{recv_frame, send_frame};
 use xmx_hv::{DomId, Error};
 
@@ -118,7 +118,7 @@ fn serve_conn(hv: Arc<Hv>, conn: ConnId, domid: DomId, stream: UnixStream) {
         let mut out = Vec::new();
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut keep = true;
-        match Request::parse(&body) {
+        match SimRequest::parse(&body) {
             Err(e) => {
                 tracing::debug!(domid, conn, error = %e, "malformed request");
                 emit_error(header.op, header.seq, &e, &mut out);

@@ -110,7 +110,7 @@ impl StreamWriter {
 
 /// A record read by [`StreamReader::next`]; a page's data is in the reader's buffer.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Record {
+pub(crate) enum StreamRecord {
     Memory { extent: u32, limit_frames: u32 },
     Page { frame: u32 },
     Grants(Vec<GrantRecord>),
@@ -169,7 +169,7 @@ impl<R: Read> StreamReader<R> {
     }
 
     /// The next record; after `End`, checks that nothing follows.
-    pub(crate) fn next(&mut self) -> Result<Record> {
+    pub(crate) fn next(&mut self) -> Result<StreamRecord> {
         if self.ended {
             return Err(Error::Invalid("reading past the END record".into()));
         }
@@ -194,7 +194,7 @@ impl<R: Read> StreamReader<R> {
                     Err(e) => return Err(Error::Io(e)),
                 }
                 self.ended = true;
-                Ok(Record::End)
+                Ok(StreamRecord::End)
             }
             KIND_MEMORY => {
                 if len != 8 {
@@ -202,7 +202,7 @@ impl<R: Read> StreamReader<R> {
                 }
                 let extent = self.u32()?;
                 let limit_frames = self.u32()?;
-                Ok(Record::Memory {
+                Ok(StreamRecord::Memory {
                     extent,
                     limit_frames,
                 })
@@ -216,7 +216,7 @@ impl<R: Read> StreamReader<R> {
                 let filled = self.fill(&mut page);
                 self.page = page;
                 filled?;
-                Ok(Record::Page { frame })
+                Ok(StreamRecord::Page { frame })
             }
             KIND_GRANTS => {
                 if len < 4 || !(len - 4).is_multiple_of(GRANT_LEN) {
@@ -241,7 +241,7 @@ impl<R: Read> StreamReader<R> {
                         flags: u16::from_le_bytes([b[10], b[11]]),
                     });
                 }
-                Ok(Record::Grants(grants))
+                Ok(StreamRecord::Grants(grants))
             }
             _ => Err(Error::Invalid(format!(
                 "migration stream: unknown record kind {kind}"
@@ -265,12 +265,12 @@ mod tests {
         bytes
     }
 
-    fn read_all(bytes: &[u8]) -> Result<Vec<Record>> {
+    fn read_all(bytes: &[u8]) -> Result<Vec<StreamRecord>> {
         let mut r = StreamReader::new(bytes, 16)?;
         let mut out = Vec::new();
         loop {
             let rec = r.next()?;
-            let end = rec == Record::End;
+            let end = rec == StreamRecord::End;
             out.push(rec);
             if end {
                 return Ok(out);
@@ -295,15 +295,15 @@ mod tests {
         let mut r = StreamReader::new(&bytes[..], 16).unwrap();
         assert_eq!(
             r.next().unwrap(),
-            Record::Memory {
+            StreamRecord::Memory {
                 extent: 4,
                 limit_frames: 256
             }
         );
-        assert_eq!(r.next().unwrap(), Record::Page { frame: 3 });
+        assert_eq!(r.next().unwrap(), StreamRecord::Page { frame: 3 });
         assert!(r.page().iter().all(|b| *b == 0xab));
-        assert_eq!(r.next().unwrap(), Record::Grants(vec![g]));
-        assert_eq!(r.next().unwrap(), Record::End);
+        assert_eq!(r.next().unwrap(), StreamRecord::Grants(vec![g]));
+        assert_eq!(r.next().unwrap(), StreamRecord::End);
         assert!(r.next().is_err());
     }
 

@@ -6,23 +6,23 @@
 
 use std::sync::Arc;
 
-use xmx_hv::xs::wire::{self, Frame, Header, MsgType, XsErrno, DOMID_SELF, PAYLOAD_MAX};
+use xmx_hv::xs::wire::{self, Header, MsgType, XsErrno, XsFrame, DOMID_SELF, PAYLOAD_MAX};
 use xmx_hv::{DomId, DOM0};
 
 use super::conn::{ConnId, Outstanding};
 use super::ops::{self, Limits};
 use super::path::{self, Canonical};
 use super::perms;
-use super::state::State;
+use super::state::XenstoredState;
 use super::store::{Store, Transaction, Tree};
-use super::watch::{Event, Watch};
-use super::Quotas;
+use super::watch::{NodeChange, Watch};
+use super::XenstoreQuotas;
 
 /// What a successful request produced.
 struct Done {
     reply: Vec<u8>,
     /// Changes to announce before the reply.
-    events: Vec<Event>,
+    events: Vec<NodeChange>,
     /// A watch event for the requesting connection, queued after the reply.
     first_event: Option<(Vec<u8>, bool)>,
 }
@@ -49,11 +49,11 @@ fn invalid(_: wire::WireError) -> XsErrno {
 
 /// Run one request from connection `conn_id` and queue what it produced.
 pub(crate) fn process(
-    st: &mut State,
-    quotas: &Quotas,
+    st: &mut XenstoredState,
+    quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
-    frame: Frame,
+    frame: XsFrame,
 ) {
     let Some(io) = st.conns.get(&conn_id).map(|c| Arc::clone(&c.io)) else {
         return;
@@ -80,15 +80,15 @@ pub(crate) fn process(
     let done = match outcome {
         Ok(done) => done,
         Err(e) => {
-            io.push_reply(Frame::error_reply(&header, e).encode(), outstanding);
+            io.push_reply(XsFrame::error_reply(&header, e).encode(), outstanding);
             return;
         }
     };
     st.fire(&done.events);
     let reply = if done.reply.len() > PAYLOAD_MAX {
-        Frame::error_reply(&header, XsErrno::E2big)
+        XsFrame::error_reply(&header, XsErrno::E2big)
     } else {
-        Frame {
+        XsFrame {
             header: Header {
                 len: done.reply.len() as u32,
                 ..header
@@ -102,7 +102,7 @@ pub(crate) fn process(
     }
 }
 
-fn limits(quotas: &Quotas) -> Limits {
+fn limits(quotas: &XenstoreQuotas) -> Limits {
     Limits {
         nodes: quotas.nodes,
         value_size: quotas.value_size,
@@ -110,8 +110,8 @@ fn limits(quotas: &Quotas) -> Limits {
 }
 
 fn handle(
-    st: &mut State,
-    quotas: &Quotas,
+    st: &mut XenstoredState,
+    quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
     conn_id: ConnId,
     domid: DomId,
@@ -341,8 +341,8 @@ fn watch_args(domid: DomId, payload: &[u8]) -> Result<(Canonical, String), XsErr
 }
 
 fn watch(
-    st: &mut State,
-    quotas: &Quotas,
+    st: &mut XenstoredState,
+    quotas: &XenstoreQuotas,
     conn_id: ConnId,
     domid: DomId,
     payload: &[u8],
@@ -378,12 +378,12 @@ fn watch(
 
 /// Run `op` on the committed tree or on the open transaction `tx_id`.
 fn in_tree<R>(
-    st: &mut State,
+    st: &mut XenstoredState,
     conn_id: ConnId,
     tx_id: u32,
     op: impl FnOnce(&mut dyn Tree) -> Result<R, XsErrno>,
 ) -> Result<R, XsErrno> {
-    let State { store, conns, .. } = st;
+    let XenstoredState { store, conns, .. } = st;
     if tx_id == 0 {
         return op(store as &mut Store);
     }
@@ -396,7 +396,12 @@ fn in_tree<R>(
 }
 
 /// Acknowledge a change: its events fire now, or on commit if it was transactional.
-fn changed(st: &mut State, conn_id: ConnId, tx_id: u32, events: Vec<Event>) -> Outcome {
+fn changed(
+    st: &mut XenstoredState,
+    conn_id: ConnId,
+    tx_id: u32,
+    events: Vec<NodeChange>,
+) -> Outcome {
     if tx_id == 0 {
         return Ok(Done {
             events,

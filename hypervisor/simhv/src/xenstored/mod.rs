@@ -49,13 +49,13 @@ use xmx_hv::xs::wire::{self, ReadError, XsErrno};
 use xmx_hv::{DomId, XsPerm};
 
 use conn::{ConnIo, Outstanding};
-use state::{ConnEntry, ListenerEntry, State};
-use watch::Event;
+use state::{ConnEntry, ListenerEntry, XenstoredState};
+use watch::NodeChange;
 
 /// Per-domain limits for unprivileged domains (dom0 is unlimited). The defaults are
 /// Xen xenstored's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Quotas {
+pub struct XenstoreQuotas {
     /// Nodes a domain may own (ENOSPC beyond).
     pub nodes: usize,
     /// Watches a domain may have registered (ENOSPC beyond).
@@ -68,9 +68,9 @@ pub struct Quotas {
     pub outstanding: usize,
 }
 
-impl Default for Quotas {
-    fn default() -> Quotas {
-        Quotas {
+impl Default for XenstoreQuotas {
+    fn default() -> XenstoreQuotas {
+        XenstoreQuotas {
             nodes: 1000,
             watches: 128,
             transactions: 10,
@@ -82,7 +82,7 @@ impl Default for Quotas {
 
 /// What one domain currently holds in the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Usage {
+pub struct XenstoredDomainUsage {
     /// Nodes it owns.
     pub nodes: usize,
     /// Watches registered.
@@ -97,8 +97,8 @@ pub struct Usage {
 
 /// The simulated xenstored; see the module documentation.
 pub struct Xenstored {
-    quotas: Quotas,
-    state: Mutex<State>,
+    quotas: XenstoreQuotas,
+    state: Mutex<XenstoredState>,
     outstanding: Outstanding,
     next_conn: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -112,10 +112,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Xenstored {
     /// A daemon with the initial tree and dom0 introduced.
-    pub fn new(quotas: Quotas) -> Arc<Xenstored> {
+    pub fn new(quotas: XenstoreQuotas) -> Arc<Xenstored> {
         Arc::new(Xenstored {
             quotas,
-            state: Mutex::new(State::new()),
+            state: Mutex::new(XenstoredState::new()),
             outstanding: Outstanding::default(),
             next_conn: AtomicU64::new(1),
             threads: Mutex::new(Vec::new()),
@@ -123,7 +123,7 @@ impl Xenstored {
     }
 
     /// The limits this daemon enforces.
-    pub fn quotas(&self) -> Quotas {
+    pub fn quotas(&self) -> XenstoreQuotas {
         self.quotas
     }
 
@@ -325,9 +325,9 @@ impl Xenstored {
     }
 
     /// What `domid` currently holds.
-    pub fn usage(&self, domid: DomId) -> Usage {
+    pub fn usage(&self, domid: DomId) -> XenstoredDomainUsage {
         let st = lock(&self.state);
-        Usage {
+        XenstoredDomainUsage {
             nodes: store::Tree::owned(&st.store, domid),
             watches: st.watches_of(domid),
             transactions: st.transactions_of(domid),
@@ -363,7 +363,7 @@ impl Xenstored {
     /// toolstack writes) and fire its events.
     fn local<R>(
         &self,
-        op: impl FnOnce(&mut store::Store, ops::Limits) -> Result<(R, Vec<Event>), XsErrno>,
+        op: impl FnOnce(&mut store::Store, ops::Limits) -> Result<(R, Vec<NodeChange>), XsErrno>,
     ) -> Result<R, XsErrno> {
         let mut st = lock(&self.state);
         let limits = ops::Limits {

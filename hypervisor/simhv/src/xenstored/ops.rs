@@ -9,7 +9,7 @@ use xmx_hv::{DomId, XsPerm};
 use super::path;
 use super::perms::{self, Rights};
 use super::store::{Node, Tree};
-use super::watch::Event;
+use super::watch::NodeChange;
 
 /// Most permission entries an unprivileged domain may put on one node (xenstored's
 /// default per-node permission quota).
@@ -69,7 +69,7 @@ pub(crate) fn write<T: Tree + ?Sized>(
     limits: &Limits,
     name: &str,
     value: &[u8],
-) -> Result<Vec<Event>, XsErrno> {
+) -> Result<Vec<NodeChange>, XsErrno> {
     if !perms::privileged(caller) && value.len() > limits.value_size {
         return Err(XsErrno::Enospc);
     }
@@ -81,7 +81,7 @@ pub(crate) fn write<T: Tree + ?Sized>(
         Err(XsErrno::Enoent) => create(t, caller, limits, name, value)?,
         Err(e) => return Err(e),
     }
-    Ok(vec![Event::changed(name)])
+    Ok(vec![NodeChange::changed(name)])
 }
 
 pub(crate) fn mkdir<T: Tree + ?Sized>(
@@ -89,12 +89,12 @@ pub(crate) fn mkdir<T: Tree + ?Sized>(
     caller: DomId,
     limits: &Limits,
     name: &str,
-) -> Result<Vec<Event>, XsErrno> {
+) -> Result<Vec<NodeChange>, XsErrno> {
     match lookup(t, caller, name, Rights::WRITE) {
         Ok(_) => Ok(Vec::new()),
         Err(XsErrno::Enoent) => {
             create(t, caller, limits, name, &[])?;
-            Ok(vec![Event::changed(name)])
+            Ok(vec![NodeChange::changed(name)])
         }
         Err(e) => Err(e),
     }
@@ -144,7 +144,7 @@ pub(crate) fn rm<T: Tree + ?Sized>(
     t: &mut T,
     caller: DomId,
     name: &str,
-) -> Result<Vec<Event>, XsErrno> {
+) -> Result<Vec<NodeChange>, XsErrno> {
     match lookup(t, caller, name, Rights::WRITE) {
         Ok(_) if name == "/" => Err(XsErrno::Einval),
         Ok(_) => remove_subtree(t, name),
@@ -163,7 +163,7 @@ pub(crate) fn rm<T: Tree + ?Sized>(
 pub(crate) fn remove_subtree<T: Tree + ?Sized>(
     t: &mut T,
     name: &str,
-) -> Result<Vec<Event>, XsErrno> {
+) -> Result<Vec<NodeChange>, XsErrno> {
     let parent_name = path::parent(name).to_string();
     let parent_perms = t.get(&parent_name).map(|p| p.perms.clone());
     let mut events = Vec::new();
@@ -182,7 +182,7 @@ pub(crate) fn remove_subtree<T: Tree + ?Sized>(
             continue;
         }
         t.remove(&node_name);
-        events.push(Event::removed(
+        events.push(NodeChange::removed(
             &node_name,
             node_name == name,
             node.perms,
@@ -248,7 +248,7 @@ pub(crate) fn set_perms<T: Tree + ?Sized>(
     caller: DomId,
     name: &str,
     acl: &[XsPerm],
-) -> Result<Vec<Event>, XsErrno> {
+) -> Result<Vec<NodeChange>, XsErrno> {
     if acl.is_empty() {
         return Err(XsErrno::Einval);
     }
@@ -262,7 +262,7 @@ pub(crate) fn set_perms<T: Tree + ?Sized>(
     }
     let before = std::mem::replace(&mut node.perms, acl.to_vec());
     t.put(name, node);
-    let mut event = Event::changed(name);
+    let mut event = NodeChange::changed(name);
     event.captured.push(before);
     Ok(vec![event])
 }
@@ -302,7 +302,7 @@ mod tests {
     fn write_creates_parents_and_reads_back() {
         let mut s = store();
         let ev = write(&mut s, 0, &LIMITS, "/a/b/c", b"v").unwrap();
-        assert_eq!(ev, vec![Event::changed("/a/b/c")]);
+        assert_eq!(ev, vec![NodeChange::changed("/a/b/c")]);
         assert_eq!(read(&mut s, 0, "/a/b/c").unwrap(), b"v");
         assert_eq!(read(&mut s, 0, "/a/b").unwrap(), b"");
         assert_eq!(

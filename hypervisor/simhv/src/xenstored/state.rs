@@ -12,7 +12,7 @@ use super::conn::{ConnId, ConnIo, Outstanding};
 use super::ops;
 use super::path;
 use super::store::{Store, Transaction, Tree};
-use super::watch::{Event, Watch};
+use super::watch::{NodeChange, Watch};
 
 /// A connection as the database sees it.
 pub(crate) struct ConnEntry {
@@ -54,7 +54,7 @@ pub(crate) struct ListenerEntry {
     pub stop: Arc<EventFd>,
 }
 
-pub(crate) struct State {
+pub(crate) struct XenstoredState {
     pub store: Store,
     pub conns: HashMap<ConnId, ConnEntry>,
     pub introduced: BTreeSet<DomId>,
@@ -62,9 +62,9 @@ pub(crate) struct State {
     pub shut_down: bool,
 }
 
-impl State {
-    pub fn new() -> State {
-        State {
+impl XenstoredState {
+    pub fn new() -> XenstoredState {
+        XenstoredState {
             store: Store::new(),
             conns: HashMap::new(),
             introduced: BTreeSet::from([DOM0]),
@@ -75,7 +75,7 @@ impl State {
 
     /// Deliver `events` to every watch that matches and whose connection's domain may
     /// see them.
-    pub fn fire(&self, events: &[Event]) {
+    pub fn fire(&self, events: &[NodeChange]) {
         for event in events {
             let special = event.path.starts_with('@');
             for conn in self.conns.values() {
@@ -130,7 +130,7 @@ impl State {
         }
         if domid != DOM0 && self.introduced.insert(domid) {
             tracing::info!(domid, "domain introduced");
-            self.fire(&[Event::special(INTRODUCE_DOMAIN)]);
+            self.fire(&[NodeChange::special(INTRODUCE_DOMAIN)]);
         }
     }
 
@@ -174,11 +174,11 @@ impl State {
             removed = events.len(),
             "domain released"
         );
-        self.fire(&[Event::special(RELEASE_DOMAIN)]);
+        self.fire(&[NodeChange::special(RELEASE_DOMAIN)]);
     }
 
     /// Remove every subtree whose top node `domid` owns.
-    fn remove_owned(&mut self, domid: DomId) -> Vec<Event> {
+    fn remove_owned(&mut self, domid: DomId) -> Vec<NodeChange> {
         let mut events = Vec::new();
         let mut stack = vec!["/".to_string()];
         let mut doomed = Vec::new();

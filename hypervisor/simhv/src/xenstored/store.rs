@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use xmx_hv::xs::wire::{XsErrno, DOMID_ANY, INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, XsAccess, XsPerm, DOM0};
 
-use super::watch::Event;
+use super::watch::NodeChange;
 
 /// One node: a value, an ordered child list, and a permission list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +164,7 @@ pub(crate) struct Transaction {
     staged: HashMap<String, Option<Node>>,
     owned_delta: HashMap<DomId, isize>,
     /// Watch events to fire if the transaction commits.
-    pub events: Vec<Event>,
+    pub events: Vec<NodeChange>,
 }
 
 impl Transaction {
@@ -175,7 +175,7 @@ impl Transaction {
 
     /// Apply the staged changes if nothing they depend on changed since; returns the
     /// watch events to fire. `Err(EAGAIN)` leaves the database untouched.
-    pub fn commit(self, store: &mut Store) -> Result<Vec<Event>, XsErrno> {
+    pub fn commit(self, store: &mut Store) -> Result<Vec<NodeChange>, XsErrno> {
         if let Some((path, _)) = self
             .seen
             .iter()

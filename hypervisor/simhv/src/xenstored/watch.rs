@@ -1,6 +1,6 @@
 //! Watches and the events that fire them.
 
-use xmx_hv::xs::wire::{self, Frame, MsgType};
+use xmx_hv::xs::wire::{self, MsgType, XsFrame};
 use xmx_hv::{DomId, XsPerm};
 
 use super::path;
@@ -28,7 +28,7 @@ pub(crate) enum Reach {
 
 /// Something changed at `path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Event {
+pub(crate) struct NodeChange {
     pub path: String,
     pub reach: Reach,
     /// Permission lists captured when the change happened (a removed node and its
@@ -39,10 +39,10 @@ pub(crate) struct Event {
     pub check_current: bool,
 }
 
-impl Event {
+impl NodeChange {
     /// A node was created or changed; permissions are looked up at firing time.
-    pub fn changed(path: &str) -> Event {
-        Event {
+    pub fn changed(path: &str) -> NodeChange {
+        NodeChange {
             path: path.to_string(),
             reach: Reach::Subtree,
             captured: Vec::new(),
@@ -56,10 +56,10 @@ impl Event {
         root: bool,
         node_perms: Vec<XsPerm>,
         parent_perms: Option<Vec<XsPerm>>,
-    ) -> Event {
+    ) -> NodeChange {
         let mut captured = vec![node_perms];
         captured.extend(parent_perms);
-        Event {
+        NodeChange {
             path: path.to_string(),
             reach: if root { Reach::Subtree } else { Reach::Exact },
             captured,
@@ -68,8 +68,8 @@ impl Event {
     }
 
     /// One of the `@special` events.
-    pub fn special(name: &str) -> Event {
-        Event {
+    pub fn special(name: &str) -> NodeChange {
+        NodeChange {
             path: name.to_string(),
             reach: Reach::Exact,
             captured: Vec::new(),
@@ -103,7 +103,7 @@ impl Event {
 
 impl Watch {
     /// Whether this watch fires for `event`.
-    pub fn matches(&self, event: &Event) -> bool {
+    pub fn matches(&self, event: &NodeChange) -> bool {
         match event.reach {
             Reach::Exact => event.path == self.path,
             Reach::Subtree => path::is_child(&event.path, &self.path),
@@ -121,7 +121,7 @@ impl Watch {
     /// The encoded `XS_WATCH_EVENT` for `event_path`, or `None` if it cannot fit.
     pub fn event_frame(&self, event_path: &str) -> Option<Vec<u8>> {
         let payload = wire::join_strings(&[self.reported(event_path), &self.token]);
-        Frame::new(MsgType::WatchEvent, 0, 0, payload)
+        XsFrame::new(MsgType::WatchEvent, 0, 0, payload)
             .ok()
             .map(|f| f.encode())
     }
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn subtree_events_reach_ancestor_watches() {
-        let e = Event::changed("/a/b/c");
+        let e = NodeChange::changed("/a/b/c");
         assert!(w("/a", 0).matches(&e));
         assert!(w("/a/b/c", 0).matches(&e));
         assert!(w("/", 0).matches(&e));
@@ -153,10 +153,10 @@ mod tests {
 
     #[test]
     fn exact_events_reach_only_their_path() {
-        let e = Event::removed("/a/b", false, vec![], None);
+        let e = NodeChange::removed("/a/b", false, vec![], None);
         assert!(w("/a/b", 0).matches(&e));
         assert!(!w("/a", 0).matches(&e));
-        let s = Event::special("@releaseDomain");
+        let s = NodeChange::special("@releaseDomain");
         assert!(w("@releaseDomain", 0).matches(&s));
         assert!(!w("/", 0).matches(&s));
     }
@@ -166,7 +166,7 @@ mod tests {
         let watch = w("/local/domain/5/dev", "/local/domain/5/".len());
         assert_eq!(watch.reported("/local/domain/5/dev/x"), "dev/x");
         let frame = watch.event_frame("/local/domain/5/dev/x").unwrap();
-        let parsed = Frame::parse(&frame).unwrap();
+        let parsed = XsFrame::parse(&frame).unwrap();
         assert_eq!(parsed.kind(), Some(MsgType::WatchEvent));
         assert_eq!(parsed.header.req_id, 0);
         assert_eq!(parsed.payload, b"dev/x\0tok\0");
@@ -181,11 +181,11 @@ mod tests {
         }];
         store.put("/local/domain/5", Node::new(guest_only.clone()));
         store.put("/local/domain/5/x", Node::new(guest_only.clone()));
-        let e = Event::changed("/local/domain/5/x");
+        let e = NodeChange::changed("/local/domain/5/x");
         assert!(e.visible_to(0, &store));
         assert!(e.visible_to(5, &store));
         assert!(!e.visible_to(6, &store));
-        let gone = Event::removed(
+        let gone = NodeChange::removed(
             "/local/domain/5/x",
             true,
             guest_only.clone(),
@@ -193,9 +193,9 @@ mod tests {
         );
         assert!(gone.visible_to(5, &store));
         assert!(!gone.visible_to(6, &store));
-        let rel = Event::special("@releaseDomain");
+        let rel = NodeChange::special("@releaseDomain");
         assert!(rel.visible_to(6, &store));
-        let intro = Event::special("@introduceDomain");
+        let intro = NodeChange::special("@introduceDomain");
         assert!(!intro.visible_to(6, &store));
         assert!(intro.visible_to(0, &store));
     }

@@ -4,7 +4,7 @@
 use xmx_hv::DomId;
 
 /// A simulated host in a temporary directory.
-pub use xmx_simkit::SimHost as Host;
+pub use xmx_simkit::SimHost;
 
 /// Bytes of `slice` as a slice (for mapped memory).
 ///
@@ -29,7 +29,7 @@ pub fn is_role(role: &str) -> bool {
 /// attached (through `xmx_hv::platform::from_env`) as `domid` of `host`.
 pub fn spawn_role(
     role: &str,
-    host: &Host,
+    host: &SimHost,
     domid: DomId,
     extra: &[(&str, String)],
 ) -> std::process::Child {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xmx_hv::xs::wire::{self, Frame};
+use xmx_hv::xs::wire::{self, XsFrame};
 use xmx_hv::xs::XsClient;
 use xmx_hv::DomId;
-use xmx_simhv::xenstored::{Quotas, Xenstored};
+use xmx_simhv::xenstored::{XenstoreQuotas, Xenstored};
 
 /// The guests every harness introduces.
 pub const GUESTS: [DomId; 2] = [1, 2];
@@ -24,10 +24,10 @@ pub struct Harness {
 
 impl Harness {
     pub fn start() -> Harness {
-        Harness::with_quotas(Quotas::default())
+        Harness::with_quotas(XenstoreQuotas::default())
     }
 
-    pub fn with_quotas(quotas: Quotas) -> Harness {
+    pub fn with_quotas(quotas: XenstoreQuotas) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let xs = Xenstored::new(quotas);
         let mut accept_threads = Vec::new();
@@ -85,9 +85,9 @@ impl Drop for Harness {
 }
 
 /// Send one raw request and read frames until the reply to `req_id` (events skipped).
-pub fn raw_request(s: &mut UnixStream, ty: u32, req_id: u32, tx: u32, payload: &[u8]) -> Frame {
+pub fn raw_request(s: &mut UnixStream, ty: u32, req_id: u32, tx: u32, payload: &[u8]) -> XsFrame {
     use std::io::Write;
-    let f = Frame::with_raw_type(ty, req_id, tx, payload.to_vec()).unwrap();
+    let f = XsFrame::with_raw_type(ty, req_id, tx, payload.to_vec()).unwrap();
     s.write_all(&f.encode()).unwrap();
     loop {
         let r = wire::read_frame(s)

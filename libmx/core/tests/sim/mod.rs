@@ -44,16 +44,16 @@ impl Rng {
 
 /// What the channel does to frames.
 #[derive(Clone, Debug)]
-pub struct Channel {
+pub struct SimChannel {
     pub loss: f64,
     pub dup: f64,
     pub delay_min: Duration,
     pub delay_max: Duration,
 }
 
-impl Channel {
+impl SimChannel {
     pub fn perfect() -> Self {
-        Channel {
+        SimChannel {
             loss: 0.0,
             dup: 0.0,
             delay_min: Duration::from_micros(10),
@@ -62,7 +62,7 @@ impl Channel {
     }
 
     pub fn lossy(loss: f64, dup: f64, jitter: Duration) -> Self {
-        Channel {
+        SimChannel {
             loss,
             dup,
             delay_min: Duration::from_micros(10),
@@ -72,7 +72,7 @@ impl Channel {
 }
 
 /// One endpoint in the simulation and what it reported.
-pub struct Node {
+pub struct SimNode {
     pub host: u16,
     pub ep: Endpoint,
     pub events: Vec<Event>,
@@ -84,7 +84,7 @@ pub struct Node {
     pub closed: Option<Duration>,
 }
 
-impl Node {
+impl SimNode {
     /// Whether the port is closed for good at `now`.
     fn port_closed(&self, now: Instant) -> bool {
         self.closed
@@ -92,7 +92,7 @@ impl Node {
     }
 }
 
-impl Node {
+impl SimNode {
     pub fn addr(&self) -> PeerAddr {
         PeerAddr::new(self.host, self.ep.index())
     }
@@ -118,9 +118,9 @@ struct InFlight {
 /// The simulation.
 pub struct Sim {
     pub now: Instant,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<SimNode>,
     pub rng: Rng,
-    pub channel: Channel,
+    pub channel: SimChannel,
     /// Drop every frame from now on.
     pub blackhole: bool,
     /// Arrival time and tie-break sequence -> frame.
@@ -142,7 +142,7 @@ pub struct Sim {
 }
 
 impl Sim {
-    pub fn new(seed: u64, channel: Channel) -> Self {
+    pub fn new(seed: u64, channel: SimChannel) -> Self {
         Sim {
             now: Instant::ZERO,
             nodes: Vec::new(),
@@ -163,7 +163,7 @@ impl Sim {
 
     /// Adds an endpoint on host `host`; returns its node index.
     pub fn add(&mut self, host: u16, ep: Endpoint) -> usize {
-        self.nodes.push(Node {
+        self.nodes.push(SimNode {
             host,
             ep,
             events: Vec::new(),

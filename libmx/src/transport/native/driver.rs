@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::wire::take_socket_error;
-use super::Shared;
+use super::NativeShared;
 
 /// An eventfd that wakes the driver.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ fn wait(wire: Option<RawFd>, wake: RawFd, timeout: Option<Duration>) -> (libc::c
 }
 
 /// The driver thread's body; returns when the transport stops.
-pub(super) fn run(shared: Arc<Shared>) {
+pub(super) fn run(shared: Arc<NativeShared>) {
     let wire_fd = shared.wire_fd;
     let spin = shared.config.nic_spin;
     let mut errors = 0u64;
@@ -104,7 +104,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             let got = b.receive(clock);
             b.timers(clock.now());
             // Recorded under the lock: a thread that arms an earlier timer
-            // later sees it and wakes us (see `Shared::run`).
+            // later sees it and wakes us (see `NativeShared::run`).
             let timer = b.next_timer();
             b.driver_wake = timer;
             let driven = b
@@ -149,7 +149,7 @@ pub(super) fn run(shared: Arc<Shared>) {
 }
 
 /// Polls the link for up to `spin`; true if frames came (and were taken in).
-fn spin_for_more(shared: &Shared, spin: Duration) -> bool {
+fn spin_for_more(shared: &NativeShared, spin: Duration) -> bool {
     let until = Instant::now() + spin;
     while Instant::now() < until {
         if shared.stop.load(Ordering::SeqCst) {

@@ -41,7 +41,7 @@ use xmx_mx::Config;
 use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::mxoe::Mac;
 
-use super::{BoardInfo, OpenError, Port, RawPort, Transport};
+use super::{BoardInfo, OpenError, RawPort, Transport, TransportPort};
 use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
@@ -177,7 +177,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What the transport, its ports and the driver thread share.
-pub(crate) struct Shared {
+pub(crate) struct NativeShared {
     board: Mutex<Board>,
     view: Arc<PeerView>,
     hostname: RwLock<String>,
@@ -191,7 +191,7 @@ pub(crate) struct Shared {
     config: NativeConfig,
 }
 
-impl Shared {
+impl NativeShared {
     /// Runs `f` on the board, pumps the engine, and rings the doorbells of
     /// the endpoints that got something once the lock is released (rung
     /// under the lock, a woken thread would run straight into it).
@@ -207,7 +207,7 @@ impl Shared {
         r
     }
 
-    /// As [`Shared::run`] if nobody holds the board, else `None`; `inbox`'s
+    /// As [`NativeShared::run`] if nobody holds the board, else `None`; `inbox`'s
     /// endpoint gets its frames there (see [`Inbox`]).
     fn try_run<T>(
         &self,
@@ -256,7 +256,7 @@ impl Shared {
 
 /// The native board of this process. See the module documentation.
 pub(crate) struct Native {
-    shared: Arc<Shared>,
+    shared: Arc<NativeShared>,
     driver: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -297,7 +297,7 @@ impl Native {
             view.clone(),
         )?;
         let wire_fd = board.wire_fd();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(NativeShared {
             board: Mutex::new(board),
             view,
             hostname: RwLock::new(config.hostname.clone()),
@@ -479,7 +479,7 @@ impl Transport for Native {
         endpoint: Option<u8>,
         doorbell: Arc<Doorbell>,
         rcache: bool,
-    ) -> Result<Box<dyn Port>, OpenError> {
+    ) -> Result<Box<dyn TransportPort>, OpenError> {
         if board != 0 {
             return Err(OpenError::BoardUnknown(board));
         }

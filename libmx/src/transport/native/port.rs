@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::{Inbox, Shared};
+use super::{Inbox, NativeShared};
 use crate::doorbell::Doorbell;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
 use crate::transport::mailbox::Mailbox;
-use crate::transport::{Port, PullProgress, Regions};
+use crate::transport::{PullProgress, Regions, TransportPort};
 
 /// An open endpoint of the native board.
 ///
@@ -20,7 +20,7 @@ use crate::transport::{Port, PullProgress, Regions};
 /// and gets the endpoint's own straight into `inbox`; only what the driver
 /// thread or another endpoint's pass took in for it waits in the mailbox.
 pub(super) struct NativePort {
-    shared: Arc<Shared>,
+    shared: Arc<NativeShared>,
     index: u8,
     session: u32,
     mailbox: Arc<Mailbox>,
@@ -32,7 +32,7 @@ pub(super) struct NativePort {
 
 impl NativePort {
     pub(super) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<NativeShared>,
         index: u8,
         session: u32,
         mailbox: Arc<Mailbox>,
@@ -80,7 +80,7 @@ impl NativePort {
     }
 }
 
-impl Port for NativePort {
+impl TransportPort for NativePort {
     fn index(&self) -> u8 {
         self.index
     }
@@ -144,7 +144,7 @@ impl Drop for NativePort {
 /// An endpoint's LARGE buffers: registered as regions of the engine, whose
 /// memory is the application's own (see `memory`).
 pub(super) struct NativeRegions {
-    shared: Arc<Shared>,
+    shared: Arc<NativeShared>,
     index: u8,
     mailbox: Arc<Mailbox>,
 }

@@ -491,7 +491,7 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
 /// The next frame `port` receives within `limit`, if any.
 fn next_within(
     bell: &Doorbell,
-    port: &mut Box<dyn Port>,
+    port: &mut Box<dyn TransportPort>,
     limit: Duration,
 ) -> Option<Frame<Vec<u8>>> {
     let deadline = Instant::now() + limit;

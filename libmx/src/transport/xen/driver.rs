@@ -15,8 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::port::{EndpointShared, LinkRef};
-use super::windows::Daemon;
-use super::Shared;
+use super::windows::FrontdRegistrar;
+use super::XenShared;
 
 /// What a polled descriptor stands for.
 enum Source {
@@ -65,7 +65,7 @@ fn wait(fds: &[RawFd], timeout_ms: libc::c_int) -> Vec<libc::c_short> {
 /// Takes in what an endpoint's direct channels hold and, unless an
 /// application thread polls the endpoint, asks the peers to signal the next
 /// frame. Returns how many frames it took.
-fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
+fn take_in_direct(shared: &XenShared, ep: &EndpointShared, now_ns: u64) -> usize {
     let Some(hub) = shared.hub() else { return 0 };
     let mut d = ep.direct.lock().unwrap_or_else(|e| e.into_inner());
     if !d.any_open() {
@@ -88,7 +88,7 @@ fn take_in_direct(shared: &Shared, ep: &EndpointShared, now_ns: u64) -> usize {
 }
 
 /// The driver thread's body; returns when the transport stops.
-pub(super) fn run(shared: Arc<Shared>) {
+pub(super) fn run(shared: Arc<XenShared>) {
     let ready = libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -111,7 +111,7 @@ pub(super) fn run(shared: Arc<Shared>) {
         for ep in endpoints {
             let (delivered, fd) = {
                 let mut link = ep.link.lock().unwrap_or_else(|e| e.into_inner());
-                let mut reg = Daemon(&shared.client);
+                let mut reg = FrontdRegistrar(&shared.client);
                 // An application thread that polls, or will be back within
                 // its lease, takes the events in itself and arms the ring
                 // before it sleeps; arming it here would have the backend

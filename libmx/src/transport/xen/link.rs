@@ -1,6 +1,6 @@
 //! One endpoint's shared rings as the library drives them.
 //!
-//! A [`Link`] owns the endpoint's [`EndpointChannel`] and what the library
+//! A [`XenLink`] owns the endpoint's [`EndpointChannel`] and what the library
 //! keeps about requests it posted there: send-queue slots of MEDIUM messages
 //! in flight, LARGE windows lent to peers, pulls in progress. It sits behind
 //! a mutex shared by the application threads (which post requests and may
@@ -65,7 +65,7 @@ enum PullPost {
     Failed,
 }
 
-/// How [`Link::remap`] took a re-opened endpoint.
+/// How [`XenLink::remap`] took a re-opened endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Remapped {
     /// In its session: it goes on where it was.
@@ -77,7 +77,7 @@ pub(crate) enum Remapped {
 }
 
 /// An endpoint's rings and requests; see the module documentation.
-pub(crate) struct Link {
+pub(crate) struct XenLink {
     channel: Option<EndpointChannel>,
     index: u8,
     /// The session the protocol core was opened with.
@@ -127,17 +127,17 @@ pub(crate) struct OwnGrants {
 /// How long a registration waits for the backend's answer.
 const REGISTER_WAIT: Duration = Duration::from_secs(5);
 
-impl Link {
+impl XenLink {
     /// The link of an opened endpoint. `max_regions` is the backend's limit of
     /// regions per endpoint; `rcache` keeps windows registered across messages.
-    pub(crate) fn new(mut channel: EndpointChannel, max_regions: u32, rcache: bool) -> Link {
+    pub(crate) fn new(mut channel: EndpointChannel, max_regions: u32, rcache: bool) -> XenLink {
         let index = channel.endpoint();
         // A fresh ring: every slot is free.
         let ring_slots = channel.free_send_slots().unwrap_or(0);
         let session = channel.session_id();
         let slots = SendSlots::new(channel.geometry().send_queue);
         let max_regions = (max_regions as usize).min(256);
-        Link {
+        XenLink {
             channel: Some(channel),
             index,
             session,

@@ -21,7 +21,7 @@
 //! Only registering a window goes through the daemon, and with `MX_RCACHE=1`
 //! only on a registration-cache miss; with the cache off, a link grants its
 //! windows itself and registers them on its send ring
-//! ([`Link::register_with_own_grants`], `XMX_OWN_GRANTS`). The peer table is the guest's view that
+//! ([`XenLink::register_with_own_grants`], `XMX_OWN_GRANTS`). The peer table is the guest's view that
 //! the toolstack publishes in xenstore ([`peers`]).
 //!
 //! When the backend goes away and comes back (restart, suspend and resume),
@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_frontend::frontd::proto::{default_socket_path, SOCKET_ENV};
-use xmx_frontend::frontd::{BoardInfo as DaemonBoard, FrontdClient, Notice};
+use xmx_frontend::frontd::{FrontdBoardInfo, FrontdClient, Notice};
 use xmx_frontend::Error as FrontError;
 use xmx_hv::Xenstore;
 use xmx_mx::Config;
@@ -64,7 +64,7 @@ use xmx_wire::msg::CtrlStatus;
 use xmx_wire::mxoe::Mac;
 
 use super::native::board_name;
-use super::{BoardInfo, OpenError, Port, RawPort, Transport};
+use super::{BoardInfo, OpenError, RawPort, Transport, TransportPort};
 use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
@@ -73,10 +73,10 @@ use port::LinkRef;
 pub(crate) use port::XenPort;
 
 use crate::transport::mailbox::Mailbox;
-use link::Link;
+use link::XenLink;
 use peers::PeerView;
 use port::EndpointShared;
-use windows::Daemon;
+use windows::FrontdRegistrar;
 
 /// Default delay of an explicit ack: the native transport's (Open-MX's), for
 /// the same reason: replies carry the acks.
@@ -187,14 +187,14 @@ fn attached<'a>(
 }
 
 /// What the transport, its ports and the driver thread share.
-pub(crate) struct Shared {
+pub(crate) struct XenShared {
     client: Mutex<FrontdClient>,
     client_fd: RawFd,
     daemon_gone: AtomicBool,
-    board: DaemonBoard,
+    board: FrontdBoardInfo,
     view: PeerView,
     /// The peer view's directory and the connection watching it; both change when the
-    /// domain moves to another host (a simulated migration, see [`Shared::follow_move`]).
+    /// domain moves to another host (a simulated migration, see [`XenShared::follow_move`]).
     view_dir: Mutex<String>,
     xs: Mutex<Option<Arc<dyn Xenstore>>>,
     /// This process's attachment to its domain, followed when the domain moves.
@@ -203,7 +203,7 @@ pub(crate) struct Shared {
     own_grants: Option<(Arc<dyn xmx_hv::GrantTable>, xmx_hv::DomId)>,
     /// The direct channels to co-located guests, unless disabled or the
     /// platform could not give them; replaced when the domain moves to another
-    /// host ([`Shared::direct_follow`]).
+    /// host ([`XenShared::direct_follow`]).
     direct: RwLock<Option<Arc<direct::Hub>>>,
     endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
     wake: EventFd,
@@ -211,7 +211,7 @@ pub(crate) struct Shared {
     config: XenConfig,
 }
 
-impl Shared {
+impl XenShared {
     /// The direct channels' hub of the host the domain is on, if any.
     fn hub(&self) -> Option<Arc<direct::Hub>> {
         self.direct
@@ -443,7 +443,7 @@ impl Shared {
         let mut link = lock(&ep.link);
         for s in orphans {
             tracing::debug!(id = ?s.id, "a direct pull goes through the backend");
-            let mut reg = Daemon(&self.client);
+            let mut reg = FrontdRegistrar(&self.client);
             let progress = link.pull(
                 &mut reg,
                 &ep.mailbox,
@@ -469,7 +469,7 @@ impl Shared {
         }
         let channel = {
             let mut link = lock(&ep.link);
-            link.flush_sends(&ep.mailbox, &mut Daemon(&self.client), CLOSE_FLUSH);
+            link.flush_sends(&ep.mailbox, &mut FrontdRegistrar(&self.client), CLOSE_FLUSH);
             link.close()
         };
         lock(&self.endpoints).remove(&ep.index);
@@ -488,7 +488,7 @@ impl Shared {
 
 /// The guest's board. See the module documentation.
 pub(crate) struct Xen {
-    shared: Arc<Shared>,
+    shared: Arc<XenShared>,
     driver: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -503,7 +503,10 @@ impl std::fmt::Debug for Xen {
 
 /// Asks the daemon for the board until the device is connected, or
 /// `timeout` passes.
-fn connected_board(client: &mut FrontdClient, timeout: Duration) -> Result<DaemonBoard, String> {
+fn connected_board(
+    client: &mut FrontdClient,
+    timeout: Duration,
+) -> Result<FrontdBoardInfo, String> {
     let deadline = Instant::now() + timeout;
     loop {
         match client.info() {
@@ -571,7 +574,7 @@ impl Xen {
         };
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| format!("eventfd: {e}"))?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(XenShared {
             client: Mutex::new(client),
             client_fd,
             daemon_gone: AtomicBool::new(false),
@@ -651,7 +654,7 @@ impl Transport for Xen {
         endpoint: Option<u8>,
         doorbell: Arc<Doorbell>,
         rcache: bool,
-    ) -> Result<Box<dyn Port>, OpenError> {
+    ) -> Result<Box<dyn TransportPort>, OpenError> {
         if board != 0 {
             return Err(OpenError::BoardUnknown(board));
         }
@@ -663,7 +666,7 @@ impl Transport for Xen {
         let opened = lock(&self.shared.client).open_endpoint(endpoint, None);
         let channel = opened.map_err(|e| open_refusal(e, endpoint))?;
         let index = channel.endpoint();
-        let mut link = Link::new(channel, self.shared.board.max_regions, rcache);
+        let mut link = XenLink::new(channel, self.shared.board.max_regions, rcache);
         if let (false, Some((gnttab, backend))) = (rcache, &self.shared.own_grants) {
             link.register_with_own_grants(gnttab.clone(), *backend);
         }

@@ -5,13 +5,13 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use xmx_mx::frame::{Message, MessageKind};
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 
-use super::link::Link;
-use super::windows::Daemon;
-use super::Shared;
+use super::link::XenLink;
+use super::windows::FrontdRegistrar;
+use super::XenShared;
 use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
 use crate::transport::mailbox::Mailbox;
-use crate::transport::{Port, PullProgress, Regions};
+use crate::transport::{PullProgress, Regions, TransportPort};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -25,7 +25,7 @@ pub(super) struct EndpointShared {
     /// Arrivals, taken without the link's lock.
     pub(crate) mailbox: Mailbox,
     /// The rings and requests.
-    pub(crate) link: Mutex<Link>,
+    pub(crate) link: Mutex<XenLink>,
     /// Its direct channels to co-located guests.
     pub(crate) direct: Mutex<super::direct::EndpointDirect>,
     /// Why the endpoint is lost for good, once it is (the daemon is gone, or
@@ -34,7 +34,7 @@ pub(super) struct EndpointShared {
 }
 
 /// The endpoint's link as its direct channels see it.
-pub(super) struct LinkRef<'a>(pub(crate) &'a Mutex<Link>);
+pub(super) struct LinkRef<'a>(pub(crate) &'a Mutex<XenLink>);
 
 impl super::direct::LinkAccess for LinkRef<'_> {
     fn observe(&mut self, frame: &Frame<Vec<u8>>) {
@@ -55,7 +55,7 @@ impl super::direct::LinkAccess for LinkRef<'_> {
 
 /// An open endpoint of a guest.
 pub(crate) struct XenPort {
-    shared: Arc<Shared>,
+    shared: Arc<XenShared>,
     ep: Arc<EndpointShared>,
     session: u32,
     outgoing: Outgoing,
@@ -63,7 +63,7 @@ pub(crate) struct XenPort {
 }
 
 impl XenPort {
-    pub(super) fn new(shared: Arc<Shared>, ep: Arc<EndpointShared>) -> XenPort {
+    pub(super) fn new(shared: Arc<XenShared>, ep: Arc<EndpointShared>) -> XenPort {
         let session = lock(&ep.link).session();
         let regions = Arc::new(XenRegions {
             shared: shared.clone(),
@@ -79,7 +79,7 @@ impl XenPort {
     }
 }
 
-impl Port for XenPort {
+impl TransportPort for XenPort {
     fn describe(&self) -> String {
         let mut out = match self.ep.link.try_lock() {
             Ok(link) => link.describe(),
@@ -117,7 +117,7 @@ impl Port for XenPort {
         match self.outgoing.convert(frame) {
             Ok(None) => {}
             Ok(Some(out)) => {
-                let mut reg = Daemon(&self.shared.client);
+                let mut reg = FrontdRegistrar(&self.shared.client);
                 lock(&self.ep.link).post(out, &self.ep.mailbox, &mut reg);
             }
             Err(e) => tracing::debug!(%e, "frame not sent"),
@@ -150,7 +150,7 @@ impl Port for XenPort {
         // the driver thread is at it already. It leaves the ring unarmed: the
         // backend need not signal a port nobody sleeps on (see before_sleep).
         let mut link = self.ep.link.try_lock().ok()?;
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         if link.take_in(&self.ep.mailbox, &mut reg) == 0 {
             return None;
         }
@@ -175,7 +175,7 @@ impl Port for XenPort {
                 return true;
             }
         }
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
 
@@ -196,24 +196,24 @@ impl Drop for XenPort {
 
 /// An endpoint's LARGE buffers: copied into and out of granted windows.
 pub(crate) struct XenRegions {
-    shared: Arc<Shared>,
+    shared: Arc<XenShared>,
     ep: Arc<EndpointShared>,
 }
 
 impl Regions for XenRegions {
     fn register(&self, data: &Segments) -> Option<RdmaWindow> {
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).register(&mut reg, data)
     }
 
     fn release(&self, window: RdmaWindow) {
         lock(&self.ep.direct).withdraw(window);
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).release(&mut reg, window);
     }
 
     fn invalidate(&self, addr: usize, len: usize) {
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).invalidate(&mut reg, addr, len);
     }
 
@@ -231,7 +231,7 @@ impl Regions for XenRegions {
                 return p;
             }
         }
-        let mut reg = Daemon(&self.shared.client);
+        let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).pull(&mut reg, &self.ep.mailbox, id, source, window, dest, length)
     }
 

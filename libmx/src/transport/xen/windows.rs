@@ -4,7 +4,7 @@
 //! documentation), so a LARGE send is copied into a window the backend pulls
 //! from, and a LARGE receive lands in a window it is then copied out of.
 //! Windows are registered through the guest daemon on a cache miss only
-//! ([`Daemon`] is the cache's registrar).
+//! ([`FrontdRegistrar`] is the cache's registrar).
 
 use std::sync::Mutex;
 
@@ -64,9 +64,9 @@ pub(crate) fn key(data: &Segments) -> (usize, usize) {
 }
 
 /// The guest daemon as the registration cache's registrar.
-pub(crate) struct Daemon<'a>(pub(crate) &'a Mutex<FrontdClient>);
+pub(crate) struct FrontdRegistrar<'a>(pub(crate) &'a Mutex<FrontdClient>);
 
-impl Registrar for Daemon<'_> {
+impl Registrar for FrontdRegistrar<'_> {
     fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
         let started = std::time::Instant::now();
         let w = self

@@ -68,7 +68,7 @@ fn padded(len: usize) -> usize {
 
 /// A record `peek` found: where its bytes are and how many.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Record {
+pub(crate) struct LaneRecord {
     pos: usize,
     /// Its length in bytes.
     pub(crate) len: usize,
@@ -286,7 +286,7 @@ impl Consumer {
 
     /// The next record, checked to lie inside what the producer published
     /// (pad records are skipped); `None` if the lane is empty.
-    pub(crate) fn peek(&mut self) -> Result<Option<Record>, Broken> {
+    pub(crate) fn peek(&mut self) -> Result<Option<LaneRecord>, Broken> {
         loop {
             let prod = self.end.word(self.end.at.prod).load(Ordering::Acquire);
             let avail = prod.wrapping_sub(self.cons) as usize;
@@ -313,7 +313,7 @@ impl Consumer {
                 return Err(Broken("record beyond the producer index"));
             }
             if kind == KIND_FRAME {
-                return Ok(Some(Record { pos, len }));
+                return Ok(Some(LaneRecord { pos, len }));
             }
             self.cons = self.cons.wrapping_add(step as u32);
             self.end
@@ -329,7 +329,7 @@ impl Consumer {
     /// `dst` must be valid for `n` bytes of writes and not overlap the lane.
     pub(crate) unsafe fn copy_out(
         &self,
-        rec: Record,
+        rec: LaneRecord,
         offset: usize,
         dst: *mut u8,
         n: usize,
@@ -348,7 +348,7 @@ impl Consumer {
 
     /// Done with `rec` (the one `peek` returned): its room goes back to the
     /// producer.
-    pub(crate) fn advance(&mut self, rec: Record) {
+    pub(crate) fn advance(&mut self, rec: LaneRecord) {
         self.cons = self.cons.wrapping_add(padded(rec.len) as u32);
         self.end
             .word(self.end.at.cons)

@@ -708,7 +708,7 @@ impl Hub {
         endpoint: u8,
         peer: PeerAddr,
         head: PullHead,
-        rec: lane::Record,
+        rec: lane::LaneRecord,
         done: &mut Vec<(RequestId, Result<(), Status>)>,
     ) {
         if head.dst_endpoint != endpoint || head.src_endpoint != peer.endpoint {
