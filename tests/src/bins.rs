@@ -59,4 +59,4 @@ pub fn cluster_programs() -> PathBuf {
 }
 
 /// The directory of the built `libmyriexpress.so`.
-pub use xmx_simkit::cprog::lib_dir;
+pub use xmx_cprog::lib_dir;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::bins::workspace;
-pub use xmx_simkit::cprog::shared_dir;
+pub use xmx_cprog::shared_dir;
 
 /// The programs only these tests use (`tests/src/c`).
 pub fn own_dir() -> PathBuf {
@@ -20,7 +20,7 @@ pub fn build(name: &str, out_dir: &Path) -> PathBuf {
     } else {
         shared_dir().join(format!("{name}.c"))
     };
-    xmx_simkit::cprog::compile(&src, &xmx_simkit::cprog::include_dir(), out_dir)
+    xmx_cprog::compile(&src, &xmx_cprog::include_dir(), out_dir)
 }
 
 /// One line of a ping-pong table: size, one-way latency, bandwidth.

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 /// Where Open-MX's own MX headers are, when the reference checkout exists.
 pub const OPEN_MX_INCLUDE: &str = "/work/ref/xen2mx/common/mx";
 
-pub use xmx_simkit::cprog::lib_dir;
+pub use xmx_cprog::lib_dir;
 
 /// The built library.
 pub fn library() -> PathBuf {
@@ -17,12 +17,12 @@ pub fn library() -> PathBuf {
 
 /// Our headers.
 pub fn our_include() -> PathBuf {
-    xmx_simkit::cprog::include_dir()
+    xmx_cprog::include_dir()
 }
 
 /// The C test programs.
 pub fn c_dir() -> PathBuf {
-    xmx_simkit::cprog::shared_dir()
+    xmx_cprog::shared_dir()
 }
 
 /// A scratch directory for binaries, kept for the test's duration.
@@ -33,7 +33,7 @@ pub fn scratch() -> tempfile::TempDir {
 /// Compiles `tests/c/<name>.c` against the headers in `include`, linked with
 /// the built library; returns the binary.
 pub fn build(name: &str, include: &Path, out_dir: &Path) -> PathBuf {
-    xmx_simkit::cprog::compile(&c_dir().join(format!("{name}.c")), include, out_dir)
+    xmx_cprog::compile(&c_dir().join(format!("{name}.c")), include, out_dir)
 }
 
 /// Runs a built program on the loopback transport, with a watchdog.

@@ -1,13 +1,10 @@
 //! xmx-simkit: what the integration tests of the hypervisor, backend, frontend, guest and
 //! dom0 crates share: a simulated host ([`SimHost`], an in-process simhv in a temporary
 //! directory), bounded waits ([`eventually`], [`wait_removed`]), the guest MACs the
-//! tests give ([`guest_mac`]), and the C test programs built against the library
-//! ([`cprog`]). Each crate's test helpers wrap a [`SimHost`] with what only
+//! tests give ([`guest_mac`]). Each crate's test helpers wrap a [`SimHost`] with what only
 //! they need (a backend thread, a fake guest, a daemon process).
 //!
 //! Test code: a failed set-up or an expired wait panics with what it waited for.
-
-pub mod cprog;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

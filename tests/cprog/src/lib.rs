@@ -1,5 +1,7 @@
-//! The project's C test programs, compiled against its MX headers and linked with the built
-//! `libmyriexpress.so`: one compiler invocation for every crate whose tests run them.
+//! xmx-cprog: the project's C test programs, compiled against its MX headers and linked
+//! with the built `libmyriexpress.so`: one compiler invocation for every crate whose tests
+//! run them (the library's own, and the cross-crate ones). It depends on nothing, so the
+//! library's tests take it without pulling in a daemon crate.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,7 +28,7 @@ pub fn lib_dir() -> PathBuf {
 pub fn shared_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("tests/simkit has a parent")
+        .expect("tests/cprog has a parent")
         .join("c")
 }
 
@@ -35,7 +37,7 @@ pub fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
-        .expect("the workspace holds tests/simkit")
+        .expect("the workspace holds tests/cprog")
         .join("libmx")
         .join("include")
 }
