@@ -51,6 +51,10 @@ scenario_dom0() {
         xmx_summary "pair-1 pass g1=$g1 g2=$g2"
     else
         xmx_summary "pair-1 fail"
+        # What the guests said, now: the end of the scenario may not come before its
+        # deadline once a job has used up its time.
+        xmx_dump_guest_console g1
+        xmx_dump_guest_console g2
         rc=$XMX_FAIL
     fi
 
@@ -70,6 +74,9 @@ scenario_dom0() {
             xmx_summary "pair-2 pass g1=$g1 g2=$g2 was=$g2old"
         else
             xmx_summary "pair-2 fail"
+            xmx_dump_guest_console g1
+            xmx_dump_guest_console g2
+            xmx_dump_stack_logs
             rc=$XMX_FAIL
         fi
     else
