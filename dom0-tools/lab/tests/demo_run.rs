@@ -1,6 +1,6 @@
-//! `xmx demo --json` from start to end (as root): every step ok, every figure measured and
-//! positive, the cross-cluster attempt refused with MX's status, a guest moved there and
-//! back under a checked stream, and nothing left behind.
+//! `xmx demo --json` from start to end (as root): every step ok (the migration step, which
+//! needs `--migration`, skipped), every figure measured and positive, the cross-cluster
+//! attempt refused with MX's status, and nothing left behind.
 
 mod demo_util;
 
@@ -62,7 +62,7 @@ fn the_tour_runs_to_the_end_and_leaves_nothing() {
             ("traffic", "ok"),
             ("isolation", "ok"),
             ("figures", "ok"),
-            ("migration", "ok"),
+            ("migration", "skipped"),
             ("teardown", "ok")
         ]
     );
@@ -72,7 +72,7 @@ fn the_tour_runs_to_the_end_and_leaves_nothing() {
         .lines()
         .filter(|l| l.starts_with("== ["))
         .collect();
-    assert_eq!(headings.len(), 7, "{}", end.stderr);
+    assert_eq!(headings.len(), 6, "{}", end.stderr);
     assert!(
         headings[2].starts_with("== [3/7] MX ping-pong"),
         "{headings:?}"
@@ -163,28 +163,7 @@ fn the_tour_runs_to_the_end_and_leaves_nothing() {
         end.stderr
     );
 
-    // h0/g2 went to h1 and came back, each move reported with its downtime, under a
-    // stream the programs checked (they exit non-zero on any loss, duplicate or damage);
-    // its direct channel to h0/g0 ended with the first move.
-    let mig = &doc["migration"];
-    assert_eq!(mig["guest"], "h0/g2", "{mig}");
-    assert_eq!(mig["partner"], "h0/g0", "{mig}");
-    let legs: Vec<(&str, &str)> = mig["moves"]
-        .as_array()
-        .expect("moves")
-        .iter()
-        .map(|m| (m["from"].as_str().unwrap(), m["to"].as_str().unwrap()))
-        .collect();
-    assert_eq!(legs, [("h0", "h1"), ("h1", "h0")], "{mig}");
-    for m in mig["moves"].as_array().unwrap() {
-        assert_eq!(m["guest"], "h0-g2", "{m}");
-        assert!(number(&m["downtime_ms"], "downtime") > 0.0, "{m}");
-        assert_eq!(m["sessions_carried"], 1, "{m}");
-    }
-    assert!(number(&mig["longest_gap_ms"], "gap") > 0.0, "{mig}");
-    assert!(mig["direct"]["opened"].as_u64() >= Some(1), "{mig}");
-    assert!(mig["direct"]["closed"].as_u64() >= Some(1), "{mig}");
-    assert!(end.stderr.contains("move 2: h1 -> h0"), "{}", end.stderr);
+    assert_eq!(doc["migration"], Value::Null);
 
     assert_eq!(leftovers(), Vec::<String>::new(), "left behind by the demo");
 }

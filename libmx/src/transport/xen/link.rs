@@ -57,6 +57,18 @@ struct Sink {
     held_since: Option<Instant>,
 }
 
+/// A pull asked while the link was down whose destination had no window then (the
+/// daemon registers nothing for an endpoint its device is not connected for): it gets
+/// one, and is issued, once the endpoint is re-opened ([`XenLink::remap`]).
+struct WaitingPull {
+    id: RequestId,
+    dest: Segments,
+    length: u32,
+    source: PeerAddr,
+    session: u32,
+    window: RdmaWindow,
+}
+
 /// How a pull request fared on the send ring.
 enum PullPost {
     Posted(u32),
@@ -95,6 +107,8 @@ pub(crate) struct XenLink {
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
     deferred: VecDeque<Sink>,
+    /// Pulls asked while down that could not get a window yet, in order.
+    waiting: VecDeque<WaitingPull>,
     generations: [u8; 256],
     max_send_windows: usize,
     /// Send-ring slots when nothing is in flight.
@@ -149,6 +163,7 @@ impl XenLink {
             lent_data: HashMap::new(),
             sinks: HashMap::new(),
             deferred: VecDeque::new(),
+            waiting: VecDeque::new(),
             generations: [0; 256],
             max_send_windows: max_regions.saturating_sub(PULL_RESERVE).max(1),
             ring_slots,
@@ -724,6 +739,19 @@ impl XenLink {
             return PullProgress::Done(Err(Status::EndpointUnreachable));
         };
         let Some(lease) = self.acquire(reg, windows::key(dest).0, length as usize) else {
+            if self.down {
+                // A suspend, a migration or a backend restart: the receive completes once
+                // the endpoint is back, as MX completes it once the peer is reachable.
+                self.waiting.push_back(WaitingPull {
+                    id,
+                    dest: dest.clone(),
+                    length,
+                    source,
+                    session,
+                    window,
+                });
+                return PullProgress::Started;
+            }
             return PullProgress::Done(Err(Status::NoResources));
         };
         let sink = Sink {
@@ -912,7 +940,10 @@ impl XenLink {
         self.down = false;
         let mut sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
         sinks.extend(self.deferred.drain(..));
-        for mut sink in sinks {
+        // In the order their receives took them: those that had a window, then those
+        // asked while down.
+        let mut again = VecDeque::new();
+        for sink in sinks {
             if regions_kept {
                 // The window is registered again under its id: the pull starts over into it.
                 if let Err(sink) = self.issue(sink, mailbox, client) {
@@ -922,12 +953,33 @@ impl XenLink {
                 }
                 continue;
             }
-            let (addr, len) = (windows::key(&sink.dest).0, sink.length as usize);
+            // Its window went with the backend that knew it.
+            again.push_back(WaitingPull {
+                id: sink.id,
+                dest: sink.dest,
+                length: sink.length,
+                source: sink.source,
+                session: sink.session,
+                window: sink.window,
+            });
+        }
+        again.extend(self.waiting.drain(..));
+        for w in again {
+            let (addr, len) = (windows::key(&w.dest).0, w.length as usize);
             let Some(lease) = self.acquire(client, addr, len) else {
-                mailbox.put_pulls([(sink.id, Err(Status::NoResources))]);
+                mailbox.put_pulls([(w.id, Err(Status::NoResources))]);
                 continue;
             };
-            sink.lease = lease;
+            let sink = Sink {
+                id: w.id,
+                lease,
+                dest: w.dest,
+                length: w.length,
+                source: w.source,
+                session: w.session,
+                window: w.window,
+                held_since: None,
+            };
             if let Err(sink) = self.issue(sink, mailbox, client) {
                 let (cache, mut via) = self.split(client);
                 let _ = cache.release(&mut via, sink.lease);
@@ -985,6 +1037,7 @@ impl XenLink {
         );
         self.sinks.clear();
         self.deferred.clear();
+        self.waiting.clear();
         self.lent.clear();
         self.lent_data.clear();
         self.cache.forget_endpoint(self.index);
