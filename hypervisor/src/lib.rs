@@ -368,3 +368,28 @@ pub trait Xenstore: Send + Sync {
     /// Remove every watch and open transaction of this connection.
     fn reset_watches(&self) -> Result<()>;
 }
+
+/// Times [`in_transaction`] retries a conflicting transaction before giving up.
+const TX_ATTEMPTS: usize = 16;
+
+/// Runs `body` in a xenstore transaction, again while its commit conflicts
+/// ([`Error::Again`], which any concurrent writer to the same nodes or their parent
+/// causes), at most [`TX_ATTEMPTS`] times; an error of `body` aborts it.
+pub fn in_transaction<T>(xs: &dyn Xenstore, mut body: impl FnMut(TxId) -> Result<T>) -> Result<T> {
+    for _ in 0..TX_ATTEMPTS {
+        let tx = xs.transaction_start()?;
+        let value = match body(tx) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = xs.transaction_end(tx, false);
+                return Err(e);
+            }
+        };
+        match xs.transaction_end(tx, true) {
+            Ok(()) => return Ok(value),
+            Err(Error::Again) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Again)
+}

@@ -27,9 +27,6 @@ use xmx_hv::{DomId, Error, Result, TxId, Xenstore, XsAccess, XsPerm};
 use xmx_wire::mxoe::Mac;
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
-/// Times a conflicting transaction is retried before giving up.
-const TX_ATTEMPTS: usize = 16;
-
 /// Largest quality-of-service weight: a guest's share of the host's pull budget and
 /// transmit queue is its weight over the sum of the active guests' weights.
 pub const QOS_WEIGHT_MAX: u32 = 1000;
@@ -156,25 +153,7 @@ impl DeviceSpec {
     }
 }
 
-/// Run `body` in a transaction, retrying while it conflicts.
-pub fn in_transaction<T>(xs: &dyn Xenstore, mut body: impl FnMut(TxId) -> Result<T>) -> Result<T> {
-    for _ in 0..TX_ATTEMPTS {
-        let tx = xs.transaction_start()?;
-        let value = match body(tx) {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = xs.transaction_end(tx, false);
-                return Err(e);
-            }
-        };
-        match xs.transaction_end(tx, true) {
-            Ok(()) => return Ok(value),
-            Err(Error::Again) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(Error::Again)
-}
+pub use xmx_hv::in_transaction;
 
 fn exists(xs: &dyn Xenstore, tx: TxId, path: &str) -> Result<bool> {
     match xs.read(tx, path) {

@@ -543,21 +543,18 @@ impl Hub {
             names::channel_name(endpoint, dest.endpoint)
         );
         let refs = names::format_refs(granted.refs());
-        let published = (|| {
-            let tx = self.xs.transaction_start()?;
-            let res = (|| {
-                if self.xs.read(tx, &dir).is_ok() {
-                    self.xs.rm(tx, &dir)?;
-                }
-                self.xs.write(tx, &format!("{dir}/refs"), refs.as_bytes())?;
-                self.xs
-                    .write(tx, &format!("{dir}/port"), port.to_string().as_bytes())?;
-                self.xs.write(tx, &format!("{dir}/state"), b"offered")
-            })();
-            let commit = res.is_ok();
-            self.xs.transaction_end(tx, commit)?;
-            res
-        })();
+        // Again while it conflicts: the other channels of the pair (their creation, their
+        // end) write beside it, and a channel not offered now is not offered again
+        // before the offers change.
+        let published = xmx_hv::in_transaction(self.xs.as_ref(), |tx| {
+            if self.xs.read(tx, &dir).is_ok() {
+                self.xs.rm(tx, &dir)?;
+            }
+            self.xs.write(tx, &format!("{dir}/refs"), refs.as_bytes())?;
+            self.xs
+                .write(tx, &format!("{dir}/port"), port.to_string().as_bytes())?;
+            self.xs.write(tx, &format!("{dir}/state"), b"offered")
+        });
         if let Err(e) = published {
             let _ = self.evtchn.close(port);
             return Err(e);
