@@ -172,11 +172,10 @@ fn only_mxoe_frames_are_received() {
     assert_eq!(b.send_batch([&ipv4, &arp, &other, &mxoe]).unwrap(), 4);
     let got = recv_frames(&mut a, 1);
     assert_same_frames(&got, &[mxoe]);
-    // All four reached the interface; the socket saw one.
-    assert_eq!(
-        iface_counter(&pair.ns_a, &pair.if_a, "rx_packets") - rx_before,
-        4
-    );
+    // All four reached the interface (with whatever the kernel sent on the fresh link
+    // meanwhile, IPv6 neighbour discovery say: seen once in a soak); the socket saw one.
+    let reached = iface_counter(&pair.ns_a, &pair.if_a, "rx_packets") - rx_before;
+    assert!(reached >= 4, "{reached} frames reached the interface");
     assert_eq!(
         a.recv(|f| panic!("unexpected frame of {} bytes", f.len())),
         0
