@@ -11,7 +11,7 @@ use xmx_tools::xmxd::control::{GuestStatus, PeersReport, XmxdRequest};
 use xmx_tools::xmxd::names;
 use xmx_tools::xmxd::xsnodes;
 use xmx_wire::xenbus::{self, keys};
-use xmxd_util::{children, eventually, read, wait_node, MinimalFrontend, XmxdHost};
+use xmxd_util::{children, eventually, read, wait_node, MinimalFrontend, XmxdHost, WAIT};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -170,6 +170,48 @@ fn a_flagged_domain_gets_its_device_and_a_destroyed_one_leaves_nothing() {
     host.wait("vm1 back in the table", |c| c.table().peers.len() == 1);
     let table = peers(&host);
     assert_eq!((table.peers[0].index, table.peers[0].mac), (0, mac));
+}
+
+#[test]
+fn a_domid_reused_before_xmxd_sees_the_destroy_gets_a_device_of_its_own() {
+    let mut host = XmxdHost::start("h0");
+    host.start_xmxd(None, INTERVAL);
+    let xs = host.dom0_xs();
+    let d = host.create("vm1");
+    xs.write(XBT_NULL, &xsnodes::wish_path(DOM0, d), b"")
+        .unwrap();
+    host.wait("vm1 attached", |c| c.is_attached(d));
+    let fdir = xenbus::frontend_dir(d, 0);
+    wait_node(xs.as_ref(), &fdir, |v| v.is_some());
+
+    // Destroyed and created again under the same name while xmxd is held: the new domain
+    // gets the freed domid and xmxd sees both changes at once, as after a busy moment.
+    let mut d2 = None;
+    host.xmxd().wait_until(WAIT, |_| {
+        host.destroy(d);
+        d2 = Some(host.create("vm1"));
+        true
+    });
+    let d2 = d2.unwrap();
+    assert_eq!(
+        d2, d,
+        "the simulated toolstack gives out the lowest free domid"
+    );
+
+    // The new domain gets its own device: both halves, the guest's half in its new home.
+    wait_node(xs.as_ref(), &fdir, |v| v.is_some());
+    let bdir = backend_dir(d2);
+    assert_eq!(
+        read(xs.as_ref(), &xenbus::key_path(&bdir, keys::MAC)),
+        Some(names::guest_mac("vm1").to_string())
+    );
+    assert_eq!(
+        read(xs.as_ref(), &xenbus::key_path(&fdir, keys::BACKEND)),
+        Some(bdir)
+    );
+    let mut front = MinimalFrontend::new(&host.hv_dir(), d2);
+    front.connect();
+    host.wait("vm1 in the table", |c| c.table().peers.len() == 1);
 }
 
 #[test]

@@ -162,6 +162,12 @@ pub(crate) fn wished_domains(xs: &dyn Xenstore, toolstack: DomId) -> Result<Vec<
     }
 }
 
+/// Which instance of domain `domid` runs: libxl's `vm` path, unique per created domain
+/// (None if the toolstack wrote none).
+pub(crate) fn domain_instance(xs: &dyn Xenstore, domid: DomId) -> Result<Option<String>> {
+    Ok(read_opt(xs, &format!("/local/domain/{domid}/vm"))?.filter(|v| !v.is_empty()))
+}
+
 /// The name of domain `domid`, if written yet.
 pub(crate) fn domain_name(xs: &dyn Xenstore, domid: DomId) -> Result<Option<String>> {
     Ok(read_opt(xs, &name_path(domid))?.filter(|n| !n.is_empty()))

@@ -260,6 +260,10 @@ impl HostDomains {
             self.toolstack_write(&format!("{home}/name"), name.as_bytes())?;
             self.toolstack_write(&format!("{home}/domid"), b"0")?;
         } else {
+            // As libxl does: `vm` names this instance of the domain, so a daemon that missed
+            // a destroy can tell a new domain given a freed domid from the old one.
+            let vm = format!("/vm/{}", instance_uuid()?);
+            self.toolstack_write_identity(&format!("{home}/vm"), vm.as_bytes(), domid)?;
             self.toolstack_write_identity(&format!("{home}/name"), name.as_bytes(), domid)?;
             let id = domid.to_string();
             self.toolstack_write_identity(&format!("{home}/domid"), id.as_bytes(), domid)?;
@@ -456,6 +460,13 @@ fn shut(streams: Vec<std::os::unix::net::UnixStream>) {
     for s in streams {
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// A fresh random UUID from the kernel, for a domain instance's `vm` path.
+fn instance_uuid() -> Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/random/uuid")?
+        .trim()
+        .to_string())
 }
 
 #[cfg(test)]

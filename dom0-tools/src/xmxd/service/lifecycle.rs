@@ -38,9 +38,8 @@ impl Core {
         if !any {
             return Ok(());
         }
-        if scan {
-            self.scan_domains()?;
-        }
+        // Any event may be the first sign of a domid reused after a destroy not yet seen.
+        self.scan_domains()?;
         for id in renamed {
             let Some(d) = self.domains.get_mut(&id) else {
                 continue;
@@ -81,6 +80,9 @@ impl Core {
         for id in known {
             if !self.xs.is_domain_introduced(id)? {
                 self.release(id);
+            } else if self.recycled(id)? {
+                tracing::info!(domid = id, "domain id reused by a new domain");
+                self.release_recycled(id);
             }
         }
         for id in xsnodes::listed_domains(self.xs.as_ref())? {
@@ -94,11 +96,13 @@ impl Core {
             // A domain's name may be written after it is introduced: watch for it.
             self.xs.watch(&xsnodes::name_path(id), &token)?;
             let name = xsnodes::domain_name(self.xs.as_ref(), id)?;
-            tracing::debug!(domid = id, ?name, "domain seen");
+            let instance = xsnodes::domain_instance(self.xs.as_ref(), id)?;
+            tracing::debug!(domid = id, ?name, ?instance, "domain seen");
             self.domains.insert(
                 id,
                 Domain {
                     name,
+                    instance,
                     ..Domain::default()
                 },
             );
@@ -110,6 +114,30 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Whether the domain known as `domid` was destroyed and the id given to a new one.
+    fn recycled(&self, domid: DomId) -> Result<bool> {
+        let Some(known) = self.domains.get(&domid).and_then(|d| d.instance.as_ref()) else {
+            return Ok(false);
+        };
+        let now = xsnodes::domain_instance(self.xs.as_ref(), domid)?;
+        Ok(now.as_ref() != Some(known))
+    }
+
+    /// Forget the old holder of a reused domid as [`Self::release`] does, but keep the wish
+    /// node: it is keyed by domid and may already be the new domain's (the create hook writes
+    /// it as soon as the domain exists).
+    fn release_recycled(&mut self, domid: DomId) {
+        let wish = xsnodes::read_wish(self.xs.as_ref(), self.cfg.toolstack, domid);
+        self.release(domid);
+        if let Ok(Some(cluster)) = wish {
+            if let Err(e) =
+                xsnodes::write_wish(self.xs.as_ref(), self.cfg.toolstack, domid, &cluster)
+            {
+                tracing::warn!(domid, error = %e, "keeping the wish node");
+            }
+        }
     }
 
     /// A domain went away: its device goes (the backend unmaps what the guest shared and

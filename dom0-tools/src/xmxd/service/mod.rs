@@ -98,6 +98,9 @@ struct Attached {
 #[derive(Debug, Clone, Default)]
 struct Domain {
     name: Option<String>,
+    /// Its `vm` path when first seen: a different one under the same domid is a new domain
+    /// created after a destroy this daemon had not yet seen.
+    instance: Option<String>,
     attached: Option<Attached>,
     /// It had a wish node when last looked at: a wish that vanishes is withdrawn.
     wished: bool,

@@ -75,10 +75,9 @@ impl Core {
                 serde_json::Value::Null
             }
             XmxdRequest::Attach { domid, cluster } => {
-                if !self.domains.contains_key(&domid) {
-                    // It may have been created a moment ago: look again before refusing.
-                    self.scan_domains()?;
-                }
+                // It may have been created a moment ago, perhaps under the id of a domain
+                // whose destroy is not yet seen: look again before acting.
+                self.scan_domains()?;
                 if !self.domains.contains_key(&domid) {
                     return Err(Error::NotFound(format!("domain {domid}")));
                 }
