@@ -7,7 +7,7 @@ use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
 use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
-    QueueSlots, Rndv, Route, SendOp, SendRequest,
+    QueueSlots, RndvSend, Route, SendOp, SendRequest,
 };
 
 fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
@@ -194,7 +194,7 @@ fn a_large_message_is_pulled_between_registered_regions() {
                 endpoint: 0,
                 session_id: eb.session,
             },
-            op: SendOp::Rndv(Rndv {
+            op: SendOp::Rndv(RndvSend {
                 info: info(1, 7),
                 length: len,
                 region_id: 3,

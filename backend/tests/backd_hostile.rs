@@ -12,7 +12,7 @@ use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
 use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
-    CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, Rndv, Route,
+    CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, RndvSend, Route,
     SendOp, SendRequest, CTRL_SLOT_SIZE, SEND_SLOT_SIZE,
 };
 use xmx_wire::ring::layout;
@@ -179,7 +179,7 @@ fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
                 endpoint: 0,
                 session_id: 0,
             },
-            op: SendOp::Rndv(Rndv {
+            op: SendOp::Rndv(RndvSend {
                 info: MsgInfo::default(),
                 length: 100_000,
                 region_id: 7,

@@ -8,7 +8,7 @@ use backd_util::{counters, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEn
 use xmx_nic::testbed::VethPair;
 use xmx_wire::msg::{
     CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
-    QueueSlots, Rndv, Route, SendOp, SendRequest,
+    QueueSlots, RndvSend, Route, SendOp, SendRequest,
 };
 
 fn next_non_completion(g: &FakeGuest, ep: &mut FakeGuestEndpoint) -> EventBody {
@@ -124,7 +124,7 @@ fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
         SendRequest {
             tag: 3,
             route: to_b,
-            op: SendOp::Rndv(Rndv {
+            op: SendOp::Rndv(RndvSend {
                 info: MsgInfo::default(),
                 length: len,
                 region_id: 1,

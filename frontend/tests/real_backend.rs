@@ -11,7 +11,7 @@ use xmx_frontend::{EndpointChannel, FrontendConfig, FrontendEvent, Mode, RegionW
 use xmx_hv::{Platform, DOM0, XBT_NULL};
 use xmx_wire::msg::{
     DoneStatus, EndpointPages, Event, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
-    QueueSlots, Rndv, Route, SendOp, SendRequest,
+    QueueSlots, RndvSend, Route, SendOp, SendRequest,
 };
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
@@ -233,7 +233,7 @@ fn messages_of_every_class_cross_between_guests_through_handed_over_memory() {
     ca.send(&SendRequest {
         tag: 12,
         route: to_b,
-        op: SendOp::Rndv(Rndv {
+        op: SendOp::Rndv(RndvSend {
             info: info(3, 9),
             length: len,
             region_id: wa.region_id(),

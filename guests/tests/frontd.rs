@@ -14,8 +14,8 @@ use xmx_frontend::frontd::{FrontdClient, Notice};
 use xmx_frontend::{EndpointChannel, Error, RegionCache, Wake};
 use xmx_hv::DOM0;
 use xmx_wire::msg::{
-    DoneStatus, EndpointPages, Event, EventBody, InlineData, InlineMsg, MsgInfo, Pull, Rndv, Route,
-    SendOp, SendRequest,
+    DoneStatus, EndpointPages, Event, EventBody, InlineData, InlineMsg, MsgInfo, Pull, RndvSend,
+    Route, SendOp, SendRequest,
 };
 use xmx_wire::xenbus::XenbusState;
 
@@ -127,7 +127,7 @@ fn an_application_gets_endpoints_and_cached_regions_through_the_daemon() {
                 endpoint: 1,
                 session_id: c1.session_id(),
             },
-            op: SendOp::Rndv(Rndv {
+            op: SendOp::Rndv(RndvSend {
                 info: msg_info(2 + round as u16),
                 length: data.len() as u32,
                 region_id: src_id,

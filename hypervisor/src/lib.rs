@@ -33,8 +33,9 @@ pub use platform::{Platform, PlatformKind};
 
 /// A Xen domain id.
 pub type DomId = u16;
-/// A grant reference (index into the granting domain's grant table).
-pub type GrantRef = u32;
+/// A grant reference (index into the granting domain's grant table): the width the
+/// ring messages carry.
+pub use xmx_wire::msg::GrantRef;
 /// An event-channel port, local to the domain that holds it.
 pub type Port = u32;
 

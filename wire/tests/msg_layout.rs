@@ -583,7 +583,7 @@ fn send_rndv_and_pull() {
             (32, &[9, 4, 0, 0, 0x80, 0, 0, 0]),
         ],
     );
-    let value = Rndv {
+    let value = RndvSend {
         info: INFO,
         length: 0x10_0000,
         region_id: 9,
@@ -689,7 +689,7 @@ fn send_connect_notify_liback() {
             (24, &[9, 4]),
         ],
     );
-    let value = Notify {
+    let value = NotifySend {
         seqnum: 0x1112,
         piggyack: 0x1314,
         total_length: 0x20_0000,
@@ -715,7 +715,7 @@ fn send_connect_notify_liback() {
             (24, &[1]),
         ],
     );
-    let value = Liback {
+    let value = LibackSend {
         lib_seqnum: 0x1234,
         send_seq: 0x5678,
         acknum: 0x0403_0201,
@@ -924,7 +924,7 @@ fn recv_rndv_connect_notify_liback_events() {
             (32, &[1, 2, 0, 0, 3, 0, 0, 0]),
         ],
     );
-    let value = Rndv {
+    let value = RndvSend {
         info: INFO,
         length: 0x1_0000,
         region_id: 1,
@@ -1007,7 +1007,7 @@ fn recv_rndv_connect_notify_liback_events() {
             (24, &[2, 3]),
         ],
     );
-    let value = Notify {
+    let value = NotifySend {
         seqnum: 0x1112,
         piggyack: 0x1314,
         total_length: 1,
@@ -1034,7 +1034,7 @@ fn recv_rndv_connect_notify_liback_events() {
             (20, &[3, 0, 0, 0]),
         ],
     );
-    let value = Liback {
+    let value = LibackSend {
         lib_seqnum: 1,
         send_seq: 2,
         acknum: 3,

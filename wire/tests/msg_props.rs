@@ -28,9 +28,9 @@ fn inline(max: usize) -> impl Strategy<Value = InlineMsg> {
     })
 }
 
-fn rndv() -> impl Strategy<Value = Rndv> {
+fn rndv() -> impl Strategy<Value = RndvSend> {
     (info(), any::<u32>(), any::<u8>(), any::<u8>(), any::<u32>()).prop_map(
-        |(info, length, region_id, region_seqnum, region_offset)| Rndv {
+        |(info, length, region_id, region_seqnum, region_offset)| RndvSend {
             info,
             length,
             region_id,
@@ -62,7 +62,7 @@ fn connect_reply() -> impl Strategy<Value = RingConnectReply> {
     })
 }
 
-fn notify() -> impl Strategy<Value = Notify> {
+fn notify() -> impl Strategy<Value = NotifySend> {
     (
         any::<u16>(),
         any::<u16>(),
@@ -70,7 +70,7 @@ fn notify() -> impl Strategy<Value = Notify> {
         any::<u8>(),
         any::<u8>(),
     )
-        .prop_map(|(a, b, c, d, e)| Notify {
+        .prop_map(|(a, b, c, d, e)| NotifySend {
             seqnum: a,
             piggyack: b,
             total_length: c,
@@ -79,8 +79,8 @@ fn notify() -> impl Strategy<Value = Notify> {
         })
 }
 
-fn liback() -> impl Strategy<Value = Liback> {
-    (any::<u16>(), any::<u16>(), any::<u32>(), any::<bool>()).prop_map(|(a, b, c, d)| Liback {
+fn liback() -> impl Strategy<Value = LibackSend> {
+    (any::<u16>(), any::<u16>(), any::<u32>(), any::<bool>()).prop_map(|(a, b, c, d)| LibackSend {
         lib_seqnum: a,
         send_seq: b,
         acknum: c,

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::Duration;
 
 use xmx_wire::msg::{
-    InlineData, InlineMsg, MsgInfo, Rndv, Route, SendBack, SendFront, SendOp, SendRequest,
+    InlineData, InlineMsg, MsgInfo, RndvSend, Route, SendBack, SendFront, SendOp, SendRequest,
     SEND_SLOT_SIZE,
 };
 use xmx_wire::ring::{ring_size, SharedMem, PAGE_SIZE};
@@ -75,7 +75,7 @@ fn message(i: u32) -> SendRequest {
             info,
             data: InlineData::new(&data[..data.len().min(32)]).unwrap(),
         }),
-        _ => SendOp::Rndv(Rndv {
+        _ => SendOp::Rndv(RndvSend {
             info,
             length: i.wrapping_mul(7919),
             region_id: (i % 256) as u8,

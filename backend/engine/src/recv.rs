@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use xmx_wire::msg::{
-    medium_frags, Event, EventBody, InlineData, InlineMsg, Liback, MsgInfo, NackKind, Notify,
-    RecvMedium, RingConnectReply, RingConnectRequest, Rndv, Route, MEDIUM_FRAG_MAX,
+    medium_frags, Event, EventBody, InlineData, InlineMsg, LibackSend, MsgInfo, NackKind,
+    NotifySend, RecvMedium, RingConnectReply, RingConnectRequest, RndvSend, Route, MEDIUM_FRAG_MAX,
 };
 use xmx_wire::mxoe::{
     ConnectData, HeadPacket, HeadRepr, Mac, MsgHeader, NackLibRepr, NackType, PacketRepr, HEAD_LEN,
@@ -155,7 +155,7 @@ impl Engine {
                 let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
                     return;
                 };
-                let rndv = Rndv {
+                let rndv = RndvSend {
                     info: msg_info(&h),
                     length: r.msg_length,
                     region_id: r.pulled_rdma_id,
@@ -222,7 +222,7 @@ impl Engine {
                         return nack_lib(&mut ctx, link, from, nack, t);
                     }
                 };
-                let notify = Notify {
+                let notify = NotifySend {
                     seqnum: n.lib_seqnum,
                     piggyack: n.lib_piggyack,
                     total_length: n.total_length,
@@ -248,7 +248,7 @@ impl Engine {
                 if t.liback.session_id != t.session {
                     return link.counters.drop(DropReason::BadSession);
                 }
-                let ack = Liback {
+                let ack = LibackSend {
                     lib_seqnum: t.liback.lib_seqnum,
                     send_seq: t.liback.send_seq,
                     acknum: t.liback.acknum,

@@ -22,19 +22,6 @@ const SINK_REGION: u8 = 2;
 const REGION_HANDLE: u64 = 10;
 const BLOCK_FRAMES: u32 = 8;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-}
-
 fn mac(host: u8, n: u16) -> Mac {
     let [hi, lo] = n.to_be_bytes();
     Mac([0x02, 0x16, 0x3e, host, hi, lo])
@@ -195,7 +182,7 @@ impl Hosts {
     }
 
     /// One step chosen by `rng` among those that can move; false if none can.
-    fn step(&mut self, rng: &mut Rng, lose: &mut impl FnMut(&[u8]) -> bool) -> bool {
+    fn step(&mut self, rng: &mut fastrand::Rng, lose: &mut impl FnMut(&[u8]) -> bool) -> bool {
         let can = [
             self.a.pending_transmits() > 0,
             !self.a_to_b.is_empty(),
@@ -207,7 +194,7 @@ impl Hosts {
             return false;
         }
         let now = self.now;
-        match choices[(rng.next() % choices.len() as u64) as usize] {
+        match choices[rng.usize(0..choices.len())] {
             0 => {
                 let t = self.a.poll_transmit().unwrap();
                 self.a_to_b.push_back(t.bytes.clone());
@@ -241,7 +228,7 @@ impl Hosts {
 
     /// Run until every pull is done, firing timers when the wires are quiet.
     fn run(&mut self, seed: u64, mut lose: impl FnMut(&[u8]) -> bool) {
-        let mut rng = Rng(seed);
+        let mut rng = fastrand::Rng::with_seed(seed);
         while self.done.len() < usize::from(self.pairs) {
             if self.step(&mut rng, &mut lose) {
                 continue;
@@ -291,7 +278,7 @@ fn a_lone_guest_gets_the_whole_budget_whatever_its_weight() {
     }
     h.start_pull(3);
     assert_eq!(h.a.pull_frames_in_flight(), 128);
-    let mut rng = Rng(3);
+    let mut rng = fastrand::Rng::with_seed(3);
     while h.done.is_empty() {
         assert!(h.step(&mut rng, &mut |_| false), "the wires went quiet");
         // Every retired block is granted again at once while data is left to request.
@@ -392,7 +379,7 @@ fn weighted_guests_get_shares_of_the_budget_in_proportion() {
     // The first pull started alone and took the whole budget; shares are counted once
     // that head start has been handed back (twice the budget delivered), until the
     // heaviest guest's pull is done: all four pulled the whole time.
-    let mut rng = Rng(99);
+    let mut rng = fastrand::Rng::with_seed(99);
     let mut start: Option<HashMap<Mac, u64>> = None;
     while !h.done.contains_key(&puller(3)) {
         assert!(h.step(&mut rng, &mut |_| false), "the wires went quiet");

@@ -6,7 +6,7 @@ mod engine_util;
 use engine_util::*;
 use xmx_engine::{DropReason, EngineConfig, MemoryArea, RegionHandle};
 use xmx_wire::msg::{
-    DoneStatus, Event, EventBody, Liback, NackKind, Pull, RingConnectReply, RingConnectRequest,
+    DoneStatus, Event, EventBody, LibackSend, NackKind, Pull, RingConnectReply, RingConnectRequest,
     Route, SendOp, SendRequest,
 };
 use xmx_wire::mxoe::{ConnectData, NackType, PacketRepr, PacketType, HOST_QUERY_MAGIC};
@@ -109,7 +109,7 @@ fn acks_to_closed_endpoints_are_dropped_without_nack() {
         endpoint: 9,
         ..tb.route(3)
     };
-    let ack = Liback {
+    let ack = LibackSend {
         lib_seqnum: 4,
         send_seq: 5,
         acknum: 6,
@@ -139,7 +139,7 @@ fn acks_to_closed_endpoints_are_dropped_without_nack() {
 fn lib_acks_are_delivered() {
     let mut tb = Testbed::new();
     let route = tb.route(3);
-    let ack = Liback {
+    let ack = LibackSend {
         lib_seqnum: 4,
         send_seq: 5,
         acknum: 6,

@@ -8,8 +8,9 @@ use engine_util::*;
 use proptest::prelude::*;
 use xmx_engine::{EngineConfig, GuestId, Violation};
 use xmx_wire::msg::{
-    ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback, MediumSend, MsgInfo, Notify, Pull,
-    QueueSlots, RingConnectReply, RingConnectRequest, Rndv, Route, SendOp, SendRequest,
+    ErrorCode, Event, EventBody, InlineData, InlineMsg, LibackSend, MediumSend, MsgInfo,
+    NotifySend, Pull, QueueSlots, RingConnectReply, RingConnectRequest, RndvSend, Route, SendOp,
+    SendRequest,
 };
 use xmx_wire::mxoe::{FrameRepr, HeadRepr, PacketRepr, TinyRepr, HEAD_LEN};
 
@@ -26,7 +27,7 @@ fn medium(length: u32, slots: &[u16]) -> SendOp {
 }
 
 fn rndv(region_id: u8, region_offset: u32, length: u32) -> SendOp {
-    SendOp::Rndv(Rndv {
+    SendOp::Rndv(RndvSend {
         info: MsgInfo::default(),
         length,
         region_id,
@@ -294,7 +295,7 @@ fn op_strategy() -> impl Strategy<Value = SendOp> {
                 sendq_slots: QueueSlots::new(&slots).unwrap(),
             })),
         (info_strategy(), any::<u32>(), 0u8..4, offset_strategy()).prop_map(
-            |(info, length, region_id, region_offset)| SendOp::Rndv(Rndv {
+            |(info, length, region_id, region_offset)| SendOp::Rndv(RndvSend {
                 info,
                 length,
                 region_id,
@@ -338,7 +339,7 @@ fn op_strategy() -> impl Strategy<Value = SendOp> {
             }
         )),
         (any::<u16>(), any::<u32>(), 0u8..4).prop_map(|(seqnum, total_length, region_id)| {
-            SendOp::Notify(Notify {
+            SendOp::Notify(NotifySend {
                 seqnum,
                 piggyack: seqnum,
                 total_length,
@@ -347,7 +348,7 @@ fn op_strategy() -> impl Strategy<Value = SendOp> {
             })
         }),
         (any::<u16>(), any::<u32>(), any::<bool>()).prop_map(|(s, acknum, resent)| {
-            SendOp::Liback(Liback {
+            SendOp::Liback(LibackSend {
                 lib_seqnum: s,
                 send_seq: s,
                 acknum,

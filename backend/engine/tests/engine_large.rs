@@ -6,7 +6,9 @@ mod engine_util;
 
 use engine_util::*;
 use xmx_engine::{DropReason, EngineConfig};
-use xmx_wire::msg::{DoneStatus, Event, EventBody, Notify, Pull, Rndv, SendOp, SendRequest};
+use xmx_wire::msg::{
+    DoneStatus, Event, EventBody, NotifySend, Pull, RndvSend, SendOp, SendRequest,
+};
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, PULL_LEN, PULL_REPLY_LEN};
 
 const SENDER_REGION: u8 = 1;
@@ -41,7 +43,7 @@ impl Large {
             vec![0u8; local_offset as usize + length],
         );
 
-        let rndv = Rndv {
+        let rndv = RndvSend {
             info: info(40),
             length: length as u32,
             region_id: SENDER_REGION,
@@ -112,7 +114,7 @@ impl Large {
             "nothing written before the offset"
         );
         assert!(got[start..] == self.data[..], "received bytes differ");
-        let notify = Notify {
+        let notify = NotifySend {
             seqnum: 41,
             piggyack: 40,
             total_length: self.data.len() as u32,
@@ -246,11 +248,11 @@ fn pull_survives_random_loss() {
     for seed in [1u64, 7, 42, 1234] {
         let length = (1 << 20) + 333;
         let mut l = Large::start(EngineConfig::default(), 3, length, 64, 0);
-        let mut rng = Rng::new(seed);
+        let mut rng = fastrand::Rng::with_seed(seed);
         let mut done = None;
         for _ in 0..10_000 {
             l.tb.pump_with(|f| {
-                matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.chance(15)
+                matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.u8(0..100) < 15
             });
             done = l.pull_done();
             if done.is_some() {

@@ -6,7 +6,7 @@ mod nic_util;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use nic_util::{assert_same_frames, mxoe_frame, privileged, recv_frames, Rng};
+use nic_util::{assert_same_frames, mxoe_frame, payload_rng, privileged, recv_frames};
 use xmx_nic::testbed::relay::{Impairment, Relay, RelayStats};
 use xmx_nic::testbed::VethPair;
 use xmx_nic::{NicConfig, PacketSocket};
@@ -69,7 +69,7 @@ fn an_unimpaired_relay_passes_every_frame_in_order_both_ways() {
         return;
     }
     let mut h = relayed("rlyok", Impairment::NONE, Impairment::NONE, 1);
-    let mut rng = Rng::new(7);
+    let mut rng = payload_rng(7);
     let there: Vec<Vec<u8>> = (0..200)
         .map(|i| mxoe_frame(&h.a, &h.b, 60 + i * 7, &mut rng))
         .collect();
@@ -98,7 +98,7 @@ fn lossy_run(tag: &str, seed: u64) -> (BTreeMap<u32, usize>, RelayStats) {
         down: None,
     };
     let mut h = relayed(tag, imp, Impairment::NONE, seed);
-    let mut rng = Rng::new(3);
+    let mut rng = payload_rng(3);
     let sent: Vec<Vec<u8>> = (0..300u32)
         .map(|i| {
             let mut f = mxoe_frame(&h.a, &h.b, 100, &mut rng);

@@ -5,8 +5,8 @@ mod nic_util;
 use std::time::Duration;
 
 use nic_util::{
-    assert_same_frames, frame_with_type, iface_counter, mxoe_frame, privileged, recv_frames, Rng,
-    VethSockets,
+    assert_same_frames, frame_with_type, iface_counter, mxoe_frame, payload_rng, privileged,
+    recv_frames, VethSockets,
 };
 use xmx_nic::{NicConfig, NicError, ETHERTYPE};
 
@@ -24,7 +24,7 @@ fn frames_of_every_size_cross_byte_for_byte_in_order() {
     } = VethSockets::jumbo("sizes");
     assert_eq!(a.mtu(), 9000);
     assert_eq!(a.max_frame_len(), 9014);
-    let mut rng = Rng::new(1);
+    let mut rng = payload_rng(1);
     // Every size several times, interleaved, in both directions.
     let a_to_b: Vec<Vec<u8>> = (0..40)
         .map(|i| mxoe_frame(&a, &b, SIZES[i % 4], &mut rng))
@@ -87,7 +87,7 @@ fn batch_of_1000_frames_leaves_with_one_syscall_and_arrives_complete() {
         pair: _pair,
     } = VethSockets::new("batch", 9000, big_rings.clone(), big_rings);
     assert!(a.tx_ring_frames() >= 1000);
-    let mut rng = Rng::new(2);
+    let mut rng = payload_rng(2);
     let frames: Vec<Vec<u8>> = (0..1000)
         .map(|i| {
             let mut f = mxoe_frame(&a, &b, 60 + (i * 37) % 1455, &mut rng);
@@ -139,7 +139,7 @@ fn full_transmit_ring_is_flushed_and_reused() {
     } = VethSockets::new("txfull", 9000, small_tx, big_rx);
     let slots = a.tx_ring_frames();
     assert!(slots < 50, "{slots} slots");
-    let mut rng = Rng::new(3);
+    let mut rng = payload_rng(3);
     let frames: Vec<Vec<u8>> = (0..200)
         .map(|i| mxoe_frame(&a, &b, SIZES[i % 4], &mut rng))
         .collect();
@@ -161,7 +161,7 @@ fn only_mxoe_frames_are_received() {
         return;
     }
     let VethSockets { mut a, mut b, pair } = VethSockets::jumbo("ethertype");
-    let mut rng = Rng::new(4);
+    let mut rng = payload_rng(4);
     let rx_before = iface_counter(&pair.ns_a, &pair.if_a, "rx_packets");
     let (to, from) = (a.mac().0, b.mac().0);
     let ipv4 = frame_with_type(to, from, 0x0800, 100, &mut rng);
@@ -194,7 +194,7 @@ fn own_transmissions_do_not_come_back() {
         mut b,
         pair: _pair,
     } = VethSockets::jumbo("outgoing");
-    let mut rng = Rng::new(5);
+    let mut rng = payload_rng(5);
     let frames: Vec<Vec<u8>> = (0..50)
         .map(|i| mxoe_frame(&a, &b, SIZES[i % 4], &mut rng))
         .collect();
@@ -229,7 +229,7 @@ fn receive_closure_sees_exactly_the_frame() {
         pair: _pair,
     } = VethSockets::new("exact", 9000, NicConfig::default(), small_rx);
     let slots = b.rx_ring_frames();
-    let mut rng = Rng::new(6);
+    let mut rng = payload_rng(6);
     // Fill every slot with a full-size frame of 0xaa so leftovers would show.
     for _ in 0..2 {
         let full: Vec<Vec<u8>> = (0..slots)
@@ -287,7 +287,7 @@ fn frame_refused_after_mtu_shrinks_does_not_stall_the_ring() {
     }
     let VethSockets { mut a, mut b, pair } = VethSockets::jumbo("shrink");
     pair.set_mtu_a(4200).unwrap();
-    let mut rng = Rng::new(7);
+    let mut rng = payload_rng(7);
     let too_long = mxoe_frame(&a, &b, 9014, &mut rng);
     let fine: Vec<Vec<u8>> = (0..5).map(|_| mxoe_frame(&a, &b, 1000, &mut rng)).collect();
     // The socket still accepts the long frame (it was opened at MTU 9000); the kernel
@@ -314,7 +314,7 @@ fn frame_longer_than_a_slot_is_dropped_and_counted() {
         xmx_nic::PacketSocket::open_in_netns(&pair.ns_b, &pair.if_b, NicConfig::default()).unwrap()
     }));
     pair.set_mtu_b(9000).unwrap();
-    let mut rng = Rng::new(8);
+    let mut rng = payload_rng(8);
     let long = mxoe_frame(&a, &b, 9014, &mut rng);
     let short = mxoe_frame(&a, &b, 200, &mut rng);
     a.send_batch([&long, &short]).unwrap();

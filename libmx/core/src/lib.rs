@@ -31,8 +31,8 @@ pub mod time;
 pub use class::{MessageClass, MEDIUM_MAX, SMALL_MAX, TINY_MAX};
 pub use config::{Config, DEFAULT_RESEND_DELAY};
 pub use endpoint::{
-    Endpoint, EndpointAddr, Error, Event, InboundId, ProbeInfo, PullNeeded, RecvDone, RequestId,
-    UnexpectedArrival, CLOSE_SETTLE_MAX,
+    Endpoint, EndpointAddr, EndpointEvent, Error, InboundId, ProbeInfo, PullNeeded, RecvDone,
+    RequestId, UnexpectedArrival, CLOSE_SETTLE_MAX,
 };
 pub use frame::{Body, Frame, PeerAddr, RdmaWindow};
 pub use seqnum::Seqnum;

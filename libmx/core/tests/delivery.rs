@@ -6,13 +6,13 @@ mod sim;
 use std::time::Duration;
 
 use sim::{Sim, SimChannel};
-use xmx_mx::{Config, Endpoint, Event, Instant, RdmaWindow, RecvDone, Status};
+use xmx_mx::{Config, Endpoint, EndpointEvent, Instant, RdmaWindow, RecvDone, Status};
 
 const KEY: u32 = 0x1234_5678;
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = sim::Rng::new(seed);
-    (0..len).map(|_| r.next_u64() as u8).collect()
+    let mut r = sim::Rng::with_seed(seed);
+    (0..len).map(|_| r.u8(..)).collect()
 }
 
 fn pair(seed: u64, channel: SimChannel, config: Config) -> Sim {
@@ -27,10 +27,10 @@ fn pair(seed: u64, channel: SimChannel, config: Config) -> Sim {
 fn recvs(s: &mut Sim, node: usize) -> Vec<RecvDone> {
     s.pump();
     let mut v: Vec<RecvDone> = s.nodes[node]
-        .take_events(|e| matches!(e, Event::RecvDone(_)))
+        .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
         .into_iter()
         .filter_map(|e| match e {
-            Event::RecvDone(r) => Some(r),
+            EndpointEvent::RecvDone(r) => Some(r),
             _ => None,
         })
         .collect();
@@ -41,10 +41,10 @@ fn recvs(s: &mut Sim, node: usize) -> Vec<RecvDone> {
 fn send_statuses(s: &mut Sim, node: usize) -> Vec<(u64, Status)> {
     s.pump();
     let mut v: Vec<_> = s.nodes[node]
-        .take_events(|e| matches!(e, Event::SendDone { .. }))
+        .take_events(|e| matches!(e, EndpointEvent::SendDone { .. }))
         .into_iter()
         .filter_map(|e| match e {
-            Event::SendDone { id, status, .. } => Some((id.0, status)),
+            EndpointEvent::SendDone { id, status, .. } => Some((id.0, status)),
             _ => None,
         })
         .collect();
@@ -348,7 +348,7 @@ fn sequence_numbers_wrap() {
             s.nodes[n].take_events(|e| {
                 matches!(
                     e,
-                    Event::SendDone {
+                    EndpointEvent::SendDone {
                         status: Status::Success,
                         ..
                     }
@@ -437,13 +437,13 @@ fn large_messages_are_pulled_and_notified() {
     );
     assert_eq!(s.pulled[&(1, full.0)], big);
     assert_eq!(s.pulled[&(1, short.0)], big[..1000]);
-    let sends: Vec<Event> = s.nodes[0].take_events(|_| true);
-    assert!(sends.contains(&Event::SendDone {
+    let sends: Vec<EndpointEvent> = s.nodes[0].take_events(|_| true);
+    assert!(sends.contains(&EndpointEvent::SendDone {
         id: a,
         status: Status::Success,
         xfer_length: 100_000
     }));
-    assert!(sends.contains(&Event::SendDone {
+    assert!(sends.contains(&EndpointEvent::SendDone {
         id: b,
         status: Status::Success,
         xfer_length: 1000
@@ -556,7 +556,7 @@ fn answer_then_connect_back(s: &mut Sim, first: &[u8], replies_before: usize) {
     assert!(s.run_until(limit, |s| s.nodes[1]
         .events
         .iter()
-        .any(|e| matches!(e, Event::RecvDone(_)))));
+        .any(|e| matches!(e, EndpointEvent::RecvDone(_)))));
     let got = recvs(s, 1);
     assert_eq!(got.len(), 1);
     assert_eq!(
@@ -645,7 +645,7 @@ fn large_receive_completes_even_if_the_sender_leaves_before_acking_the_notify() 
     assert!(s.run_until(now + Duration::from_secs(60), |s| s.nodes[0]
         .events
         .iter()
-        .any(|e| matches!(e, Event::SendDone { .. }))));
+        .any(|e| matches!(e, EndpointEvent::SendDone { .. }))));
     s.blackhole = true;
     assert_eq!(send_statuses(&mut s, 0), vec![(sid.0, Status::Success)]);
     s.run_to_quiescence(s.now + Duration::from_secs(3600));
@@ -672,7 +672,7 @@ fn closing_flushes_the_acks_still_owed() {
     assert!(s.run_until(now + Duration::from_secs(1), |s| s.nodes[1]
         .events
         .iter()
-        .any(|e| matches!(e, Event::RecvDone(_)))));
+        .any(|e| matches!(e, EndpointEvent::RecvDone(_)))));
     assert!(send_statuses(&mut s, 0).is_empty(), "not acked yet");
     s.nodes[1].ep.flush_acks();
     let mut acks = Vec::new();

@@ -14,7 +14,9 @@ mod sim;
 use std::time::Duration;
 
 use sim::{Rng, Sim, SimChannel};
-use xmx_mx::{Body, Config, Endpoint, Event, Instant, RdmaWindow, RecvDone, Status, MEDIUM_MAX};
+use xmx_mx::{
+    Body, Config, Endpoint, EndpointEvent, Instant, RdmaWindow, RecvDone, Status, MEDIUM_MAX,
+};
 
 const KEY: u32 = 0x600d_f00d;
 
@@ -22,8 +24,8 @@ const KEY: u32 = 0x600d_f00d;
 const LINGER: Duration = Duration::from_millis(300);
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng::new(seed ^ 0xb17e5);
-    (0..len).map(|_| r.next_u64() as u8).collect()
+    let mut r = Rng::with_seed(seed ^ 0xb17e5);
+    (0..len).map(|_| r.u8(..)).collect()
 }
 
 /// The tunables of the impaired-link suite: short resends.
@@ -37,9 +39,9 @@ fn config() -> Config {
 /// An impaired channel drawn from `rng`: loss up to 10 %, duplicates up to
 /// 5 %, up to 10 ms of jitter (which reorders).
 fn impaired(rng: &mut Rng) -> SimChannel {
-    let loss = rng.below(11) as f64 / 100.0;
-    let dup = rng.below(6) as f64 / 100.0;
-    let jitter = Duration::from_micros(rng.below(10_001));
+    let loss = rng.u64(0..11) as f64 / 100.0;
+    let dup = rng.u64(0..6) as f64 / 100.0;
+    let jitter = Duration::from_micros(rng.u64(0..10_001));
     SimChannel::lossy(loss, dup, jitter)
 }
 
@@ -88,9 +90,9 @@ fn send(s: &mut Sim, from: usize, to: usize, tag: u64, data: &[u8]) -> u64 {
 fn take_recv(s: &mut Sim, node: usize, id: u64) -> Option<RecvDone> {
     s.pump();
     let mut done = s.nodes[node]
-        .take_events(|e| matches!(e, Event::RecvDone(r) if r.id.0 == id))
+        .take_events(|e| matches!(e, EndpointEvent::RecvDone(r) if r.id.0 == id))
         .into_iter();
-    let Some(Event::RecvDone(mut r)) = done.next() else {
+    let Some(EndpointEvent::RecvDone(mut r)) = done.next() else {
         return None;
     };
     assert!(done.next().is_none(), "receive {id} completed twice");
@@ -103,11 +105,11 @@ fn take_recv(s: &mut Sim, node: usize, id: u64) -> Option<RecvDone> {
 /// The status of send `id` on `node`, if it completed.
 fn take_send(s: &mut Sim, node: usize, id: u64) -> Option<Status> {
     s.pump();
-    let done =
-        s.nodes[node].take_events(|e| matches!(e, Event::SendDone { id: x, .. } if x.0 == id));
+    let done = s.nodes[node]
+        .take_events(|e| matches!(e, EndpointEvent::SendDone { id: x, .. } if x.0 == id));
     assert!(done.len() <= 1, "send {id} completed twice");
     done.into_iter().next().map(|e| match e {
-        Event::SendDone { status, .. } => status,
+        EndpointEvent::SendDone { status, .. } => status,
         _ => unreachable!(),
     })
 }
@@ -240,12 +242,12 @@ fn outstanding(s: &mut Sim, count: u64, what: &str) {
 /// posting some receives before the messages arrive and some after; each
 /// closes once it has everything it was sent and its own sends completed.
 fn both_ways(s: &mut Sim, seed: u64, count: u64, what: &str) {
-    let mut r = Rng::new(seed ^ 0x2a7);
-    let mut size = || match r.below(10) {
-        0..=3 => r.below(33) as usize,
-        4..=5 => r.below(129) as usize,
-        6..=8 => r.below(MEDIUM_MAX as u64 + 1) as usize,
-        _ => MEDIUM_MAX + 1 + r.below(100_000) as usize,
+    let mut r = Rng::with_seed(seed ^ 0x2a7);
+    let mut size = || match r.u64(0..10) {
+        0..=3 => r.u64(0..33) as usize,
+        4..=5 => r.u64(0..129) as usize,
+        6..=8 => r.u64(0..MEDIUM_MAX as u64 + 1) as usize,
+        _ => MEDIUM_MAX + 1 + r.u64(0..100_000) as usize,
     };
     assert_eq!(s.connect(0, 1, KEY), Status::Success, "{what}: connect");
     assert_eq!(s.connect(1, 0, KEY), Status::Success, "{what}: back");
@@ -299,10 +301,10 @@ fn settle(s: &mut Sim, what: &str) {
     let end = limit(s);
     s.run_to_quiescence(end);
     for (i, n) in s.nodes.iter().enumerate() {
-        let stray: Vec<&Event> = n
+        let stray: Vec<&EndpointEvent> = n
             .events
             .iter()
-            .filter(|e| !matches!(e, Event::PullNeeded(_)))
+            .filter(|e| !matches!(e, EndpointEvent::PullNeeded(_)))
             .collect();
         assert!(stray.is_empty(), "{what}: node {i} stray events {stray:?}");
     }
@@ -318,7 +320,7 @@ fn seeds(base: u64, count: u64) -> Vec<u64> {
 
 fn each_schedule(base: u64, count: u64, run: impl Fn(&mut Sim, &str)) {
     for seed in seeds(base, count) {
-        let mut r = Rng::new(seed);
+        let mut r = Rng::with_seed(seed);
         let channel = impaired(&mut r);
         let what = format!("seed {seed} ({channel:?})");
         let mut s = pair(seed, channel);
@@ -339,7 +341,7 @@ fn streams_on_impaired_schedules() {
 #[test]
 fn both_ways_on_impaired_schedules() {
     each_schedule(4_000, 150, |s, what| {
-        let seed = s.rng.clone().next_u64();
+        let seed = s.rng.clone().u64(..);
         both_ways(s, seed, 40, what)
     });
 }

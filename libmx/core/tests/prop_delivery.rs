@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sim::{Sim, SimChannel};
-use xmx_mx::{Config, Endpoint, Event, RdmaWindow, RecvDone, Status, MEDIUM_MAX};
+use xmx_mx::{Config, Endpoint, EndpointEvent, RdmaWindow, RecvDone, Status, MEDIUM_MAX};
 
 const KEY: u32 = 77;
 
@@ -25,8 +25,8 @@ fn size() -> impl Strategy<Value = usize> {
 }
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = sim::Rng::new(seed ^ 0x5eed);
-    (0..len).map(|_| r.next_u64() as u8).collect()
+    let mut r = sim::Rng::with_seed(seed ^ 0x5eed);
+    (0..len).map(|_| r.u8(..)).collect()
 }
 
 /// Sends message `i` from node 0 to node 1, LARGE ones by rendezvous.
@@ -57,10 +57,10 @@ type Received = (u64, u64, Vec<u8>);
 fn received(s: &mut Sim) -> (Vec<Received>, Vec<RecvDone>) {
     s.pump();
     let mut done: Vec<RecvDone> = s.nodes[1]
-        .take_events(|e| matches!(e, Event::RecvDone(_)))
+        .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
         .into_iter()
         .filter_map(|e| {
-            if let Event::RecvDone(r) = e {
+            if let EndpointEvent::RecvDone(r) = e {
                 Some(r)
             } else {
                 None
@@ -139,10 +139,10 @@ proptest! {
             prop_assert_eq!(*info, i as u64);
             prop_assert!(data == &msgs[i], "message {} bytes differ", i);
         }
-        let sends = s.nodes[0].take_events(|e| matches!(e, Event::SendDone { status: Status::Success, .. }));
+        let sends = s.nodes[0].take_events(|e| matches!(e, EndpointEvent::SendDone { status: Status::Success, .. }));
         prop_assert_eq!(sends.len(), n);
         prop_assert!(s.nodes[0].events.is_empty(), "stray events {:?}", s.nodes[0].events);
-        prop_assert!(s.nodes[1].events.iter().all(|e| matches!(e, Event::PullNeeded(_))));
+        prop_assert!(s.nodes[1].events.iter().all(|e| matches!(e, EndpointEvent::PullNeeded(_))));
         prop_assert_eq!(s.nodes[0].ep.pending_requests(), 0);
         prop_assert_eq!(s.nodes[1].ep.pending_requests(), 0);
     }
@@ -186,7 +186,7 @@ proptest! {
         let mut outcome = vec![None; n];
         for e in s.nodes[0].take_events(|_| true) {
             match e {
-                Event::SendDone { id, status, .. } => {
+                EndpointEvent::SendDone { id, status, .. } => {
                     let i = (id.0 - first_send) as usize;
                     prop_assert!(outcome[i].is_none(), "send {} completed twice", i);
                     prop_assert!(matches!(status, Status::Success | Status::Timeout), "status {:?}", status);

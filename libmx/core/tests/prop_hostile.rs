@@ -5,7 +5,9 @@ use proptest::prelude::*;
 use xmx_mx::frame::{
     ConnectReply, ConnectRequest, Liback, MediumFrag, Message, MessageKind, Nack, Notify, Rndv,
 };
-use xmx_mx::{Body, Config, Endpoint, Event, Frame, Instant, PeerAddr, RdmaWindow, Seqnum, Status};
+use xmx_mx::{
+    Body, Config, Endpoint, EndpointEvent, Frame, Instant, PeerAddr, RdmaWindow, Seqnum, Status,
+};
 
 const ME: PeerAddr = PeerAddr::new(1, 0);
 const HONEST: PeerAddr = PeerAddr::new(2, 0);
@@ -130,7 +132,7 @@ proptest! {
         let r = me.post_recv(now, 77, u64::MAX, 100).unwrap();
         let mut got = None;
         while let Some(e) = me.poll_event() {
-            if let Event::RecvDone(d) = e {
+            if let EndpointEvent::RecvDone(d) = e {
                 if d.source.peer == HONEST {
                     got = Some((d.id, d.status, d.data));
                 }

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use xmx_mx::matching::{satisfies, Matcher, Posting};
-use xmx_mx::{Config, Endpoint, Event, Instant, PeerAddr, Status};
+use xmx_mx::{Config, Endpoint, EndpointEvent, Instant, PeerAddr, Status};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -163,7 +163,7 @@ proptest! {
         a.connect(now, b_addr, 5);
         pass(&mut a, &mut b, a_addr);
         pass(&mut b, &mut a, b_addr);
-        let connected = matches!(a.poll_event(), Some(Event::Connected { status: Status::Success, .. }));
+        let connected = matches!(a.poll_event(), Some(EndpointEvent::Connected { status: Status::Success, .. }));
         prop_assert!(connected);
 
         let mut model = Model::default();
@@ -211,7 +211,7 @@ proptest! {
             // Every completion the model predicts, in order, with truncation.
             while let Some(ev) = b.poll_event() {
                 let r = match ev {
-                    Event::RecvDone(r) => r,
+                    EndpointEvent::RecvDone(r) => r,
                     other => return Err(TestCaseError::fail(format!("unexpected {other:?}"))),
                 };
                 prop_assert!(!completions.is_empty(), "completion the model did not predict");

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use xmx_mx::frame::{ConnectReply, Liback, MediumFrag, Message, MessageKind, Nack};
 use xmx_mx::{
-    Body, Config, Endpoint, Event, Frame, Instant, PeerAddr, RecvDone, RequestId, Seqnum, Status,
+    Body, Config, Endpoint, EndpointEvent, Frame, Instant, PeerAddr, RecvDone, RequestId, Seqnum,
+    Status,
 };
 
 const KEY: u32 = 42;
@@ -25,7 +26,7 @@ fn drain(ep: &mut Endpoint) -> Vec<Wire> {
     std::iter::from_fn(|| ep.poll_transmit()).collect()
 }
 
-fn events(ep: &mut Endpoint) -> Vec<Event> {
+fn events(ep: &mut Endpoint) -> Vec<EndpointEvent> {
     std::iter::from_fn(|| ep.poll_event()).collect()
 }
 
@@ -38,10 +39,10 @@ fn deliver(to: &mut Endpoint, now: Instant, from: PeerAddr, frames: &[Wire]) {
     }
 }
 
-fn recv_done(e: &[Event]) -> Vec<&RecvDone> {
+fn recv_done(e: &[EndpointEvent]) -> Vec<&RecvDone> {
     e.iter()
         .filter_map(|e| match e {
-            Event::RecvDone(r) => Some(r),
+            EndpointEvent::RecvDone(r) => Some(r),
             _ => None,
         })
         .collect()
@@ -62,7 +63,7 @@ impl Pair {
         let rep = drain(&mut p.a);
         deliver(&mut p.b, p.now, A, &rep);
         assert!(
-            matches!(events(&mut p.b)[..], [Event::Connected { id: x, status: Status::Success, .. }] if x == id)
+            matches!(events(&mut p.b)[..], [EndpointEvent::Connected { id: x, status: Status::Success, .. }] if x == id)
         );
         p
     }
@@ -76,7 +77,7 @@ impl Pair {
         let ev = events(&mut self.a);
         assert_eq!(
             ev,
-            vec![Event::Connected {
+            vec![EndpointEvent::Connected {
                 id,
                 status: Status::Success,
                 addr: Some(xmx_mx::EndpointAddr {
@@ -131,7 +132,7 @@ fn reverse_traffic_carries_the_ack() {
         .iter()
         .all(|f| !matches!(f.body, Body::Liback(_))));
     deliver(&mut p.a, p.now, B, &back);
-    assert!(events(&mut p.a).contains(&Event::SendDone {
+    assert!(events(&mut p.a).contains(&EndpointEvent::SendDone {
         id,
         status: Status::Success,
         xfer_length: 4
@@ -162,7 +163,7 @@ fn lone_message_is_acked_after_the_ack_delay() {
     deliver(&mut p.a, due, B, &acks);
     assert_eq!(
         events(&mut p.a),
-        vec![Event::SendDone {
+        vec![EndpointEvent::SendDone {
             id,
             status: Status::Success,
             xfer_length: 1
@@ -267,17 +268,17 @@ fn exhausted_retries_time_out_every_pending_request_to_the_partner() {
         "one transmission and three retries"
     );
     assert_eq!(completions.len(), 3);
-    assert!(completions.contains(&Event::SendDone {
+    assert!(completions.contains(&EndpointEvent::SendDone {
         id: s1,
         status: Status::Timeout,
         xfer_length: 3
     }));
-    assert!(completions.contains(&Event::SendDone {
+    assert!(completions.contains(&EndpointEvent::SendDone {
         id: s2,
         status: Status::Timeout,
         xfer_length: 500
     }));
-    assert!(completions.contains(&Event::Connected {
+    assert!(completions.contains(&EndpointEvent::Connected {
         id: c,
         status: Status::Timeout,
         addr: None
@@ -314,7 +315,7 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
     p.a.handle_timeout(now);
     assert_eq!(
         events(&mut p.a),
-        vec![Event::SendDone {
+        vec![EndpointEvent::SendDone {
             id: sent[1].0,
             status: Status::EndpointClosed,
             xfer_length: 4
@@ -339,12 +340,12 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
     assert_eq!(
         events(&mut p.a),
         vec![
-            Event::SendDone {
+            EndpointEvent::SendDone {
                 id: sent[0].0,
                 status: Status::BadEndpoint,
                 xfer_length: 4
             },
-            Event::SendDone {
+            EndpointEvent::SendDone {
                 id: sent[2].0,
                 status: Status::BadSession,
                 xfer_length: 4
@@ -390,7 +391,7 @@ fn a_forged_nack_does_not_end_a_send_its_partner_acks() {
     p.a.handle_timeout(now);
     assert_eq!(
         events(&mut p.a),
-        vec![Event::SendDone {
+        vec![EndpointEvent::SendDone {
             id,
             status: Status::Success,
             xfer_length: 4
@@ -428,7 +429,7 @@ fn nack_ends_a_connect() {
     a.handle_frame(Instant::ZERO, nack);
     assert_eq!(
         events(&mut a),
-        vec![Event::Connected {
+        vec![EndpointEvent::Connected {
             id,
             status: Status::BadEndpoint,
             addr: None
@@ -460,7 +461,7 @@ fn wrong_key_gets_bad_key() {
     deliver(&mut a, Instant::ZERO, B, &reply);
     assert_eq!(
         events(&mut a),
-        vec![Event::Connected {
+        vec![EndpointEvent::Connected {
             id,
             status: Status::BadKey,
             addr: None
@@ -650,7 +651,7 @@ fn stale_and_foreign_acks_are_ignored() {
     deliver(&mut p.a, p.now, B, &[ack(5, SESSION_A, SESSION_A)]);
     assert_eq!(
         events(&mut p.a),
-        vec![Event::SendDone {
+        vec![EndpointEvent::SendDone {
             id,
             status: Status::Success,
             xfer_length: 1
@@ -671,7 +672,7 @@ fn stale_and_foreign_acks_are_ignored() {
     deliver(&mut p.a, p.now, B, &[old]);
     assert_eq!(
         events(&mut p.a),
-        vec![Event::SendDone {
+        vec![EndpointEvent::SendDone {
             id: id2,
             status: Status::Success,
             xfer_length: 1

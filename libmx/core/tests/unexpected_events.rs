@@ -8,13 +8,13 @@ mod sim;
 use std::time::Duration;
 
 use sim::{Sim, SimChannel};
-use xmx_mx::{Config, Endpoint, Event, RdmaWindow, RecvDone, Status};
+use xmx_mx::{Config, Endpoint, EndpointEvent, RdmaWindow, RecvDone, Status};
 
 const KEY: u32 = 0x1234_5678;
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = sim::Rng::new(seed);
-    (0..len).map(|_| r.next_u64() as u8).collect()
+    let mut r = sim::Rng::with_seed(seed);
+    (0..len).map(|_| r.u8(..)).collect()
 }
 
 fn pair(seed: u64, channel: SimChannel) -> Sim {
@@ -27,10 +27,10 @@ fn pair(seed: u64, channel: SimChannel) -> Sim {
 fn arrivals(s: &mut Sim, node: usize) -> Vec<xmx_mx::UnexpectedArrival> {
     s.pump();
     s.nodes[node]
-        .take_events(|e| matches!(e, Event::Unexpected(_)))
+        .take_events(|e| matches!(e, EndpointEvent::Unexpected(_)))
         .into_iter()
         .filter_map(|e| match e {
-            Event::Unexpected(a) => Some(a),
+            EndpointEvent::Unexpected(a) => Some(a),
             _ => None,
         })
         .collect()
@@ -39,10 +39,10 @@ fn arrivals(s: &mut Sim, node: usize) -> Vec<xmx_mx::UnexpectedArrival> {
 fn recv_dones(s: &mut Sim, node: usize) -> Vec<RecvDone> {
     s.pump();
     s.nodes[node]
-        .take_events(|e| matches!(e, Event::RecvDone(_)))
+        .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
         .into_iter()
         .filter_map(|e| match e {
-            Event::RecvDone(r) => Some(r),
+            EndpointEvent::RecvDone(r) => Some(r),
             _ => None,
         })
         .collect()
@@ -186,11 +186,11 @@ fn a_chosen_unexpected_message_is_taken_out_of_its_place() {
     assert_eq!(done[2].data, msgs[1]);
     assert!(s.pulled.is_empty(), "a dropped LARGE message is not pulled");
     // Its sender learns that nothing was taken.
-    let sends = s.nodes[0].take_events(|e| matches!(e, Event::SendDone { .. }));
+    let sends = s.nodes[0].take_events(|e| matches!(e, EndpointEvent::SendDone { .. }));
     assert!(
         sends.iter().any(|e| matches!(
             e,
-            Event::SendDone {
+            EndpointEvent::SendDone {
                 status: Status::Success,
                 xfer_length: 0,
                 ..

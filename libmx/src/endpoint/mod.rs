@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use xmx_mx::{Event, PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::{EndpointEvent, PeerAddr, RdmaWindow, RequestId, Status};
 
 use crate::abi::{MxEndpointAddr, MxErrorHandler, MxReturn, MxStatus, MX_INFINITE};
 use crate::addr::Addr;
@@ -612,9 +612,9 @@ impl AppEndpoint {
         moved
     }
 
-    fn on_event(&self, st: &mut EndpointState, now: xmx_mx::Instant, ev: Event) {
+    fn on_event(&self, st: &mut EndpointState, now: xmx_mx::Instant, ev: EndpointEvent) {
         match ev {
-            Event::Connected { id, status, addr } => {
+            EndpointEvent::Connected { id, status, addr } => {
                 let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&id) else {
                     return;
                 };
@@ -626,7 +626,7 @@ impl AppEndpoint {
                 }
                 self.complete(st, seq);
             }
-            Event::SendDone {
+            EndpointEvent::SendDone {
                 id,
                 status,
                 xfer_length,
@@ -658,13 +658,13 @@ impl AppEndpoint {
                 }
                 _ => {}
             },
-            Event::RecvDone(done) => {
+            EndpointEvent::RecvDone(done) => {
                 if let Some(CoreRequestOwner::Request(seq)) = st.links.remove(&done.id) {
                     self.finish_recv(st, seq, done);
                 }
             }
-            Event::Unexpected(arrival) => self.unexp_arrived(st, arrival),
-            Event::PullNeeded(p) => match st.links.get(&p.id).copied() {
+            EndpointEvent::Unexpected(arrival) => self.unexp_arrived(st, arrival),
+            EndpointEvent::PullNeeded(p) => match st.links.get(&p.id).copied() {
                 Some(CoreRequestOwner::Request(seq)) => {
                     let Some(r) = st.requests.get(&seq) else {
                         let _ = st.core.pull_done(now, p.id, Status::Aborted);

@@ -24,9 +24,10 @@ use xmx_mx::frame::{
 };
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, Seqnum, Status};
 use xmx_wire::msg::{
-    medium_frags, DoneStatus, ErrorCode, Event, EventBody, InlineData, InlineMsg, Liback,
-    MediumSend, MsgInfo, NackKind, Notify, Pull, QueueSlots, RingConnectReply, RingConnectRequest,
-    Rndv, Route, SendOp, SendRequest, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX,
+    medium_frags, DoneStatus, ErrorCode, Event, EventBody, InlineData, InlineMsg, LibackSend,
+    MediumSend, MsgInfo, NackKind, NotifySend, Pull, QueueSlots, RingConnectReply,
+    RingConnectRequest, RndvSend, Route, SendOp, SendRequest, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX,
+    MEDIUM_MAX,
 };
 
 /// Why a frame of the core cannot become a send request.
@@ -149,7 +150,7 @@ impl Outgoing {
                     MessageKind::Small => request(route, SendOp::Small(inline(&m.payload)?)),
                     MessageKind::Rndv(r) => request(
                         route,
-                        SendOp::Rndv(Rndv {
+                        SendOp::Rndv(RndvSend {
                             info,
                             length: r.msg_length,
                             region_id: r.window.id,
@@ -183,7 +184,7 @@ impl Outgoing {
             ),
             Body::Notify(n) => request(
                 to(n.session),
-                SendOp::Notify(Notify {
+                SendOp::Notify(NotifySend {
                     seqnum: n.seqnum.raw(),
                     piggyack: n.piggyack.raw(),
                     total_length: n.total_length,
@@ -193,7 +194,7 @@ impl Outgoing {
             ),
             Body::Liback(a) => request(
                 to(a.session),
-                SendOp::Liback(Liback {
+                SendOp::Liback(LibackSend {
                     lib_seqnum: a.lib_seqnum.raw(),
                     send_seq: a.send_seq.raw(),
                     acknum: a.acknum,

@@ -25,8 +25,8 @@
 use super::field::{set_u16, set_u32, set_u8, u16, u32, u8};
 use super::send::{medium_frags, off};
 use super::{
-    emit_header, parse_header, InlineMsg, Liback, MsgInfo, Notify, RingConnectReply,
-    RingConnectRequest, Rndv, Route, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX,
+    emit_header, parse_header, InlineMsg, LibackSend, MsgInfo, NotifySend, RingConnectReply,
+    RingConnectRequest, RndvSend, Route, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX,
     TINY_MAX,
 };
 use crate::{Error, Result};
@@ -230,7 +230,7 @@ pub enum EventBody {
         /// The sender.
         from: Route,
         /// The announcement: length and the sender's region to pull from.
-        rndv: Rndv,
+        rndv: RndvSend,
     },
     /// A peer asks to connect (`from.session_id` is its session).
     RecvConnectRequest {
@@ -253,14 +253,14 @@ pub enum EventBody {
         /// The puller.
         from: Route,
         /// Which message was pulled.
-        notify: Notify,
+        notify: NotifySend,
     },
     /// A peer acknowledged messages explicitly.
     RecvLiback {
         /// The acknowledging endpoint.
         from: Route,
         /// What it acknowledges.
-        ack: Liback,
+        ack: LibackSend,
     },
     /// A send request completed; its queue slots or region may be reused.
     SendDone {
@@ -341,7 +341,7 @@ impl Event {
             },
             EventKind::RecvRndv => EventBody::RecvRndv {
                 from,
-                rndv: Rndv::read(buf),
+                rndv: RndvSend::read(buf),
             },
             EventKind::RecvConnectRequest => EventBody::RecvConnectRequest {
                 from,
@@ -354,11 +354,11 @@ impl Event {
             },
             EventKind::RecvNotify => EventBody::RecvNotify {
                 from,
-                notify: Notify::read(buf),
+                notify: NotifySend::read(buf),
             },
             EventKind::RecvLiback => EventBody::RecvLiback {
                 from,
-                ack: Liback::read(buf)?,
+                ack: LibackSend::read(buf)?,
             },
             EventKind::SendDone => EventBody::SendDone {
                 status: DoneStatus::try_from(u8(buf, at::DONE_STATUS))?,

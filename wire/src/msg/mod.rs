@@ -84,8 +84,8 @@ pub use info::{
     INFO_PAGE_REFS, INFO_PAGE_SIZE,
 };
 pub use send::{
-    medium_frags, DirectRegister, InlineMsg, Liback, MediumSend, Notify, Pull, QueueSlots,
-    RingConnectReply, RingConnectRequest, Rndv, SendKind, SendOp, SendRequest, SEND_SLOT_SIZE,
+    medium_frags, DirectRegister, InlineMsg, LibackSend, MediumSend, NotifySend, Pull, QueueSlots,
+    RingConnectReply, RingConnectRequest, RndvSend, SendKind, SendOp, SendRequest, SEND_SLOT_SIZE,
 };
 
 use crate::ring::{BackRing, FrontRing};

@@ -292,7 +292,7 @@ impl MediumSend {
 
 /// A LARGE message announced by rendezvous: the receiver pulls it from a registered region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Rndv {
+pub struct RndvSend {
     /// MX header fields.
     pub info: MsgInfo,
     /// Message length.
@@ -305,9 +305,9 @@ pub struct Rndv {
     pub region_offset: u32,
 }
 
-impl Rndv {
+impl RndvSend {
     pub(crate) fn read(buf: &[u8]) -> Self {
-        Rndv {
+        RndvSend {
             info: MsgInfo::read(buf),
             length: u32(buf, off::LENGTH),
             region_id: u8(buf, off::REGION_ID),
@@ -394,7 +394,7 @@ impl RingConnectReply {
 
 /// MX NOTIFY: the receiver finished pulling a LARGE message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Notify {
+pub struct NotifySend {
     /// Library sequence number.
     pub seqnum: u16,
     /// Piggybacked acknowledgement.
@@ -407,9 +407,9 @@ pub struct Notify {
     pub region_seqnum: u8,
 }
 
-impl Notify {
+impl NotifySend {
     pub(crate) fn read(buf: &[u8]) -> Self {
-        Notify {
+        NotifySend {
             seqnum: u16(buf, off::SEQNUM),
             piggyack: u16(buf, off::PIGGYACK),
             total_length: u32(buf, off::LENGTH),
@@ -428,7 +428,7 @@ impl Notify {
 
 /// MX library acknowledgement (sent as a TRUC packet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Liback {
+pub struct LibackSend {
     /// Sequence number acknowledged up to.
     pub lib_seqnum: u16,
     /// Sender's send sequence.
@@ -439,9 +439,9 @@ pub struct Liback {
     pub resent: bool,
 }
 
-impl Liback {
+impl LibackSend {
     pub(crate) fn read(buf: &[u8]) -> Result<Self> {
-        Ok(Liback {
+        Ok(LibackSend {
             lib_seqnum: u16(buf, off::SEQNUM),
             send_seq: u16(buf, off::LIBACK_SEND_SEQ),
             acknum: u32(buf, off::LIBACK_ACKNUM),
@@ -614,15 +614,15 @@ pub enum SendOp {
     /// Send a MEDIUM message from the send queue.
     Medium(MediumSend),
     /// Announce a LARGE message (RNDV).
-    Rndv(Rndv),
+    Rndv(RndvSend),
     /// Send an MX connect request.
     ConnectRequest(RingConnectRequest),
     /// Answer an MX connect request.
     ConnectReply(RingConnectReply),
     /// Tell the sender of a LARGE message that its data was pulled.
-    Notify(Notify),
+    Notify(NotifySend),
     /// Send an explicit library acknowledgement.
-    Liback(Liback),
+    Liback(LibackSend),
     /// Pull a LARGE message's data.
     Pull(Pull),
     /// Register a region the application granted itself.
@@ -672,11 +672,11 @@ impl SendRequest {
             SendKind::Tiny => SendOp::Tiny(InlineMsg::read(buf, TINY_MAX, "tiny length")?),
             SendKind::Small => SendOp::Small(InlineMsg::read(buf, SMALL_MAX, "small length")?),
             SendKind::Medium => SendOp::Medium(MediumSend::read(buf)?),
-            SendKind::Rndv => SendOp::Rndv(Rndv::read(buf)),
+            SendKind::Rndv => SendOp::Rndv(RndvSend::read(buf)),
             SendKind::ConnectRequest => SendOp::ConnectRequest(RingConnectRequest::read(buf)),
             SendKind::ConnectReply => SendOp::ConnectReply(RingConnectReply::read(buf)),
-            SendKind::Notify => SendOp::Notify(Notify::read(buf)),
-            SendKind::Liback => SendOp::Liback(Liback::read(buf)?),
+            SendKind::Notify => SendOp::Notify(NotifySend::read(buf)),
+            SendKind::Liback => SendOp::Liback(LibackSend::read(buf)?),
             SendKind::Pull => SendOp::Pull(Pull::read(buf)),
             SendKind::Register => SendOp::Register(DirectRegister::read(buf)?),
             SendKind::Deregister => SendOp::Deregister {

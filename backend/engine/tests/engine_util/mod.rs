@@ -301,27 +301,6 @@ fn check_frame(tb: &Testbed, frame: &WireFrame) {
     assert!(frame.bytes.len() >= HEAD_LEN);
 }
 
-/// Deterministic xorshift generator for loss patterns and data.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    /// True with probability `percent` / 100.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
-
 /// `len` bytes of a pattern that differs per seed and per position.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -95,33 +95,17 @@ pub fn relay_seed() -> u64 {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        Rng(nanos ^ u64::from(std::process::id()) << 32).next()
+        fastrand::Rng::with_seed(nanos ^ u64::from(std::process::id()) << 32).u64(..)
     });
     println!("relay seed {seed:#x} (replay with {SEED_ENV}={seed:#x})");
     seed
 }
 
-/// A deterministic generator (SplitMix64): a run's impairments do not depend on a
-/// library's randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// True with probability `p`. A certain outcome draws nothing, so a direction that is
-    /// not impaired leaves the other's sequence of decisions as it would be alone.
-    fn chance(&mut self, p: f64) -> bool {
-        if p <= 0.0 {
-            return false;
-        }
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
+/// True with probability `p`. A certain outcome draws nothing, so a direction that is not
+/// impaired leaves the other's sequence of decisions as it would be alone. (A seeded
+/// generator replays a run with the same build: the lock file pins its algorithm.)
+fn chance(rng: &mut fastrand::Rng, p: f64) -> bool {
+    p > 0.0 && rng.f64() < p
 }
 
 /// The seed of a run whose relays should decide the same way every time unless told
@@ -145,7 +129,7 @@ fn seed_from_env() -> Option<u64> {
 /// Derives the seed of relay `index` of a run whose seed is `seed` (each relay of a run
 /// decides differently, and all replay together).
 pub fn relay_seed_of(seed: u64, index: u64) -> u64 {
-    Rng(seed ^ index).next()
+    fastrand::Rng::with_seed(seed ^ index).u64(..)
 }
 
 /// A running relay between sides A and B; stops when dropped.
@@ -207,7 +191,7 @@ fn relay(
     stop: &AtomicBool,
     stats: &Mutex<RelayStats>,
 ) {
-    let mut rng = Rng(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let started = Instant::now();
     let down_cycle = imp[0].down.or(imp[1].down);
     // Per destination: frames waiting out their delay, in the order they go.
@@ -236,18 +220,18 @@ fn relay(
                     s.down_lost += 1;
                     continue;
                 }
-                if rng.chance(imp.loss) {
+                if chance(&mut rng, imp.loss) {
                     s.lost += 1;
                     continue;
                 }
-                let copies = if rng.chance(imp.duplicate) {
+                let copies = if chance(&mut rng, imp.duplicate) {
                     s.duplicated += 1;
                     2
                 } else {
                     1
                 };
                 for _ in 0..copies {
-                    if rng.chance(imp.reorder) {
+                    if chance(&mut rng, imp.reorder) {
                         s.reordered += 1;
                         out.push(f.clone());
                     } else if imp.delay.is_zero() {

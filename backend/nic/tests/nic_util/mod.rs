@@ -38,28 +38,10 @@ impl VethSockets {
     }
 }
 
-/// splitmix64: a small deterministic generator for payloads.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed ^ u64::from(std::process::id()))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
+/// A seeded generator for frame payloads, different in every process so that concurrent
+/// runs never share frames.
+pub fn payload_rng(seed: u64) -> fastrand::Rng {
+    fastrand::Rng::with_seed(seed ^ u64::from(std::process::id()))
 }
 
 /// A frame of `len` bytes from `src` to `dst` with `ethertype` and a random payload.
@@ -68,7 +50,7 @@ pub fn frame_with_type(
     src: [u8; 6],
     ethertype: u16,
     len: usize,
-    rng: &mut Rng,
+    rng: &mut fastrand::Rng,
 ) -> Vec<u8> {
     let mut f = vec![0u8; len];
     f[0..6].copy_from_slice(&dst);
@@ -79,7 +61,12 @@ pub fn frame_with_type(
 }
 
 /// An MXoE-ethertype frame of `len` bytes from `from` to `to`.
-pub fn mxoe_frame(from: &PacketSocket, to: &PacketSocket, len: usize, rng: &mut Rng) -> Vec<u8> {
+pub fn mxoe_frame(
+    from: &PacketSocket,
+    to: &PacketSocket,
+    len: usize,
+    rng: &mut fastrand::Rng,
+) -> Vec<u8> {
     frame_with_type(to.mac().0, from.mac().0, ETHERTYPE, len, rng)
 }
 

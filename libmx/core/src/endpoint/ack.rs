@@ -6,7 +6,7 @@ impl Endpoint {
     pub(super) fn complete_send(&mut self, id: RequestId, status: Status, xfer_length: u32) {
         if self.requests.remove(&id).is_some() {
             tracing::debug!(?id, %status, "send done");
-            self.events.push_back(Event::SendDone {
+            self.events.push_back(EndpointEvent::SendDone {
                 id,
                 status,
                 xfer_length,
@@ -22,7 +22,8 @@ impl Endpoint {
     ) {
         if self.requests.remove(&id).is_some() {
             tracing::debug!(?id, %status, "connect done");
-            self.events.push_back(Event::Connected { id, status, addr });
+            self.events
+                .push_back(EndpointEvent::Connected { id, status, addr });
         }
     }
 

@@ -43,7 +43,7 @@ pub use close::CLOSE_SETTLE_MAX;
 pub struct RequestId(pub u64);
 
 /// Names a message being received (matched or not); an
-/// [`Event::Unexpected`] gives it to the application.
+/// [`EndpointEvent::Unexpected`] gives it to the application.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct InboundId(pub(crate) u64);
 
@@ -111,7 +111,7 @@ pub struct PullNeeded {
 
 /// What the endpoint reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
+pub enum EndpointEvent {
     /// A connect finished; `addr` is set on success.
     Connected {
         /// The connect request.
@@ -287,7 +287,7 @@ pub struct Endpoint {
     /// Partners that may owe an ack (a superset; pruned when scanned).
     ack_pending: BTreeSet<PeerAddr>,
     transmits: VecDeque<Frame<Vec<u8>>>,
-    events: VecDeque<Event>,
+    events: VecDeque<EndpointEvent>,
     next_request: u64,
     next_inbound: u64,
     /// [`Endpoint::next_timeout`] as last computed, emptied by every call
@@ -383,7 +383,7 @@ impl Endpoint {
     }
 
     /// Starts connecting to `peer` with application key `key`. Completes with
-    /// [`Event::Connected`].
+    /// [`EndpointEvent::Connected`].
     pub fn connect(&mut self, now: Instant, peer: PeerAddr, key: u32) -> RequestId {
         self.timers_changed();
         let id = self.alloc_request();
@@ -411,7 +411,7 @@ impl Endpoint {
 
     /// Sends `data` (at most [`MEDIUM_MAX`](crate::MEDIUM_MAX) bytes) with
     /// `match_info` to a connected partner. The data is copied. Completes with
-    /// [`Event::SendDone`] once the partner acknowledged it.
+    /// [`EndpointEvent::SendDone`] once the partner acknowledged it.
     pub fn send(
         &mut self,
         now: Instant,
@@ -426,7 +426,7 @@ impl Endpoint {
     }
 
     /// Announces a LARGE message of `msg_length` bytes held in the registered
-    /// `window`; the receiver pulls it. Completes with [`Event::SendDone`]
+    /// `window`; the receiver pulls it. Completes with [`EndpointEvent::SendDone`]
     /// once the receiver has notified the end of its pull.
     pub fn send_large(
         &mut self,
@@ -479,8 +479,8 @@ impl Endpoint {
     }
 
     /// Posts a receive for up to `capacity` bytes of a message satisfying
-    /// `(match_info, match_mask)`. Completes with [`Event::RecvDone`] (or first
-    /// [`Event::PullNeeded`] for a LARGE message); may complete at once if a
+    /// `(match_info, match_mask)`. Completes with [`EndpointEvent::RecvDone`] (or first
+    /// [`EndpointEvent::PullNeeded`] for a LARGE message); may complete at once if a
     /// matching message already arrived.
     pub fn post_recv(
         &mut self,
@@ -510,7 +510,7 @@ impl Endpoint {
     }
 
     /// Reports (or stops reporting) every message that joins the unexpected
-    /// queue with an [`Event::Unexpected`], for MX's unexpected handlers.
+    /// queue with an [`EndpointEvent::Unexpected`], for MX's unexpected handlers.
     /// Turning it on first reports the messages queued already, in queue
     /// order: a handler registered after traffic began still sees every
     /// message no receive took.
@@ -525,7 +525,7 @@ impl Endpoint {
                         match_info: inb.match_info,
                         msg_length: inb.msg_length,
                     };
-                    self.events.push_back(Event::Unexpected(arrival));
+                    self.events.push_back(EndpointEvent::Unexpected(arrival));
                 }
             }
         }
@@ -617,7 +617,7 @@ impl Endpoint {
             }))
     }
 
-    /// Reports the end of a pull requested by [`Event::PullNeeded`]: the
+    /// Reports the end of a pull requested by [`EndpointEvent::PullNeeded`]: the
     /// receive completes now (with `status` if it is not `Success`) and the
     /// NOTIFY to the sender is queued, retransmitted until it is acked.
     pub fn pull_done(&mut self, now: Instant, id: RequestId, status: Status) -> Result<(), Error> {
@@ -709,7 +709,7 @@ impl Endpoint {
     }
 
     /// The next completion, if any.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<EndpointEvent> {
         self.events.pop_front()
     }
 

@@ -122,7 +122,7 @@ impl Endpoint {
             None => (Status::Success, xfer as u32),
         };
         let source = self.addr_of(source);
-        self.events.push_back(Event::RecvDone(RecvDone {
+        self.events.push_back(EndpointEvent::RecvDone(RecvDone {
             id,
             status,
             source,
@@ -297,12 +297,13 @@ impl Endpoint {
                 self.unexpected_bytes += inb.stored_len();
                 if self.report_unexpected {
                     let source = self.addr_of(src);
-                    self.events.push_back(Event::Unexpected(UnexpectedArrival {
-                        id: iid,
-                        source,
-                        match_info: m.match_info,
-                        msg_length,
-                    }));
+                    self.events
+                        .push_back(EndpointEvent::Unexpected(UnexpectedArrival {
+                            id: iid,
+                            source,
+                            match_info: m.match_info,
+                            msg_length,
+                        }));
                 }
                 self.inbound.insert(iid, inb);
                 self.matcher.push_unexpected(m.match_info, iid);
@@ -398,7 +399,7 @@ impl Endpoint {
                         r.state = RecvState::Pulling(large);
                     }
                     let source = self.addr_of(large.source);
-                    self.events.push_back(Event::PullNeeded(PullNeeded {
+                    self.events.push_back(EndpointEvent::PullNeeded(PullNeeded {
                         id: rid,
                         source,
                         window,
@@ -459,7 +460,7 @@ impl Endpoint {
             0
         };
         let source = self.addr_of(large.source);
-        self.events.push_back(Event::RecvDone(RecvDone {
+        self.events.push_back(EndpointEvent::RecvDone(RecvDone {
             id,
             status,
             source,

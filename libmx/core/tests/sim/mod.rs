@@ -12,35 +12,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use xmx_mx::frame::Nack;
-use xmx_mx::{Body, Endpoint, Event, Frame, Instant, NackType, PeerAddr, RdmaWindow, Status};
+use xmx_mx::{
+    Body, Endpoint, EndpointEvent, Frame, Instant, NackType, PeerAddr, RdmaWindow, Status,
+};
 
-/// splitmix64: small, seedable, good enough to pick losses and delays.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64) / ((1u64 << 53) as f64) < p
-    }
-}
+/// The seeded generator that picks losses and delays: a seed replays a run.
+pub use fastrand::Rng;
 
 /// What the channel does to frames.
 #[derive(Clone, Debug)]
@@ -75,7 +52,7 @@ impl SimChannel {
 pub struct SimNode {
     pub host: u16,
     pub ep: Endpoint,
-    pub events: Vec<Event>,
+    pub events: Vec<EndpointEvent>,
     /// Frames this node emitted, by kind, for assertions.
     pub sent_frames: u64,
     /// Closed with this linger: its port stays open while
@@ -98,7 +75,10 @@ impl SimNode {
     }
 
     /// Removes and returns the events for which `pick` holds.
-    pub fn take_events(&mut self, mut pick: impl FnMut(&Event) -> bool) -> Vec<Event> {
+    pub fn take_events(
+        &mut self,
+        mut pick: impl FnMut(&EndpointEvent) -> bool,
+    ) -> Vec<EndpointEvent> {
         let (taken, kept) = std::mem::take(&mut self.events)
             .into_iter()
             .partition(|e| pick(e));
@@ -146,7 +126,7 @@ impl Sim {
         Sim {
             now: Instant::ZERO,
             nodes: Vec::new(),
-            rng: Rng::new(seed),
+            rng: Rng::with_seed(seed),
             channel,
             blackhole: false,
             in_flight: BTreeMap::new(),
@@ -193,7 +173,7 @@ impl Sim {
                 if self.trace {
                     println!("{:?} node {i} event {:?}", self.now, ev);
                 }
-                if let Event::PullNeeded(p) = &ev {
+                if let EndpointEvent::PullNeeded(p) = &ev {
                     if self.auto_pull {
                         let data = self
                             .windows
@@ -238,13 +218,13 @@ impl Sim {
             .lose
             .as_mut()
             .is_some_and(|lose| lose(src_host, &frame));
-        if scripted || self.blackhole || self.rng.chance(self.channel.loss) {
+        if scripted || self.blackhole || self.rng.f64() < self.channel.loss {
             self.dropped += 1;
             return;
         }
         // The receiver sees the sender's host in the peer index.
         frame.peer_index = src_host;
-        let copies = if self.rng.chance(self.channel.dup) {
+        let copies = if self.rng.f64() < self.channel.dup {
             2
         } else {
             1
@@ -259,7 +239,7 @@ impl Sim {
                 + Duration::from_nanos(if span == 0 {
                     0
                 } else {
-                    self.rng.below(span + 1)
+                    self.rng.u64(0..span + 1)
                 });
             self.seq += 1;
             self.in_flight.insert(
@@ -397,10 +377,10 @@ impl Sim {
         let limit = self.now + Duration::from_secs(100_000);
         let mut status = None;
         self.run_until(limit, |s| {
-            for e in
-                s.nodes[a].take_events(|e| matches!(e, Event::Connected { id: x, .. } if *x == id))
+            for e in s.nodes[a]
+                .take_events(|e| matches!(e, EndpointEvent::Connected { id: x, .. } if *x == id))
             {
-                if let Event::Connected { status: st, .. } = e {
+                if let EndpointEvent::Connected { status: st, .. } = e {
                     status = Some(st);
                 }
             }

@@ -554,7 +554,7 @@ fn ping_pong_replies_carry_the_acks() {
     assert_eq!(carry(now, &mut eb, IDX_B, &mut ea), ["connect reply"]);
     assert!(matches!(
         ea.poll_event(),
-        Some(xmx_mx::Event::Connected {
+        Some(xmx_mx::EndpointEvent::Connected {
             status: Status::Success,
             ..
         })
@@ -577,7 +577,7 @@ fn ping_pong_replies_carry_the_acks() {
             .filter(|e| {
                 matches!(
                     e,
-                    xmx_mx::Event::SendDone {
+                    xmx_mx::EndpointEvent::SendDone {
                         status: Status::Success,
                         ..
                     }
