@@ -12,7 +12,7 @@ use xmx_nic::baseline::{raw_pingpong, raw_stream, BaselineEnd, PollPolicy};
 use xmx_nic::testbed::VethPair;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Mode {
+enum MeasureMode {
     /// Half round-trip latency.
     Pingpong,
     /// One-way bandwidth.
@@ -24,10 +24,10 @@ enum Mode {
 /// Raw AF_PACKET ping-pong and streaming baseline over a veth pair.
 #[derive(Debug, Parser)]
 #[command(version)]
-struct Args {
+struct RawPingpongArgs {
     /// What to measure.
-    #[arg(long, value_enum, default_value_t = Mode::Both)]
-    mode: Mode,
+    #[arg(long, value_enum, default_value_t = MeasureMode::Both)]
+    mode: MeasureMode,
     /// Frame sizes in bytes, Ethernet header included.
     #[arg(long, value_delimiter = ',', default_value = "64,4096")]
     sizes: Vec<usize>,
@@ -65,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args = RawPingpongArgs::parse();
 
     let (_pair, a, b) = match (&args.ns_a, &args.if_a, &args.ns_b, &args.if_b) {
         (Some(ns_a), Some(if_a), Some(ns_b), Some(if_b)) => (
@@ -89,7 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.spin_us
     );
 
-    if matches!(args.mode, Mode::Pingpong | Mode::Both) {
+    if matches!(args.mode, MeasureMode::Pingpong | MeasureMode::Both) {
         println!(
             "{:>8} {:>8} {:>12} {:>12} {:>12} {:>12}",
             "bytes", "iters", "mean(us)", "median(us)", "p99(us)", "min(us)"
@@ -108,7 +108,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    if matches!(args.mode, Mode::Stream | Mode::Both) {
+    if matches!(args.mode, MeasureMode::Stream | MeasureMode::Both) {
         println!(
             "{:>8} {:>10} {:>10} {:>8} {:>10} {:>10}",
             "bytes", "sent", "received", "drops", "Gbit/s", "Mframes/s"

@@ -20,7 +20,7 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The dom0 backend of the xmx split driver.
 #[derive(Debug, Parser)]
 #[command(name = "xmx-backd", version, about)]
-struct Args {
+struct BackdArgs {
     /// Physical interface carrying MXoE frames; `none` serves co-located guests only.
     #[arg(long)]
     iface: String,
@@ -65,11 +65,11 @@ fn default_control_socket() -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = BackdArgs::parse();
     xmx_hv::daemon::main(|| run(args))
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: BackdArgs) -> Result<(), String> {
     // Before any thread exists (see block_stop_signals).
     let signals = xmx_hv::daemon::block_stop_signals()?;
 

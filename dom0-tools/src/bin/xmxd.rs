@@ -24,7 +24,7 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
     version,
     about = "The xmx peer-table and lifecycle service of one host"
 )]
-struct Args {
+struct XmxdArgs {
     /// The interface the backend serves (discovery frames go there); `none`: this host only.
     #[arg(long)]
     iface: String,
@@ -57,11 +57,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = XmxdArgs::parse();
     xmx_hv::daemon::main(|| run(args))
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: XmxdArgs) -> Result<(), String> {
     // Before any thread exists (see block_stop_signals).
     let signals = xmx_hv::daemon::block_stop_signals()?;
     let platform =

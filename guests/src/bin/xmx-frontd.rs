@@ -24,7 +24,7 @@ use xmx_wire::msg::EndpointPages;
 /// The guest daemon of the xmx split driver.
 #[derive(Debug, Parser)]
 #[command(name = "xmx-frontd", version, about)]
-struct Args {
+struct FrontdArgs {
     /// Where applications connect.
     #[arg(
         long,
@@ -76,11 +76,11 @@ fn parse_geometry(s: &str) -> Result<EndpointPages, String> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = FrontdArgs::parse();
     xmx_hv::daemon::main(|| run(args))
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: FrontdArgs) -> Result<(), String> {
     // Before any thread exists (see block_stop_signals).
     let signals = xmx_hv::daemon::block_stop_signals()?;
     let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
@@ -164,6 +164,6 @@ mod tests {
     #[test]
     fn the_arguments_are_consistent() {
         use clap::CommandFactory;
-        Args::command().debug_assert();
+        FrontdArgs::command().debug_assert();
     }
 }

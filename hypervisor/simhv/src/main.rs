@@ -19,7 +19,7 @@ use xmx_simhv::{Daemon, SimhvConfig};
 /// SIGTERM or SIGINT stops it cleanly. Log level: RUST_LOG (default info).
 #[derive(Debug, Parser)]
 #[command(name = "xmx-simhv", version)]
-struct Args {
+struct SimhvArgs {
     /// Directory to serve (created if missing).
     #[arg(long)]
     dir: PathBuf,
@@ -43,7 +43,7 @@ struct Args {
     max_ports: usize,
 }
 
-fn config(args: &Args) -> SimhvConfig {
+fn config(args: &SimhvArgs) -> SimhvConfig {
     SimhvConfig {
         gnttab_entries: args.gnttab_entries,
         mem_limit: args.mem_limit_mib.saturating_mul(1 << 20),
@@ -93,7 +93,7 @@ fn daemonize(dir: &Path) -> std::io::Result<OwnedFd> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = SimhvArgs::parse();
     let ready_pipe = if args.foreground {
         None
     } else {

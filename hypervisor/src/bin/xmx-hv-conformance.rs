@@ -38,7 +38,7 @@ enum PlatformArg {
 /// do, against a peer domain running the opposite role.
 #[derive(Debug, Parser)]
 #[command(name = "xmx-hv-conformance", version)]
-struct Args {
+struct ConformanceArgs {
     /// The part this domain plays.
     #[arg(long, value_enum)]
     role: RoleArg,
@@ -71,7 +71,7 @@ struct Args {
     domid: Option<DomId>,
 }
 
-fn open_platform(args: &Args) -> Result<Box<dyn Platform>, String> {
+fn open_platform(args: &ConformanceArgs) -> Result<Box<dyn Platform>, String> {
     match args.platform {
         PlatformArg::Linux => LinuxPlatform::open()
             .map(|p| Box::new(p) as Box<dyn Platform>)
@@ -94,7 +94,7 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args = ConformanceArgs::parse();
     let platform = match open_platform(&args) {
         Ok(p) => p,
         Err(e) => {
