@@ -176,8 +176,8 @@ impl ControlHandle {
 }
 
 impl LineService for ControlHandle {
-    type Request = BackdRequest;
-    type Reply = Reply;
+    type RequestLine = BackdRequest;
+    type ReplyLine = Reply;
 
     fn answer(&self, request: BackdRequest) -> Reply {
         self.call(request)

@@ -339,8 +339,8 @@ mod tests {
     struct StatusOnly;
 
     impl LineService for StatusOnly {
-        type Request = XmxdRequest;
-        type Reply = Reply;
+        type RequestLine = XmxdRequest;
+        type ReplyLine = Reply;
 
         fn answer(&self, request: XmxdRequest) -> Reply {
             match request {

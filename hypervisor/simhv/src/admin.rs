@@ -18,8 +18,8 @@ use crate::domains::{HostDomains, Spec};
 struct HostAdmin(Arc<HostDomains>);
 
 impl LineService for HostAdmin {
-    type Request = AdminRequest;
-    type Reply = Reply;
+    type RequestLine = AdminRequest;
+    type ReplyLine = Reply;
 
     fn answer(&self, request: AdminRequest) -> Reply {
         tracing::debug!(?request, "admin request");

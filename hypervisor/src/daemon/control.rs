@@ -130,15 +130,15 @@ pub enum Refusal {
 /// What a daemon's control socket asks and answers; served by a [`LineServer`].
 pub trait LineService: Send + Sync + 'static {
     /// One request line, decoded.
-    type Request: DeserializeOwned;
+    type RequestLine: DeserializeOwned;
     /// One reply line, before encoding.
-    type Reply: Serialize;
+    type ReplyLine: Serialize;
 
     /// Answers one request.
-    fn answer(&self, request: Self::Request) -> Self::Reply;
+    fn answer(&self, request: Self::RequestLine) -> Self::ReplyLine;
 
     /// Words a refusal in the daemon's own terms.
-    fn refuse(&self, refusal: Refusal) -> Self::Reply;
+    fn refuse(&self, refusal: Refusal) -> Self::ReplyLine;
 }
 
 /// A listening control socket. Dropping it stops it as [`LineServer::stop`] does.
@@ -386,7 +386,7 @@ fn serve<S: LineService>(mut conn: &UnixStream, stop: &EventFd, service: &S) -> 
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let reply = match serde_json::from_slice::<S::Request>(line) {
+            let reply = match serde_json::from_slice::<S::RequestLine>(line) {
                 Ok(request) => service.answer(request),
                 Err(e) => service.refuse(Refusal::NotRequest(e.to_string())),
             };
@@ -508,8 +508,8 @@ mod tests {
     struct Echo;
 
     impl LineService for Echo {
-        type Request = serde_json::Value;
-        type Reply = Reply;
+        type RequestLine = serde_json::Value;
+        type ReplyLine = Reply;
 
         fn answer(&self, request: serde_json::Value) -> Reply {
             Reply::ok(request)

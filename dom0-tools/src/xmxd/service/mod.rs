@@ -299,8 +299,8 @@ struct ControlSide {
 }
 
 impl LineService for ControlSide {
-    type Request = XmxdRequest;
-    type Reply = Reply;
+    type RequestLine = XmxdRequest;
+    type ReplyLine = Reply;
 
     fn answer(&self, request: XmxdRequest) -> Reply {
         self.shared.answer(request, &self.wake)
