@@ -5,7 +5,7 @@ use xmx_mx::matching::{satisfies, Matcher, Posting};
 use xmx_mx::{Config, Endpoint, EndpointEvent, Instant, PeerAddr, Status};
 
 #[derive(Clone, Debug)]
-enum Op {
+enum MatchingOp {
     Post {
         info: u64,
         mask: u64,
@@ -40,12 +40,12 @@ fn mask() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn op() -> impl Strategy<Value = MatchingOp> {
     prop_oneof![
-        3 => (info(), mask(), 0..40usize).prop_map(|(i, m, capacity)| Op::Post { info: i & m, mask: m, capacity }),
-        3 => (info(), 0..40usize).prop_map(|(info, len)| Op::Arrive { info, len }),
-        1 => (0..8usize).prop_map(|nth| Op::Cancel { nth }),
-        1 => (info(), mask()).prop_map(|(i, m)| Op::Probe { info: i & m, mask: m }),
+        3 => (info(), mask(), 0..40usize).prop_map(|(i, m, capacity)| MatchingOp::Post { info: i & m, mask: m, capacity }),
+        3 => (info(), 0..40usize).prop_map(|(info, len)| MatchingOp::Arrive { info, len }),
+        1 => (0..8usize).prop_map(|nth| MatchingOp::Cancel { nth }),
+        1 => (info(), mask()).prop_map(|(i, m)| MatchingOp::Probe { info: i & m, mask: m }),
     ]
 }
 
@@ -108,21 +108,21 @@ proptest! {
         for (n, op) in ops.into_iter().enumerate() {
             let id = n as u64;
             match op {
-                Op::Post { info, mask, .. } => {
+                MatchingOp::Post { info, mask, .. } => {
                     let got = match m.post(info, mask, id).unwrap() {
                         Posting::Matched(r, msg) => { prop_assert_eq!(r, id); Some(msg) }
                         Posting::Queued => None,
                     };
                     prop_assert_eq!(got, model.post(id, info, mask));
                 }
-                Op::Arrive { info, .. } => {
+                MatchingOp::Arrive { info, .. } => {
                     let got = m.arrive(info);
                     if got.is_none() {
                         m.push_unexpected(info, id);
                     }
                     prop_assert_eq!(got, model.arrive(id, info));
                 }
-                Op::Cancel { nth } => {
+                MatchingOp::Cancel { nth } => {
                     let target = model.waiting_recvs().get(nth).copied();
                     let got = m.cancel(|&r| Some(r) == target);
                     prop_assert_eq!(got, target);
@@ -130,7 +130,7 @@ proptest! {
                         model.recvs.iter_mut().filter(|r| r.0 == t).for_each(|r| r.3 = false);
                     }
                 }
-                Op::Probe { info, mask } => {
+                MatchingOp::Probe { info, mask } => {
                     let want = model.msgs.iter().find(|x| x.2 && x.1 & mask == info).map(|x| (x.1, x.0));
                     prop_assert_eq!(m.probe(info, mask).map(|(i, &u)| (i, u)), want);
                 }
@@ -174,7 +174,7 @@ proptest! {
         for (n, op) in ops.into_iter().enumerate() {
             let tag = n as u64;
             match op {
-                Op::Post { info, mask, capacity: cap } => {
+                MatchingOp::Post { info, mask, capacity: cap } => {
                     let rid = b.post_recv(now, info, mask, cap).unwrap();
                     recv_id_of_op.insert(rid, tag);
                     capacity.insert(tag, cap);
@@ -182,7 +182,7 @@ proptest! {
                         completions.push((tag, msg));
                     }
                 }
-                Op::Arrive { info, len } => {
+                MatchingOp::Arrive { info, len } => {
                     let data: Vec<u8> = (0..len).map(|i| (i as u64 ^ tag) as u8).collect();
                     payload.insert(tag, (info, data.clone()));
                     a.send(now, b_addr, info, &data).unwrap();
@@ -194,7 +194,7 @@ proptest! {
                         completions.push((r, tag));
                     }
                 }
-                Op::Cancel { nth } => {
+                MatchingOp::Cancel { nth } => {
                     let target = model.waiting_recvs().get(nth).copied();
                     if let Some(t) = target {
                         let rid = *recv_id_of_op.iter().find(|(_, &v)| v == t).unwrap().0;
@@ -202,7 +202,7 @@ proptest! {
                         model.recvs.iter_mut().filter(|r| r.0 == t).for_each(|r| r.3 = false);
                     }
                 }
-                Op::Probe { info, mask } => {
+                MatchingOp::Probe { info, mask } => {
                     let want = model.msgs.iter().find(|x| x.2 && x.1 & mask == info).map(|x| payload[&x.0].clone());
                     let got = b.probe(info, mask).unwrap().map(|p| (p.match_info, p.msg_length as usize));
                     prop_assert_eq!(got, want.map(|(i, d)| (i, d.len())));

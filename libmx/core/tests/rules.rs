@@ -14,15 +14,15 @@ const B: PeerAddr = PeerAddr::new(2, 5);
 const SESSION_A: u32 = 0x0A0A;
 const SESSION_B: u32 = 0x0B0B;
 
-type Wire = Frame<Vec<u8>>;
+type OwnedFrame = Frame<Vec<u8>>;
 
-struct Pair {
+struct EndpointPair {
     a: Endpoint,
     b: Endpoint,
     now: Instant,
 }
 
-fn drain(ep: &mut Endpoint) -> Vec<Wire> {
+fn drain(ep: &mut Endpoint) -> Vec<OwnedFrame> {
     std::iter::from_fn(|| ep.poll_transmit()).collect()
 }
 
@@ -31,7 +31,7 @@ fn events(ep: &mut Endpoint) -> Vec<EndpointEvent> {
 }
 
 /// Hands frames emitted by the endpoint on `from` to `to`, as the network would.
-fn deliver(to: &mut Endpoint, now: Instant, from: PeerAddr, frames: &[Wire]) {
+fn deliver(to: &mut Endpoint, now: Instant, from: PeerAddr, frames: &[OwnedFrame]) {
     for f in frames {
         let mut f = f.clone();
         f.peer_index = from.peer_index;
@@ -48,10 +48,10 @@ fn recv_done(e: &[EndpointEvent]) -> Vec<&RecvDone> {
         .collect()
 }
 
-impl Pair {
+impl EndpointPair {
     /// A connected to B and B connected to A.
-    fn new(config: Config) -> Pair {
-        let mut p = Pair {
+    fn new(config: Config) -> EndpointPair {
+        let mut p = EndpointPair {
             a: Endpoint::new(config.clone(), A.endpoint, SESSION_A, KEY),
             b: Endpoint::new(config, B.endpoint, SESSION_B, KEY),
             now: Instant::from_millis(1000),
@@ -88,7 +88,7 @@ impl Pair {
         );
     }
 
-    fn a_sends(&mut self, info: u64, data: &[u8]) -> (RequestId, Vec<Wire>) {
+    fn a_sends(&mut self, info: u64, data: &[u8]) -> (RequestId, Vec<OwnedFrame>) {
         let id = self.a.send(self.now, B, info, data).unwrap();
         (id, drain(&mut self.a))
     }
@@ -99,14 +99,14 @@ impl Pair {
     }
 }
 
-fn message(f: &Wire) -> &Message<Vec<u8>> {
+fn message(f: &OwnedFrame) -> &Message<Vec<u8>> {
     match &f.body {
         Body::Message(m) => m,
         other => panic!("not a message: {other:?}"),
     }
 }
 
-fn liback(f: &Wire) -> Liback {
+fn liback(f: &OwnedFrame) -> Liback {
     match f.body {
         Body::Liback(a) => a,
         ref other => panic!("not an ack: {other:?}"),
@@ -115,7 +115,7 @@ fn liback(f: &Wire) -> Liback {
 
 #[test]
 fn reverse_traffic_carries_the_ack() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     p.b.post_recv(p.now, 0, 0, 100).unwrap();
     let (id, frames) = p.a_sends(7, b"ping");
     let seq = message(&frames[0]).seqnum;
@@ -142,7 +142,7 @@ fn reverse_traffic_carries_the_ack() {
 
 #[test]
 fn lone_message_is_acked_after_the_ack_delay() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let (id, frames) = p.a_sends(1, b"x");
     let seq = message(&frames[0]).seqnum;
     let t0 = p.now;
@@ -174,7 +174,7 @@ fn lone_message_is_acked_after_the_ack_delay() {
 
 #[test]
 fn four_unacked_messages_force_an_immediate_ack() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     for i in 0..3 {
         let (_, f) = p.a_sends(i, b"m");
         deliver(&mut p.b, p.now, A, &f);
@@ -193,7 +193,7 @@ fn four_unacked_messages_force_an_immediate_ack() {
 #[test]
 fn imm_ack_of_one_acks_every_message() {
     let config = Config::default().with_env(|k| (k == "MX_IMM_ACK").then(|| "1".to_string()));
-    let mut p = Pair::new(config);
+    let mut p = EndpointPair::new(config);
     for i in 0..3u16 {
         let (_, f) = p.a_sends(i.into(), b"m");
         deliver(&mut p.b, p.now, A, &f);
@@ -205,7 +205,7 @@ fn imm_ack_of_one_acks_every_message() {
 
 #[test]
 fn unacked_message_is_resent_unchanged() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
     let (_, first) = p.a_sends(99, &data);
     assert_eq!(first.len(), 3, "three MEDIUM fragments");
@@ -227,7 +227,7 @@ fn resend_waits_grow_exponentially_then_cap() {
         resend_delay_max: Duration::from_millis(3000),
         ..Config::default()
     };
-    let mut p = Pair::new(config);
+    let mut p = EndpointPair::new(config);
     let (_, first) = p.a_sends(1, b"lost");
     let mut t = p.now;
     let mut waits = Vec::new();
@@ -247,7 +247,7 @@ fn exhausted_retries_time_out_every_pending_request_to_the_partner() {
         max_retries: 3,
         ..Config::default()
     };
-    let mut p = Pair::new(config);
+    let mut p = EndpointPair::new(config);
     let (s1, _) = p.a_sends(1, b"one");
     p.at(100);
     let (s2, _) = p.a_sends(2, &[7; 500]);
@@ -291,7 +291,7 @@ fn exhausted_retries_time_out_every_pending_request_to_the_partner() {
 
 #[test]
 fn nacks_end_the_named_send_with_the_mapped_status() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let sent: Vec<(RequestId, Seqnum)> = (0..3)
         .map(|i| {
             let (id, f) = p.a_sends(i, b"data");
@@ -357,7 +357,7 @@ fn nacks_end_the_named_send_with_the_mapped_status() {
 
 #[test]
 fn a_forged_nack_does_not_end_a_send_its_partner_acks() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let (id, frames) = p.a_sends(1, b"data");
     let seq = message(&frames[0]).seqnum;
     // The message is lost on the way; a third party that guessed its seqnum
@@ -471,7 +471,7 @@ fn wrong_key_gets_bad_key() {
 
 #[test]
 fn message_for_another_session_is_nacked() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let (_, mut f) = p.a_sends(1, b"hi");
     let seq = message(&f[0]).seqnum;
     if let Body::Message(m) = &mut f[0].body {
@@ -493,7 +493,7 @@ fn message_for_another_session_is_nacked() {
 
 #[test]
 fn duplicates_are_delivered_once_and_reacked() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     p.b.post_recv(p.now, 0, 0, 10).unwrap();
     p.b.post_recv(p.now, 0, 0, 10).unwrap();
     let (_, f) = p.a_sends(1, b"once");
@@ -510,8 +510,8 @@ fn duplicates_are_delivered_once_and_reacked() {
 
 #[test]
 fn out_of_order_frames_are_matched_in_order() {
-    let mut p = Pair::new(Config::default());
-    let frames: Vec<Wire> = (0..4).flat_map(|i| p.a_sends(i, &[i as u8; 3]).1).collect();
+    let mut p = EndpointPair::new(Config::default());
+    let frames: Vec<OwnedFrame> = (0..4).flat_map(|i| p.a_sends(i, &[i as u8; 3]).1).collect();
     for i in 0..4 {
         p.b.post_recv(p.now, 0, 0, 10).unwrap();
         let _ = i;
@@ -526,7 +526,7 @@ fn out_of_order_frames_are_matched_in_order() {
 
 #[test]
 fn medium_fragments_reassemble_across_reordering_and_duplication() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
     let (_, f) = p.a_sends(5, &data);
     let (_, tiny) = p.a_sends(6, b"after");
@@ -568,7 +568,7 @@ fn medium_fragments_reassemble_across_reordering_and_duplication() {
 
 #[test]
 fn frames_of_a_dropped_connection_are_ignored() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let (_, f) = p.a_sends(1, b"old");
     p.b.disconnect(A);
     p.b.post_recv(p.now, 0, 0, 10).unwrap();
@@ -579,7 +579,7 @@ fn frames_of_a_dropped_connection_are_ignored() {
 
 #[test]
 fn malformed_frames_are_dropped_without_effect() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     p.b.post_recv(p.now, 0, 0, 100_000).unwrap();
     let (_, f) = p.a_sends(1, &[1; 5000]);
     let base = message(&f[0]).clone();
@@ -625,7 +625,7 @@ fn malformed_frames_are_dropped_without_effect() {
 
 #[test]
 fn stale_and_foreign_acks_are_ignored() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     let (id, f) = p.a_sends(1, b"x");
     let seq = message(&f[0]).seqnum;
     let ack = |acknum, session, ack_session| Frame {
@@ -704,7 +704,7 @@ fn messages_from_strangers_are_dropped() {
 
 #[test]
 fn receive_requests_post_cancel_probe() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     assert!(matches!(
         p.b.post_recv(p.now, 0x10, 0x0f, 1),
         Err(xmx_mx::Error::BadMatchMask(_))
@@ -738,7 +738,7 @@ fn receive_requests_post_cancel_probe() {
 
 #[test]
 fn reconnect_request_is_idempotent() {
-    let mut p = Pair::new(Config::default());
+    let mut p = EndpointPair::new(Config::default());
     p.b.post_recv(p.now, 0, 0, 10).unwrap();
     let (_, f) = p.a_sends(1, b"1");
     deliver(&mut p.b, p.now, A, &f);

@@ -28,7 +28,7 @@ use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
 use crate::transport::{PullProgress, Regions, Transport, TransportPort};
 
-pub(crate) use requests::Request;
+pub(crate) use requests::AppRequest;
 pub(crate) use requests::RequestKind;
 pub(crate) use unexp::UnexpHandler;
 
@@ -72,7 +72,7 @@ pub(crate) struct EndpointState {
     pub(crate) core: xmx_mx::Endpoint,
     port: Option<Box<dyn TransportPort>>,
     regions: Arc<dyn Regions>,
-    pub(crate) requests: HashMap<u64, Request>,
+    pub(crate) requests: HashMap<u64, AppRequest>,
     pub(crate) links: HashMap<RequestId, CoreRequestOwner>,
     /// Completed, not yet reported requests in completion order.
     pub(crate) done: BTreeMap<u64, u64>,
@@ -884,7 +884,7 @@ impl AppEndpoint {
         }
     }
 
-    fn new_request(&self, st: &mut EndpointState, r: Request) -> u64 {
+    fn new_request(&self, st: &mut EndpointState, r: AppRequest) -> u64 {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.requests.insert(seq, r);
@@ -907,7 +907,7 @@ impl AppEndpoint {
         Ok(seq)
     }
 
-    fn status_of(&self, r: &Request) -> MxStatus {
+    fn status_of(&self, r: &AppRequest) -> MxStatus {
         MxStatus {
             code: r.code.code(),
             source: r.source.encode(),

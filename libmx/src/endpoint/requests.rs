@@ -29,7 +29,7 @@ pub(crate) enum RequestKind {
 
 /// One request of the application.
 #[derive(Debug)]
-pub(crate) struct Request {
+pub(crate) struct AppRequest {
     pub(crate) kind: RequestKind,
     pub(crate) context: usize,
     pub(crate) code: Status,
@@ -51,9 +51,9 @@ pub(crate) struct Request {
     pub(crate) core: Option<RequestId>,
 }
 
-impl Request {
+impl AppRequest {
     pub(crate) fn new(kind: RequestKind, context: usize) -> Self {
-        Request {
+        AppRequest {
             kind,
             context,
             code: Status::Pending,
@@ -131,7 +131,7 @@ impl AppEndpoint {
         self.with_state(|ep, st| {
             let now = runtime::now();
             let eager = !sync && MessageClass::of(segs.len()) != MessageClass::Large;
-            let mut r = Request::new(RequestKind::Send { eager }, context);
+            let mut r = AppRequest::new(RequestKind::Send { eager }, context);
             r.source = Addr {
                 local: ep.handle,
                 ..addr
@@ -189,7 +189,7 @@ impl AppEndpoint {
         counters::add(Counter::Recvs, 1);
         self.with_state(|ep, st| {
             let now = runtime::now();
-            let mut r = Request::new(RequestKind::Recv, context);
+            let mut r = AppRequest::new(RequestKind::Recv, context);
             r.segs = segs;
             r.match_info = match_info;
             let seq = ep.new_request(st, r);
@@ -233,7 +233,7 @@ impl AppEndpoint {
         let peer = self.peer_of(&addr)?;
         counters::add(Counter::Connects, 1);
         let id = st.core.connect(runtime::now(), peer, key);
-        let mut r = Request::new(RequestKind::Connect, context);
+        let mut r = AppRequest::new(RequestKind::Connect, context);
         r.source = addr;
         r.match_info = match_info;
         r.dest = Some(peer);

@@ -8,7 +8,7 @@ use crate::segments::Segments;
 
 use super::{endpoint_of, put, put_opt, request_at, run};
 
-type Req = *mut c_void;
+type MxRequest = *mut c_void;
 
 /// Common part of `mx_isend` and `mx_issend`.
 ///
@@ -23,7 +23,7 @@ unsafe fn send(
     dest: MxEndpointAddr,
     match_info: u64,
     context: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     sync: bool,
 ) -> c_int {
     run(name, |h| {
@@ -37,7 +37,7 @@ unsafe fn send(
         }
         let t = ep.isend(segs, dest, match_info, context as usize, sync)?;
         // SAFETY: checked non-NULL; writable per the contract.
-        unsafe { put(request, t as Req, "request") }
+        unsafe { put(request, t as MxRequest, "request") }
     })
 }
 
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn mx_isend(
     dest_endpoint: MxEndpointAddr,
     match_info: u64,
     context: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
 ) -> c_int {
     // SAFETY: forwarded contract.
     unsafe {
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn mx_issend(
     dest_endpoint: MxEndpointAddr,
     match_info: u64,
     context: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
 ) -> c_int {
     // SAFETY: forwarded contract.
     unsafe {
@@ -115,7 +115,7 @@ pub unsafe extern "C" fn mx_irecv(
     match_info: u64,
     match_mask: u64,
     context: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
 ) -> c_int {
     run("mx_irecv", |h| {
         let ep = endpoint_of(endpoint, h)?;
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn mx_irecv(
         }
         let t = ep.irecv(segs, match_info, match_mask, context as usize)?;
         // SAFETY: checked non-NULL; writable per the contract.
-        unsafe { put(request, t as Req, "request") }
+        unsafe { put(request, t as MxRequest, "request") }
     })
 }
 
@@ -150,7 +150,7 @@ fn outputs<S, R>(status: *mut S, result: *mut R) -> MxResult<()> {
 /// Pointers writable or NULL.
 unsafe fn report(
     found: Option<MxStatus>,
-    request: *mut Req,
+    request: *mut MxRequest,
     status: *mut MxStatus,
     result: *mut u32,
 ) {
@@ -171,7 +171,7 @@ unsafe fn report(
 #[no_mangle]
 pub unsafe extern "C" fn mx_cancel(
     endpoint: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     result: *mut u32,
 ) -> c_int {
     run("mx_cancel", |h| {
@@ -198,7 +198,7 @@ pub unsafe extern "C" fn mx_cancel(
 #[cfg_attr(any(test, not(target_os = "linux")), no_mangle)]
 pub unsafe extern "C" fn mx_test(
     endpoint: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     status: *mut MxStatus,
     result: *mut u32,
 ) -> c_int {
@@ -222,7 +222,7 @@ pub unsafe extern "C" fn mx_test(
 #[cfg_attr(any(test, not(target_os = "linux")), no_mangle)]
 pub unsafe extern "C" fn mx_wait(
     endpoint: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     timeout: u32,
     status: *mut MxStatus,
     result: *mut u32,
@@ -288,11 +288,15 @@ pub unsafe extern "C" fn mx_wait_any(
 ///
 /// # Safety
 /// Pointers writable or NULL.
-unsafe fn report_peek(found: Option<usize>, request: *mut Req, result: *mut u32) -> MxResult<()> {
+unsafe fn report_peek(
+    found: Option<usize>,
+    request: *mut MxRequest,
+    result: *mut u32,
+) -> MxResult<()> {
     // SAFETY: per the callers' contracts.
     unsafe {
         if let Some(t) = found {
-            put(request, t as Req, "request")?;
+            put(request, t as MxRequest, "request")?;
         }
         put_opt(result, found.is_some() as u32);
     }
@@ -306,7 +310,7 @@ unsafe fn report_peek(found: Option<usize>, request: *mut Req, result: *mut u32)
 #[no_mangle]
 pub unsafe extern "C" fn mx_ipeek(
     endpoint: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     result: *mut u32,
 ) -> c_int {
     run("mx_ipeek", |h| {
@@ -324,7 +328,7 @@ pub unsafe extern "C" fn mx_ipeek(
 pub unsafe extern "C" fn mx_peek(
     endpoint: *mut c_void,
     timeout: u32,
-    request: *mut Req,
+    request: *mut MxRequest,
     result: *mut u32,
 ) -> c_int {
     run("mx_peek", |h| {
@@ -386,7 +390,7 @@ pub unsafe extern "C" fn mx_probe(
 #[no_mangle]
 pub unsafe extern "C" fn mx_ibuffered(
     endpoint: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     result: *mut u32,
 ) -> c_int {
     run("mx_ibuffered", |h| {
@@ -407,7 +411,7 @@ pub unsafe extern "C" fn mx_ibuffered(
 #[no_mangle]
 pub unsafe extern "C" fn mx_buffered(
     endpoint: *mut c_void,
-    request: *mut Req,
+    request: *mut MxRequest,
     timeout: u32,
     result: *mut u32,
 ) -> c_int {
@@ -427,7 +431,7 @@ pub unsafe extern "C" fn mx_buffered(
 /// # Safety
 /// `request` readable, `context` writable.
 #[no_mangle]
-pub unsafe extern "C" fn mx_context(request: *mut Req, context: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn mx_context(request: *mut MxRequest, context: *mut *mut c_void) -> c_int {
     run("mx_context", |h| {
         // SAFETY: per the contract.
         let t = unsafe { request_at(request) }?;
@@ -444,7 +448,7 @@ pub unsafe extern "C" fn mx_context(request: *mut Req, context: *mut *mut c_void
 /// # Safety
 /// `request` readable and writable.
 #[no_mangle]
-pub unsafe extern "C" fn mx_forget(endpoint: *mut c_void, request: *mut Req) -> c_int {
+pub unsafe extern "C" fn mx_forget(endpoint: *mut c_void, request: *mut MxRequest) -> c_int {
     run("mx_forget", |h| {
         let ep = endpoint_of(endpoint, h)?;
         // SAFETY: per the contract.
@@ -460,7 +464,7 @@ pub unsafe extern "C" fn mx_forget(endpoint: *mut c_void, request: *mut Req) -> 
 #[no_mangle]
 pub extern "C" fn mx_set_request_timeout(
     endpoint: *mut c_void,
-    request: Req,
+    request: MxRequest,
     milli_seconds: u32,
 ) -> c_int {
     run("mx_set_request_timeout", |h| {
@@ -494,7 +498,7 @@ pub extern "C" fn mx_iput(
     _dest_endpoint: MxEndpointAddr,
     _remote_addr: u64,
     _context: *mut c_void,
-    _request: *mut Req,
+    _request: *mut MxRequest,
 ) -> c_int {
     one_sided("mx_iput", endpoint)
 }
@@ -508,7 +512,7 @@ pub extern "C" fn mx_iget(
     _dest_endpoint: MxEndpointAddr,
     _remote_addr: u64,
     _context: *mut c_void,
-    _request: *mut Req,
+    _request: *mut MxRequest,
 ) -> c_int {
     one_sided("mx_iget", endpoint)
 }

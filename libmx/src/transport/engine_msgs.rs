@@ -538,14 +538,14 @@ mod tests {
 
     /// Two co-located guests of one engine: what A's library sends reaches
     /// B's library through the engine's real receive path.
-    struct Pair {
+    struct EngineGuestPair {
         engine: Engine,
         mem_a: InMemoryGuest,
         mem_b: InMemoryGuest,
         out: Outgoing,
     }
 
-    impl Pair {
+    impl EngineGuestPair {
         fn new() -> Self {
             let mut engine = Engine::new(EngineConfig::default());
             let (mem_a, mem_b) = (InMemoryGuest::new(), InMemoryGuest::new());
@@ -585,7 +585,7 @@ mod tests {
                     cluster: ClusterId(0),
                 }))
                 .unwrap();
-            Pair {
+            EngineGuestPair {
                 engine,
                 mem_a,
                 mem_b,
@@ -679,7 +679,7 @@ mod tests {
 
     #[test]
     fn messages_cross_the_engine_unchanged() {
-        let mut p = Pair::new();
+        let mut p = EngineGuestPair::new();
         // The RNDV names a window the engine checks is registered.
         p.engine
             .register_region(A, EP_A, 9, RegionHandle(1), (1 << 20) + 0x123)
@@ -729,7 +729,7 @@ mod tests {
 
     #[test]
     fn connects_carry_sessions_both_ways() {
-        let mut p = Pair::new();
+        let mut p = EngineGuestPair::new();
         let request = from_a(Body::ConnectRequest(CoreConnectRequest {
             lib_seqnum: 0,
             src_session: SESSION_A,
@@ -763,7 +763,7 @@ mod tests {
 
     #[test]
     fn medium_fragments_are_held_until_whole_then_sent_once() {
-        let mut p = Pair::new();
+        let mut p = EngineGuestPair::new();
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         let frags: Vec<Frame<Vec<u8>>> = data
             .chunks(MEDIUM_FRAG_MAX)

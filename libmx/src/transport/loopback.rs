@@ -58,14 +58,14 @@ fn system_hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-struct Mailbox {
+struct LoopMailbox {
     session: u32,
     inbox: Mutex<VecDeque<Frame<Vec<u8>>>>,
     doorbell: Arc<Doorbell>,
     regions: Arc<LoopRegions>,
 }
 
-impl Mailbox {
+impl LoopMailbox {
     fn deliver(&self, frame: Frame<Vec<u8>>) {
         lock(&self.inbox).push_back(frame);
         self.doorbell.ring();
@@ -82,7 +82,7 @@ struct RawMailbox {
 pub(crate) struct Loopback {
     hostname: Mutex<String>,
     peers: RwLock<PeerDirectory>,
-    ports: RwLock<HashMap<u8, Arc<Mailbox>>>,
+    ports: RwLock<HashMap<u8, Arc<LoopMailbox>>>,
     raws: Mutex<Vec<Arc<RawMailbox>>>,
     next_raw: std::sync::atomic::AtomicU64,
     myself: Weak<Loopback>,
@@ -117,7 +117,7 @@ impl Loopback {
         BOARD.get_or_init(Loopback::new).clone()
     }
 
-    fn mailbox(&self, endpoint: u8) -> Option<Arc<Mailbox>> {
+    fn mailbox(&self, endpoint: u8) -> Option<Arc<LoopMailbox>> {
         self.ports
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -168,7 +168,7 @@ impl Transport for Loopback {
                 .find(|i| !ports.contains_key(i))
                 .ok_or(OpenError::NoResources)?,
         };
-        let mailbox = Arc::new(Mailbox {
+        let mailbox = Arc::new(LoopMailbox {
             session: random_u32(),
             inbox: Mutex::new(VecDeque::new()),
             doorbell,
@@ -269,7 +269,7 @@ impl Transport for Loopback {
 struct LoopPort {
     board: Arc<Loopback>,
     index: u8,
-    mailbox: Arc<Mailbox>,
+    mailbox: Arc<LoopMailbox>,
 }
 
 impl TransportPort for LoopPort {
@@ -329,13 +329,13 @@ impl Drop for LoopPort {
     }
 }
 
-struct Window {
+struct LoopWindow {
     seqnum: u8,
     data: Segments,
 }
 
 struct RegionTable {
-    windows: HashMap<u8, Window>,
+    windows: HashMap<u8, LoopWindow>,
     generations: [u8; 256],
     cursor: u8,
     cache: Option<RegCache<()>>,
@@ -383,7 +383,7 @@ impl Regions for LoopRegions {
         }
         t.windows.insert(
             id,
-            Window {
+            LoopWindow {
                 seqnum,
                 data: data.clone(),
             },

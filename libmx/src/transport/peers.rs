@@ -9,7 +9,7 @@ use crate::errors::{Failure, MxResult};
 pub(crate) const MAX_PEERS: usize = 65536;
 
 #[derive(Clone, Debug)]
-struct Peer {
+struct DirectoryPeer {
     nic_id: u64,
     hostname: Option<String>,
 }
@@ -18,7 +18,7 @@ struct Peer {
 /// stays in the table.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PeerDirectory {
-    slots: Vec<Option<Peer>>,
+    slots: Vec<Option<DirectoryPeer>>,
     by_nic: HashMap<u64, u16>,
     by_name: HashMap<String, u64>,
 }
@@ -37,7 +37,7 @@ impl PeerDirectory {
                     }
                     None => return Err(Failure::new(MxReturn::NoResources, "peer table is full")),
                 };
-                self.slots[i] = Some(Peer {
+                self.slots[i] = Some(DirectoryPeer {
                     nic_id,
                     hostname: None,
                 });

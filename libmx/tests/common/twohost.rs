@@ -46,7 +46,7 @@ pub const LOSSY: Impairment = Impairment::NETEM;
 
 enum TwoHostsLink {
     Veth(VethPair),
-    Relayed(Relay),
+    Relayed(NamespaceRelay),
 }
 
 /// Two hosts and the peer list naming both.
@@ -159,7 +159,7 @@ impl TwoHosts {
             Err(why) => {
                 println!("tc netem unavailable ({why}); impairing the link in a relay instead");
                 drop(pair);
-                let relay = Relay::start(tag, imp);
+                let relay = NamespaceRelay::start(tag, imp);
                 let hosts = [
                     host(&relay.namespaces[0], "xmx-a", 0),
                     host(&relay.namespaces[1], "xmx-b", 1),
@@ -359,13 +359,13 @@ pub fn passed(what: &str, o: &Output) -> String {
 }
 
 /// A relay in a third namespace between the two hosts' interfaces, impairing both ways.
-struct Relay {
+struct NamespaceRelay {
     namespaces: [String; 3],
     relay: Option<xmx_nic::testbed::relay::Relay>,
 }
 
-impl Relay {
-    fn start(tag: &str, imp: Impairment) -> Relay {
+impl NamespaceRelay {
+    fn start(tag: &str, imp: Impairment) -> NamespaceRelay {
         let base = format!(
             "xmx-{tag}-{}-r{}",
             std::process::id(),
@@ -376,7 +376,7 @@ impl Relay {
             format!("{base}-b"),
             format!("{base}-r"),
         ];
-        let mut relay = Relay {
+        let mut relay = NamespaceRelay {
             namespaces: namespaces.clone(),
             relay: None,
         };
@@ -419,7 +419,7 @@ impl Relay {
     }
 }
 
-impl Drop for Relay {
+impl Drop for NamespaceRelay {
     fn drop(&mut self) {
         self.relay = None;
         for ns in &self.namespaces {

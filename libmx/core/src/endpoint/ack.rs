@@ -34,7 +34,7 @@ impl Endpoint {
             .config
             .rendezvous_timeout
             .unwrap_or_else(|| self.config.retry_budget());
-        if let Some(Request::Send(s)) = self.requests.get_mut(&id) {
+        if let Some(CoreRequest::Send(s)) = self.requests.get_mut(&id) {
             if matches!(s.payload, SendPayload::Large { .. }) && s.notified.is_none() {
                 let wait_end = now + limit;
                 s.deadline = Some(s.deadline.map_or(wait_end, |d| d.min(wait_end)));
@@ -45,7 +45,7 @@ impl Endpoint {
     /// The sequenced message of `id` was acknowledged (`Success`) or refused.
     pub(super) fn finish_sequenced(&mut self, id: RequestId, status: Status) {
         match self.requests.get_mut(&id) {
-            Some(Request::Send(s)) => {
+            Some(CoreRequest::Send(s)) => {
                 s.retx = None;
                 match s.payload {
                     SendPayload::Eager(ref data) => {
@@ -66,7 +66,7 @@ impl Endpoint {
                     }
                 }
             }
-            Some(Request::Recv(RecvReq {
+            Some(CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { .. },
                 ..
             })) => {
@@ -192,8 +192,8 @@ impl Endpoint {
     /// Retransmits sequenced request `id` at the next timeout, now.
     fn resend_now(&mut self, id: RequestId, now: Instant) {
         match self.requests.get_mut(&id) {
-            Some(Request::Send(SendReq { retx: Some(r), .. }))
-            | Some(Request::Recv(RecvReq {
+            Some(CoreRequest::Send(SendReq { retx: Some(r), .. }))
+            | Some(CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { retx: Some(r), .. },
                 ..
             })) => r.next_resend = now,

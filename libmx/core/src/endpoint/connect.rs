@@ -85,7 +85,7 @@ impl Endpoint {
         };
         let requests = &self.requests;
         let Some(pos) = p.connects.iter().position(
-            |id| matches!(requests.get(id), Some(Request::Connect(r)) if r.connect_seqnum == c.connect_seqnum),
+            |id| matches!(requests.get(id), Some(CoreRequest::Connect(r)) if r.connect_seqnum == c.connect_seqnum),
         ) else {
             return;
         };

@@ -237,7 +237,7 @@ struct RecvReq {
 }
 
 #[derive(Debug)]
-enum Request {
+enum CoreRequest {
     Connect(ConnectReq),
     Send(SendReq),
     Recv(RecvReq),
@@ -252,7 +252,7 @@ enum Content {
 
 /// A message being received (matched or not).
 #[derive(Debug)]
-struct Inbound {
+struct InboundMessage {
     source: PeerAddr,
     match_info: u64,
     msg_length: u32,
@@ -260,7 +260,7 @@ struct Inbound {
     recv: Option<RequestId>,
 }
 
-impl Inbound {
+impl InboundMessage {
     /// Bytes held while unexpected.
     fn stored_len(&self) -> usize {
         match self.content {
@@ -278,8 +278,8 @@ pub struct Endpoint {
     session: u32,
     key: u32,
     partners: BTreeMap<PeerAddr, Partner>,
-    requests: BTreeMap<RequestId, Request>,
-    inbound: BTreeMap<InboundId, Inbound>,
+    requests: BTreeMap<RequestId, CoreRequest>,
+    inbound: BTreeMap<InboundId, InboundMessage>,
     matcher: Matcher<RequestId, InboundId>,
     unexpected_bytes: usize,
     /// Whether arrivals into the unexpected queue are reported.
@@ -394,7 +394,7 @@ impl Endpoint {
         let deadline = self.deadline_from(now);
         self.requests.insert(
             id,
-            Request::Connect(ConnectReq {
+            CoreRequest::Connect(ConnectReq {
                 peer,
                 key,
                 connect_seqnum,
@@ -464,7 +464,7 @@ impl Endpoint {
         let deadline = self.deadline_from(now);
         self.requests.insert(
             id,
-            Request::Send(SendReq {
+            CoreRequest::Send(SendReq {
                 peer: dest,
                 match_info,
                 payload,
@@ -494,7 +494,7 @@ impl Endpoint {
         let posting = self.matcher.post(match_info, match_mask, id)?;
         self.requests.insert(
             id,
-            Request::Recv(RecvReq {
+            CoreRequest::Recv(RecvReq {
                 capacity,
                 state: RecvState::Posted,
             }),
@@ -541,7 +541,7 @@ impl Endpoint {
     /// whole (a TINY, SMALL or fully reassembled MEDIUM message).
     pub fn unexpected_data(&self, id: InboundId) -> Option<&[u8]> {
         match self.inbound.get(&id) {
-            Some(Inbound {
+            Some(InboundMessage {
                 recv: None,
                 content: Content::Whole(data),
                 ..
@@ -569,7 +569,7 @@ impl Endpoint {
         let rid = self.alloc_request();
         self.requests.insert(
             rid,
-            Request::Recv(RecvReq {
+            CoreRequest::Recv(RecvReq {
                 capacity,
                 state: RecvState::Posted,
             }),
@@ -588,7 +588,7 @@ impl Endpoint {
         self.timers_changed();
         let posted = matches!(
             self.requests.get(&id),
-            Some(Request::Recv(RecvReq {
+            Some(CoreRequest::Recv(RecvReq {
                 state: RecvState::Posted,
                 ..
             }))
@@ -623,7 +623,7 @@ impl Endpoint {
     pub fn pull_done(&mut self, now: Instant, id: RequestId, status: Status) -> Result<(), Error> {
         self.timers_changed();
         let large = match self.requests.get(&id) {
-            Some(Request::Recv(RecvReq {
+            Some(CoreRequest::Recv(RecvReq {
                 state: RecvState::Pulling(large),
                 ..
             })) => *large,
@@ -642,7 +642,7 @@ impl Endpoint {
             .filter(|r| {
                 matches!(
                     r,
-                    Request::Recv(RecvReq {
+                    CoreRequest::Recv(RecvReq {
                         state: RecvState::Notifying { .. },
                         ..
                     })
@@ -665,11 +665,11 @@ impl Endpoint {
     pub fn set_request_timeout(&mut self, id: RequestId, timeout: std::time::Duration) -> bool {
         self.timers_changed();
         match self.requests.get_mut(&id) {
-            Some(Request::Send(s)) => {
+            Some(CoreRequest::Send(s)) => {
                 s.deadline = Some(s.submitted + timeout);
                 true
             }
-            Some(Request::Connect(c)) => {
+            Some(CoreRequest::Connect(c)) => {
                 c.deadline = Some(c.submitted + timeout);
                 true
             }
@@ -751,13 +751,13 @@ impl Endpoint {
                     continue;
                 };
                 let (retx_at, deadline) = match req {
-                    Request::Send(s) => (s.retx.map(|r| r.next_resend), s.deadline),
-                    Request::Connect(c) => (Some(c.next_resend), c.deadline),
-                    Request::Recv(RecvReq {
+                    CoreRequest::Send(s) => (s.retx.map(|r| r.next_resend), s.deadline),
+                    CoreRequest::Connect(c) => (Some(c.next_resend), c.deadline),
+                    CoreRequest::Recv(RecvReq {
                         state: RecvState::Notifying { retx, deadline, .. },
                         ..
                     }) => (retx.map(|r| r.next_resend), *deadline),
-                    Request::Recv(_) => (None, None),
+                    CoreRequest::Recv(_) => (None, None),
                 };
                 let refused = self.refusals.get(id).map(|r| r.1);
                 retx_at
@@ -802,7 +802,7 @@ impl Endpoint {
                 .connects
                 .iter()
                 .copied()
-                .filter(|id| matches!(self.requests.get(id), Some(Request::Connect(c)) if c.next_resend <= now))
+                .filter(|id| matches!(self.requests.get(id), Some(CoreRequest::Connect(c)) if c.next_resend <= now))
                 .collect();
             for id in resend {
                 tracing::debug!(?peer, ?id, "retransmitting");
@@ -837,11 +837,11 @@ impl Endpoint {
             .chain(&p.awaiting_notify)
             .chain(&p.connects)
             .any(|id| match self.requests.get(id) {
-                Some(Request::Send(s)) => exhausted(s.retx) || past(s.deadline),
-                Some(Request::Connect(c)) => {
+                Some(CoreRequest::Send(s)) => exhausted(s.retx) || past(s.deadline),
+                Some(CoreRequest::Connect(c)) => {
                     (c.next_resend <= now && c.transmissions > max) || past(c.deadline)
                 }
-                Some(Request::Recv(RecvReq {
+                Some(CoreRequest::Recv(RecvReq {
                     state: RecvState::Notifying { retx, deadline, .. },
                     ..
                 })) => exhausted(*retx) || past(*deadline),

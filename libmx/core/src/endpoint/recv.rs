@@ -99,7 +99,7 @@ impl Endpoint {
         failure: Option<Status>,
     ) {
         let capacity = match self.requests.get(&id) {
-            Some(Request::Recv(RecvReq {
+            Some(CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { .. },
                 ..
             })) => {
@@ -107,7 +107,7 @@ impl Endpoint {
                 self.requests.remove(&id);
                 return;
             }
-            Some(Request::Recv(r)) => r.capacity,
+            Some(CoreRequest::Recv(r)) => r.capacity,
             _ => return,
         };
         self.requests.remove(&id);
@@ -262,7 +262,7 @@ impl Endpoint {
             }
             MessageKind::Rndv(r) => (r.msg_length, Content::Rndv(r.window)),
         };
-        let mut inb = Inbound {
+        let mut inb = InboundMessage {
             source: src,
             match_info: m.match_info,
             msg_length,
@@ -363,7 +363,7 @@ impl Endpoint {
         let Some(rid) = inb.recv else { return };
         match inb.content {
             Content::Assembling(_) => {
-                if let Some(Request::Recv(r)) = self.requests.get_mut(&rid) {
+                if let Some(CoreRequest::Recv(r)) = self.requests.get_mut(&rid) {
                     r.state = RecvState::Assembling;
                 }
             }
@@ -381,7 +381,7 @@ impl Endpoint {
                     return;
                 };
                 let capacity = match self.requests.get(&rid) {
-                    Some(Request::Recv(r)) => r.capacity,
+                    Some(CoreRequest::Recv(r)) => r.capacity,
                     _ => return,
                 };
                 let xfer_length = (inb.msg_length as usize).min(capacity) as u32;
@@ -395,7 +395,7 @@ impl Endpoint {
                 if xfer_length == 0 {
                     self.start_notify(now, rid, large, Status::Success);
                 } else {
-                    if let Some(Request::Recv(r)) = self.requests.get_mut(&rid) {
+                    if let Some(CoreRequest::Recv(r)) = self.requests.get_mut(&rid) {
                         r.state = RecvState::Pulling(large);
                     }
                     let source = self.addr_of(large.source);
@@ -417,7 +417,7 @@ impl Endpoint {
         large: LargeRecv,
         status: Status,
     ) {
-        if !matches!(self.requests.get(&id), Some(Request::Recv(_))) {
+        if !matches!(self.requests.get(&id), Some(CoreRequest::Recv(_))) {
             return;
         }
         if self
@@ -438,7 +438,7 @@ impl Endpoint {
             return;
         }
         let deadline = self.deadline_from(now);
-        if let Some(Request::Recv(r)) = self.requests.get_mut(&id) {
+        if let Some(CoreRequest::Recv(r)) = self.requests.get_mut(&id) {
             r.state = RecvState::Notifying {
                 large,
                 status,
@@ -477,8 +477,8 @@ impl Endpoint {
         let Some(p) = self.partners.get_mut(&src) else {
             return;
         };
-        let is_it = |req: Option<&Request>| {
-            matches!(req, Some(Request::Send(SendReq { payload: SendPayload::Large { window, .. }, .. }))
+        let is_it = |req: Option<&CoreRequest>| {
+            matches!(req, Some(CoreRequest::Send(SendReq { payload: SendPayload::Large { window, .. }, .. }))
                 if window.id == n.rdma_id && window.seqnum == n.rdma_seqnum)
         };
         if let Some(pos) = p
@@ -492,7 +492,7 @@ impl Endpoint {
         }
         // Notified before its RNDV was acked: complete when the ack comes.
         if let Some(&id) = p.non_acked.iter().find(|id| is_it(self.requests.get(id))) {
-            if let Some(Request::Send(s)) = self.requests.get_mut(&id) {
+            if let Some(CoreRequest::Send(s)) = self.requests.get_mut(&id) {
                 s.notified = Some(n.total_length);
             }
         }

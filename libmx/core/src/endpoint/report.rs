@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use super::{Endpoint, RecvState, Request, Retx, SendPayload};
+use super::{CoreRequest, Endpoint, RecvState, Retx, SendPayload};
 use crate::time::Instant;
 
 /// Requests listed one by one per state; the rest are counted.
@@ -91,7 +91,7 @@ impl Endpoint {
         let mut notifying = Vec::new();
         for (id, r) in &self.requests {
             match r {
-                Request::Connect(c) => connects.push(format!(
+                CoreRequest::Connect(c) => connects.push(format!(
                     "connect {} to {}:{} sent {}x, {} ms old",
                     id.0,
                     c.peer.peer_index,
@@ -99,7 +99,7 @@ impl Endpoint {
                     c.transmissions,
                     ms(c.submitted)
                 )),
-                Request::Send(s) => {
+                CoreRequest::Send(s) => {
                     let retx = retx_text(s.retx);
                     let line = format!(
                         "send {} to {}:{} match {:#x}: {retx}, {} ms old",
@@ -117,7 +117,7 @@ impl Endpoint {
                         )),
                     }
                 }
-                Request::Recv(r) => match &r.state {
+                CoreRequest::Recv(r) => match &r.state {
                     RecvState::Posted => posted += 1,
                     RecvState::Assembling => assembling.push(format!("recv {}", id.0)),
                     RecvState::Pulling(l) => pulling.push(format!(

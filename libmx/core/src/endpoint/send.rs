@@ -6,8 +6,8 @@ use super::*;
 impl Endpoint {
     pub(super) fn retx_of(&self, id: RequestId) -> Option<Retx> {
         match self.requests.get(&id)? {
-            Request::Send(s) => s.retx,
-            Request::Recv(RecvReq {
+            CoreRequest::Send(s) => s.retx,
+            CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { retx, .. },
                 ..
             }) => *retx,
@@ -17,8 +17,8 @@ impl Endpoint {
 
     fn retx_mut(&mut self, id: RequestId) -> Option<&mut Option<Retx>> {
         match self.requests.get_mut(&id)? {
-            Request::Send(s) => Some(&mut s.retx),
-            Request::Recv(RecvReq {
+            CoreRequest::Send(s) => Some(&mut s.retx),
+            CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { retx, .. },
                 ..
             }) => Some(retx),
@@ -90,8 +90,8 @@ impl Endpoint {
             return;
         };
         let (peer, retx) = match req {
-            Request::Send(s) => (s.peer, &mut s.retx),
-            Request::Recv(RecvReq {
+            CoreRequest::Send(s) => (s.peer, &mut s.retx),
+            CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { large, retx, .. },
                 ..
             }) => (large.source, retx),
@@ -112,7 +112,7 @@ impl Endpoint {
             body,
         };
         match req {
-            Request::Send(s) => {
+            CoreRequest::Send(s) => {
                 let session = p.true_session.unwrap_or(0);
                 let msg = |kind, payload: &[u8]| {
                     frame(Body::Message(Message {
@@ -151,7 +151,7 @@ impl Endpoint {
                     }
                 }
             }
-            Request::Recv(RecvReq {
+            CoreRequest::Recv(RecvReq {
                 state: RecvState::Notifying { large, status, .. },
                 ..
             }) => {
@@ -177,7 +177,7 @@ impl Endpoint {
     }
 
     pub(super) fn transmit_connect(&mut self, now: Instant, id: RequestId) {
-        let Some(Request::Connect(c)) = self.requests.get_mut(&id) else {
+        let Some(CoreRequest::Connect(c)) = self.requests.get_mut(&id) else {
             return;
         };
         let Some(p) = self.partners.get(&c.peer) else {

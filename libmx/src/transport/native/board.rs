@@ -93,13 +93,13 @@ pub(super) struct Inbox<'a> {
 /// The peer table as lookups see it: a copy readers take without the board's
 /// lock, and a signal for threads waiting for a hostname to be learnt.
 #[derive(Default)]
-pub(super) struct PeerView {
+pub(super) struct BoardPeerView {
     table: RwLock<PeerTable>,
     learnt: Mutex<u64>,
     changed: Condvar,
 }
 
-impl PeerView {
+impl BoardPeerView {
     /// Reads the table.
     pub(super) fn read<T>(&self, f: impl FnOnce(&PeerTable) -> T) -> T {
         f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
@@ -137,7 +137,7 @@ impl PeerView {
 }
 
 /// A send's buffer, registered as a window peers pull from.
-struct Window {
+struct BoardWindow {
     seqnum: u8,
     handle: RegionHandle,
     /// Kept mapped after release (registration cache).
@@ -145,23 +145,23 @@ struct Window {
 }
 
 /// A receive's buffer, registered while a pull writes into it.
-struct Sink {
+struct BoardSink {
     id: RequestId,
     region: u8,
     handle: RegionHandle,
 }
 
 /// An open endpoint as the board keeps it.
-struct Slot {
+struct BoardEndpoint {
     mailbox: Arc<Mailbox>,
     /// Frames were put in the mailbox since its port last drained it under
     /// the board's lock: they go before anything newer (see [`Board::pump`]).
     mailed: bool,
     session: u32,
     sessions: PeerSessions,
-    windows: HashMap<u8, Window>,
+    windows: HashMap<u8, BoardWindow>,
     /// Pulls in progress, by the tag of their request.
-    sinks: HashMap<u32, Sink>,
+    sinks: HashMap<u32, BoardSink>,
     generations: [u8; REGION_IDS],
     cursor: u8,
     next_tag: u32,
@@ -172,7 +172,7 @@ struct Slot {
     lingering: Option<Instant>,
 }
 
-impl Slot {
+impl BoardEndpoint {
     fn tag(&mut self) -> u32 {
         self.next_tag = self.next_tag.wrapping_add(1);
         self.next_tag
@@ -208,8 +208,8 @@ pub(super) struct Board {
     engine: Engine,
     wire: Box<dyn Wire>,
     memory: NativeMemory,
-    slots: HashMap<u8, Slot>,
-    view: Arc<PeerView>,
+    slots: HashMap<u8, BoardEndpoint>,
+    view: Arc<BoardPeerView>,
     entries: Vec<PeerEntry>,
     next_region: u64,
     rings: Vec<Arc<Mailbox>>,
@@ -229,7 +229,7 @@ impl Board {
         wire: Box<dyn Wire>,
         hostname: &str,
         entries: Vec<PeerEntry>,
-        view: Arc<PeerView>,
+        view: Arc<BoardPeerView>,
     ) -> Result<Board, String> {
         let memory = NativeMemory::default();
         let mut engine = Engine::new(config);
@@ -334,8 +334,9 @@ impl Board {
         doorbell: Arc<Doorbell>,
         rcache: bool,
     ) -> Result<(u8, Arc<Mailbox>), OpenError> {
-        let busy =
-            |slots: &HashMap<u8, Slot>, i: &u8| slots.get(i).is_some_and(|s| s.lingering.is_none());
+        let busy = |slots: &HashMap<u8, BoardEndpoint>, i: &u8| {
+            slots.get(i).is_some_and(|s| s.lingering.is_none())
+        };
         let index = match endpoint {
             Some(i) if busy(&self.slots, &i) => return Err(OpenError::Busy(i)),
             Some(i) => i,
@@ -362,7 +363,7 @@ impl Board {
         let mailbox = Arc::new(Mailbox::new(doorbell));
         self.slots.insert(
             index,
-            Slot {
+            BoardEndpoint {
                 mailbox: mailbox.clone(),
                 mailed: false,
                 session,
@@ -523,7 +524,7 @@ impl Board {
         slot.generations[usize::from(id)] = seqnum;
         slot.windows.insert(
             id,
-            Window {
+            BoardWindow {
                 seqnum,
                 handle,
                 cached,
@@ -637,7 +638,7 @@ impl Board {
             return PullProgress::Done(Err(Status::NoResources));
         }
         let tag = slot.tag();
-        slot.sinks.insert(tag, Sink { id, region, handle });
+        slot.sinks.insert(tag, BoardSink { id, region, handle });
         let request = engine_msgs::pull_request(tag, source, session, window, region, length);
         if let Err(v) = self.engine.handle_send(now, GUEST, index, &request) {
             self.counters.violations += 1;

@@ -53,7 +53,7 @@ pub(crate) use peers::{board_name, PeersFileEntry};
 pub(crate) use wire::SeqpacketWire;
 pub(crate) use wire::Wire;
 
-use board::{Board, Clock, Inbox, PeerView};
+use board::{Board, BoardPeerView, Clock, Inbox};
 use driver::WakeFd;
 use port::NativePort;
 
@@ -179,7 +179,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What the transport, its ports and the driver thread share.
 pub(crate) struct NativeShared {
     board: Mutex<Board>,
-    view: Arc<PeerView>,
+    view: Arc<BoardPeerView>,
     hostname: RwLock<String>,
     wake: WakeFd,
     wire_fd: RawFd,
@@ -288,7 +288,7 @@ impl Native {
     pub(crate) fn start(config: NativeConfig, wire: Box<dyn Wire>) -> Result<Arc<Native>, String> {
         let mac = wire.mac();
         let entries = peers::initial_table(mac, &config.hostname, &config.peers)?;
-        let view = Arc::new(PeerView::default());
+        let view = Arc::new(BoardPeerView::default());
         let board = Board::new(
             config.engine_config(),
             wire,

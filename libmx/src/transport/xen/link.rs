@@ -45,7 +45,7 @@ pub(crate) const CACHE_CAPACITY: usize = 32;
 const PULL_HELD_MAX: Duration = Duration::from_secs(10);
 
 /// A pull in progress: the receive's buffer and the window the data lands in.
-struct Sink {
+struct LinkSink {
     id: RequestId,
     lease: Lease,
     dest: Segments,
@@ -103,10 +103,10 @@ pub(crate) struct XenLink {
     /// The application's buffer behind each lent window (direct-channel
     /// pulls read it).
     lent_data: HashMap<(u8, u8), Segments>,
-    sinks: HashMap<u32, Sink>,
+    sinks: HashMap<u32, LinkSink>,
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
-    deferred: VecDeque<Sink>,
+    deferred: VecDeque<LinkSink>,
     /// Pulls asked while down that could not get a window yet, in order.
     waiting: VecDeque<WaitingPull>,
     generations: [u8; 256],
@@ -280,7 +280,7 @@ impl XenLink {
             if self.down { ", down" } else { "" },
             if self.channel.is_none() { ", closed" } else { "" },
         );
-        let mut sinks: Vec<(&u32, &Sink)> = self.sinks.iter().collect();
+        let mut sinks: Vec<(&u32, &LinkSink)> = self.sinks.iter().collect();
         sinks.sort_by_key(|(tag, _)| **tag);
         for (tag, s) in sinks.iter().take(4) {
             out.push_str(&format!(
@@ -561,7 +561,7 @@ impl XenLink {
 
     fn finish_pull(
         &mut self,
-        sink: Sink,
+        sink: LinkSink,
         result: Result<u32, Status>,
         reg: &mut dyn Registrar,
     ) -> (RequestId, Result<(), Status>) {
@@ -754,7 +754,7 @@ impl XenLink {
             }
             return PullProgress::Done(Err(Status::NoResources));
         };
-        let sink = Sink {
+        let sink = LinkSink {
             id,
             lease,
             dest: dest.clone(),
@@ -778,10 +778,10 @@ impl XenLink {
     /// back if it cannot be posted at all (no window, link down).
     fn issue(
         &mut self,
-        sink: Sink,
+        sink: LinkSink,
         _mailbox: &Mailbox,
         _reg: &mut dyn Registrar,
-    ) -> Result<(), Sink> {
+    ) -> Result<(), LinkSink> {
         // Behind pulls already waiting: receives are pulled in the order they took them.
         // While the link is down (a suspend, a migration, a backend restarting) a pull
         // waits too: the re-mapping after the reconnection issues it; failing it would
@@ -806,7 +806,7 @@ impl XenLink {
     /// One try at posting the PULL request of `sink`, without waiting. Its completion is
     /// taken in under the link's lock, after the post: the caller records the sink
     /// under the returned tag before that.
-    fn post_pull(&mut self, sink: &Sink) -> PullPost {
+    fn post_pull(&mut self, sink: &LinkSink) -> PullPost {
         if self.down {
             return PullPost::Failed;
         }
@@ -938,7 +938,7 @@ impl XenLink {
             self.lent_data.clear();
         }
         self.down = false;
-        let mut sinks: Vec<Sink> = self.sinks.drain().map(|(_, s)| s).collect();
+        let mut sinks: Vec<LinkSink> = self.sinks.drain().map(|(_, s)| s).collect();
         sinks.extend(self.deferred.drain(..));
         // In the order their receives took them: those that had a window, then those
         // asked while down.
@@ -970,7 +970,7 @@ impl XenLink {
                 mailbox.put_pulls([(w.id, Err(Status::NoResources))]);
                 continue;
             };
-            let sink = Sink {
+            let sink = LinkSink {
                 id: w.id,
                 lease,
                 dest: w.dest,

@@ -173,11 +173,11 @@ pub(crate) fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
 fn attached<'a>(
     endpoints: &'a [Arc<EndpointShared>],
     links: &'a mut [LinkRef<'a>],
-) -> Vec<direct::Attached<'a>> {
+) -> Vec<direct::HubEndpoint<'a>> {
     endpoints
         .iter()
         .zip(links.iter_mut())
-        .map(|(e, link)| direct::Attached {
+        .map(|(e, link)| direct::HubEndpoint {
             index: e.index,
             direct: &e.direct,
             mailbox: &e.mailbox,
@@ -436,7 +436,7 @@ impl XenShared {
 
     /// Pulls again through the backend what a direct channel that ended had
     /// not finished.
-    fn resume_pulls(&self, ep: &EndpointShared, orphans: Vec<direct::Sink>) {
+    fn resume_pulls(&self, ep: &EndpointShared, orphans: Vec<direct::DirectSink>) {
         if orphans.is_empty() {
             return;
         }
@@ -681,7 +681,7 @@ impl Transport for Xen {
         if let Some(hub) = self.shared.hub() {
             // Channels peers created for this endpoint id before it opened.
             let mut link = LinkRef(&ep.link);
-            let mut list = [direct::Attached {
+            let mut list = [direct::HubEndpoint {
                 index,
                 direct: &ep.direct,
                 mailbox: &ep.mailbox,

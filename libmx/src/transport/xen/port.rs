@@ -226,7 +226,7 @@ impl Regions for XenRegions {
         length: u32,
     ) -> PullProgress {
         if let Some(hub) = self.shared.hub() {
-            let sink = super::direct::Sink::new(id, source, window, dest.clone(), length);
+            let sink = super::direct::DirectSink::new(id, source, window, dest.clone(), length);
             if let Some(p) = hub.pull(&mut lock(&self.ep.direct), self.ep.index, sink) {
                 return p;
             }

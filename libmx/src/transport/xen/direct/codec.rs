@@ -201,9 +201,9 @@ pub(crate) fn encode(frame: &Frame<Vec<u8>>, out: &mut Vec<u8>) -> bool {
 }
 
 /// Reads fields off a byte slice; every read is bounded.
-struct Reader<'a>(&'a [u8]);
+struct DirectCodecReader<'a>(&'a [u8]);
 
-impl Reader<'_> {
+impl DirectCodecReader<'_> {
     fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
         let (head, rest) = self.0.split_first_chunk::<N>()?;
         self.0 = rest;
@@ -229,7 +229,7 @@ impl Reader<'_> {
 /// The frame `bytes` encode, with `peer_index` as its source; `None` if the
 /// bytes are not one well-formed frame.
 pub(crate) fn decode(bytes: &[u8], peer_index: u16) -> Option<Frame<Vec<u8>>> {
-    let mut r = Reader(bytes);
+    let mut r = DirectCodecReader(bytes);
     let [tag, dst_endpoint, src_endpoint, _] = r.take::<4>()?;
     let body = match tag {
         TINY | SMALL | MEDIUM | RNDV => {

@@ -40,7 +40,7 @@ pub(crate) struct Broken(pub(crate) &'static str);
 
 /// Where a lane's words and data live in the channel.
 #[derive(Clone, Copy, Debug)]
-struct At {
+struct LaneLayout {
     prod: usize,
     cons: usize,
     wants: usize,
@@ -51,9 +51,9 @@ struct At {
 }
 
 /// The layout of lane `lane` (0: creator to acceptor, 1: the other way).
-fn at(lane: usize) -> At {
+fn at(lane: usize) -> LaneLayout {
     let words = 256 * lane;
-    At {
+    LaneLayout {
         prod: words,
         cons: words + 64,
         wants: words + 128,
@@ -77,7 +77,7 @@ pub(crate) struct LaneRecord {
 /// One end of a lane.
 struct End {
     base: *mut u8,
-    at: At,
+    at: LaneLayout,
 }
 
 // SAFETY: the pointer is the base of the channel's mapping, which the

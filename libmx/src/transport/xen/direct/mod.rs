@@ -121,7 +121,7 @@ impl Memory {
 }
 
 /// One open channel of an endpoint.
-struct Channel {
+struct DirectChannel {
     /// Its xenstore directory.
     dir: String,
     creator: bool,
@@ -138,15 +138,15 @@ struct Channel {
 }
 
 /// What an endpoint knows about reaching one remote endpoint directly.
-enum Slot {
-    Open(Box<Channel>),
+enum DirectSlot {
+    Open(Box<DirectChannel>),
     /// No channel, as of offers generation `n`: looked at again when the
     /// offers change.
     Checked(u64),
 }
 
 /// A LARGE receive pulling over a channel.
-pub(crate) struct Sink {
+pub(crate) struct DirectSink {
     /// The receive.
     pub(crate) id: RequestId,
     /// The sender.
@@ -162,7 +162,7 @@ pub(crate) struct Sink {
     progress: std::time::Instant,
 }
 
-impl Sink {
+impl DirectSink {
     /// A pull of `length` bytes of `source`'s `window` into `dest`, for
     /// receive `id`.
     pub(crate) fn new(
@@ -171,8 +171,8 @@ impl Sink {
         window: RdmaWindow,
         dest: Segments,
         length: u32,
-    ) -> Sink {
-        Sink {
+    ) -> DirectSink {
+        DirectSink {
             id,
             source,
             window,
@@ -201,7 +201,7 @@ const MAX_JOBS: usize = 64;
 /// its link what it learns.
 /// An open endpoint of this process, as [`Hub::rescan`] sees it: its
 /// channels, and where what they hold goes when one ends.
-pub(crate) struct Attached<'a> {
+pub(crate) struct HubEndpoint<'a> {
     /// The endpoint's index.
     pub(crate) index: u8,
     /// Its direct state.
@@ -232,14 +232,14 @@ pub(crate) trait LinkAccess {
 /// An endpoint's direct channels.
 #[derive(Default)]
 pub(crate) struct EndpointDirect {
-    slots: HashMap<PeerAddr, Slot>,
+    slots: HashMap<PeerAddr, DirectSlot>,
     scratch: Vec<u8>,
-    sinks: HashMap<u32, Sink>,
+    sinks: HashMap<u32, DirectSink>,
     next_tag: u32,
     jobs: VecDeque<Job>,
     /// Pulls whose channel ended before they finished: the caller pulls
     /// them again through the backend.
-    orphans: Vec<Sink>,
+    orphans: Vec<DirectSink>,
     /// The endpoint each lent window was announced to (by its RNDV): only
     /// that endpoint may pull it over a channel.
     announced: HashMap<(u8, u8), PeerAddr>,
@@ -248,14 +248,16 @@ pub(crate) struct EndpointDirect {
 impl EndpointDirect {
     /// Whether any channel is open (the driver then watches its lanes).
     pub(crate) fn any_open(&self) -> bool {
-        self.slots.values().any(|s| matches!(s, Slot::Open(_)))
+        self.slots
+            .values()
+            .any(|s| matches!(s, DirectSlot::Open(_)))
     }
 
     /// The remote endpoints this endpoint has a channel to.
     fn open_peers(&self) -> Vec<PeerAddr> {
         self.slots
             .iter()
-            .filter(|(_, s)| matches!(s, Slot::Open(_)))
+            .filter(|(_, s)| matches!(s, DirectSlot::Open(_)))
             .map(|(a, _)| *a)
             .collect()
     }
@@ -277,14 +279,15 @@ impl EndpointDirect {
     }
 
     /// The pulls to do again through the backend.
-    pub(crate) fn take_orphans(&mut self) -> Vec<Sink> {
+    pub(crate) fn take_orphans(&mut self) -> Vec<DirectSink> {
         std::mem::take(&mut self.orphans)
     }
 
     /// Ends the channel to `peer` (if open), leaving `Checked(generation)`:
     /// its pulls become orphans, the pulls it asked of us are dropped.
     fn end(&mut self, hub: &Hub, peer: PeerAddr, generation: u64, why: &str) {
-        if let Some(Slot::Open(ch)) = self.slots.insert(peer, Slot::Checked(generation)) {
+        if let Some(DirectSlot::Open(ch)) = self.slots.insert(peer, DirectSlot::Checked(generation))
+        {
             hub.close(ch, why);
         }
         let tags: Vec<u32> = self
@@ -474,7 +477,7 @@ impl Hub {
         let dest = frame.destination();
         let generation = self.generation();
         match d.slots.get_mut(&dest) {
-            Some(Slot::Open(ch)) if ch.connected => {
+            Some(DirectSlot::Open(ch)) if ch.connected => {
                 d.scratch.clear();
                 if !codec::encode(frame, &mut d.scratch) {
                     return false;
@@ -509,8 +512,8 @@ impl Hub {
                     }
                 }
             }
-            Some(Slot::Open(_)) => return false,
-            Some(Slot::Checked(g)) if *g == generation => return false,
+            Some(DirectSlot::Open(_)) => return false,
+            Some(DirectSlot::Checked(g)) if *g == generation => return false,
             _ => {}
         }
         let peer = view
@@ -518,19 +521,24 @@ impl Hub {
             .and_then(|mac| self.offered(mac));
         let slot = match peer {
             Some(peer) if self.domid < peer => match self.create(endpoint, dest, peer) {
-                Ok(ch) => Slot::Open(Box::new(ch)),
+                Ok(ch) => DirectSlot::Open(Box::new(ch)),
                 Err(e) => {
                     tracing::debug!(%e, peer, "no direct channel");
-                    Slot::Checked(generation)
+                    DirectSlot::Checked(generation)
                 }
             },
-            _ => Slot::Checked(generation),
+            _ => DirectSlot::Checked(generation),
         };
         d.slots.insert(dest, slot);
         false
     }
 
-    fn create(&self, endpoint: u8, dest: PeerAddr, peer: DomId) -> Result<Channel, xmx_hv::Error> {
+    fn create(
+        &self,
+        endpoint: u8,
+        dest: PeerAddr,
+        peer: DomId,
+    ) -> Result<DirectChannel, xmx_hv::Error> {
         let granted = self.gnttab.grant_pages(peer, CHANNEL_PAGES, true)?;
         // SAFETY: the grant is CHANNEL_PAGES pages mapped at `as_ptr()` for as
         // long as `granted` lives; the peer cannot map it before the refs are
@@ -560,10 +568,10 @@ impl Hub {
             return Err(e);
         }
         // SAFETY: `granted` maps CHANNEL_PAGES pages and is kept in the same
-        // Channel as the lanes, which drops the lanes first.
+        // DirectChannel as the lanes, which drops the lanes first.
         let lanes = unsafe { Lanes::new(granted.as_ptr(), true) };
         tracing::debug!(dir, "direct channel offered to the peer");
-        Ok(Channel {
+        Ok(DirectChannel {
             dir,
             creator: true,
             peer_domid: peer,
@@ -576,7 +584,7 @@ impl Hub {
     }
 
     /// Maps the channel `dir` the peer created for `endpoint`.
-    fn accept(&self, dir: &str, peer: DomId, source: PeerAddr) -> Result<Channel, String> {
+    fn accept(&self, dir: &str, peer: DomId, source: PeerAddr) -> Result<DirectChannel, String> {
         let read = |n: &str| {
             self.xs
                 .read(XBT_NULL, &format!("{dir}/{n}"))
@@ -606,10 +614,10 @@ impl Hub {
             return Err(format!("state: {e}"));
         }
         // SAFETY: `mapped` is at least CHANNEL_PAGES pages (checked above)
-        // and lives in the same Channel as the lanes, which drop first.
+        // and lives in the same DirectChannel as the lanes, which drop first.
         let lanes = unsafe { Lanes::new(mapped.as_ptr(), false) };
         tracing::debug!(dir, "direct channel accepted");
-        Ok(Channel {
+        Ok(DirectChannel {
             dir: dir.to_owned(),
             creator: false,
             peer_domid: peer,
@@ -623,7 +631,7 @@ impl Hub {
 
     /// Ends a channel: says so in xenstore (if its nodes are still there),
     /// closes the port, unmaps or ends the grant.
-    fn close(&self, ch: Box<Channel>, why: &str) {
+    fn close(&self, ch: Box<DirectChannel>, why: &str) {
         let res = if ch.creator {
             self.xs.rm(XBT_NULL, &ch.dir)
         } else {
@@ -661,9 +669,9 @@ impl Hub {
         &self,
         d: &mut EndpointDirect,
         endpoint: u8,
-        sink: Sink,
+        sink: DirectSink,
     ) -> Option<PullProgress> {
-        let Some(Slot::Open(ch)) = d.slots.get_mut(&sink.source) else {
+        let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&sink.source) else {
             return None;
         };
         if !ch.connected {
@@ -746,7 +754,7 @@ impl Hub {
                 {
                     return;
                 }
-                let Some(Slot::Open(ch)) = d.slots.get(&peer) else {
+                let Some(DirectSlot::Open(ch)) = d.slots.get(&peer) else {
                     return;
                 };
                 let mut at = PULL_HEAD;
@@ -771,7 +779,7 @@ impl Hub {
 
     /// Tells `peer` its pull `tag` is not served here.
     fn refuse(&self, d: &mut EndpointDirect, endpoint: u8, peer: PeerAddr, tag: u32) {
-        let Some(Slot::Open(ch)) = d.slots.get_mut(&peer) else {
+        let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&peer) else {
             return;
         };
         let head = PullHead {
@@ -798,7 +806,7 @@ impl Hub {
             return;
         }
         while let Some(job) = d.jobs.front_mut() {
-            let Some(Slot::Open(ch)) = d.slots.get_mut(&job.peer) else {
+            let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&job.peer) else {
                 d.jobs.pop_front();
                 continue;
             };
@@ -879,7 +887,7 @@ impl Hub {
         let peers = d.open_peers();
         for addr in peers {
             for _ in 0..TAKE_BATCH {
-                let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) else {
+                let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) else {
                     break;
                 };
                 let rec = match ch.lanes.rx.peek() {
@@ -916,11 +924,11 @@ impl Hub {
                         _ => tracing::debug!(?addr, "dropping a malformed direct frame"),
                     }
                 }
-                if let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) {
+                if let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) {
                     ch.lanes.rx.advance(rec);
                 }
             }
-            if let Some(Slot::Open(ch)) = d.slots.get(&addr) {
+            if let Some(DirectSlot::Open(ch)) = d.slots.get(&addr) {
                 if ch.lanes.rx.room_wanted() {
                     let _ = self.evtchn.notify(ch.port);
                 }
@@ -969,7 +977,7 @@ impl Hub {
         }
         let mut ready = false;
         for s in d.slots.values() {
-            if let Slot::Open(ch) = s {
+            if let DirectSlot::Open(ch) = s {
                 ready |= ch.lanes.rx.arm();
             }
         }
@@ -987,7 +995,7 @@ impl Hub {
     /// a NIC delivers what a closed port sent, and so does the channel. What
     /// the peer wrote before the change seen here is all on the channel by
     /// then, whenever the rescan began.
-    pub(crate) fn rescan(&self, endpoints: &mut [Attached<'_>], view: &PeerView) {
+    pub(crate) fn rescan(&self, endpoints: &mut [HubEndpoint<'_>], view: &PeerView) {
         self.reload_offers();
         let generation = self.generation();
         let offers: BTreeMap<Mac, DomId> = lock(&self.offers).by_mac.clone();
@@ -995,7 +1003,7 @@ impl Hub {
             let mut d = lock(ep.direct);
             let open = d.open_peers();
             for addr in open {
-                let Some(Slot::Open(ch)) = d.slots.get_mut(&addr) else {
+                let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) else {
                     continue;
                 };
                 let still_offered = offers.values().any(|&p| p == ch.peer_domid);
@@ -1030,7 +1038,7 @@ impl Hub {
             let stale: Vec<PeerAddr> = d
                 .slots
                 .iter()
-                .filter(|(_, s)| matches!(s, Slot::Checked(g) if *g != generation))
+                .filter(|(_, s)| matches!(s, DirectSlot::Checked(g) if *g != generation))
                 .map(|(a, _)| *a)
                 .collect();
             for addr in stale {
@@ -1039,13 +1047,13 @@ impl Hub {
                     .and_then(|mac| offers.get(&mac).copied());
                 let slot = match peer {
                     Some(peer) if self.domid < peer => match self.create(*endpoint, addr, peer) {
-                        Ok(ch) => Slot::Open(Box::new(ch)),
+                        Ok(ch) => DirectSlot::Open(Box::new(ch)),
                         Err(e) => {
                             tracing::debug!(%e, peer, "no direct channel");
-                            Slot::Checked(generation)
+                            DirectSlot::Checked(generation)
                         }
                     },
-                    _ => Slot::Checked(generation),
+                    _ => DirectSlot::Checked(generation),
                 };
                 d.slots.insert(addr, slot);
             }
@@ -1068,7 +1076,7 @@ impl Hub {
                 };
                 let source = PeerAddr::new(peer_index, cep);
                 let mut d = lock(d);
-                if matches!(d.slots.get(&source), Some(Slot::Open(_))) {
+                if matches!(d.slots.get(&source), Some(DirectSlot::Open(_))) {
                     continue;
                 }
                 let dir = format!("{pair}/{name}");
@@ -1079,7 +1087,7 @@ impl Hub {
                 match self.accept(&dir, peer, source) {
                     Ok(ch) => {
                         counters::add(Counter::DirectChannelsOpened, 1);
-                        d.slots.insert(source, Slot::Open(Box::new(ch)));
+                        d.slots.insert(source, DirectSlot::Open(Box::new(ch)));
                     }
                     Err(e) => {
                         tracing::warn!(dir, %e, "refusing a direct channel");
@@ -1094,7 +1102,7 @@ impl Hub {
     /// what it holds taken in first (its pulls become orphans), and no
     /// endpoint keeps a verdict of this hub's offers: the hub of the new host
     /// decides afresh.
-    pub(crate) fn part(&self, endpoints: &mut [Attached<'_>]) {
+    pub(crate) fn part(&self, endpoints: &mut [HubEndpoint<'_>]) {
         let generation = self.generation();
         for ep in endpoints.iter_mut() {
             let mut d = lock(ep.direct);
@@ -1112,7 +1120,7 @@ impl Hub {
     /// The endpoint closes: so do its channels.
     pub(crate) fn close_endpoint(&self, d: &mut EndpointDirect) {
         for (_, slot) in d.slots.drain() {
-            if let Slot::Open(ch) = slot {
+            if let DirectSlot::Open(ch) = slot {
                 self.close(ch, "endpoint closed");
             }
         }
