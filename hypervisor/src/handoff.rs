@@ -141,7 +141,7 @@ impl ExportedPages {
     /// Read a description written by [`Self::emit`] from the front of `buf`, taking its
     /// descriptor from the front of `fds`. Untrusted input: bounded and checked.
     pub fn parse(buf: &mut &[u8], fds: &mut VecDeque<OwnedFd>) -> Result<ExportedPages> {
-        let mut r = Reader(buf);
+        let mut r = HandoffReader(buf);
         let kind = r.u8()?;
         let remote = r.u16()?;
         let writable = r.bool()?;
@@ -192,11 +192,11 @@ impl ExportedPages {
             PagesLayout::SimFrames { frames } => {
                 let region = crate::sim::mmap::Region::map_frames(self.fd.as_fd(), frames, true)?;
                 // Remapped onto the domain's new memory if it moves to another host.
-                Mapping::Sim(crate::sim::imports::register(region, frames.clone()))
+                ImportMapping::Sim(crate::sim::imports::register(region, frames.clone()))
             }
             PagesLayout::Gntalloc { offset } => {
                 let ptr = mmap_shared(self.fd.as_fd(), len, *offset)?;
-                Mapping::Raw { ptr, len }
+                ImportMapping::Raw { ptr, len }
             }
         };
         let ptr = NonNull::new(mapping.ptr())
@@ -232,23 +232,23 @@ fn mmap_shared(fd: BorrowedFd<'_>, len: usize, offset: u64) -> Result<*mut u8> {
     Ok(ptr.cast())
 }
 
-enum Mapping {
+enum ImportMapping {
     Sim(std::sync::Arc<crate::sim::mmap::Region>),
     Raw { ptr: *mut u8, len: usize },
 }
 
-impl Mapping {
+impl ImportMapping {
     fn ptr(&self) -> *mut u8 {
         match self {
-            Mapping::Sim(r) => r.as_ptr(),
-            Mapping::Raw { ptr, .. } => *ptr,
+            ImportMapping::Sim(r) => r.as_ptr(),
+            ImportMapping::Raw { ptr, .. } => *ptr,
         }
     }
 }
 
-impl Drop for Mapping {
+impl Drop for ImportMapping {
     fn drop(&mut self) {
-        if let Mapping::Raw { ptr, len } = *self {
+        if let ImportMapping::Raw { ptr, len } = *self {
             // SAFETY: ptr/len is exactly the mapping mmap_shared made for this value, which
             // owns it alone; the ImportedPages that exposed it is being dropped.
             if unsafe { libc::munmap(ptr.cast(), len) } != 0 {
@@ -264,7 +264,7 @@ pub struct ImportedPages {
     len: usize,
     refs: Vec<GrantRef>,
     remote: DomId,
-    mapping: Mapping,
+    mapping: ImportMapping,
 }
 
 // SAFETY: the value only holds a mapping of shared memory that stays valid until drop;
@@ -368,7 +368,7 @@ impl ExportedPort {
 
     /// Read a description written by [`Self::emit`], taking its descriptors from `fds`.
     pub fn parse(buf: &mut &[u8], fds: &mut VecDeque<OwnedFd>) -> Result<ExportedPort> {
-        let mut r = Reader(buf);
+        let mut r = HandoffReader(buf);
         let kind = r.u8()?;
         let port = r.u32()?;
         let mut take = || {
@@ -579,9 +579,9 @@ fn put_u32s(out: &mut Vec<u8>, v: &[u32]) {
 }
 
 /// Bounded little-endian reads from the front of a slice.
-struct Reader<'a>(&'a [u8]);
+struct HandoffReader<'a>(&'a [u8]);
 
-impl<'a> Reader<'a> {
+impl<'a> HandoffReader<'a> {
     fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.0.len() < n {
             return Err(Error::Protocol(format!(

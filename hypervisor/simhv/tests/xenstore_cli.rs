@@ -48,7 +48,7 @@ fn tools() -> Option<PathBuf> {
     None
 }
 
-struct Output {
+struct ToolOutput {
     ok: bool,
     stdout: String,
     stderr: String,
@@ -65,7 +65,7 @@ fn command(dir: &Path, tool: &str, sock: &Path, args: &[&str]) -> Command {
 }
 
 /// Wait for a child with a bound; a hung tool is killed and fails the test.
-fn finish(mut child: Child, what: &str) -> Output {
+fn finish(mut child: Child, what: &str) -> ToolOutput {
     let out = child.stdout.take();
     let err = child.stderr.take();
     let (tx, rx) = mpsc::channel();
@@ -88,14 +88,14 @@ fn finish(mut child: Child, what: &str) -> Output {
     }
     let status = child.wait().unwrap();
     let (stdout, stderr) = reader.join().unwrap();
-    Output {
+    ToolOutput {
         ok: status.success(),
         stdout,
         stderr,
     }
 }
 
-fn run(dir: &Path, tool: &str, sock: &Path, args: &[&str]) -> Output {
+fn run(dir: &Path, tool: &str, sock: &Path, args: &[&str]) -> ToolOutput {
     let child = command(dir, tool, sock, args).spawn().unwrap();
     finish(child, &format!("{tool} {args:?}"))
 }

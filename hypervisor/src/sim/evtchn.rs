@@ -50,14 +50,14 @@ pub enum PortStatus {
 }
 
 /// The shared, read-only status page of one handle.
-struct StatusPage {
+struct StatusPageView {
     region: Region,
     slots: usize,
     /// Kept for handing the page to another process with a port (see [`crate::handoff`]).
     fd: OwnedFd,
 }
 
-impl StatusPage {
+impl StatusPageView {
     fn load(&self, slot: usize) -> u32 {
         if slot >= self.slots {
             return 0;
@@ -75,7 +75,7 @@ impl StatusPage {
 pub struct SimNotifier {
     port: Port,
     tx: OwnedFd,
-    status: Arc<StatusPage>,
+    status: Arc<StatusPageView>,
     slot: usize,
     generation: u32,
 }
@@ -98,7 +98,7 @@ impl SimNotifier {
         Ok(SimNotifier {
             port,
             tx,
-            status: Arc::new(StatusPage {
+            status: Arc::new(StatusPageView {
                 region,
                 slots: super::proto::STATUS_SLOTS,
                 fd: status,
@@ -166,7 +166,7 @@ struct LocalPort {
 pub struct SimEventChannels {
     conn: HvConn,
     epoll: Epoll,
-    status: Arc<StatusPage>,
+    status: Arc<StatusPageView>,
     ports: Mutex<HashMap<Port, LocalPort>>,
 }
 
@@ -191,7 +191,7 @@ impl SimEventChannels {
         Ok(SimEventChannels {
             conn,
             epoll,
-            status: Arc::new(StatusPage {
+            status: Arc::new(StatusPageView {
                 region,
                 slots,
                 fd: page,

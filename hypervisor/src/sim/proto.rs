@@ -247,7 +247,7 @@ pub struct RequestHeader {
 impl RequestHeader {
     /// Read the header at the start of a request body.
     pub fn parse(body: &[u8]) -> Result<RequestHeader> {
-        let mut r = Reader::new(body);
+        let mut r = SimProtoReader::new(body);
         Ok(RequestHeader {
             version: r.u16()?,
             op: r.u16()?,
@@ -350,7 +350,7 @@ impl SimRequest {
     /// Parse the payload of a request with op code `op`.
     pub fn parse_payload(op: u16, payload: &[u8]) -> Result<SimRequest> {
         let op = Op::from_code(op).ok_or_else(|| Error::Protocol(format!("unknown op {op}")))?;
-        let mut r = Reader::new(payload);
+        let mut r = SimProtoReader::new(payload);
         let req = match op {
             Op::Hello => SimRequest::Hello,
             Op::EvtchnOpen => SimRequest::EvtchnOpen,
@@ -485,7 +485,7 @@ pub struct ResponseHeader {
 impl ResponseHeader {
     /// Read the header at the start of a response body.
     pub fn parse(body: &[u8]) -> Result<ResponseHeader> {
-        let mut r = Reader::new(body);
+        let mut r = SimProtoReader::new(body);
         Ok(ResponseHeader {
             version: r.u16()?,
             op: r.u16()?,
@@ -606,7 +606,7 @@ impl SimResponse {
             let msg = String::from_utf8_lossy(payload).into_owned();
             return Err(error_from_code(h.status, msg));
         }
-        let mut r = Reader::new(payload);
+        let mut r = SimProtoReader::new(payload);
         let resp = match expect_op {
             Op::Hello => SimResponse::Hello {
                 domid: r.u16()?,
@@ -747,13 +747,13 @@ fn put_side(out: &mut Vec<u8>, side: &CopySide) {
 }
 
 /// A bounds-checked little-endian cursor; running short is a protocol error.
-struct Reader<'a> {
+struct SimProtoReader<'a> {
     buf: &'a [u8],
 }
 
-impl<'a> Reader<'a> {
+impl<'a> SimProtoReader<'a> {
     fn new(buf: &'a [u8]) -> Self {
-        Reader { buf }
+        SimProtoReader { buf }
     }
     fn need(&self, n: usize) -> Result<()> {
         if self.buf.len() < n {

@@ -40,8 +40,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A xenstore connection; see the module documentation.
 pub struct XsClient {
-    shared: Arc<Shared>,
-    writer: Mutex<Transport>,
+    shared: Arc<XsClientShared>,
+    writer: Mutex<XsWriter>,
     stop: Arc<EventFd>,
     reader: Mutex<Option<JoinHandle<()>>>,
     next_req_id: AtomicU32,
@@ -51,12 +51,12 @@ pub struct XsClient {
 }
 
 /// The sending side of the connection.
-struct Transport {
+struct XsWriter {
     file: File,
     is_socket: bool,
 }
 
-impl Transport {
+impl XsWriter {
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
         if !self.is_socket {
             return self.file.write_all(bytes);
@@ -77,7 +77,7 @@ impl Transport {
 }
 
 /// State shared with the reader thread.
-struct Shared {
+struct XsClientShared {
     pending: Mutex<Pending>,
     events: Mutex<Events>,
     events_cv: Condvar,
@@ -101,7 +101,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Shared {
+impl XsClientShared {
     fn close(&self, reason: String) {
         let waiting = {
             let mut p = lock(&self.pending);
@@ -205,7 +205,7 @@ impl XsClient {
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
                 .map_err(io::Error::from)?,
         );
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(XsClientShared {
             pending: Mutex::new(Pending {
                 waiting: HashMap::new(),
                 closed: None,
@@ -228,7 +228,7 @@ impl XsClient {
         tracing::debug!(endpoint = %endpoint, "xenstore connection open");
         Ok(XsClient {
             shared,
-            writer: Mutex::new(Transport { file, is_socket }),
+            writer: Mutex::new(XsWriter { file, is_socket }),
             stop,
             reader: Mutex::new(Some(reader)),
             next_req_id: AtomicU32::new(1),
@@ -393,7 +393,7 @@ impl XsClient {
     }
 }
 
-fn reader_loop(mut file: File, shared: &Shared, stop: &EventFd, endpoint: &str) {
+fn reader_loop(mut file: File, shared: &XsClientShared, stop: &EventFd, endpoint: &str) {
     let reason = loop {
         let ready = {
             let mut fds = [

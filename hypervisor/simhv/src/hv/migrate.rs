@@ -38,7 +38,7 @@ use xmx_hv::{DomId, Error, GrantRef, Result, DOM0, PAGE_SIZE};
 use super::mem::read_fully_at;
 use super::stream::{GrantRecord, StreamReader, StreamRecord, StreamWriter};
 use super::table::{GTF_PERMIT_ACCESS, GTF_READONLY, GTF_TYPE_MASK};
-use super::{entry_flags, no_fds, ConnId, Domain, Grant, Hv, HvState, Owner};
+use super::{entry_flags, no_fds, Grant, Hv, HvConnId, HvDomain, HvState, Owner};
 use crate::config::SimhvConfig;
 
 /// What the destination holds of a domain being sent: the frames sent so far, non-zero.
@@ -251,7 +251,7 @@ impl HvState {
     /// Make `conn` the owner of restored grants of its domain `domid`, all or nothing.
     pub(super) fn grant_adopt(
         &mut self,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         remote: DomId,
         writable: bool,
@@ -444,7 +444,7 @@ fn apply(path: &Path, mem: &File, limit_frames: u32, max_grants: usize) -> Resul
     }
 }
 
-impl Domain {
+impl HvDomain {
     /// The grant entries to send: those in use, but not those released by their owner
     /// while mapped (they end with the source domain).
     fn grant_records(&self) -> Vec<GrantRecord> {

@@ -41,11 +41,11 @@ use xmx_hv::{DomId, Error, GrantRef, Port, Result, PAGE_SIZE};
 
 use crate::config::SimhvConfig;
 use mem::MemFile;
-use status::StatusPage;
+use status::StatusPageWriter;
 use table::{TableFile, GTF_PERMIT_ACCESS, GTF_READING, GTF_READONLY, GTF_TYPE_MASK, GTF_WRITING};
 
 /// Identifies one `hv.sock` connection.
-pub(crate) type ConnId = u64;
+pub(crate) type HvConnId = u64;
 
 /// The hypervisor state of the host.
 pub(crate) struct Hv {
@@ -55,21 +55,21 @@ pub(crate) struct Hv {
 
 #[derive(Default)]
 struct HvState {
-    domains: BTreeMap<DomId, Domain>,
-    conns: HashMap<ConnId, Conn>,
-    next_conn: ConnId,
+    domains: BTreeMap<DomId, HvDomain>,
+    conns: HashMap<HvConnId, Conn>,
+    next_conn: HvConnId,
     next_handle: u64,
     next_instance: u64,
 }
 
-struct Domain {
+struct HvDomain {
     name: String,
     instance: u64,
     run: RunState,
     mem: MemFile,
     table: TableFile,
     grants: HashMap<GrantRef, Grant>,
-    mappings: HashMap<u64, Mapping>,
+    mappings: HashMap<u64, GrantMapping>,
     mapped_pages: usize,
     ports: BTreeMap<Port, PortEntry>,
     /// Set while the domain is sent to another host (see [`migrate`]).
@@ -90,7 +90,7 @@ struct Grant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {
     /// The `hv.sock` connection that made it.
-    Conn(ConnId),
+    Conn(HvConnId),
     /// Nobody: its owner let go while a remote still mapped it; freed at the last unmap.
     Released,
     /// The domain itself: restored by a migration, its maker's connection is on the
@@ -98,8 +98,8 @@ enum Owner {
     Restored,
 }
 
-struct Mapping {
-    conn: ConnId,
+struct GrantMapping {
+    conn: HvConnId,
     remote: DomId,
     remote_instance: u64,
     refs: Vec<GrantRef>,
@@ -107,7 +107,7 @@ struct Mapping {
 }
 
 struct PortEntry {
-    conn: ConnId,
+    conn: HvConnId,
     slot: u32,
     generation: u32,
     rx: OwnedFd,
@@ -125,7 +125,7 @@ struct Conn {
     domid: DomId,
     instance: u64,
     stream: UnixStream,
-    status: Option<StatusPage>,
+    status: Option<StatusPageWriter>,
     /// Remote memory descriptors already sent: (instance, writable).
     sent_mem: HashSet<(u64, bool)>,
 }
@@ -188,7 +188,7 @@ impl Hv {
         st.next_instance += 1;
         st.domains.insert(
             domid,
-            Domain {
+            HvDomain {
                 name: name.to_string(),
                 instance,
                 run: if incoming {
@@ -332,7 +332,7 @@ impl Hv {
     }
 
     /// Register a new connection of `domid`; `stream` is a clone kept to shut it down.
-    pub(crate) fn register_conn(&self, domid: DomId, stream: UnixStream) -> Result<ConnId> {
+    pub(crate) fn register_conn(&self, domid: DomId, stream: UnixStream) -> Result<HvConnId> {
         let mut st = self.lock();
         let instance = st
             .domains
@@ -355,7 +355,7 @@ impl Hv {
     }
 
     /// A connection ended: release everything it held.
-    pub(crate) fn conn_closed(&self, conn: ConnId) {
+    pub(crate) fn conn_closed(&self, conn: HvConnId) {
         let mut st = self.lock();
         st.conn_closed(conn);
         st.flush_frees();
@@ -364,7 +364,7 @@ impl Hv {
     /// Serve one request of connection `conn`.
     pub(crate) fn handle(
         &self,
-        conn: ConnId,
+        conn: HvConnId,
         req: SimRequest,
     ) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let mut st = self.lock();
@@ -450,7 +450,7 @@ fn drain(fd: &OwnedFd) {
     let _ = nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(fd), &mut b);
 }
 
-impl Domain {
+impl HvDomain {
     fn free_grant(&mut self, r: GrantRef) {
         if let Some(g) = self.grants.remove(&r) {
             if let Err(e) = self.table.clear(r) {
@@ -506,19 +506,19 @@ impl HvState {
         }
     }
 
-    fn domain(&self, domid: DomId) -> Result<&Domain> {
+    fn domain(&self, domid: DomId) -> Result<&HvDomain> {
         self.domains
             .get(&domid)
             .ok_or_else(|| Error::Closed(format!("domain {domid} is gone")))
     }
 
-    fn domain_mut(&mut self, domid: DomId) -> Result<&mut Domain> {
+    fn domain_mut(&mut self, domid: DomId) -> Result<&mut HvDomain> {
         self.domains
             .get_mut(&domid)
             .ok_or_else(|| Error::Closed(format!("domain {domid} is gone")))
     }
 
-    fn running_mut(&mut self, domid: DomId) -> Result<&mut Domain> {
+    fn running_mut(&mut self, domid: DomId) -> Result<&mut HvDomain> {
         let dom = self.domain_mut(domid)?;
         if dom.run != RunState::Running {
             return Err(suspended(domid));
@@ -527,7 +527,7 @@ impl HvState {
     }
 
     /// The remote side of a map or copy: must exist and run.
-    fn granter(&self, remote: DomId) -> Result<&Domain> {
+    fn granter(&self, remote: DomId) -> Result<&HvDomain> {
         let dom = self
             .domains
             .get(&remote)
@@ -554,7 +554,7 @@ impl HvState {
     fn grant_alloc(
         &mut self,
         cfg: &SimhvConfig,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         remote: DomId,
         writable: bool,
@@ -618,7 +618,7 @@ impl HvState {
 
     fn grant_end(
         &mut self,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         defer: bool,
         refs: &[GrantRef],
@@ -666,7 +666,7 @@ impl HvState {
     fn map(
         &mut self,
         cfg: &SimhvConfig,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         remote: DomId,
         writable: bool,
@@ -719,7 +719,7 @@ impl HvState {
         caller.mapped_pages += refs.len();
         caller.mappings.insert(
             handle,
-            Mapping {
+            GrantMapping {
                 conn,
                 remote,
                 remote_instance,
@@ -750,7 +750,7 @@ impl HvState {
 
     fn unmap(
         &mut self,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         handle: u64,
     ) -> Result<(SimResponse, Vec<OwnedFd>)> {
@@ -771,7 +771,7 @@ impl HvState {
     }
 
     /// Drop the granter's side of a mapping that went away.
-    fn release_at_granter(&mut self, m: &Mapping) {
+    fn release_at_granter(&mut self, m: &GrantMapping) {
         let Some(g) = self.domains.get_mut(&m.remote) else {
             return;
         };
@@ -882,13 +882,13 @@ impl HvState {
         }
     }
 
-    fn evtchn_open(&mut self, conn: ConnId) -> Result<(SimResponse, Vec<OwnedFd>)> {
+    fn evtchn_open(&mut self, conn: HvConnId) -> Result<(SimResponse, Vec<OwnedFd>)> {
         let c = self
             .conns
             .get_mut(&conn)
             .ok_or_else(|| Error::Closed("connection gone".into()))?;
         if c.status.is_none() {
-            c.status = Some(StatusPage::new()?);
+            c.status = Some(StatusPageWriter::new()?);
         }
         let fd = match c.status.as_ref() {
             Some(page) => page.reader_fd()?,
@@ -903,7 +903,7 @@ impl HvState {
     }
 
     /// Check the caller may open one more port on `conn`.
-    fn port_room(&mut self, cfg: &SimhvConfig, conn: ConnId, domid: DomId) -> Result<()> {
+    fn port_room(&mut self, cfg: &SimhvConfig, conn: HvConnId, domid: DomId) -> Result<()> {
         let dom = self.running_mut(domid)?;
         if dom.ports.len() >= cfg.max_ports {
             return Err(Error::Quota(format!(
@@ -929,7 +929,7 @@ impl HvState {
     /// Install a new port of `domid` held by `conn`; returns the reply.
     fn open_port(
         &mut self,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         rx: OwnedFd,
         tx: OwnedFd,
@@ -975,7 +975,7 @@ impl HvState {
     fn alloc_unbound(
         &mut self,
         cfg: &SimhvConfig,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         remote: DomId,
     ) -> Result<(SimResponse, Vec<OwnedFd>)> {
@@ -990,7 +990,7 @@ impl HvState {
     fn bind(
         &mut self,
         cfg: &SimhvConfig,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         remote: DomId,
         remote_port: Port,
@@ -1049,7 +1049,7 @@ impl HvState {
 
     fn close(
         &mut self,
-        conn: ConnId,
+        conn: HvConnId,
         domid: DomId,
         port: Port,
     ) -> Result<(SimResponse, Vec<OwnedFd>)> {
@@ -1134,7 +1134,7 @@ impl HvState {
         no_fds(resp)
     }
 
-    fn conn_closed(&mut self, conn: ConnId) {
+    fn conn_closed(&mut self, conn: HvConnId) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
@@ -1215,7 +1215,7 @@ impl HvState {
         for p in ports {
             self.close_port(domid, p);
         }
-        let ids: Vec<ConnId> = self
+        let ids: Vec<HvConnId> = self
             .conns
             .iter()
             .filter(|(_, c)| c.domid == domid)
@@ -1226,7 +1226,7 @@ impl HvState {
             .filter_map(|id| self.conns.remove(id))
             .map(|c| c.stream)
             .collect();
-        let held: Vec<Mapping> = self
+        let held: Vec<GrantMapping> = self
             .domains
             .get_mut(&domid)
             .map(|d| d.mappings.drain().map(|(_, m)| m).collect())

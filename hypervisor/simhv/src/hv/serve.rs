@@ -16,7 +16,7 @@ use xmx_hv::sim::proto::{emit_error, RequestHeader, SimRequest, MAX_FRAME, REQUE
 use xmx_hv::sim::transport::{recv_frame, send_frame};
 use xmx_hv::{DomId, Error};
 
-use super::{ConnId, Hv};
+use super::{Hv, HvConnId};
 
 /// Accept connections on `listener` as domain `domid` until `stop` becomes readable;
 /// then wait for the connection threads (whose sockets the stopper shut down) to end.
@@ -100,7 +100,7 @@ fn start_conn(
 }
 
 /// Serve one connection until it closes or misbehaves beyond framing.
-fn serve_conn(hv: Arc<Hv>, conn: ConnId, domid: DomId, stream: UnixStream) {
+fn serve_conn(hv: Arc<Hv>, conn: HvConnId, domid: DomId, stream: UnixStream) {
     tracing::debug!(domid, conn, fd = stream.as_raw_fd(), "hv connection");
     loop {
         let body = match recv_frame(&stream, MAX_FRAME) {

@@ -16,7 +16,7 @@ use xmx_hv::sim::proto::{status_word, GENERATION_MASK, PORT_FREE, STATUS_SLOTS};
 use xmx_hv::PAGE_SIZE;
 
 /// One handle's status page and its slot allocator.
-pub(crate) struct StatusPage {
+pub(crate) struct StatusPageWriter {
     memfd: OwnedFd,
     region: Region,
     free: Vec<u32>,
@@ -24,9 +24,9 @@ pub(crate) struct StatusPage {
     next_generation: u32,
 }
 
-impl StatusPage {
+impl StatusPageWriter {
     /// A fresh page with every slot free.
-    pub(crate) fn new() -> io::Result<StatusPage> {
+    pub(crate) fn new() -> io::Result<StatusPageWriter> {
         const NAME: &CStr = c"xmx-evtchn-status";
         let memfd = memfd_create(
             NAME,
@@ -40,7 +40,7 @@ impl StatusPage {
             ),
         )?;
         let region = Region::map_file(memfd.as_fd(), PAGE_SIZE, true)?;
-        Ok(StatusPage {
+        Ok(StatusPageWriter {
             memfd,
             region,
             free: Vec::new(),
@@ -80,7 +80,7 @@ impl StatusPage {
             return;
         }
         // SAFETY: slot < STATUS_SLOTS, so the word lies inside the one-page mapping this
-        // StatusPage owns (sealed: the file cannot shrink under it); the address is 4-byte
+        // StatusPageWriter owns (sealed: the file cannot shrink under it); the address is 4-byte
         // aligned and AtomicU32 has u32's layout. Readers only load atomically.
         let word = unsafe { &*(self.region.as_ptr().add(slot as usize * 4) as *const AtomicU32) };
         word.store(status_word(generation, state), Ordering::Release);
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn the_reader_sees_published_words_and_cannot_resize() {
-        let mut page = StatusPage::new().unwrap();
+        let mut page = StatusPageWriter::new().unwrap();
         let (slot, generation) = page.alloc().unwrap();
         page.set(slot, generation, PORT_BOUND);
         let fd = page.reader_fd().unwrap();
@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn slots_run_out() {
-        let mut page = StatusPage::new().unwrap();
+        let mut page = StatusPageWriter::new().unwrap();
         for _ in 0..STATUS_SLOTS {
             assert!(page.alloc().is_some());
         }

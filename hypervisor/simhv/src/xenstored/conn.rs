@@ -19,7 +19,7 @@ use xmx_hv::DomId;
 use super::perms;
 
 /// Identifies one connection for the daemon's lifetime.
-pub(crate) type ConnId = u64;
+pub(crate) type XsConnId = u64;
 
 /// Watch events an unprivileged connection may have waiting before new ones are
 /// dropped (xenstored bounds them by a memory quota).
@@ -29,13 +29,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-enum Outgoing {
+enum QueuedFrame {
     Reply(Vec<u8>),
     Event(Vec<u8>),
 }
 
 struct Queue {
-    items: VecDeque<Outgoing>,
+    items: VecDeque<QueuedFrame>,
     /// Queued event frames, to drop duplicates as xenstored does.
     pending_events: HashMap<Vec<u8>, usize>,
     /// How many events `items` holds.
@@ -48,7 +48,7 @@ struct Queue {
 
 /// The daemon's handle on a connected client.
 pub(crate) struct ConnIo {
-    pub id: ConnId,
+    pub id: XsConnId,
     pub domid: DomId,
     stream: UnixStream,
     queue: Mutex<Queue>,
@@ -58,7 +58,7 @@ pub(crate) struct ConnIo {
 }
 
 impl ConnIo {
-    pub fn new(id: ConnId, domid: DomId, stream: UnixStream) -> ConnIo {
+    pub fn new(id: XsConnId, domid: DomId, stream: UnixStream) -> ConnIo {
         ConnIo {
             id,
             domid,
@@ -82,7 +82,7 @@ impl ConnIo {
             return;
         }
         outstanding.add(self.domid, 1);
-        q.items.push_back(Outgoing::Reply(frame));
+        q.items.push_back(QueuedFrame::Reply(frame));
         self.ready.notify_one();
     }
 
@@ -106,7 +106,7 @@ impl ConnIo {
         }
         *q.pending_events.entry(frame.clone()).or_insert(0) += 1;
         q.queued_events += 1;
-        q.items.push_back(Outgoing::Event(frame));
+        q.items.push_back(QueuedFrame::Event(frame));
         self.ready.notify_one();
     }
 
@@ -123,7 +123,7 @@ impl ConnIo {
             let n = q
                 .items
                 .iter()
-                .filter(|i| matches!(i, Outgoing::Reply(_)))
+                .filter(|i| matches!(i, QueuedFrame::Reply(_)))
                 .count();
             q.items.clear();
             q.pending_events.clear();
@@ -178,10 +178,10 @@ impl ConnIo {
                         // or left over. The request reader waiting for room hears of it
                         // now (`add`), not once the write ends: a client that reads
                         // nothing blocks that write, and its quota must still fill up.
-                        if matches!(item, Outgoing::Reply(_)) {
+                        if matches!(item, QueuedFrame::Reply(_)) {
                             outstanding.add(self.domid, -1);
                         }
-                        if let Outgoing::Event(f) = &item {
+                        if let QueuedFrame::Event(f) = &item {
                             q.queued_events = q.queued_events.saturating_sub(1);
                             if let Some(n) = q.pending_events.get_mut(f) {
                                 *n -= 1;
@@ -201,7 +201,7 @@ impl ConnIo {
                 }
             };
             let bytes = match &item {
-                Outgoing::Reply(b) | Outgoing::Event(b) => b,
+                QueuedFrame::Reply(b) | QueuedFrame::Event(b) => b,
             };
             if let Err(e) = self.send(bytes) {
                 tracing::debug!(conn = self.id, error = %e, "client gone while sending");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use xmx_hv::xs::wire::{self, Header, MsgType, XsErrno, XsFrame, DOMID_SELF, PAYLOAD_MAX};
 use xmx_hv::{DomId, DOM0};
 
-use super::conn::{ConnId, Outstanding};
+use super::conn::{Outstanding, XsConnId};
 use super::ops::{self, Limits};
 use super::path::{self, Canonical};
 use super::perms;
@@ -41,7 +41,7 @@ impl Done {
     }
 }
 
-type Outcome = Result<Done, XsErrno>;
+type XsOutcome = Result<Done, XsErrno>;
 
 fn invalid(_: wire::WireError) -> XsErrno {
     XsErrno::Einval
@@ -52,7 +52,7 @@ pub(crate) fn process(
     st: &mut XenstoredState,
     quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
-    conn_id: ConnId,
+    conn_id: XsConnId,
     frame: XsFrame,
 ) {
     let Some(io) = st.conns.get(&conn_id).map(|c| Arc::clone(&c.io)) else {
@@ -113,11 +113,11 @@ fn handle(
     st: &mut XenstoredState,
     quotas: &XenstoreQuotas,
     outstanding: &Outstanding,
-    conn_id: ConnId,
+    conn_id: XsConnId,
     domid: DomId,
     header: &Header,
     payload: &[u8],
-) -> Outcome {
+) -> XsOutcome {
     let Some(kind) = header.kind() else {
         tracing::debug!(domid, msg_type = header.msg_type, "unknown request type");
         return Err(XsErrno::Enosys);
@@ -343,10 +343,10 @@ fn watch_args(domid: DomId, payload: &[u8]) -> Result<(Canonical, String), XsErr
 fn watch(
     st: &mut XenstoredState,
     quotas: &XenstoreQuotas,
-    conn_id: ConnId,
+    conn_id: XsConnId,
     domid: DomId,
     payload: &[u8],
-) -> Outcome {
+) -> XsOutcome {
     let (name, token) = watch_args(domid, payload)?;
     let watches = st.watches_of(domid);
     let conn = st.conns.get_mut(&conn_id).ok_or(XsErrno::Eio)?;
@@ -379,7 +379,7 @@ fn watch(
 /// Run `op` on the committed tree or on the open transaction `tx_id`.
 fn in_tree<R>(
     st: &mut XenstoredState,
-    conn_id: ConnId,
+    conn_id: XsConnId,
     tx_id: u32,
     op: impl FnOnce(&mut dyn Tree) -> Result<R, XsErrno>,
 ) -> Result<R, XsErrno> {
@@ -398,10 +398,10 @@ fn in_tree<R>(
 /// Acknowledge a change: its events fire now, or on commit if it was transactional.
 fn changed(
     st: &mut XenstoredState,
-    conn_id: ConnId,
+    conn_id: XsConnId,
     tx_id: u32,
     events: Vec<NodeChange>,
-) -> Outcome {
+) -> XsOutcome {
     if tx_id == 0 {
         return Ok(Done {
             events,

@@ -8,7 +8,7 @@ use nix::sys::eventfd::EventFd;
 use xmx_hv::xs::wire::{INTRODUCE_DOMAIN, RELEASE_DOMAIN};
 use xmx_hv::{DomId, XsAccess, XsPerm, DOM0};
 
-use super::conn::{ConnId, ConnIo, Outstanding};
+use super::conn::{ConnIo, Outstanding, XsConnId};
 use super::ops;
 use super::path;
 use super::store::{Store, Transaction, Tree};
@@ -56,7 +56,7 @@ pub(crate) struct ListenerEntry {
 
 pub(crate) struct XenstoredState {
     pub store: Store,
-    pub conns: HashMap<ConnId, ConnEntry>,
+    pub conns: HashMap<XsConnId, ConnEntry>,
     pub introduced: BTreeSet<DomId>,
     pub listeners: Vec<ListenerEntry>,
     pub shut_down: bool,
@@ -139,7 +139,7 @@ impl XenstoredState {
     /// nodes' permission lists, then fire @releaseDomain.
     pub fn release(&mut self, domid: DomId, outstanding: &Outstanding) {
         let was_introduced = self.introduced.remove(&domid);
-        let gone: Vec<ConnId> = self
+        let gone: Vec<XsConnId> = self
             .conns
             .iter()
             .filter(|(_, c)| c.domid() == domid)
