@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{print_table, Target};
+use super::{print_table, XmxdTarget};
 use crate::xmxd::control::{ClusterReport, XmxdRequest};
 
 /// The subcommands of `xmx cluster`.
@@ -12,13 +12,13 @@ pub enum ClusterCmd {
     /// Create cluster NAME (1 to 32 letters, digits, '_', '.', '-').
     Create {
         #[command(flatten)]
-        target: Target,
+        target: XmxdTarget,
         name: String,
     },
     /// Delete cluster NAME; with members only with --force, which moves them to `default`.
     Delete {
         #[command(flatten)]
-        target: Target,
+        target: XmxdTarget,
         name: String,
         #[arg(long)]
         force: bool,
@@ -28,7 +28,7 @@ pub enum ClusterCmd {
     /// runs here nor is known to any host is refused unless --new says it is expected.
     Add {
         #[command(flatten)]
-        target: Target,
+        target: XmxdTarget,
         name: String,
         guest: String,
         /// GUEST does not run yet: record it, so that it joins NAME when it starts.
@@ -38,14 +38,14 @@ pub enum ClusterCmd {
     /// Take GUEST out of cluster NAME, back to `default`.
     Remove {
         #[command(flatten)]
-        target: Target,
+        target: XmxdTarget,
         name: String,
         guest: String,
     },
     /// The clusters, their ids and members.
     List {
         #[command(flatten)]
-        target: Target,
+        target: XmxdTarget,
         /// Print them as JSON.
         #[arg(long)]
         json: bool,

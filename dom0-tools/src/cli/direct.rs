@@ -2,14 +2,14 @@
 
 use anyhow::Result;
 
-use super::Target;
+use super::XmxdTarget;
 use crate::xmxd::control::{DirectReport, XmxdRequest};
 
 /// Arguments of `xmx direct`.
 #[derive(Debug, clap::Args)]
 pub struct DirectArgs {
     #[command(flatten)]
-    target: Target,
+    target: XmxdTarget,
     /// `on` offers a direct channel to every pair of this host's guests in one virtual
     /// cluster (the default); `off` revokes them all, and traffic goes through the backend
     /// again with nothing lost [default: print the pairs offered now].

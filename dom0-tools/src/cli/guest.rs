@@ -2,14 +2,14 @@
 
 use anyhow::Result;
 
-use super::Target;
+use super::XmxdTarget;
 use crate::xmxd::control::{GuestStatus, XmxdRequest};
 
 /// Arguments of `xmx attach`.
 #[derive(Debug, clap::Args)]
 pub struct AttachArgs {
     #[command(flatten)]
-    target: Target,
+    target: XmxdTarget,
     /// The running domain.
     domid: u16,
     /// Put the guest in this cluster (created if missing) [default: the cluster recorded
@@ -25,7 +25,7 @@ pub struct AttachArgs {
 #[derive(Debug, clap::Args)]
 pub struct DetachArgs {
     #[command(flatten)]
-    target: Target,
+    target: XmxdTarget,
     /// The running domain.
     domid: u16,
 }

@@ -13,7 +13,7 @@ mod target;
 use anyhow::Result;
 use clap::Subcommand;
 
-pub(crate) use target::{BackendTarget, Target};
+pub(crate) use target::{BackendTarget, XmxdTarget};
 
 /// The administration subcommands, flattened into `xmx`'s own.
 #[derive(Debug, Subcommand)]

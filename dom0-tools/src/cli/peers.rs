@@ -4,14 +4,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use super::{print_table, Target};
+use super::{print_table, XmxdTarget};
 use crate::xmxd::control::{PeersReport, XmxdRequest};
 
 /// Arguments of `xmx peers`.
 #[derive(Debug, clap::Args)]
 pub struct PeersArgs {
     #[command(flatten)]
-    target: Target,
+    target: XmxdTarget,
     /// Only what this guest (a name, or a domid of this host) may see: its cluster's peers.
     #[arg(long)]
     guest: Option<String>,

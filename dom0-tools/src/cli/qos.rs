@@ -2,14 +2,14 @@
 
 use anyhow::Result;
 
-use super::Target;
+use super::XmxdTarget;
 use crate::xmxd::control::{QosReport, XmxdRequest};
 
 /// Arguments of `xmx qos`.
 #[derive(Debug, clap::Args)]
 pub struct QosArgs {
     #[command(flatten)]
-    target: Target,
+    target: XmxdTarget,
     /// The guest: its name, or the domid of its running domain.
     guest: String,
     /// Its new weight, 1 to 1000 [default: print the current one]. Active guests share

@@ -11,7 +11,7 @@ use crate::xmxd::{self, ControlClient};
 
 /// Where xmxd listens.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Target {
+pub struct XmxdTarget {
     /// xmxd's control socket [default: $XMX_SIM_DIR/xmxd.sock on the simulator,
     /// /run/xmx/xmxd.sock on Xen].
     #[arg(long, env = "XMX_XMXD_SOCKET")]
@@ -44,7 +44,7 @@ impl SimHostArgs {
     }
 }
 
-impl Target {
+impl XmxdTarget {
     /// The socket path this target names.
     pub(crate) fn socket(&self) -> Result<PathBuf> {
         if let Some(p) = &self.xmxd_socket {

@@ -47,7 +47,7 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A decoded bench header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Header {
+enum BenchHeader {
     Data { msg: u32, frag: u32, len: u32 },
     Credit { consumed: u32 },
 }
@@ -57,17 +57,17 @@ fn le32(f: &[u8], at: usize) -> Option<u32> {
 }
 
 /// The header of `frame`, `None` when it is not a bench frame.
-fn parse_header(frame: &[u8]) -> Option<Header> {
+fn parse_header(frame: &[u8]) -> Option<BenchHeader> {
     if frame.get(12..14)? != ETHERTYPE.to_be_bytes() || frame.get(14..16)? != MAGIC.to_be_bytes() {
         return None;
     }
     match *frame.get(16)? {
-        KIND_DATA => Some(Header::Data {
+        KIND_DATA => Some(BenchHeader::Data {
             msg: le32(frame, 18)?,
             frag: le32(frame, 22)?,
             len: le32(frame, 26)?,
         }),
-        KIND_CREDIT => Some(Header::Credit {
+        KIND_CREDIT => Some(BenchHeader::Credit {
             consumed: le32(frame, 26)?,
         }),
         _ => None,
@@ -75,15 +75,15 @@ fn parse_header(frame: &[u8]) -> Option<Header> {
 }
 
 /// Write the Ethernet and bench headers into the first [`HEADER`] bytes of `frame`.
-fn write_header(frame: &mut [u8], dst: [u8; 6], src: [u8; 6], header: Header) {
+fn write_header(frame: &mut [u8], dst: [u8; 6], src: [u8; 6], header: BenchHeader) {
     frame[0..6].copy_from_slice(&dst);
     frame[6..12].copy_from_slice(&src);
     frame[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
     frame[14..16].copy_from_slice(&MAGIC.to_be_bytes());
     frame[17] = 0;
     let (kind, a, b, c) = match header {
-        Header::Data { msg, frag, len } => (KIND_DATA, msg, frag, len),
-        Header::Credit { consumed } => (KIND_CREDIT, 0, 0, consumed),
+        BenchHeader::Data { msg, frag, len } => (KIND_DATA, msg, frag, len),
+        BenchHeader::Credit { consumed } => (KIND_CREDIT, 0, 0, consumed),
     };
     frame[16] = kind;
     frame[18..22].copy_from_slice(&a.to_le_bytes());
@@ -102,7 +102,7 @@ fn protocol(msg: String) -> io::Error {
 
 /// Reassembly of incoming trains, independent of the socket.
 #[derive(Debug, Default)]
-struct Reassembly {
+struct TrainReassembly {
     /// Next message and fragment expected.
     msg: u32,
     frag: u32,
@@ -115,7 +115,7 @@ struct Reassembly {
     spare: Vec<Vec<u8>>,
 }
 
-impl Reassembly {
+impl TrainReassembly {
     /// Take data frame `frame` (header `msg`/`frag`/`len`) into `buf`; returns the message
     /// length once its last frame is in.
     fn accept(
@@ -175,7 +175,7 @@ pub struct AfPacketChannel {
     peer_consumed: u32,
     unflushed: usize,
     frame: Vec<u8>,
-    rx: Reassembly,
+    rx: TrainReassembly,
     policy: PollPolicy,
 }
 
@@ -207,7 +207,7 @@ impl AfPacketChannel {
             peer_consumed: 0,
             unflushed: 0,
             frame: vec![0; frame_max],
-            rx: Reassembly::default(),
+            rx: TrainReassembly::default(),
             policy: PollPolicy {
                 spin,
                 timeout: PEER_TIMEOUT,
@@ -241,8 +241,8 @@ impl AfPacketChannel {
             // ring never fills up behind a busy sender.
             let (rx, peer_consumed) = (&mut self.rx, &mut self.peer_consumed);
             self.sock.recv(|f| match parse_header(f) {
-                Some(Header::Credit { consumed }) => *peer_consumed = consumed,
-                Some(Header::Data { .. }) => rx.stash(f),
+                Some(BenchHeader::Credit { consumed }) => *peer_consumed = consumed,
+                Some(BenchHeader::Data { .. }) => rx.stash(f),
                 None => {}
             });
         }
@@ -260,7 +260,7 @@ impl AfPacketChannel {
             &mut self.frame,
             peer,
             self.me,
-            Header::Credit {
+            BenchHeader::Credit {
                 consumed: self.rx.consumed,
             },
         );
@@ -276,8 +276,8 @@ impl AfPacketChannel {
             .sock
             .poll_spin_then_block(self.policy.spin, Some(self.policy.timeout), |f| {
                 match parse_header(f) {
-                    Some(Header::Credit { consumed }) => *peer_consumed = consumed,
-                    Some(Header::Data { .. }) => {
+                    Some(BenchHeader::Credit { consumed }) => *peer_consumed = consumed,
+                    Some(BenchHeader::Data { .. }) => {
                         peer.get_or_insert_with(|| f[6..12].try_into().unwrap_or_default());
                         rx.stash(f);
                     }
@@ -303,7 +303,7 @@ impl AfPacketChannel {
             &mut self.frame,
             peer,
             self.me,
-            Header::Credit {
+            BenchHeader::Credit {
                 consumed: self.rx.consumed,
             },
         );
@@ -330,7 +330,7 @@ impl Channel for AfPacketChannel {
                 &mut self.frame,
                 peer,
                 self.me,
-                Header::Data {
+                BenchHeader::Data {
                     msg: self.tx_msg,
                     frag: frag as u32,
                     len,
@@ -353,7 +353,9 @@ impl Channel for AfPacketChannel {
         // Frames that came in behind an earlier message first.
         while let Some(f) = self.rx.stash.pop_front() {
             let done = match parse_header(&f) {
-                Some(Header::Data { msg, frag, len }) => self.rx.accept(&f, msg, frag, len, buf),
+                Some(BenchHeader::Data { msg, frag, len }) => {
+                    self.rx.accept(&f, msg, frag, len, buf)
+                }
                 _ => Ok(None),
             };
             self.rx.spare.push(f);
@@ -374,8 +376,8 @@ impl Channel for AfPacketChannel {
                         return;
                     }
                     match parse_header(f) {
-                        Some(Header::Credit { consumed }) => *peer_consumed = consumed,
-                        Some(Header::Data { msg, frag, len }) => {
+                        Some(BenchHeader::Credit { consumed }) => *peer_consumed = consumed,
+                        Some(BenchHeader::Data { msg, frag, len }) => {
                             peer.get_or_insert_with(|| f[6..12].try_into().unwrap_or_default());
                             if done.is_some() {
                                 rx.stash(f);
@@ -422,7 +424,7 @@ mod tests {
 
     fn data_frame(msg: u32, frag: u32, len: u32, payload: &[u8]) -> Vec<u8> {
         let mut f = vec![0u8; HEADER + payload.len()];
-        write_header(&mut f, [1; 6], [2; 6], Header::Data { msg, frag, len });
+        write_header(&mut f, [1; 6], [2; 6], BenchHeader::Data { msg, frag, len });
         f[HEADER..].copy_from_slice(payload);
         f
     }
@@ -433,7 +435,7 @@ mod tests {
         assert_eq!(&f[12..14], &[0x86, 0xdf]);
         assert_eq!(
             parse_header(&f),
-            Some(Header::Data {
+            Some(BenchHeader::Data {
                 msg: 7,
                 frag: 3,
                 len: 100_000
@@ -444,13 +446,13 @@ mod tests {
             &mut c,
             [1; 6],
             [2; 6],
-            Header::Credit {
+            BenchHeader::Credit {
                 consumed: 0xdead_beef,
             },
         );
         assert_eq!(
             parse_header(&c),
-            Some(Header::Credit {
+            Some(BenchHeader::Credit {
                 consumed: 0xdead_beef
             })
         );
@@ -474,7 +476,7 @@ mod tests {
 
     #[test]
     fn reassembly_in_order_and_padded() {
-        let mut r = Reassembly::default();
+        let mut r = TrainReassembly::default();
         let mut buf = [0u8; 10];
         assert_eq!(
             r.accept(&data_frame(0, 0, 6, b"abcd"), 0, 0, 6, &mut buf)

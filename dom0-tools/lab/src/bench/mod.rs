@@ -146,9 +146,9 @@ pub struct Options {
 }
 
 /// A directory removed when dropped.
-struct Scratch(PathBuf);
+struct BenchScratchDir(PathBuf);
 
-impl Drop for Scratch {
+impl Drop for BenchScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
@@ -296,7 +296,8 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<BenchReport
         Depth::Full => plan::all_sizes(),
         Depth::Quick => plan::quick_sizes(),
     });
-    let scratch = Scratch(std::env::temp_dir().join(format!("xmx-bench-{}", std::process::id())));
+    let scratch =
+        BenchScratchDir(std::env::temp_dir().join(format!("xmx-bench-{}", std::process::id())));
     std::fs::create_dir_all(&scratch.0).map_err(BenchError::Scratch)?;
 
     let is_guest = |name: &str| name.starts_with("guest-");

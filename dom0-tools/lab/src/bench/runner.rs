@@ -41,7 +41,7 @@ pub struct CellReports {
 pub const TIMED_OUT: &str = "no result within";
 
 #[derive(Debug)]
-enum Event {
+enum AgentOutput {
     Line {
         agent: usize,
         stdout: bool,
@@ -61,11 +61,11 @@ struct Agent {
     last_error: Option<String>,
 }
 
-fn pump(agent: usize, stdout: bool, stream: impl Read + Send + 'static, tx: Sender<Event>) {
+fn pump(agent: usize, stdout: bool, stream: impl Read + Send + 'static, tx: Sender<AgentOutput>) {
     std::thread::spawn(move || {
         for text in BufReader::new(stream).lines().map_while(Result::ok) {
             if tx
-                .send(Event::Line {
+                .send(AgentOutput::Line {
                     agent,
                     stdout,
                     text,
@@ -75,7 +75,7 @@ fn pump(agent: usize, stdout: bool, stream: impl Read + Send + 'static, tx: Send
                 return;
             }
         }
-        let _ = tx.send(Event::Closed { agent });
+        let _ = tx.send(AgentOutput::Closed { agent });
     });
 }
 
@@ -84,7 +84,7 @@ fn spawn(
     spec: &AgentSpec,
     index: usize,
     name: &'static str,
-    tx: &Sender<Event>,
+    tx: &Sender<AgentOutput>,
 ) -> Result<Agent, String> {
     let mut cmd = Command::new(xmx);
     cmd.args(&spec.args)
@@ -138,7 +138,7 @@ pub fn run_cell(
             Err(RecvTimeoutError::Disconnected) => break Ok(()),
         };
         match event {
-            Event::Closed { agent } => {
+            AgentOutput::Closed { agent } => {
                 let a = &mut procs[agent];
                 a.open_streams -= 1;
                 // An agent that ended without a report has failed: the other one would only
@@ -151,7 +151,7 @@ pub fn run_cell(
                     break Err(format!("{}: {why}", a.name));
                 }
             }
-            Event::Line {
+            AgentOutput::Line {
                 agent,
                 stdout: true,
                 text,
@@ -180,7 +180,7 @@ pub fn run_cell(
                     tracing::debug!(agent = procs[agent].name, "{text}");
                 }
             }
-            Event::Line {
+            AgentOutput::Line {
                 agent,
                 stdout: false,
                 text,

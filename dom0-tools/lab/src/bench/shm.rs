@@ -70,12 +70,12 @@ fn file_len(slot_len: usize, slots: usize) -> Option<usize> {
 }
 
 /// A shared read-write mapping of a whole file, unmapped on drop.
-struct Mapping {
+struct FileMapping {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-impl Mapping {
+impl FileMapping {
     fn new(file: &File, len: usize) -> io::Result<Self> {
         // SAFETY: a fresh shared mapping of `len` bytes of an open file at a kernel-chosen
         // address; nothing else in this process refers to that range. The file is at least
@@ -108,7 +108,7 @@ impl Mapping {
     }
 }
 
-impl Drop for Mapping {
+impl Drop for FileMapping {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the range mapped in `new`; no reference into it outlives
         // `self` (words borrow `self`).
@@ -118,7 +118,7 @@ impl Drop for Mapping {
 
 /// One end of the shared-memory channel.
 pub struct ShmChannel {
-    map: Mapping,
+    map: FileMapping,
     slot_len: usize,
     slots: u64,
     /// Ring this end produces into and ring it consumes from.
@@ -148,7 +148,7 @@ impl ShmChannel {
             .create_new(true)
             .open(path)?;
         file.set_len(len as u64)?;
-        let map = Mapping::new(&file, len)?;
+        let map = FileMapping::new(&file, len)?;
         map.word(OFF_SLOT_LEN)
             .store(slot_len as u64, Ordering::Relaxed);
         map.word(OFF_SLOTS).store(slots, Ordering::Relaxed);
@@ -176,7 +176,7 @@ impl ShmChannel {
                 "shared file too short",
             ));
         }
-        let map = Mapping::new(&file, actual)?;
+        let map = FileMapping::new(&file, actual)?;
         if map.word(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -245,9 +245,9 @@ pub const STEPS: [(&str, &str); 7] = [
 ];
 
 /// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
+struct DemoScratchDir(PathBuf);
 
-impl Drop for Scratch {
+impl Drop for DemoScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
@@ -292,7 +292,7 @@ struct Demo {
     console: Console,
     bin_dir: PathBuf,
     xmx: PathBuf,
-    scratch: Scratch,
+    scratch: DemoScratchDir,
     /// The cluster is ours to remove: this run made it.
     owned: bool,
     state: Option<ClusterState>,
@@ -319,7 +319,7 @@ pub fn main(args: DemoArgs, bin_dir: PathBuf) -> Result<i32> {
         console: Console::new(args.json),
         bin_dir,
         xmx,
-        scratch: Scratch(scratch),
+        scratch: DemoScratchDir(scratch),
         owned: false,
         state: None,
         programs: None,

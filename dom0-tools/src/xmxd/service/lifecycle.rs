@@ -8,7 +8,8 @@ use xmx_hv::DomId;
 use xmx_wire::xenbus;
 
 use super::{
-    Attached, Core, Domain, DEVID, WATCH_INTRODUCE, WATCH_NAME_PREFIX, WATCH_RELEASE, WATCH_WISHES,
+    Core, DeviceAttachment, RunningDomain, DEVID, WATCH_INTRODUCE, WATCH_NAME_PREFIX,
+    WATCH_RELEASE, WATCH_WISHES,
 };
 use crate::xmxd::error::Result;
 use crate::xmxd::{names, xsnodes};
@@ -100,10 +101,10 @@ impl Core {
             tracing::debug!(domid = id, ?name, ?instance, "domain seen");
             self.domains.insert(
                 id,
-                Domain {
+                RunningDomain {
                     name,
                     instance,
-                    ..Domain::default()
+                    ..RunningDomain::default()
                 },
             );
         }
@@ -218,7 +219,7 @@ impl Core {
             .guests
             .get(&base)
             .filter(|g| g.auto_attach)
-            .map(|g| Attached {
+            .map(|g| DeviceAttachment {
                 guest: base.clone(),
                 mac: g.mac,
                 cluster: self.store.state.cluster_id(&g.cluster).unwrap_or(0),
@@ -291,7 +292,7 @@ impl Core {
         Ok(true)
     }
 
-    pub(super) fn attach_device(&mut self, domid: DomId, want: Attached) {
+    pub(super) fn attach_device(&mut self, domid: DomId, want: DeviceAttachment) {
         let spec = DeviceSpec {
             domu: domid,
             devid: DEVID,

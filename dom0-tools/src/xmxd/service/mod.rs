@@ -88,7 +88,7 @@ const DEVID: u32 = 0;
 
 /// What the device of a domain was attached with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Attached {
+struct DeviceAttachment {
     guest: String,
     mac: Mac,
     cluster: u32,
@@ -96,12 +96,12 @@ struct Attached {
 
 /// A running domain of this host.
 #[derive(Debug, Clone, Default)]
-struct Domain {
+struct RunningDomain {
     name: Option<String>,
     /// Its `vm` path when first seen: a different one under the same domid is a new domain
     /// created after a destroy this daemon had not yet seen.
     instance: Option<String>,
-    attached: Option<Attached>,
+    attached: Option<DeviceAttachment>,
     /// It had a wish node when last looked at: a wish that vanishes is withdrawn.
     wished: bool,
 }
@@ -118,7 +118,7 @@ pub struct Core {
     cfg: XmxdConfig,
     xs: Box<dyn Xenstore>,
     store: StateStore,
-    domains: BTreeMap<DomId, Domain>,
+    domains: BTreeMap<DomId, RunningDomain>,
     discovery: Discovery,
     fabric: Option<PacketFabric>,
     backend: BackendLink,
@@ -218,7 +218,7 @@ impl Core {
 }
 
 /// The core and the condition variable its changes are announced on.
-struct Shared {
+struct XmxdShared {
     core: Mutex<Core>,
     changed: Condvar,
     /// Set when xmxd stops: stopping the control socket waits for the requests being
@@ -226,7 +226,7 @@ struct Shared {
     closing: AtomicBool,
 }
 
-impl Shared {
+impl XmxdShared {
     fn lock(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -266,7 +266,7 @@ impl Shared {
         }
     }
 
-    /// [`Shared::dispatch`], then a wake-up of the loop: timers may have moved, and the
+    /// [`XmxdShared::dispatch`], then a wake-up of the loop: timers may have moved, and the
     /// loop recomputes its sleep.
     fn answer(&self, request: XmxdRequest, wake: &EventFd) -> Reply {
         let reply = self.dispatch(request);
@@ -285,7 +285,7 @@ impl Shared {
 
 /// A running xmxd: the loop thread and the control socket. Dropping it stops both.
 pub struct Xmxd {
-    shared: Arc<Shared>,
+    shared: Arc<XmxdShared>,
     stop: Arc<AtomicBool>,
     wake: Arc<EventFd>,
     thread: Option<JoinHandle<Result<()>>>,
@@ -294,7 +294,7 @@ pub struct Xmxd {
 
 /// What the control socket asks of a running xmxd.
 struct ControlSide {
-    shared: Arc<Shared>,
+    shared: Arc<XmxdShared>,
     wake: Arc<EventFd>,
 }
 
@@ -328,7 +328,7 @@ impl Xmxd {
     ) -> Result<Xmxd> {
         let control_path = cfg.control_socket.clone();
         let core = Core::new(platform, fabric, cfg)?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(XmxdShared {
             core: Mutex::new(core),
             changed: Condvar::new(),
             closing: AtomicBool::new(false),
@@ -455,7 +455,7 @@ impl XmxdStopper {
     }
 }
 
-fn run_loop(shared: &Shared, stop: &AtomicBool, wake: &EventFd) -> Result<()> {
+fn run_loop(shared: &XmxdShared, stop: &AtomicBool, wake: &EventFd) -> Result<()> {
     let xs_fd = shared.lock().xs.watch_fd();
     while !stop.load(Ordering::Acquire) {
         // The fabric socket may have been opened again (a re-created interface).
