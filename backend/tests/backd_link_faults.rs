@@ -27,7 +27,7 @@ fn ip(args: &[&str]) {
 
 /// Two hosts, guest a (peer 0) on the first, guest b (peer 1) on the second, each with
 /// endpoint 0 open.
-struct Pair {
+struct CrossHostPair {
     backends: [BackendThread; 2],
     a: FakeGuest,
     b: FakeGuest,
@@ -36,7 +36,7 @@ struct Pair {
     _hosts: [BackdTestHost; 2],
 }
 
-fn pair(veth: &VethPair) -> Pair {
+fn pair(veth: &VethPair) -> CrossHostPair {
     let hosts = [BackdTestHost::start(), BackdTestHost::start()];
     let backends = [
         hosts[0].start_wire_backend(&veth.ns_a, &veth.if_a),
@@ -48,7 +48,7 @@ fn pair(veth: &VethPair) -> Pair {
     b.connect();
     let ea = a.open_endpoint(0, small_endpoint(8)).1.unwrap();
     let eb = b.open_endpoint(0, small_endpoint(8)).1.unwrap();
-    Pair {
+    CrossHostPair {
         backends,
         a,
         b,
@@ -59,7 +59,7 @@ fn pair(veth: &VethPair) -> Pair {
 }
 
 /// A TINY from a to b arrives, bytes intact.
-fn tiny_arrives(p: &mut Pair, seqnum: u16, text: &[u8]) {
+fn tiny_arrives(p: &mut CrossHostPair, seqnum: u16, text: &[u8]) {
     let route = Route {
         peer_index: 1,
         endpoint: 0,

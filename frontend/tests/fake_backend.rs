@@ -233,11 +233,11 @@ fn regions_of_1_300_and_2048_pages_are_mapped_in_one_batch() {
 }
 
 /// Registers through the frontend directly, as the daemon does for an application.
-struct Direct<'a> {
+struct FrontendRegistrar<'a> {
     fe: &'a mut Frontend,
 }
 
-impl Registrar for Direct<'_> {
+impl Registrar for FrontendRegistrar<'_> {
     fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
         RegionWindow::from_handoff(self.fe.register_region(endpoint, length)?)
     }
@@ -260,7 +260,7 @@ fn the_registration_cache_saves_register_requests_and_can_be_turned_off() {
     // MX_RCACHE=1: one registration serves three messages.
     let mut cache = RegionCache::new(true, 8);
     for round in 0..3u8 {
-        let mut reg = Direct { fe: &mut fe };
+        let mut reg = FrontendRegistrar { fe: &mut fe };
         let lease = cache.acquire(&mut reg, 0, addr, buffer.len()).unwrap();
         let w = cache.window(lease).unwrap();
         let mut msg = buffer.clone();
@@ -276,7 +276,7 @@ fn the_registration_cache_saves_register_requests_and_can_be_turned_off() {
     assert_eq!(fake.lock().regions.len(), 1, "kept registered");
 
     // Invalidation: the buffer changed; its window goes and the next message registers.
-    let mut reg = Direct { fe: &mut fe };
+    let mut reg = FrontendRegistrar { fe: &mut fe };
     assert_eq!(cache.invalidate(&mut reg, addr + 10, 1).unwrap(), 1);
     assert_eq!(fake.lock().count(CtrlKind::RegionDeregister), 1);
     assert!(fake.lock().regions.is_empty());

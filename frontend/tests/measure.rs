@@ -18,9 +18,9 @@ use xmx_wire::msg::{
     EndpointPages, EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest,
 };
 
-struct Direct<'a>(&'a mut Frontend);
+struct MeasureRegistrar<'a>(&'a mut Frontend);
 
-impl Registrar for Direct<'_> {
+impl Registrar for MeasureRegistrar<'_> {
     fn register(&mut self, endpoint: u8, length: u32) -> xmx_frontend::Result<RegionWindow> {
         RegionWindow::from_handoff(self.0.register_region(endpoint, length)?)
     }
@@ -120,7 +120,7 @@ fn figures() {
     let n = 200u32;
     for enabled in [false, true] {
         let mut cache = RegionCache::new(enabled, 8);
-        let mut reg = Direct(&mut fe);
+        let mut reg = MeasureRegistrar(&mut fe);
         let start = Instant::now();
         for _ in 0..n {
             let l = cache.acquire(&mut reg, 0, addr, buffer.len()).unwrap();

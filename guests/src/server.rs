@@ -95,7 +95,7 @@ impl Client {
 }
 
 /// State shared by the main thread and the client threads.
-struct Shared {
+struct FrontdShared {
     frontend: Mutex<Frontend>,
     /// Domain of the toolstack that brokers direct channels.
     toolstack: u16,
@@ -104,7 +104,7 @@ struct Shared {
     left: Condvar,
 }
 
-impl Shared {
+impl FrontdShared {
     /// The client owning `endpoint`, if any.
     fn owner(&self, endpoint: u8) -> Option<Arc<Client>> {
         lock(&self.clients)
@@ -171,7 +171,7 @@ impl Shared {
 /// A running `xmx-frontd` service; see the module documentation.
 pub struct Server {
     cfg: ServerConfig,
-    shared: Arc<Shared>,
+    shared: Arc<FrontdShared>,
     listener: UnixListener,
     threads: Vec<JoinHandle<()>>,
     next_client: u64,
@@ -217,7 +217,7 @@ impl Server {
         let toolstack = cfg.toolstack;
         Ok(Server {
             cfg,
-            shared: Arc::new(Shared {
+            shared: Arc::new(FrontdShared {
                 frontend: Mutex::new(frontend),
                 toolstack,
                 clients: Mutex::new(BTreeMap::new()),
@@ -441,7 +441,7 @@ fn io_err(e: Errno) -> Error {
 }
 
 /// Serve one application until it disconnects, then release what it opened.
-fn serve_client(shared: &Shared, client: &Client, sock: UnixStream) {
+fn serve_client(shared: &FrontdShared, client: &Client, sock: UnixStream) {
     loop {
         let (body, fds) = match recv_message(&sock, MAX_MESSAGE) {
             Ok(Some(m)) => m,
@@ -473,7 +473,11 @@ fn serve_client(shared: &Shared, client: &Client, sock: UnixStream) {
     release_client(shared, client);
 }
 
-fn handle(shared: &Shared, client: &Client, request: FrontdRequest) -> Result<FrontdReply, Error> {
+fn handle(
+    shared: &FrontdShared,
+    client: &Client,
+    request: FrontdRequest,
+) -> Result<FrontdReply, Error> {
     let mut fe = lock(&shared.frontend);
     let owns = |endpoint: u8| lock(&client.owned).endpoints.contains(&endpoint);
     let not_yours = |endpoint: u8| Error::Invalid(format!("endpoint {endpoint} is not yours"));
@@ -546,7 +550,7 @@ fn handle(shared: &Shared, client: &Client, request: FrontdRequest) -> Result<Fr
 }
 
 /// The application is gone: close what it opened, in the backend first.
-fn release_client(shared: &Shared, client: &Client) {
+fn release_client(shared: &FrontdShared, client: &Client) {
     let owned = std::mem::take(&mut *lock(&client.owned));
     {
         let mut fe = lock(&shared.frontend);

@@ -83,7 +83,7 @@ pub use peers::{PeerEntry, PeerTable};
 pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
-use output::{Output, Path};
+use output::{EngineOutput, Path};
 use vnic::{EngineUsage, GuestEndpoint, GuestRegion, GuestWire};
 
 /// A guest, by the id dom0 gives it (its domain id).
@@ -128,7 +128,7 @@ pub struct Engine {
     /// Our guests by MAC, with their cluster.
     local: HashMap<Mac, (GuestId, ClusterId)>,
     peers: PeerTable,
-    out: Output,
+    out: EngineOutput,
     counters: EngineCounters,
     /// Bounce buffer for data read out of guest memory (a whole MEDIUM message).
     scratch: Vec<u8>,
@@ -143,7 +143,7 @@ pub(crate) struct Ctx<'a> {
     pub config: &'a EngineConfig,
     pub peers: &'a PeerTable,
     pub local: &'a HashMap<Mac, (GuestId, ClusterId)>,
-    pub out: &'a mut Output,
+    pub out: &'a mut EngineOutput,
     pub scratch: &'a mut Vec<u8>,
     pub budget: &'a mut PullBudget,
 }
@@ -221,7 +221,7 @@ impl Engine {
     /// An engine serving no guest yet, with an empty peer table.
     pub fn new(config: EngineConfig) -> Self {
         let budget = PullBudget::new(config.pull_frame_budget);
-        let out = Output::new(
+        let out = EngineOutput::new(
             config.buffer_pool_size,
             config.max_tx_frames,
             config.max_pending_events_per_endpoint,

@@ -118,7 +118,7 @@ impl TxQueues {
     }
 }
 
-pub(crate) struct Output {
+pub(crate) struct EngineOutput {
     pool: Vec<Vec<u8>>,
     pool_size: usize,
     pub tx: TxQueues,
@@ -131,14 +131,14 @@ pub(crate) struct Output {
     pub max_host_replies: usize,
 }
 
-impl Output {
+impl EngineOutput {
     pub fn new(
         pool_size: usize,
         max_tx_frames: usize,
         max_pending: usize,
         max_host_replies: usize,
     ) -> Self {
-        Output {
+        EngineOutput {
             pool: Vec::new(),
             pool_size,
             tx: TxQueues::default(),
@@ -193,7 +193,7 @@ impl Output {
         self.pending.get(&(guest, endpoint)).copied().unwrap_or(0) < self.max_pending
     }
 
-    /// Queue an unsolicited event (check [`Output::has_event_room`] first).
+    /// Queue an unsolicited event (check [`EngineOutput::has_event_room`] first).
     pub fn unsolicited(&mut self, guest: GuestId, endpoint: u8, event: Event) {
         self.completion(guest, endpoint, event);
     }
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn unsolicited_events_are_bounded_per_endpoint() {
-        let mut out = Output::new(4, 4, 2, 4);
+        let mut out = EngineOutput::new(4, 4, 2, 4);
         let g = GuestId(1);
         out.unsolicited(g, 0, done(0));
         out.unsolicited(g, 0, done(1));

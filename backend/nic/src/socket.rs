@@ -12,7 +12,7 @@ use super::error::{NicError, Result};
 use super::geometry::{rx_frame_size, tx_frame_size, RingGeometry};
 use super::ring::{Push, RxRing, TxRing};
 use super::stats::NicStats;
-use super::sys::{self, InterfaceInfo, Mapping};
+use super::sys::{self, InterfaceInfo, RingMapping};
 use super::{ETHERTYPE, ETH_HEADER_LEN};
 
 /// PACKET_MR_UNICAST: a secondary unicast address in the NIC's receive filter.
@@ -28,7 +28,7 @@ pub struct PacketSocket {
     // before `fd` is closed.
     rx: RxRing,
     tx: TxRing,
-    _mapping: Mapping,
+    _mapping: RingMapping,
     fd: OwnedFd,
     name: String,
     info: InterfaceInfo,
@@ -126,7 +126,7 @@ impl PacketSocket {
             .size()
             .checked_add(tx_geometry.size())
             .ok_or(NicError::InvalidConfig("rings too large"))?;
-        let mapping = Mapping::new(fd.as_fd(), total)?;
+        let mapping = RingMapping::new(fd.as_fd(), total)?;
         // The kernel maps the receive ring first and the transmit ring right after it.
         let tx_base = mapping
             .at(rx_geometry.size())

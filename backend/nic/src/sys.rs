@@ -283,12 +283,12 @@ pub(crate) fn page_size() -> usize {
 }
 
 /// The rings of a packet socket mapped into our address space; unmapped on drop.
-pub(crate) struct Mapping {
+pub(crate) struct RingMapping {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-impl Mapping {
+impl RingMapping {
     /// Map the `len` bytes of rings the kernel set up on `fd`.
     pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
         // SAFETY: a fresh shared mapping chosen by the kernel: it aliases no Rust object.
@@ -328,7 +328,7 @@ impl Mapping {
     }
 }
 
-impl Drop for Mapping {
+impl Drop for RingMapping {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` describe a mapping we created and nobody uses any more: the
         // rings pointing into it are dropped with the socket that owns this mapping.
@@ -404,7 +404,7 @@ mod tests {
             )
         };
         assert_ne!(raw, libc::MAP_FAILED);
-        let m = Mapping {
+        let m = RingMapping {
             ptr: NonNull::new(raw.cast()).unwrap(),
             len: 4096,
         };

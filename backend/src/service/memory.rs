@@ -15,7 +15,7 @@ use xmx_engine::{checked_range, GuestMemory, MemoryArea, MemoryError};
 
 /// A window of mapped guest memory.
 #[derive(Debug, Clone)]
-struct Window {
+struct GuestWindow {
     mem: SharedMem,
     /// Offset of the window's first byte within `mem`.
     base: usize,
@@ -27,7 +27,7 @@ struct Window {
 /// remove areas while the engine owns another.
 #[derive(Debug, Clone, Default)]
 pub struct GrantMemory {
-    areas: Arc<Mutex<HashMap<MemoryArea, Window>>>,
+    areas: Arc<Mutex<HashMap<MemoryArea, GuestWindow>>>,
 }
 
 impl GrantMemory {
@@ -36,7 +36,7 @@ impl GrantMemory {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<MemoryArea, Window>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<MemoryArea, GuestWindow>> {
         // The table holds plain handles; one left by a panicking thread is still whole.
         self.areas.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -50,7 +50,7 @@ impl GrantMemory {
         }
         self.lock().insert(
             area,
-            Window {
+            GuestWindow {
                 mem,
                 base,
                 len: len as u64,
@@ -79,7 +79,7 @@ impl GrantMemory {
         self.lock().clear();
     }
 
-    fn window(&self, area: MemoryArea) -> Result<Window, MemoryError> {
+    fn window(&self, area: MemoryArea) -> Result<GuestWindow, MemoryError> {
         self.lock()
             .get(&area)
             .cloned()
