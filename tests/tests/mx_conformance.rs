@@ -238,10 +238,10 @@ fn conformance_native() {
 }
 
 /// A guest: (host, guest) indices.
-type At = (usize, usize);
+type MxConformanceGuest = (usize, usize);
 
 /// (passive, active) guests: across hosts, then co-located.
-const PLACEMENTS: [(&str, At, At); 2] = [
+const PLACEMENTS: [(&str, MxConformanceGuest, MxConformanceGuest); 2] = [
     ("guests across hosts", (1, 0), (0, 0)),
     ("co-located guests", (0, 1), (0, 0)),
 ];

@@ -40,10 +40,10 @@ const PAIRS: [(&str, &str); 8] = [
 ];
 
 /// A guest: (host, guest) indices.
-type At = (usize, usize);
+type SplitProgramGuest = (usize, usize);
 
 /// (passive, active) guests: across hosts, then co-located.
-const PLACEMENTS: [(&str, At, At); 2] = [
+const PLACEMENTS: [(&str, SplitProgramGuest, SplitProgramGuest); 2] = [
     ("across hosts", (1, 0), (0, 0)),
     ("co-located", (0, 1), (0, 0)),
 ];

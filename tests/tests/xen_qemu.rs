@@ -87,18 +87,18 @@ fn read_log(path: &Path) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Outcome of one check, as a role printed it.
+/// The outcome of one check, as a role printed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+enum ConsoleOutcome {
     Pass,
     Fail,
     Skip,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Check {
+struct ConsoleCheck {
     name: String,
-    outcome: Outcome,
+    outcome: ConsoleOutcome,
     detail: String,
 }
 
@@ -106,13 +106,13 @@ struct Check {
 /// status=N` on a console.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct RoleReport {
-    checks: Vec<Check>,
+    checks: Vec<ConsoleCheck>,
     /// The runner's exit status; None if the end marker never came.
     status: Option<i32>,
 }
 
 impl RoleReport {
-    fn get(&self, name: &str) -> Option<&Check> {
+    fn get(&self, name: &str) -> Option<&ConsoleCheck> {
         self.checks.iter().find(|c| c.name == name)
     }
 }
@@ -132,13 +132,13 @@ fn console_text(line: &str) -> &str {
 }
 
 /// A report line: `  PASS  name` or `  FAIL  name  (detail)`.
-fn parse_check(text: &str) -> Option<Check> {
+fn parse_check(text: &str) -> Option<ConsoleCheck> {
     let body = text.strip_prefix("  ")?;
     let (tag, rest) = body.split_once("  ")?;
     let outcome = match tag {
-        "PASS" => Outcome::Pass,
-        "FAIL" => Outcome::Fail,
-        "SKIP" => Outcome::Skip,
+        "PASS" => ConsoleOutcome::Pass,
+        "FAIL" => ConsoleOutcome::Fail,
+        "SKIP" => ConsoleOutcome::Skip,
         _ => return None,
     };
     let (name, detail) = match rest.split_once("  (") {
@@ -148,7 +148,7 @@ fn parse_check(text: &str) -> Option<Check> {
     if name.is_empty() || name.contains(char::is_whitespace) {
         return None;
     }
-    Some(Check {
+    Some(ConsoleCheck {
         name: name.to_string(),
         outcome,
         detail: detail.to_string(),
@@ -193,9 +193,9 @@ fn print_reports(reports: &BTreeMap<String, RoleReport>) {
         report!("{role} (status {:?}):", r.status);
         for c in &r.checks {
             let tag = match c.outcome {
-                Outcome::Pass => "PASS",
-                Outcome::Fail => "FAIL",
-                Outcome::Skip => "SKIP",
+                ConsoleOutcome::Pass => "PASS",
+                ConsoleOutcome::Fail => "FAIL",
+                ConsoleOutcome::Skip => "SKIP",
             };
             if c.detail.is_empty() {
                 report!("  {tag}  {}", c.name);
@@ -263,7 +263,11 @@ fn conformance_suite_passes_on_real_xen() {
         if r.status != Some(0) {
             problems.push(format!("{role} exited with {:?}", r.status));
         }
-        for c in r.checks.iter().filter(|c| c.outcome == Outcome::Fail) {
+        for c in r
+            .checks
+            .iter()
+            .filter(|c| c.outcome == ConsoleOutcome::Fail)
+        {
             problems.push(format!("{role}: {} failed: {}", c.name, c.detail));
         }
         let must = if role == "mapper" {
@@ -273,7 +277,7 @@ fn conformance_suite_passes_on_real_xen() {
         };
         for name in must {
             match r.get(name) {
-                Some(c) if c.outcome == Outcome::Pass => {}
+                Some(c) if c.outcome == ConsoleOutcome::Pass => {}
                 Some(c) => {
                     problems.push(format!("{role}: {name} is {:?}: {}", c.outcome, c.detail))
                 }
@@ -541,14 +545,14 @@ mod parsing {
         assert_eq!(
             m.checks,
             [
-                Check {
+                ConsoleCheck {
                     name: "grant.1.map".into(),
-                    outcome: Outcome::Pass,
+                    outcome: ConsoleOutcome::Pass,
                     detail: "one batch".into()
                 },
-                Check {
+                ConsoleCheck {
                     name: "xs.perm-read-denied".into(),
-                    outcome: Outcome::Skip,
+                    outcome: ConsoleOutcome::Skip,
                     detail: "dom0 is privileged".into()
                 },
             ]
@@ -556,7 +560,10 @@ mod parsing {
         let g = &r["granter"];
         assert_eq!(g.status, Some(1));
         assert_eq!(g.checks.len(), 2);
-        assert_eq!(g.get("grant.2048.grant").unwrap().outcome, Outcome::Fail);
+        assert_eq!(
+            g.get("grant.2048.grant").unwrap().outcome,
+            ConsoleOutcome::Fail
+        );
         assert_eq!(
             g.get("grant.2048.grant").unwrap().detail,
             "quota exceeded: (os error 28)"

@@ -11,9 +11,9 @@ use xmx_wire::Error;
 
 /// A 16-byte request: a sequence number and a check word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Req(u64);
+struct SeqRequest(u64);
 
-impl Slot for Req {
+impl Slot for SeqRequest {
     const SIZE: usize = 16;
     fn encode(&self, slot: &mut [u8]) -> xmx_wire::Result<()> {
         slot[..8].copy_from_slice(&self.0.to_le_bytes());
@@ -29,22 +29,22 @@ impl Slot for Req {
                 reason: "mismatch",
             });
         }
-        Ok(Req(v))
+        Ok(SeqRequest(v))
     }
 }
 
 /// An 8-byte response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Rsp(u64);
+struct WordResponse(u64);
 
-impl Slot for Rsp {
+impl Slot for WordResponse {
     const SIZE: usize = 8;
     fn encode(&self, slot: &mut [u8]) -> xmx_wire::Result<()> {
         slot.copy_from_slice(&self.0.to_le_bytes());
         Ok(())
     }
     fn decode(slot: &[u8]) -> xmx_wire::Result<Self> {
-        Ok(Rsp(u64::from_le_bytes(slot.try_into().unwrap())))
+        Ok(WordResponse(u64::from_le_bytes(slot.try_into().unwrap())))
     }
 }
 
@@ -72,7 +72,13 @@ impl Slot for Huge {
     }
 }
 
-fn pair(start: u32) -> (FrontRing<Req, Rsp>, BackRing<Req, Rsp>, SharedMem) {
+fn pair(
+    start: u32,
+) -> (
+    FrontRing<SeqRequest, WordResponse>,
+    BackRing<SeqRequest, WordResponse>,
+    SharedMem,
+) {
     let mem = SharedMem::new_owned(1);
     let front = FrontRing::new_at(mem.clone(), start).unwrap();
     let back = BackRing::new_at(mem.clone(), start).unwrap();
@@ -105,7 +111,7 @@ fn header_layout_and_init_match_ring_h() {
     let mut junk = [0xa5u8; 64];
     junk[..4].copy_from_slice(&77u32.to_le_bytes());
     assert!(mem.write_bytes(0, &junk));
-    let front = FrontRing::<Req, Rsp>::new(mem.clone()).unwrap();
+    let front = FrontRing::<SeqRequest, WordResponse>::new(mem.clone()).unwrap();
     // SHARED_RING_INIT: producers 0, events 1, padding zero.
     assert_eq!(header(&mem), [0, 1, 0, 1]);
     let mut pad = [0xffu8; 48];
@@ -125,7 +131,7 @@ fn geometry_errors() {
         RingError::BadSlotSize(12)
     );
     assert_eq!(
-        BackRing::<Req, Odd>::new(mem.clone()).unwrap_err(),
+        BackRing::<SeqRequest, Odd>::new(mem.clone()).unwrap_err(),
         RingError::BadSlotSize(12)
     );
     assert_eq!(
@@ -137,12 +143,12 @@ fn geometry_errors() {
     );
     // SAFETY: the owned page outlives `small`, which covers its first 72 bytes.
     let small = unsafe { SharedMem::from_raw(mem.as_ptr(), 72) }.unwrap();
-    let front = FrontRing::<Rsp, ()>::new(small.clone()).unwrap();
+    let front = FrontRing::<WordResponse, ()>::new(small.clone()).unwrap();
     assert_eq!(front.size(), 1);
     // SAFETY: as above, 64 bytes.
     let tiny = unsafe { SharedMem::from_raw(mem.as_ptr(), 64) }.unwrap();
     assert_eq!(
-        FrontRing::<Rsp, ()>::new(tiny).unwrap_err(),
+        FrontRing::<WordResponse, ()>::new(tiny).unwrap_err(),
         RingError::TooSmall { len: 64, slot: 8 }
     );
 }
@@ -151,7 +157,7 @@ fn geometry_errors() {
 fn slots_land_at_ring_h_offsets() {
     let (mut front, _back, mem) = pair(0);
     for i in 0..3 {
-        front.push_request(&Req(0x1111 * (i + 1))).unwrap();
+        front.push_request(&SeqRequest(0x1111 * (i + 1))).unwrap();
     }
     // Nothing is visible before the publish.
     assert_eq!(header(&mem)[0], 0);
@@ -169,26 +175,26 @@ fn fill_and_drain() {
     let (mut front, mut back, mem) = pair(0);
     let n = front.size() as u64;
     for i in 0..n {
-        front.push_request(&Req(i)).unwrap();
+        front.push_request(&SeqRequest(i)).unwrap();
     }
     assert!(front.is_full());
-    assert_eq!(front.push_request(&Req(999)), Err(RingError::Full));
+    assert_eq!(front.push_request(&SeqRequest(999)), Err(RingError::Full));
     assert_eq!(front.unpublished(), n as u32);
     front.push_requests();
     assert_eq!(back.unconsumed_requests(), Ok(n as u32));
     // A back ring cannot answer what it has not consumed.
-    assert_eq!(back.push_response(&Rsp(0)), Err(RingError::Full));
+    assert_eq!(back.push_response(&WordResponse(0)), Err(RingError::Full));
     for i in 0..n {
-        assert_eq!(back.next_request(), Ok(Some(Req(i))));
-        back.push_response(&Rsp(i * 10)).unwrap();
+        assert_eq!(back.next_request(), Ok(Some(SeqRequest(i))));
+        back.push_response(&WordResponse(i * 10)).unwrap();
     }
     assert_eq!(back.next_request(), Ok(None));
-    assert_eq!(back.push_response(&Rsp(0)), Err(RingError::Full));
+    assert_eq!(back.push_response(&WordResponse(0)), Err(RingError::Full));
     back.push_responses();
     assert_eq!(header(&mem)[2], n as u32);
     assert_eq!(front.unconsumed_responses(), Ok(n as u32));
     for i in 0..n {
-        assert_eq!(front.next_response(), Ok(Some(Rsp(i * 10))));
+        assert_eq!(front.next_response(), Ok(Some(WordResponse(i * 10))));
     }
     assert_eq!(front.next_response(), Ok(None));
     assert_eq!(front.free_requests(), n as u32);
@@ -210,19 +216,19 @@ fn indices_wrap_past_u32_max() {
         // Uneven batches so that every slot position meets the wrap.
         for _ in 0..7 {
             if sent < total && !front.is_full() {
-                front.push_request(&Req(sent)).unwrap();
+                front.push_request(&SeqRequest(sent)).unwrap();
                 sent += 1;
             }
         }
         front.push_requests();
         while let Some(req) = back.next_request().unwrap() {
-            assert_eq!(req, Req(received));
-            back.push_response(&Rsp(received + 1000)).unwrap();
+            assert_eq!(req, SeqRequest(received));
+            back.push_response(&WordResponse(received + 1000)).unwrap();
             received += 1;
         }
         back.push_responses();
         while let Some(rsp) = front.next_response().unwrap() {
-            assert_eq!(rsp, Rsp(answered + 1000));
+            assert_eq!(rsp, WordResponse(answered + 1000));
             answered += 1;
         }
     }
@@ -265,7 +271,7 @@ fn notify_truth_table() {
         // The same decision through a ring.
         let (mut front, _back, mem) = pair(old);
         for i in 0..new.wrapping_sub(old) {
-            front.push_request(&Req(i as u64)).unwrap();
+            front.push_request(&SeqRequest(i as u64)).unwrap();
         }
         assert!(mem.store_u32(layout::REQ_EVENT, event, Ordering::Relaxed));
         assert_eq!(
@@ -282,27 +288,27 @@ fn final_checks_arm_the_event_and_pair_with_notify() {
     // Back goes idle: asks for an event at req_cons + 1.
     assert_eq!(back.final_check_for_requests(), Ok(false));
     assert_eq!(header(&mem)[1], 1);
-    front.push_request(&Req(1)).unwrap();
+    front.push_request(&SeqRequest(1)).unwrap();
     assert!(front.push_requests_and_check_notify());
     // Without a new final check, further pushes are not notified.
-    assert_eq!(back.next_request(), Ok(Some(Req(1))));
-    front.push_request(&Req(2)).unwrap();
+    assert_eq!(back.next_request(), Ok(Some(SeqRequest(1))));
+    front.push_request(&SeqRequest(2)).unwrap();
     assert!(!front.push_requests_and_check_notify());
     // A final check that finds work returns true and leaves req_event alone.
     assert_eq!(back.final_check_for_requests(), Ok(true));
     assert_eq!(header(&mem)[1], 1);
-    assert_eq!(back.next_request(), Ok(Some(Req(2))));
+    assert_eq!(back.next_request(), Ok(Some(SeqRequest(2))));
     assert_eq!(back.final_check_for_requests(), Ok(false));
     assert_eq!(header(&mem)[1], 3);
-    front.push_request(&Req(3)).unwrap();
+    front.push_request(&SeqRequest(3)).unwrap();
     assert!(front.push_requests_and_check_notify());
 
     // The response direction, symmetric.
     assert_eq!(front.final_check_for_responses(), Ok(false));
     assert_eq!(header(&mem)[3], 1);
-    back.push_response(&Rsp(1)).unwrap();
+    back.push_response(&WordResponse(1)).unwrap();
     assert!(back.push_responses_and_check_notify());
-    back.push_response(&Rsp(2)).unwrap();
+    back.push_response(&WordResponse(2)).unwrap();
     assert!(!back.push_responses_and_check_notify());
     assert_eq!(front.final_check_for_responses(), Ok(true));
 }
@@ -312,10 +318,10 @@ fn back_refuses_req_prod_beyond_the_ring() {
     let (mut front, mut back, mem) = pair(100);
     let size = front.size();
     for i in 0..4 {
-        front.push_request(&Req(i)).unwrap();
+        front.push_request(&SeqRequest(i)).unwrap();
     }
     front.push_requests();
-    assert_eq!(back.next_request(), Ok(Some(Req(0))));
+    assert_eq!(back.next_request(), Ok(Some(SeqRequest(0))));
     // A front that claims more than a ring's worth of requests.
     for bad in [
         100 + size + 1,
@@ -354,11 +360,11 @@ fn back_refuses_req_prod_beyond_the_ring() {
 fn front_refuses_rsp_prod_beyond_its_requests() {
     let (mut front, mut back, mem) = pair(u32::MAX - 1);
     for i in 0..3 {
-        front.push_request(&Req(i)).unwrap();
+        front.push_request(&SeqRequest(i)).unwrap();
     }
     front.push_requests();
     // Requests pushed but unpublished cannot have responses either.
-    front.push_request(&Req(3)).unwrap();
+    front.push_request(&SeqRequest(3)).unwrap();
     let base = u32::MAX - 1;
     for bad in [base.wrapping_add(4), base.wrapping_add(200), base - 1] {
         assert!(mem.store_u32(layout::RSP_PROD, bad, Ordering::Release));
@@ -377,7 +383,7 @@ fn front_refuses_rsp_prod_beyond_its_requests() {
     }
     assert!(mem.store_u32(layout::RSP_PROD, base, Ordering::Release));
     while back.next_request().unwrap().is_some() {
-        back.push_response(&Rsp(5)).unwrap();
+        back.push_response(&WordResponse(5)).unwrap();
     }
     back.push_responses();
     assert_eq!(front.unconsumed_responses(), Ok(3));
@@ -386,8 +392,8 @@ fn front_refuses_rsp_prod_beyond_its_requests() {
 #[test]
 fn bad_slot_is_consumed_and_reported() {
     let (mut front, mut back, mem) = pair(0);
-    front.push_request(&Req(1)).unwrap();
-    front.push_request(&Req(2)).unwrap();
+    front.push_request(&SeqRequest(1)).unwrap();
+    front.push_request(&SeqRequest(2)).unwrap();
     front.push_requests();
     // The peer scribbles over the first slot's check word.
     assert!(mem.write_bytes(64 + 8, &[0u8; 8]));
@@ -399,21 +405,21 @@ fn bad_slot_is_consumed_and_reported() {
         }))
     );
     assert_eq!(back.req_cons(), 1);
-    assert_eq!(back.next_request(), Ok(Some(Req(2))));
+    assert_eq!(back.next_request(), Ok(Some(SeqRequest(2))));
     assert_eq!(back.unanswered(), 2);
 }
 
 #[test]
 fn one_way_ring_retires_and_reclaims_without_slot_writes() {
     let mem = SharedMem::new_owned(1);
-    let mut front = FrontRing::<Req, ()>::new(mem.clone()).unwrap();
-    let mut back = BackRing::<Req, ()>::new(mem.clone()).unwrap();
+    let mut front = FrontRing::<SeqRequest, ()>::new(mem.clone()).unwrap();
+    let mut back = BackRing::<SeqRequest, ()>::new(mem.clone()).unwrap();
     for i in 0..5 {
-        front.push_request(&Req(i)).unwrap();
+        front.push_request(&SeqRequest(i)).unwrap();
     }
     front.push_requests();
     for i in 0..5 {
-        assert_eq!(back.next_request(), Ok(Some(Req(i))));
+        assert_eq!(back.next_request(), Ok(Some(SeqRequest(i))));
     }
     assert_eq!(back.retire_consumed(), 5);
     assert_eq!(back.retire_consumed(), 0);
@@ -433,26 +439,26 @@ fn one_way_ring_retires_and_reclaims_without_slot_writes() {
 fn attach_resumes_from_shared_indices() {
     let (mut front, mut back, mem) = pair(40);
     for i in 0..6 {
-        front.push_request(&Req(i)).unwrap();
+        front.push_request(&SeqRequest(i)).unwrap();
     }
     front.push_requests();
     for _ in 0..2 {
         back.next_request().unwrap();
-        back.push_response(&Rsp(0)).unwrap();
+        back.push_response(&WordResponse(0)).unwrap();
     }
     back.push_responses();
-    let front2 = FrontRing::<Req, Rsp>::attach(mem.clone()).unwrap();
+    let front2 = FrontRing::<SeqRequest, WordResponse>::attach(mem.clone()).unwrap();
     assert_eq!((front2.req_prod_pvt(), front2.rsp_cons()), (46, 42));
-    let back2 = BackRing::<Req, Rsp>::attach(mem.clone()).unwrap();
+    let back2 = BackRing::<SeqRequest, WordResponse>::attach(mem.clone()).unwrap();
     assert_eq!((back2.req_cons(), back2.rsp_prod_pvt()), (46, 42));
     // Indices no ring could have reached are refused.
     assert!(mem.store_u32(layout::REQ_PROD, 42 + front.size() + 1, Ordering::Relaxed));
     assert!(matches!(
-        FrontRing::<Req, Rsp>::attach(mem.clone()),
+        FrontRing::<SeqRequest, WordResponse>::attach(mem.clone()),
         Err(RingError::Overflow { .. })
     ));
     assert!(matches!(
-        BackRing::<Req, Rsp>::attach(mem),
+        BackRing::<SeqRequest, WordResponse>::attach(mem),
         Err(RingError::Overflow { .. })
     ));
 }
@@ -462,8 +468,8 @@ fn a_scribbling_peer_never_stalls_or_crashes_the_back() {
     // One thread rewrites the whole header and slot area with arbitrary values while the
     // back half keeps consuming: every call returns, with a message or an error.
     let mem = SharedMem::new_owned(1);
-    let _front = FrontRing::<Req, Rsp>::new(mem.clone()).unwrap();
-    let mut back = BackRing::<Req, Rsp>::new(mem.clone()).unwrap();
+    let _front = FrontRing::<SeqRequest, WordResponse>::new(mem.clone()).unwrap();
+    let mut back = BackRing::<SeqRequest, WordResponse>::new(mem.clone()).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scribbler = {
         let (mem, stop) = (mem.clone(), stop.clone());
@@ -488,13 +494,13 @@ fn a_scribbling_peer_never_stalls_or_crashes_the_back() {
         match back.next_request() {
             Ok(Some(_)) => {
                 outcomes[0] += 1;
-                let _ = back.push_response(&Rsp(0));
+                let _ = back.push_response(&WordResponse(0));
                 back.push_responses();
             }
             Ok(None) => outcomes[1] += 1,
             Err(_) => {
                 outcomes[2] += 1;
-                let _ = back.push_response(&Rsp(0));
+                let _ = back.push_response(&WordResponse(0));
             }
         }
         assert!(back.unanswered() <= back.size());
@@ -512,11 +518,11 @@ fn consumer_initialised_ring_attached_by_the_producer() {
     assert!(mem.write_bytes(0, &[0xffu8; 64]));
     init_shared(&mem, 0).unwrap();
     assert_eq!(header(&mem), [0, 1, 0, 1]);
-    let mut back = BackRing::<Req, ()>::new(mem.clone()).unwrap();
-    let mut front = FrontRing::<Req, ()>::attach(mem.clone()).unwrap();
-    front.push_request(&Req(7)).unwrap();
+    let mut back = BackRing::<SeqRequest, ()>::new(mem.clone()).unwrap();
+    let mut front = FrontRing::<SeqRequest, ()>::attach(mem.clone()).unwrap();
+    front.push_request(&SeqRequest(7)).unwrap();
     assert!(front.push_requests_and_check_notify());
-    assert_eq!(back.next_request(), Ok(Some(Req(7))));
+    assert_eq!(back.next_request(), Ok(Some(SeqRequest(7))));
     // SAFETY: the owned page outlives `short`, which covers its first 63 bytes.
     let short = unsafe { SharedMem::from_raw(mem.as_ptr(), 63) }.unwrap();
     assert!(matches!(

@@ -11,9 +11,9 @@ use xmx_wire::ring::{layout, BackRing, FrontRing, RingError, SharedMem, Slot};
 
 /// A 24-byte request whose decode refuses a bad check word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Req(u64, u64);
+struct PairRequest(u64, u64);
 
-impl Slot for Req {
+impl Slot for PairRequest {
     const SIZE: usize = 24;
     fn encode(&self, slot: &mut [u8]) -> xmx_wire::Result<()> {
         slot[..8].copy_from_slice(&self.0.to_le_bytes());
@@ -29,15 +29,15 @@ impl Slot for Req {
                 reason: "mismatch",
             });
         }
-        Ok(Req(word(0), word(8)))
+        Ok(PairRequest(word(0), word(8)))
     }
 }
 
 /// A 40-byte response, larger than the request: slots are sized by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Rsp(u64);
+struct WideResponse(u64);
 
-impl Slot for Rsp {
+impl Slot for WideResponse {
     const SIZE: usize = 40;
     fn encode(&self, slot: &mut [u8]) -> xmx_wire::Result<()> {
         for chunk in slot.chunks_exact_mut(8) {
@@ -46,12 +46,14 @@ impl Slot for Rsp {
         Ok(())
     }
     fn decode(slot: &[u8]) -> xmx_wire::Result<Self> {
-        Ok(Rsp(u64::from_le_bytes(slot[..8].try_into().unwrap())))
+        Ok(WideResponse(u64::from_le_bytes(
+            slot[..8].try_into().unwrap(),
+        )))
     }
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Op {
+enum RingOp {
     Push(u8),
     PublishRequests,
     Consume(u8),
@@ -62,16 +64,16 @@ enum Op {
     FinalCheckFront,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn op() -> impl Strategy<Value = RingOp> {
     prop_oneof![
-        (1u8..40).prop_map(Op::Push),
-        Just(Op::PublishRequests),
-        (1u8..40).prop_map(Op::Consume),
-        (1u8..40).prop_map(Op::Respond),
-        Just(Op::PublishResponses),
-        (1u8..40).prop_map(Op::TakeResponses),
-        Just(Op::FinalCheckBack),
-        Just(Op::FinalCheckFront),
+        (1u8..40).prop_map(RingOp::Push),
+        Just(RingOp::PublishRequests),
+        (1u8..40).prop_map(RingOp::Consume),
+        (1u8..40).prop_map(RingOp::Respond),
+        Just(RingOp::PublishResponses),
+        (1u8..40).prop_map(RingOp::TakeResponses),
+        Just(RingOp::FinalCheckBack),
+        Just(RingOp::FinalCheckFront),
     ]
 }
 
@@ -85,8 +87,8 @@ proptest! {
     #[test]
     fn ring_matches_a_queue_model(start in start_index(), ops in proptest::collection::vec(op(), 1..200)) {
         let mem = SharedMem::new_owned(1);
-        let mut front = FrontRing::<Req, Rsp>::new_at(mem.clone(), start).unwrap();
-        let mut back = BackRing::<Req, Rsp>::new_at(mem, start).unwrap();
+        let mut front = FrontRing::<PairRequest, WideResponse>::new_at(mem.clone(), start).unwrap();
+        let mut back = BackRing::<PairRequest, WideResponse>::new_at(mem, start).unwrap();
         let size = front.size() as usize;
         prop_assert_eq!(size, 64); // (4096 - 64) / 40 = 100 -> 64
         // Model: requests pushed (unpublished, published), consumed, answered, published answers.
@@ -99,8 +101,8 @@ proptest! {
         for op in ops {
             let in_flight = unpublished.len() + published.len() + consumed.len() + answered.len() + visible.len();
             match op {
-                Op::Push(n) => for _ in 0..n {
-                    let r = front.push_request(&Req(next, !next));
+                RingOp::Push(n) => for _ in 0..n {
+                    let r = front.push_request(&PairRequest(next, !next));
                     if unpublished.len() + published.len() + consumed.len() + answered.len() + visible.len() == size {
                         prop_assert_eq!(r, Err(RingError::Full));
                     } else {
@@ -109,40 +111,40 @@ proptest! {
                         next += 1;
                     }
                 },
-                Op::PublishRequests => {
+                RingOp::PublishRequests => {
                     let notify = front.push_requests_and_check_notify();
                     if unpublished.is_empty() {
                         prop_assert!(!notify);
                     }
                     published.extend(unpublished.drain(..));
                 }
-                Op::Consume(n) => for _ in 0..n {
+                RingOp::Consume(n) => for _ in 0..n {
                     let got = back.next_request().unwrap();
                     prop_assert_eq!(got.map(|r| r.0), published.pop_front());
-                    if let Some(Req(a, b)) = got {
+                    if let Some(PairRequest(a, b)) = got {
                         prop_assert_eq!(b, !a);
                         consumed.push_back(a);
                     }
                 },
-                Op::Respond(n) => for _ in 0..n {
-                    let r = back.push_response(&Rsp(consumed.front().map_or(0, |v| v + 1_000_000)));
+                RingOp::Respond(n) => for _ in 0..n {
+                    let r = back.push_response(&WideResponse(consumed.front().map_or(0, |v| v + 1_000_000)));
                     match consumed.pop_front() {
                         Some(v) => { prop_assert_eq!(r, Ok(())); answered.push_back(v); }
                         None => prop_assert_eq!(r, Err(RingError::Full)),
                     }
                 },
-                Op::PublishResponses => {
+                RingOp::PublishResponses => {
                     back.push_responses_and_check_notify();
                     visible.extend(answered.drain(..));
                 }
-                Op::TakeResponses(n) => for _ in 0..n {
+                RingOp::TakeResponses(n) => for _ in 0..n {
                     let got = front.next_response().unwrap();
                     prop_assert_eq!(got.map(|r| r.0 - 1_000_000), visible.pop_front());
                 },
-                Op::FinalCheckBack => {
+                RingOp::FinalCheckBack => {
                     prop_assert_eq!(back.final_check_for_requests().unwrap(), !published.is_empty());
                 }
-                Op::FinalCheckFront => {
+                RingOp::FinalCheckFront => {
                     prop_assert_eq!(front.final_check_for_responses().unwrap(), !visible.is_empty());
                 }
             }
@@ -197,9 +199,9 @@ proptest! {
         slots in proptest::collection::vec(any::<u8>(), 0..4032),
     ) {
         let mem = SharedMem::new_owned(1);
-        let mut front = FrontRing::<Req, Event>::new_at(mem.clone(), start).unwrap();
+        let mut front = FrontRing::<PairRequest, Event>::new_at(mem.clone(), start).unwrap();
         for i in 0..pushed.min(front.size()) {
-            front.push_request(&Req(i.into(), 0)).unwrap();
+            front.push_request(&PairRequest(i.into(), 0)).unwrap();
         }
         front.push_requests();
         let rsp_prod = if near { start.wrapping_add(rsp_prod % 24) } else { rsp_prod };
