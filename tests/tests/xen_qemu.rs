@@ -68,7 +68,8 @@ fn run_scenario(scenario: &str, qemu_timeout_s: u32, run_dir: &Path, extra: &[&s
     let ws = workspace();
     let status = Command::new("timeout")
         .arg("--kill-after=15")
-        .arg((qemu_timeout_s + BUILD_BOUND_S).to_string())
+        // Twice the machines' bound: run.sh boots a scenario again after a stalled boot.
+        .arg((2 * qemu_timeout_s + BUILD_BOUND_S).to_string())
         .arg(ws.join("tests/xen/run.sh"))
         .arg("--timeout")
         .arg(qemu_timeout_s.to_string())
