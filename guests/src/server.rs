@@ -24,7 +24,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,7 @@ use xmx_frontend::frontd::proto::{ErrorReply, MAX_MESSAGE};
 use xmx_frontend::frontd::{FrontdBoardInfo, FrontdMessage, FrontdReply, FrontdRequest, Notice};
 use xmx_frontend::{Error, Frontend, FrontendEvent, Mode};
 use xmx_hv::handoff::{recv_message, send_message};
+use xmx_hv::lock;
 
 /// How the service runs.
 #[derive(Debug, Clone)]
@@ -68,10 +69,6 @@ impl Default for ServerConfig {
 const TOKEN_LISTEN: u64 = 1;
 const TOKEN_WATCH: u64 = 2;
 const TOKEN_STOP: u64 = 3;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// What one connection opened.
 #[derive(Default)]

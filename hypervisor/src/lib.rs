@@ -21,6 +21,7 @@ pub mod handoff;
 pub mod linux;
 pub mod platform;
 pub mod sim;
+pub mod sync;
 pub mod xs;
 
 use std::os::fd::RawFd;
@@ -30,6 +31,7 @@ use std::time::Duration;
 pub use error::{Error, Result};
 pub use handoff::{ExportedPages, ExportedPort, ImportedPages, ImportedPort};
 pub use platform::{Platform, PlatformKind};
+pub use sync::lock;
 
 /// A Xen domain id.
 pub type DomId = u16;

@@ -23,7 +23,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -37,6 +37,7 @@ use xmx_hv::{DomId, Error, Result, XsAccess, XsPerm, DOM0};
 use crate::config::SimhvConfig;
 use crate::hv::{serve, Hv};
 use crate::xenstored::Xenstored;
+use xmx_hv::lock;
 
 /// First domid Xen reserves for special purposes (DOMID_FIRST_RESERVED).
 pub const DOMID_FIRST_RESERVED: DomId = 0x7ff0;
@@ -69,10 +70,6 @@ pub(crate) struct HostDomains {
     runtimes: Mutex<BTreeMap<DomId, Runtime>>,
     /// xenstore threads to join at shutdown.
     retired: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn bind_socket(path: &Path) -> Result<UnixListener> {

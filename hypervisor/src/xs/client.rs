@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{self, MsgFlags};
 
 use super::wire::{self, MsgType, XsFrame, PAYLOAD_MAX};
+use crate::lock;
 use crate::{DomId, Error, Port, Result, TxId, WatchEvent, Xenstore, XsPerm};
 
 /// Where xenstored listens on a Xen host.
@@ -93,12 +94,6 @@ struct Pending {
 struct Events {
     queue: VecDeque<WatchEvent>,
     closed: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere must not wedge every later caller; the data stays consistent
-    // because no critical section here leaves it half-updated.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl XsClientShared {

@@ -23,6 +23,7 @@ use crate::abi::MxReturn;
 use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 use crate::segments::Segments;
+use xmx_hv::lock;
 
 /// Endpoints one loopback board can open (MXoE's 8-bit endpoint id).
 pub(crate) const MAX_ENDPOINTS: u32 = 256;
@@ -30,10 +31,6 @@ pub(crate) const MAX_ENDPOINTS: u32 = 256;
 pub(crate) const LOOPBACK_NIC_ID: u64 = 0x0258_4d00_0001;
 /// The board's own index in its peer table.
 pub(crate) const SELF_PEER: u16 = 0;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn random_u32() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -3,15 +3,12 @@
 //! the transport's own lock.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use xmx_mx::{Frame, RequestId, Status};
 
 use crate::doorbell::Doorbell;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use xmx_hv::lock;
 
 /// Frames for an endpoint's protocol core and its finished pulls.
 pub(crate) struct Mailbox {

@@ -10,13 +10,14 @@ use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 
 use nix::errno::Errno;
 use nix::sys::socket::{self, MsgFlags};
 use xmx_hv::DomId;
 
 use super::perms;
+use xmx_hv::lock;
 
 /// Identifies one connection for the daemon's lifetime.
 pub(crate) type XsConnId = u64;
@@ -24,10 +25,6 @@ pub(crate) type XsConnId = u64;
 /// Watch events an unprivileged connection may have waiting before new ones are
 /// dropped (xenstored bounds them by a memory quota).
 const MAX_QUEUED_EVENTS: usize = 4096;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 enum QueuedFrame {
     Reply(Vec<u8>),

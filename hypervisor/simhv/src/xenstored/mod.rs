@@ -38,7 +38,7 @@ mod watch;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use nix::errno::Errno;
@@ -51,6 +51,7 @@ use xmx_hv::{DomId, XsPerm};
 use conn::{ConnIo, Outstanding};
 use state::{ConnEntry, ListenerEntry, XenstoredState};
 use watch::NodeChange;
+use xmx_hv::lock;
 
 /// Per-domain limits for unprivileged domains (dom0 is unlimited). The defaults are
 /// Xen xenstored's.
@@ -102,12 +103,6 @@ pub struct Xenstored {
     outstanding: Outstanding,
     next_conn: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves the state consistent before anything that could
-    // panic, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Xenstored {

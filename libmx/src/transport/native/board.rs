@@ -27,7 +27,7 @@
 //! once the linger ends.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Instant;
 
 use xmx_engine::{
@@ -47,6 +47,7 @@ use crate::transport::engine_msgs::{self, Inbound, Outbound, PeerSessions};
 use crate::transport::mailbox::Mailbox;
 use crate::transport::rcache::RegCache;
 use crate::transport::{OpenError, PullProgress};
+use xmx_hv::lock;
 
 /// The engine's only guest: this process.
 pub(super) const GUEST: GuestId = GuestId(0);
@@ -61,10 +62,6 @@ const SEND_SLOTS: [u16; SEND_QUEUE_SLOTS as usize] = [0, 1, 2, 3, 4, 5, 6, 7];
 const RECV_QUEUE_SLOTS: u16 = 4096;
 /// Region ids per endpoint (the wire's 8-bit RDMA window id).
 const REGION_IDS: usize = 256;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The time of one pass over the board, read from the system clock the
 /// first time something needs it: a poll that finds the link empty reads

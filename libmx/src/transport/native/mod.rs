@@ -32,7 +32,7 @@ mod wire;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,7 @@ pub(crate) use wire::Wire;
 use board::{Board, BoardPeerView, Clock, Inbox};
 use driver::WakeFd;
 use port::NativePort;
+use xmx_hv::lock;
 
 /// Endpoints of the native board (MXoE's 8-bit endpoint id).
 pub(crate) const MAX_ENDPOINTS: u32 = 256;
@@ -170,10 +171,6 @@ pub(crate) fn is_default(lookup: impl Fn(&str) -> Option<String>) -> bool {
     lookup("XMX_TRANSPORT").is_none()
         && lookup("XMX_IFACE").is_some_and(|s| !s.trim().is_empty())
         && !std::path::Path::new("/dev/xen/evtchn").exists()
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What the transport, its ports and the driver thread share.

@@ -50,7 +50,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,7 @@ use link::XenLink;
 use peers::PeerView;
 use port::EndpointShared;
 use windows::FrontdRegistrar;
+use xmx_hv::lock;
 
 /// Default delay of an explicit ack: the native transport's (Open-MX's), for
 /// the same reason: replies carry the acks.
@@ -86,10 +87,6 @@ pub(crate) const DEFAULT_ACK_DELAY: Duration = super::native::DEFAULT_ACK_DELAY;
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 /// The xenstore watch token of the peer view.
 const PEERS_TOKEN: &str = "xmx-libmx:peers";
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// What the Xen transport is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! An endpoint's port and regions on the Xen transport.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use xmx_mx::frame::{Message, MessageKind};
 use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
@@ -12,10 +12,7 @@ use crate::segments::Segments;
 use crate::transport::engine_msgs::Outgoing;
 use crate::transport::mailbox::Mailbox;
 use crate::transport::{PullProgress, Regions, TransportPort};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use xmx_hv::lock;
 
 /// What the port, its regions and the driver thread share about one
 /// endpoint.

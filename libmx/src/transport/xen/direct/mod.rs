@@ -42,7 +42,7 @@ pub(crate) mod lane;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use xmx_hv::{
@@ -59,6 +59,7 @@ use crate::counters::{self, Counter};
 use crate::segments::Segments;
 use crate::transport::mailbox::Mailbox;
 use crate::transport::PullProgress;
+use xmx_hv::lock;
 
 /// The watch token of the hub's xenstore connection.
 const TOKEN: &str = "xmx-libmx:direct";
@@ -97,10 +98,6 @@ impl Fault {
             _ => None,
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The channel's memory, as this side holds it. Dropping it ends the grant
