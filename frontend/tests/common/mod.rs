@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Frontend, FrontendConfig};
 use xmx_hv::sim::SimPlatform;
-use xmx_hv::{
-    DomId, EventChannels, GrantTable, MappedPages, Platform, Port, Xenstore, DOM0, XBT_NULL,
-};
+use xmx_hv::{DomId, EventChannels, GrantTable, MappedPages, Platform, Port, DOM0, XBT_NULL};
 use xmx_wire::msg::{
     unpack_info_page, unpack_info_pages, CtrlBack, CtrlKind, CtrlOp, CtrlReply, CtrlResponse,
     CtrlStatus, EndpointPages,
@@ -23,7 +21,7 @@ use xmx_wire::ring::SharedMem;
 use xmx_wire::xenbus::{self, keys, XenbusState};
 
 #[allow(unused_imports)] // each test binary uses its part
-pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
+pub use xmx_simkit::{eventually, guest_mac, wait_front_state, SimHost, WAIT};
 
 /// A simulated host in a temporary directory, with the guests and frontends the tests
 /// create on it.
@@ -405,29 +403,4 @@ fn serve(
 /// Map an endpoint handed over, as the application would.
 pub fn channel(h: EndpointHandoff) -> EndpointChannel {
     EndpointChannel::from_handoff(h).unwrap()
-}
-
-/// Wait for the frontend of `domu` to write `want` as its state (watch).
-pub fn wait_front_state(xs: &dyn Xenstore, domu: DomId, want: XenbusState) {
-    let path = xenbus::key_path(&xenbus::frontend_dir(domu, 0), keys::STATE);
-    xs.watch(&path, "wait-front").unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let now: Option<XenbusState> = xs
-            .read(XBT_NULL, &path)
-            .ok()
-            .and_then(|v| String::from_utf8(v).ok())
-            .and_then(|s| s.parse().ok());
-        if now == Some(want) {
-            break;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(
-            !left.is_zero(),
-            "frontend never reached {want:?} (at {now:?})"
-        );
-        let _ = xs.next_watch_event(Some(left)).unwrap();
-    }
-    xs.unwatch(&path, "wait-front").unwrap();
-    while let Ok(Some(_)) = xs.next_watch_event(Some(Duration::ZERO)) {}
 }

@@ -5,18 +5,17 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
-use xmx_hv::{DomId, Xenstore, DOM0, XBT_NULL};
-use xmx_wire::xenbus::{self, keys, XenbusState};
+use xmx_hv::{DomId, DOM0};
+use xmx_wire::xenbus::XenbusState;
 
 #[allow(unused_imports)] // each test binary uses its part
-pub use xmx_simkit::{eventually, guest_mac, SimHost, WAIT};
+pub use xmx_simkit::{eventually, front_state, guest_mac, wait_front_state, SimHost, WAIT};
 
 /// A simulated host with the backend running in dom0.
 pub struct GuestsTestHost {
@@ -193,32 +192,6 @@ pub fn wait_child(mut child: Child) -> std::process::ExitStatus {
             panic!("child {pid} did not exit in time");
         }
     }
-}
-
-/// The frontend state of `domid`'s device 0.
-pub fn front_state(xs: &dyn Xenstore, domid: DomId) -> Option<XenbusState> {
-    let path = xenbus::key_path(&xenbus::frontend_dir(domid, 0), keys::STATE);
-    xs.read(XBT_NULL, &path)
-        .ok()
-        .and_then(|v| String::from_utf8(v).ok())
-        .and_then(|s| s.parse().ok())
-}
-
-/// Wait (watch) for the frontend of `domid` to write `want`.
-pub fn wait_front_state(xs: &dyn Xenstore, domid: DomId, want: XenbusState) {
-    let path = xenbus::key_path(&xenbus::frontend_dir(domid, 0), keys::STATE);
-    xs.watch(&path, "wait-front").unwrap();
-    let deadline = Instant::now() + WAIT;
-    while front_state(xs, domid) != Some(want) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(
-            !left.is_zero(),
-            "frontend never reached {want:?} (at {:?})",
-            front_state(xs, domid)
-        );
-        let _ = xs.next_watch_event(Some(left)).unwrap();
-    }
-    xs.unwatch(&path, "wait-front").unwrap();
 }
 
 /// Run this test binary's `test` as a child process with `env` set; its stdout is

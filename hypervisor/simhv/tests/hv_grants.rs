@@ -2,14 +2,14 @@
 
 mod hv_util;
 
-use hv_util::{pattern, SimHost};
+use hv_util::{page_fill, SimHost};
 use xmx_hv::sim::layout;
 use xmx_hv::{CopyPtr, CopySegment, Error, Platform, DOM0, PAGE_SIZE};
 
 fn write_pages(ptr: *mut u8, pages: usize, seed: u8) {
     for i in 0..pages {
         // SAFETY: the caller passes a writable mapping of `pages` pages.
-        unsafe { std::ptr::write_bytes(ptr.add(i * PAGE_SIZE), pattern(seed, i), PAGE_SIZE) };
+        unsafe { std::ptr::write_bytes(ptr.add(i * PAGE_SIZE), page_fill(seed, i), PAGE_SIZE) };
     }
 }
 
@@ -17,7 +17,7 @@ fn check_pages(ptr: *const u8, pages: usize, seed: u8) {
     for i in 0..pages {
         // SAFETY: the caller passes a readable mapping of `pages` pages.
         let page = unsafe { hv_util::bytes(ptr.add(i * PAGE_SIZE), PAGE_SIZE) };
-        let want = pattern(seed, i);
+        let want = page_fill(seed, i);
         assert!(
             page.iter().all(|b| *b == want),
             "page {i}: expected {want:#x}, first byte {:#x}",

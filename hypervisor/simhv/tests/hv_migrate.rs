@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hv_util::{pattern, SimHost};
+use hv_util::{page_fill, SimHost};
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::layout;
 use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions, Migration};
@@ -25,7 +25,7 @@ fn fill(g: &GrantedPages, page: usize, seed: u8) {
     unsafe {
         std::ptr::write_bytes(
             g.as_ptr().add(page * PAGE_SIZE),
-            pattern(seed, page),
+            page_fill(seed, page),
             PAGE_SIZE,
         )
     };
@@ -63,7 +63,7 @@ fn frame(dir: &Path, domid: DomId, f: u32) -> Vec<u8> {
 }
 
 fn is_pattern(page: &[u8], seed: u8, i: usize) -> bool {
-    page.iter().all(|b| *b == pattern(seed, i))
+    page.iter().all(|b| *b == page_fill(seed, i))
 }
 
 fn names(host: &SimHost) -> Vec<(DomId, String, RunState)> {

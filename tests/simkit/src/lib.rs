@@ -14,6 +14,7 @@ use xmx_hv::sim::{SimAdmin, SimPlatform};
 use xmx_hv::{DomId, Platform, Xenstore, DOM0, XBT_NULL};
 use xmx_simhv::{Daemon, DaemonHandle, SimhvConfig};
 use xmx_wire::mxoe::Mac;
+use xmx_wire::xenbus::{self, keys, XenbusState};
 
 /// How long any wait of a test may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -151,4 +152,31 @@ pub fn wait_removed(xs: &dyn Xenstore, path: &str) {
         let _ = xs.next_watch_event(Some(left)).unwrap();
     }
     xs.unwatch(path, &token).unwrap();
+}
+
+/// The state the frontend of device 0 of `domid` last wrote, if any.
+pub fn front_state(xs: &dyn Xenstore, domid: DomId) -> Option<XenbusState> {
+    let path = xenbus::key_path(&xenbus::frontend_dir(domid, 0), keys::STATE);
+    xs.read(XBT_NULL, &path)
+        .ok()
+        .and_then(|v| String::from_utf8(v).ok())
+        .and_then(|s| s.parse().ok())
+}
+
+/// Waits (a watch, bounded by [`WAIT`]) for the frontend of device 0 of `domid` to write
+/// `want`.
+pub fn wait_front_state(xs: &dyn Xenstore, domid: DomId, want: XenbusState) {
+    let path = xenbus::key_path(&xenbus::frontend_dir(domid, 0), keys::STATE);
+    xs.watch(&path, "wait-front").unwrap();
+    let deadline = Instant::now() + WAIT;
+    while front_state(xs, domid) != Some(want) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "frontend never reached {want:?} (at {:?})",
+            front_state(xs, domid)
+        );
+        let _ = xs.next_watch_event(Some(left)).unwrap();
+    }
+    xs.unwatch(&path, "wait-front").unwrap();
 }

@@ -15,8 +15,8 @@ pub unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(ptr, len) }
 }
 
-/// A deterministic byte pattern for page `i`.
-pub fn pattern(seed: u8, i: usize) -> u8 {
+/// The byte page `i` is filled with, different per seed.
+pub fn page_fill(seed: u8, i: usize) -> u8 {
     (i as u8).wrapping_mul(31).wrapping_add(seed)
 }
 
