@@ -10,7 +10,7 @@
 //! MEDIUM fragments are copied out of the receive queue before their event
 //! slot is handed back.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -103,6 +103,9 @@ pub(crate) struct XenLink {
     /// The application's buffer behind each lent window (direct-channel
     /// pulls read it).
     lent_data: HashMap<(u8, u8), Segments>,
+    /// Windows that were lent when a reconnection lost the regions: their sends are not
+    /// over, and an RNDV naming one is still posted (the backend refuses it loudly).
+    lost_in_reconnection: HashSet<(u8, u8)>,
     sinks: HashMap<u32, LinkSink>,
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
@@ -141,6 +144,21 @@ pub(crate) struct OwnGrants {
 /// How long a registration waits for the backend's answer.
 const REGISTER_WAIT: Duration = Duration::from_secs(5);
 
+/// Whether `op` announces a LARGE send whose window came back to the link: the send is over,
+/// and the region may be deregistered already. (A window a reconnection lost is not one: its
+/// send is still pending.)
+fn announces_returned_window<L>(
+    op: &SendOp,
+    lent: &HashMap<(u8, u8), L>,
+    lost: &HashSet<(u8, u8)>,
+) -> bool {
+    let SendOp::Rndv(r) = op else {
+        return false;
+    };
+    let window = (r.region_id, r.region_seqnum);
+    !lent.contains_key(&window) && !lost.contains(&window)
+}
+
 impl XenLink {
     /// The link of an opened endpoint. `max_regions` is the backend's limit of
     /// regions per endpoint; `rcache` keeps windows registered across messages.
@@ -161,6 +179,7 @@ impl XenLink {
             cache: RegionCache::new(rcache, CACHE_CAPACITY.min(max_regions.max(1))),
             lent: HashMap::new(),
             lent_data: HashMap::new(),
+            lost_in_reconnection: HashSet::new(),
             sinks: HashMap::new(),
             deferred: VecDeque::new(),
             waiting: VecDeque::new(),
@@ -322,6 +341,15 @@ impl XenLink {
     pub(crate) fn post(&mut self, out: Outbound, mailbox: &Mailbox, reg: &mut dyn Registrar) {
         if self.down || self.channel.is_none() {
             return;
+        }
+        if let Outbound::Request(r) = &out {
+            if announces_returned_window(&r.op, &self.lent, &self.lost_in_reconnection) {
+                // A resent RNDV of a send that ended (its NOTIFY arrived while the resend
+                // waited to be posted): the window may be deregistered already, and the
+                // backend disconnects a guest that names a region it does not have.
+                tracing::debug!(index = self.index, "RNDV of a finished send not posted");
+                return;
+            }
         }
         let tag = self.tag();
         let request = match out {
@@ -927,6 +955,7 @@ impl XenLink {
         };
         if !regions_kept {
             self.cache.forget_endpoint(self.index);
+            self.lost_in_reconnection.extend(self.lent.keys());
             self.lent.clear();
             let max = self.max_regions;
             if let Some(d) = self.own_grants.as_mut() {
@@ -1040,6 +1069,7 @@ impl XenLink {
         self.waiting.clear();
         self.lent.clear();
         self.lent_data.clear();
+        self.lost_in_reconnection.clear();
         self.cache.forget_endpoint(self.index);
         self.down = true;
         self.channel.take()
@@ -1254,5 +1284,32 @@ impl Registrar for OwnGrantsRegistrar<'_> {
             // The backend keeps the region until the endpoint closes; its id is not reused.
             Err(xmx_frontend::Error::Exhausted("send ring slot".into()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xmx_wire::msg::{Pull, RndvSend};
+
+    #[test]
+    fn only_an_rndv_of_a_returned_window_is_held_back() {
+        let rndv = |region_id, region_seqnum| {
+            SendOp::Rndv(RndvSend {
+                region_id,
+                region_seqnum,
+                length: 70_000,
+                ..RndvSend::default()
+            })
+        };
+        let lent: HashMap<(u8, u8), ()> = [((22, 7), ())].into();
+        let lost: HashSet<(u8, u8)> = [(5, 1)].into();
+        assert!(!announces_returned_window(&rndv(22, 7), &lent, &lost));
+        // The same region under an older generation: a resend of a send that ended.
+        assert!(announces_returned_window(&rndv(22, 6), &lent, &lost));
+        assert!(announces_returned_window(&rndv(23, 7), &lent, &lost));
+        assert!(!announces_returned_window(&rndv(5, 1), &lent, &lost));
+        let pull = SendOp::Pull(Pull::default());
+        assert!(!announces_returned_window(&pull, &lent, &lost));
     }
 }
