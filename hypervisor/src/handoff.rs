@@ -192,7 +192,11 @@ impl ExportedPages {
             PagesLayout::SimFrames { frames } => {
                 let region = crate::sim::mmap::Region::map_frames(self.fd.as_fd(), frames, true)?;
                 // Remapped onto the domain's new memory if it moves to another host.
-                ImportMapping::Sim(crate::sim::imports::register(region, frames.clone()))
+                ImportMapping::Sim(crate::sim::imports::register(
+                    region,
+                    frames.clone(),
+                    self.fd.as_fd(),
+                )?)
             }
             PagesLayout::Gntalloc { offset } => {
                 let ptr = mmap_shared(self.fd.as_fd(), len, *offset)?;

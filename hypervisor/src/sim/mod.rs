@@ -113,6 +113,12 @@ impl SimPlatform {
                 to.dir.display()
             )));
         }
+        // The memory this process imported pages of, before the move (unknown to a process
+        // without a grant table of its own: then it held only its own domain's).
+        let from = match &gt {
+            Some(gt) => Some(imports::memory_id(gt.memory().as_fd())?),
+            None => None,
+        };
         let gt = match gt {
             Some(gt) => {
                 gt.follow(&to.dir, to.domid)?;
@@ -121,7 +127,7 @@ impl SimPlatform {
             // Only for the destination's memory, to remap what was imported.
             None => Arc::new(SimGrantTable::open(&to.dir, to.domid)?),
         };
-        let imports = imports::remap_all(gt.memory().as_fd())?;
+        let imports = imports::remap_all(from, gt.memory().as_fd())?;
         *self
             .grant_table
             .lock()
