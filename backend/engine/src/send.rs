@@ -115,6 +115,17 @@ impl Engine {
                 done(&mut ctx, link, m.length);
             }
             SendOp::Rndv(r) => {
+                if let Err(why) =
+                    check_region(ep, r.region_id, u64::from(r.region_offset), r.length)
+                {
+                    // Refused, not a violation: the send ring and the registration path are
+                    // not ordered, so a library's resent RNDV can reach us after the window
+                    // it names was deregistered (its send ended). A window is only read
+                    // when a pull names it, and pulls are checked then.
+                    tracing::debug!(guest = link.id.0, endpoint, %why, "RNDV of an unregistered window");
+                    ctx.refuse(link, endpoint, tag, ErrorCode::BadRegion);
+                    return Ok(());
+                }
                 let Ok(offset) = u16::try_from(r.region_offset) else {
                     ctx.refuse(link, endpoint, tag, ErrorCode::Unsupported);
                     return Ok(());
@@ -254,7 +265,6 @@ fn check_op(op: &SendOp, ep: &GuestEndpoint) -> Result<(), Violation> {
                 None => Ok(()),
             }
         }
-        SendOp::Rndv(r) => check_region(ep, r.region_id, u64::from(r.region_offset), r.length),
         SendOp::Pull(p) => check_region(ep, p.local_region, u64::from(p.local_offset), p.length),
         SendOp::ConnectReply(c) => ConnectStatus::try_from(c.status)
             .map(|_| ())
