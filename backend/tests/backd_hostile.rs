@@ -12,7 +12,7 @@ use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
 use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
-    CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, RndvSend, Route,
+    CtrlOp, CtrlStatus, EndpointOpen, EventBody, InlineData, InlineMsg, MsgInfo, Pull, Route,
     SendOp, SendRequest, CTRL_SLOT_SIZE, SEND_SLOT_SIZE,
 };
 use xmx_wire::ring::layout;
@@ -168,8 +168,9 @@ fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
     let (host, _backend, mut bystander, mut h) = setup(GuestQuotas::default());
     let (_, ep) = h.open_endpoint(0, small_endpoint(1));
     let mut ep = ep.unwrap();
-    // An RNDV from a region the endpoint never registered: the engine calls it a
-    // violation.
+    // A pull into a region the endpoint never registered: the engine calls it a
+    // violation. (An RNDV naming one is only refused: a correct library can resend one
+    // after its window was deregistered.)
     h.send(
         &mut ep,
         SendRequest {
@@ -179,12 +180,13 @@ fn an_undecodable_send_request_or_a_violation_disconnects_only_the_offender() {
                 endpoint: 0,
                 session_id: 0,
             },
-            op: SendOp::Rndv(RndvSend {
-                info: MsgInfo::default(),
+            op: SendOp::Pull(Pull {
                 length: 100_000,
-                region_id: 7,
-                region_seqnum: 0,
-                region_offset: 0,
+                local_region: 7,
+                local_offset: 0,
+                remote_region: 2,
+                remote_region_seqnum: 0,
+                remote_offset: 0,
             }),
         },
     );

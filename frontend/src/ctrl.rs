@@ -19,6 +19,9 @@ use xmx_wire::msg::{CtrlFront, CtrlKind, CtrlOp, CtrlRequest, CtrlResponse, Ctrl
 use crate::error::{Error, Result};
 use crate::shared::{granted_mem, OwnedPort};
 
+/// How often a waiting control request checks that the backend is still there.
+pub const LIVENESS_EVERY: Duration = Duration::from_millis(200);
+
 /// Counters of one control channel.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CtrlStats {
@@ -38,12 +41,29 @@ pub struct CtrlStats {
     pub timeouts: u64,
     /// Late responses to given-up requests, dropped.
     pub stale_responses: u64,
+    /// Requests given up because the backend left while they waited.
+    pub backend_gone: u64,
 }
 
 impl CtrlStats {
     /// All requests pushed.
     pub fn requests(&self) -> u64 {
         self.endpoint_open + self.endpoint_close + self.region_register + self.region_deregister
+    }
+
+    /// These counters and `other`'s together (a channel's and those of the ones before).
+    pub fn plus(self, other: CtrlStats) -> CtrlStats {
+        CtrlStats {
+            endpoint_open: self.endpoint_open + other.endpoint_open,
+            endpoint_close: self.endpoint_close + other.endpoint_close,
+            region_register: self.region_register + other.region_register,
+            region_deregister: self.region_deregister + other.region_deregister,
+            notifications: self.notifications + other.notifications,
+            suppressed: self.suppressed + other.suppressed,
+            timeouts: self.timeouts + other.timeouts,
+            stale_responses: self.stale_responses + other.stale_responses,
+            backend_gone: self.backend_gone + other.backend_gone,
+        }
     }
 
     fn count(&mut self, kind: CtrlKind) {
@@ -125,6 +145,20 @@ impl CtrlClient {
     /// Send `op` and wait up to `timeout` for its response. A response with an error
     /// status is returned as [`Error::Refused`].
     pub fn call(&mut self, op: CtrlOp, timeout: Duration) -> Result<CtrlResponse> {
+        self.call_while(op, timeout, &mut || None)
+    }
+
+    /// As [`call`](Self::call), but a wait that lasts asks `backend_gone` every
+    /// [`LIVENESS_EVERY`] whether the backend left (it disconnected the device, or
+    /// stopped): a backend that left answers nothing, and waiting out `timeout` would
+    /// only delay the reconnection. Its answer ends the call with
+    /// [`Error::NotConnected`].
+    pub fn call_while(
+        &mut self,
+        op: CtrlOp,
+        timeout: Duration,
+        backend_gone: &mut dyn FnMut() -> Option<String>,
+    ) -> Result<CtrlResponse> {
         let deadline = Instant::now() + timeout;
         let kind = op.kind();
         while self.ring.is_full() {
@@ -132,7 +166,7 @@ impl CtrlClient {
             // the backend to answer some.
             self.drain_stale()?;
             if self.ring.is_full() {
-                self.block_until(deadline, "a free control ring slot")?;
+                self.block_until(deadline, "a free control ring slot", backend_gone)?;
             }
         }
         let tag = self.tag();
@@ -144,7 +178,7 @@ impl CtrlClient {
         } else {
             self.stats.suppressed += 1;
         }
-        match self.wait_for(tag, deadline) {
+        match self.wait_for(tag, deadline, backend_gone) {
             Ok(rsp) => {
                 if rsp.reply.kind() != kind {
                     return Err(Error::Protocol(format!(
@@ -165,12 +199,22 @@ impl CtrlClient {
                 self.abandoned.insert(tag);
                 Err(Error::Timeout(what))
             }
+            Err(e @ Error::NotConnected(_)) => {
+                self.stats.backend_gone += 1;
+                self.abandoned.insert(tag);
+                Err(e)
+            }
             Err(e) => Err(e),
         }
     }
 
     /// Consume responses until the one tagged `tag`.
-    fn wait_for(&mut self, tag: u32, deadline: Instant) -> Result<CtrlResponse> {
+    fn wait_for(
+        &mut self,
+        tag: u32,
+        deadline: Instant,
+        backend_gone: &mut dyn FnMut() -> Option<String>,
+    ) -> Result<CtrlResponse> {
         loop {
             while let Some(rsp) = self.ring.next_response()? {
                 if rsp.tag == tag {
@@ -188,7 +232,7 @@ impl CtrlClient {
             if self.ring.final_check_for_responses()? {
                 continue;
             }
-            self.block_until(deadline, "the control response")?;
+            self.block_until(deadline, "the control response", backend_gone)?;
         }
     }
 
@@ -206,15 +250,28 @@ impl CtrlClient {
         Ok(())
     }
 
-    /// Wait for an event on the channel until `deadline`; re-enable delivery.
-    fn block_until(&mut self, deadline: Instant, what: &str) -> Result<()> {
+    /// Wait for an event on the channel until `deadline`, or until `backend_gone` says
+    /// the backend left; re-enable delivery.
+    fn block_until(
+        &mut self,
+        deadline: Instant,
+        what: &str,
+        backend_gone: &mut dyn FnMut() -> Option<String>,
+    ) -> Result<()> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout(what.to_string()));
         }
         self.scratch.clear();
         let evtchn = self.port.handle();
-        evtchn.wait(&mut self.scratch, Some(left))?;
+        evtchn.wait(&mut self.scratch, Some(left.min(LIVENESS_EVERY)))?;
+        if self.scratch.is_empty() {
+            if let Some(why) = backend_gone() {
+                return Err(Error::NotConnected(format!(
+                    "{why} while waiting for {what}"
+                )));
+            }
+        }
         for p in self.scratch.drain(..) {
             evtchn.unmask(p)?;
         }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use xmx_frontend::{
@@ -333,6 +333,53 @@ fn a_backend_that_stops_answering_is_dropped_and_keeps_what_it_was_given_until_t
     // The frontend closes while its backend still runs.
     drop(fe);
     drop(fake);
+}
+
+/// A backend that leaves while a control request waits (it disconnected the device, or it
+/// stopped) will not answer: the request ends when the frontend sees the backend's state
+/// leave Connected, with NotConnected, instead of waiting out its timeout; the frontend then
+/// follows the closing backend and connects to the next one.
+#[test]
+fn a_request_waiting_on_a_backend_that_leaves_ends_when_it_leaves() {
+    let host = FrontendTestHost::start();
+    let cfg = FrontendConfig {
+        // Long enough that only the backend's leaving can end the request.
+        ctrl_timeout: Duration::from_secs(60),
+        ..FrontendConfig::default()
+    };
+    let (domu, fake, mut fe) = connected(&host, "g1", 1, cfg);
+    fe.take_events();
+    fake.lock().hold = true;
+    let closer = std::thread::spawn(move || {
+        let deadline = Instant::now() + WAIT;
+        while !fake.lock().held_pending {
+            assert!(
+                Instant::now() < deadline,
+                "the request never reached the backend"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        fake.close();
+    });
+    let result = fe.open_endpoint(Some(1), Some(small_geometry()));
+    closer.join().unwrap();
+    assert!(matches!(result, Err(Error::NotConnected(_))), "{result:?}");
+    let stats = fe.ctrl_stats();
+    assert_eq!((stats.backend_gone, stats.timeouts), (1, 0));
+    pump_until(&mut fe, "the frontend restarts", |f| {
+        f.state() == XenbusState::Initialising
+    });
+    assert_eq!(host.state(DOM0).mappings_held, 0);
+
+    let fake = FakeBackend::start(&host, domu);
+    fe.wait_connected(WAIT).unwrap();
+    let h = fe.open_endpoint(Some(1), Some(small_geometry())).unwrap();
+    assert_eq!(fake.lock().endpoints[&1].refs, h.pages.refs);
+    drop(h);
+    drop(fe);
+    drop(fake);
+    let s = host.state(domu);
+    assert_eq!((s.grants_active, s.ports_open), (0, 0));
 }
 
 #[test]

@@ -212,16 +212,7 @@ impl Frontend {
     }
 
     pub(super) fn retire_ctrl(&mut self, ctrl: CtrlClient) {
-        let s = ctrl.stats();
-        let p = &mut self.past_ctrl;
-        p.endpoint_open += s.endpoint_open;
-        p.endpoint_close += s.endpoint_close;
-        p.region_register += s.region_register;
-        p.region_deregister += s.region_deregister;
-        p.notifications += s.notifications;
-        p.suppressed += s.suppressed;
-        p.timeouts += s.timeouts;
-        p.stale_responses += s.stale_responses;
+        self.past_ctrl = self.past_ctrl.plus(ctrl.stats());
         ctrl.release();
     }
 
@@ -293,7 +284,23 @@ impl Frontend {
         let timeout = self.cfg.ctrl_timeout;
         let kind = op.kind();
         let started = std::time::Instant::now();
-        let result = self.ctrl()?.call(op, timeout);
+        self.ctrl()?;
+        let state_path = xenbus::key_path(&self.back_dir, keys::STATE);
+        let xs = &self.xs;
+        // Only a state the backend wrote (or its removal) ends the wait early: any other
+        // xenstore error leaves the request to its timeout.
+        let mut backend_gone = || match xs.read(XBT_NULL, &state_path) {
+            Ok(v) => match String::from_utf8_lossy(&v).trim().parse::<XenbusState>() {
+                Ok(XenbusState::Connected) | Err(_) => None,
+                Ok(other) => Some(format!("the backend is {other:?}")),
+            },
+            Err(HvError::NotFound(_)) => Some("the backend's device is gone".to_string()),
+            Err(_) => None,
+        };
+        let result = match self.ctrl.as_mut() {
+            Some(ctrl) => ctrl.call_while(op, timeout, &mut backend_gone),
+            None => return Err(Error::NotConnected("no control ring".into())),
+        };
         if started.elapsed() >= timeout / 10 {
             // Slow answers come before a timeout: they say when the backend began to lag.
             tracing::warn!(

@@ -393,17 +393,7 @@ impl Frontend {
     /// Counters of the control ring, over every connection so far.
     pub fn ctrl_stats(&self) -> CtrlStats {
         let now = self.ctrl.as_ref().map(|c| c.stats()).unwrap_or_default();
-        let p = self.past_ctrl;
-        CtrlStats {
-            endpoint_open: p.endpoint_open + now.endpoint_open,
-            endpoint_close: p.endpoint_close + now.endpoint_close,
-            region_register: p.region_register + now.region_register,
-            region_deregister: p.region_deregister + now.region_deregister,
-            notifications: p.notifications + now.notifications,
-            suppressed: p.suppressed + now.suppressed,
-            timeouts: p.timeouts + now.timeouts,
-            stale_responses: p.stale_responses + now.stale_responses,
-        }
+        self.past_ctrl.plus(now)
     }
 
     /// Events since the last call.

@@ -148,6 +148,8 @@ pub struct FakeState {
     pub regions: BTreeMap<(u8, u8), FakeBackendRegion>,
     /// Leave requests unanswered while set.
     pub hold: bool,
+    /// A request waits unanswered in the ring because of `hold`.
+    pub held_pending: bool,
     /// Times a guest notification woke the service loop.
     pub wakeups: u64,
 }
@@ -257,7 +259,11 @@ fn run_fake(
 
     let mut ports = Vec::new();
     while !stop.load(Ordering::Acquire) {
-        let held = state.lock().unwrap().hold;
+        let held = {
+            let mut st = state.lock().unwrap();
+            st.held_pending = st.hold && ring.unconsumed_requests().unwrap() > 0;
+            st.hold
+        };
         let mut answered = false;
         if !held {
             while let Some(req) = ring.next_request().unwrap() {
