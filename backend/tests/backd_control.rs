@@ -217,3 +217,70 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
     assert_eq!(host.mapped_by_others(d), base);
     assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
 }
+
+/// What the library's grant pool relies on (`xmx_frontend::own_grants::GrantPool`): grants
+/// a guest keeps after a DEREGISTER and registers again under another id, listing fewer
+/// pages, are mapped exactly as the new list says, and the old id no longer names them;
+/// between the two, the backend maps none of them although they stay granted.
+#[test]
+fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_under() {
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let d = g.domid;
+    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let mut ep = ep.unwrap();
+    let base = host.dom0_mappings();
+    let done = |length| EventBody::SendDone {
+        status: DoneStatus::Success,
+        length,
+    };
+    let refused = EventBody::Error {
+        code: ErrorCode::BadRegion,
+    };
+
+    let (data, info) = grant_direct(&g, 3, None);
+    let len = 2 * 4096 + 10;
+    let first = DirectRegister::new(4, len, info.refs()).unwrap();
+    assert_eq!(
+        region_op(&g, &mut ep, 1, SendOp::Register(first)),
+        done(len)
+    );
+    assert_eq!(host.dom0_mappings(), base + 3);
+    assert_eq!(
+        region_op(&g, &mut ep, 2, SendOp::Deregister { region_id: 4 }),
+        done(0)
+    );
+    // Still granted, no longer mapped.
+    assert_eq!(host.mapped_by_others(d), base);
+
+    // The same grants as a window of two pages: the info page lists only those (the pool
+    // rewrites it, zeroing what follows).
+    let packed = xmx_wire::msg::pack_info_pages(&data.refs()[..2]);
+    // SAFETY: the info page is mapped writable here and one page long; the backend copies
+    // it only at the REGISTER posted below.
+    unsafe { std::ptr::copy_nonoverlapping(packed[0].as_ptr(), info.as_ptr(), packed[0].len()) };
+    let len2 = 4096 + 1;
+    let second = DirectRegister::new(5, len2, info.refs()).unwrap();
+    assert_eq!(
+        region_op(&g, &mut ep, 3, SendOp::Register(second)),
+        done(len2)
+    );
+    assert_eq!(host.dom0_mappings(), base + 2);
+    assert_eq!(host.mapped_by_others(d), base + 2);
+    // The old id is gone for good; the new one holds the pages until its DEREGISTER.
+    assert_eq!(
+        region_op(&g, &mut ep, 4, SendOp::Deregister { region_id: 4 }),
+        refused
+    );
+    assert_eq!(host.dom0_mappings(), base + 2);
+    assert_eq!(
+        region_op(&g, &mut ep, 5, SendOp::Deregister { region_id: 5 }),
+        done(0)
+    );
+    assert_eq!(host.mapped_by_others(d), base);
+    drop((data, info));
+    assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
+}

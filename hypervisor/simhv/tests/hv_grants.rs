@@ -500,3 +500,57 @@ fn measure_grant_and_map_2048_pages() {
         );
     }
 }
+
+fn check_zero(ptr: *const u8, pages: usize) {
+    // SAFETY: the caller passes a readable mapping of `pages` pages.
+    let bytes = unsafe { hv_util::bytes(ptr, pages * PAGE_SIZE) };
+    assert!(
+        bytes.iter().all(|b| *b == 0),
+        "stale bytes in a fresh grant"
+    );
+}
+
+/// Freed frames are zeroed in place and handed out again (lowest first): what one domain was
+/// shown of a guest's memory never reaches the next domain the guest grants the same frames
+/// to, whether the first ended its access at once or kept the pages mapped past the end.
+#[test]
+fn frames_freed_by_one_grantee_read_zero_when_granted_to_another_domain() {
+    let host = SimHost::start();
+    let g = host.create("guest");
+    let b = host.create("b");
+    let c = host.create("c");
+    let gt = host.attach(g).grant_table().unwrap();
+    let frames_of = |refs: &[u32]| -> Vec<u32> {
+        let table = std::fs::read(layout::gnttab_file(host.path(), g)).unwrap();
+        refs.iter().map(|&r| entry(&table, r).2).collect()
+    };
+
+    // To b, unmapped before the grants end.
+    let to_b = gt.grant_pages(b, 3, true).unwrap();
+    let frames = frames_of(to_b.refs());
+    write_pages(to_b.as_ptr(), 3, 11);
+    let in_b = host.attach(b).grant_table().unwrap();
+    let seen = in_b.map(g, to_b.refs(), false).unwrap();
+    check_pages(seen.as_ptr(), 3, 11);
+    drop(seen);
+    to_b.end_access().map_err(|(_, e)| e).unwrap();
+    assert_eq!(host.state(g).mem_pages, 0);
+
+    // The same frames to c: zero.
+    let to_c = gt.grant_pages(c, 3, true).unwrap();
+    assert_eq!(frames_of(to_c.refs()), frames);
+    let in_c = host.attach(c).grant_table().unwrap();
+    let seen = in_c.map(g, to_c.refs(), true).unwrap();
+    check_zero(seen.as_ptr(), 3);
+    // c writes while it maps, and keeps the mapping past the end of the grants: the frames
+    // are freed only when it unmaps, and zeroed before b is granted them.
+    write_pages(seen.as_ptr(), 3, 23);
+    drop(to_c);
+    assert_eq!(host.state(g).grants_deferred, 3);
+    drop(seen);
+    let to_b = gt.grant_pages(b, 3, true).unwrap();
+    assert_eq!(frames_of(to_b.refs()), frames);
+    let seen = in_b.map(g, to_b.refs(), false).unwrap();
+    check_zero(seen.as_ptr(), 3);
+    check_zero(to_b.as_ptr(), 3);
+}

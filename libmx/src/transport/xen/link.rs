@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use xmx_frontend::frontd::FrontdClient;
+use xmx_frontend::own_grants::{GrantPool, RegionGrants};
 use xmx_frontend::{EndpointChannel, EndpointHandoff, Lease, RegionCache, RegionWindow, Registrar};
 use xmx_hv::{DomId, GrantTable};
 use xmx_mx::{Frame, PeerAddr, RdmaWindow, RequestId, Status};
@@ -25,7 +26,7 @@ use xmx_wire::msg::{Route, SendOp, SendRequest};
 use xmx_wire::ring::RingError;
 
 use super::slots::SendSlots;
-use super::windows;
+use super::windows::{self, pool_pages};
 use crate::segments::Segments;
 use crate::transport::engine_msgs::{self, Inbound, Outbound, PeerSessions};
 use crate::transport::mailbox::Mailbox;
@@ -136,9 +137,18 @@ pub(crate) struct OwnGrants {
     /// What arrived on the event ring while a registration waited for its completion; taken
     /// in before anything newer.
     stash: Vec<Inbound>,
-    /// The registration of every region registered, by id: posted again after a
-    /// reconnection, over the same grants, so the ids peers hold stay valid.
-    registered: std::collections::BTreeMap<u8, xmx_wire::msg::DirectRegister>,
+    /// The registration of every region registered, by id, and its grants: posted again
+    /// after a reconnection, over the same grants, so the ids peers hold stay valid.
+    registered: std::collections::BTreeMap<u8, OwnRegion>,
+    /// Grants of deregistered windows, for the next windows (see
+    /// [`xmx_frontend::own_grants::GrantPool`]).
+    pool: GrantPool,
+}
+
+/// A region the link registered itself.
+pub(crate) struct OwnRegion {
+    request: xmx_wire::msg::DirectRegister,
+    grants: RegionGrants,
 }
 
 /// How long a registration waits for the backend's answer.
@@ -202,6 +212,7 @@ impl XenLink {
             free_ids: (0..self.max_regions).rev().map(|i| i as u8).collect(),
             stash: Vec::new(),
             registered: Default::default(),
+            pool: GrantPool::new(pool_pages()),
         });
     }
 
@@ -213,7 +224,7 @@ impl XenLink {
         let (Some(d), Some(channel)) = (self.own_grants.as_mut(), self.channel.as_mut()) else {
             return false;
         };
-        let requests: Vec<_> = d.registered.values().copied().collect();
+        let requests: Vec<_> = d.registered.values().map(|r| r.request).collect();
         let mut r = OwnGrantsRegistrar {
             d,
             channel,
@@ -1089,7 +1100,7 @@ struct Via<'a> {
     /// The link registers with its own grants: never through `outer` (the ids are the link's).
     own_grants_mode: bool,
     /// While the link is down: its own registrations, to forget a window dropped meanwhile.
-    registered: Option<&'a mut std::collections::BTreeMap<u8, xmx_wire::msg::DirectRegister>>,
+    registered: Option<&'a mut std::collections::BTreeMap<u8, OwnRegion>>,
 }
 
 impl Registrar for Via<'_> {
@@ -1227,12 +1238,15 @@ impl Registrar for OwnGrantsRegistrar<'_> {
             .ok_or(xmx_frontend::Error::Exhausted("region id".into()))?;
         let granted = xmx_frontend::own_grants::grant_region(
             self.d.gnttab.as_ref(),
+            &mut self.d.pool,
             self.d.backend,
             endpoint,
             id,
             length,
         );
-        let (window, request) = match granted {
+        // Grants that fail to register are not pooled: a REGISTER left unanswered may
+        // still be served, and its DEREGISTER may never be.
+        let (window, request, grants) = match granted {
             Ok(g) => g,
             Err(e) => {
                 self.d.free_ids.push(id);
@@ -1246,7 +1260,7 @@ impl Registrar for OwnGrantsRegistrar<'_> {
         }
         match self.completion(tag) {
             Some(Ok(_)) => {
-                self.d.registered.insert(id, request);
+                self.d.registered.insert(id, OwnRegion { request, grants });
                 Ok(window)
             }
             Some(Err(status)) => {
@@ -1271,13 +1285,18 @@ impl Registrar for OwnGrantsRegistrar<'_> {
 
     fn deregister(&mut self, window: RegionWindow) -> xmx_frontend::Result<()> {
         let id = window.region_id();
-        self.d.registered.remove(&id);
+        let region = self.d.registered.remove(&id);
         let tag = self.tag();
         // Not waited for: a later registration of the id comes after it on the ring.
         let posted = self.post(tag, SendOp::Deregister { region_id: id });
-        // The grants end now; the pages are freed once the backend unmapped them.
         drop(window);
         if posted {
+            // Pooled: whatever registers these grants next comes after the DEREGISTER on
+            // the ring. (Not posted, the backend keeps the region mapped: the grants end,
+            // and the pages are freed once it unmaps them.)
+            if let Some(r) = region {
+                self.d.pool.put(r.grants);
+            }
             self.d.free_ids.push(id);
             Ok(())
         } else {

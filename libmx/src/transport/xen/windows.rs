@@ -91,6 +91,19 @@ impl Registrar for FrontdRegistrar<'_> {
 /// links with the cache off register their windows themselves.
 pub(crate) const OWN_GRANTS_ENV: &str = "XMX_OWN_GRANTS";
 
+/// `XMX_GRANT_POOL_PAGES`: granted pages an endpoint registering its own windows keeps
+/// from deregistered windows for the next ones (`0`: none, every window is granted afresh;
+/// unset or not a number: [`xmx_frontend::own_grants::DEFAULT_POOL_PAGES`]).
+pub(crate) const GRANT_POOL_ENV: &str = "XMX_GRANT_POOL_PAGES";
+
+/// The bound of an endpoint's grant pool (see [`GRANT_POOL_ENV`]).
+pub(crate) fn pool_pages() -> usize {
+    std::env::var(GRANT_POOL_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(xmx_frontend::own_grants::DEFAULT_POOL_PAGES)
+}
+
 /// What registering without the daemon needs: this process's grant table and the domain
 /// of the device's backend (the frontend's `backend-id` in xenstore). None (registration
 /// goes through the daemon) if either is missing or `XMX_OWN_GRANTS=0`.
