@@ -13,8 +13,9 @@
 //! mapping process, and freed it again at the next free (per page, twice per registration
 //! of a window without the cache). A domain's memory therefore stays at its high-water mark
 //! until the domain is destroyed; zeroing punches a hole only if writing fails. This only
-//! speeds the simulator: on Xen, gntalloc allocates a zeroed page per grant. The daemon itself reads and writes frames with `pread`/`pwrite` only:
-//! nothing a client does to the file can fault the daemon.
+//! speeds the simulator: on Xen, gntalloc allocates a zeroed page per grant. The daemon
+//! itself reads and writes frames with `pread`/`pwrite` only: nothing a client does to the
+//! file can fault the daemon.
 //!
 //! For inspection by the host's user, the domain's directory holds `mem`, a link to the
 //! daemon's descriptor of the file (`/proc/<pid>/fd/<n>`).
