@@ -13,7 +13,8 @@ use hv_util::{page_fill, SimHost};
 use xmx_hv::sim::admin::RunState;
 use xmx_hv::sim::layout;
 use xmx_hv::sim::migrate::{migrate_domain, MigrateOptions, Migration};
-use xmx_hv::{DomId, Error, GrantRef, GrantedPages, Platform, DOM0, PAGE_SIZE};
+use xmx_hv::sim::SimPlatform;
+use xmx_hv::{DomId, Error, GrantRef, GrantedPages, Platform, DOM0, PAGE_SIZE, XBT_NULL};
 use xmx_simhv::SimhvConfig;
 
 const GTF_PERMIT_ACCESS: u16 = 1;
@@ -783,4 +784,48 @@ fn a_new_domain_with_a_moved_domains_id_does_not_inherit_its_forwarding_record()
     let p = src.attach(g);
     assert!(!p.follow_move().unwrap());
     assert_eq!(p.domid(), g);
+}
+
+#[test]
+fn a_process_started_after_its_domain_moved_attaches_where_it_went() {
+    let a = SimHost::start();
+    let b = SimHost::start();
+    let work = tempfile::tempdir().unwrap();
+    let options = MigrateOptions {
+        work_dir: Some(work.path().to_path_buf()),
+        ..MigrateOptions::default()
+    };
+    let g = a.create("guest");
+    let there = migrate_domain(&a.admin, &b.admin, g, &options)
+        .unwrap()
+        .dest_domid;
+    // As a guest daemon restarted from its old environment would.
+    let p = SimPlatform::attach(a.path(), g).unwrap();
+    assert_eq!(p.domid(), there);
+    assert_eq!(p.dir(), std::path::absolute(b.path()).unwrap());
+    // Its xenstore is the destination's: the domain's own home there is readable.
+    let xs = p.xenstore().unwrap();
+    assert_eq!(
+        xs.read(XBT_NULL, &format!("/local/domain/{there}/name"))
+            .unwrap(),
+        b"guest"
+    );
+    drop(p);
+    // Back again: two records in a row lead to the domain's third incarnation.
+    let back = migrate_domain(&b.admin, &a.admin, there, &options)
+        .unwrap()
+        .dest_domid;
+    let p = SimPlatform::attach(a.path(), g).unwrap();
+    assert_eq!(
+        (p.dir(), p.domid()),
+        (std::path::absolute(a.path()).unwrap(), back)
+    );
+    drop(p);
+    // Destroyed where it is now: nothing to attach to, said as such.
+    a.admin.destroy(back).unwrap();
+    match SimPlatform::attach(a.path(), g) {
+        Err(Error::NotFound(m)) => assert!(m.contains(&format!("domain {back}")), "{m}"),
+        Ok(p) => panic!("attached to domain {} of a destroyed chain", p.domid()),
+        Err(e) => panic!("{e}"),
+    }
 }

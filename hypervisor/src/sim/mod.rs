@@ -51,6 +51,10 @@ pub use gnttab::SimGrantTable;
 
 use crate::{DomId, Error, EventChannels, GrantTable, Platform, PlatformKind, Result, Xenstore};
 
+/// Forwarding records [`SimPlatform::locate`] follows at most: a chain of moves, each
+/// leaving a record, that no migration makes this long is a loop of stale records.
+pub const MAX_FORWARDS: usize = 16;
+
 /// A domain of a running `xmx-simhv`, as seen by one of its processes. It can follow
 /// the domain to another host after a migration ([`SimPlatform::follow_move`]).
 pub struct SimPlatform {
@@ -59,19 +63,40 @@ pub struct SimPlatform {
 }
 
 impl SimPlatform {
-    /// Attach to domain `domid` of the simhv serving `dir`.
+    /// Attach to domain `domid` of the simhv serving `dir`, or, if that domain migrated
+    /// away, to the domain it became (see [`SimPlatform::locate`]).
     pub fn attach(dir: impl AsRef<Path>, domid: DomId) -> Result<SimPlatform> {
-        let dir = dir.as_ref().to_path_buf();
-        if !layout::hv_sock(&dir, domid).exists() {
-            return Err(Error::NotFound(format!(
-                "no simulated domain {domid} at {}",
-                dir.display()
-            )));
-        }
+        let (dir, domid) = Self::locate(dir.as_ref(), domid)?;
         Ok(SimPlatform {
             place: Mutex::new((dir, domid)),
             grant_table: Mutex::new(None),
         })
+    }
+
+    /// Where domain `domid` of the simhv at `dir` runs now: there, or where the forwarding
+    /// records of its moves lead (at most [`MAX_FORWARDS`] of them). A process started after
+    /// its domain moved, from an environment that names the old host (a guest daemon its
+    /// supervisor restarts, say), so finds the domain as a running process follows it. A
+    /// domain created since with the same id has no record: it is the one attached to.
+    pub fn locate(dir: &Path, domid: DomId) -> Result<(PathBuf, DomId)> {
+        let (mut dir, mut domid) = (dir.to_path_buf(), domid);
+        for _ in 0..=MAX_FORWARDS {
+            if layout::hv_sock(&dir, domid).exists() {
+                return Ok((dir, domid));
+            }
+            let Some(to) = migrate::Forwarding::read(&dir, domid)? else {
+                return Err(Error::NotFound(format!(
+                    "no simulated domain {domid} at {}",
+                    dir.display()
+                )));
+            };
+            tracing::info!(from = domid, to = to.domid, dir = %to.dir.display(), "the domain moved; attaching where it went");
+            (dir, domid) = (to.dir, to.domid);
+        }
+        Err(Error::NotFound(format!(
+            "domain {domid} at {}: more than {MAX_FORWARDS} forwarding records in a row",
+            dir.display()
+        )))
     }
 
     fn place(&self) -> (PathBuf, DomId) {

@@ -472,7 +472,10 @@ mod tests {
         // Frames not in use are given back, not zeroed in place: only 2 and 3 stay resident.
         use std::os::unix::fs::MetadataExt;
         let blocks = f.metadata().unwrap().blocks();
-        assert!(blocks <= 2 * PAGE_SIZE as u64 / 512, "{blocks} blocks resident");
+        assert!(
+            blocks <= 2 * PAGE_SIZE as u64 / 512,
+            "{blocks} blocks resident"
+        );
         let mut b = [0u8; 4];
         m.read(2, 0, &mut b).unwrap();
         assert_eq!(b, [3; 4]);
