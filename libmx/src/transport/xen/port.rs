@@ -102,7 +102,12 @@ impl TransportPort for XenPort {
     }
 
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
-        if let Some(hub) = self.shared.hub() {
+        // An ack marked resent (the endpoint is back from an outage, see
+        // `xmx_mx::Endpoint::path_restored`) also tells the peer's backend to
+        // request again what it was pulling from us; a direct channel would
+        // hide it from that backend, so it always goes through ours.
+        let backend_only = matches!(&frame.body, Body::Liback(a) if a.resent != 0);
+        if let Some(hub) = self.shared.hub().filter(|_| !backend_only) {
             let mut d = lock(&self.ep.direct);
             if let Body::Message(Message {
                 kind: MessageKind::Rndv(r),
