@@ -38,7 +38,11 @@ pub fn grant_region(
         )));
     }
     let nr_info = info_pages_for(nr_pages);
-    let pages = Arc::new(gnttab.grant_pages(backend, nr_pages + nr_info, true)?);
+    let pages = Arc::new(
+        gnttab
+            .grant_pages(backend, nr_pages + nr_info, true)
+            .map_err(crate::error::suspended_is_not_connected)?,
+    );
     let (data_refs, info_refs) = pages.refs().split_at(nr_pages);
     let info_refs = info_refs.to_vec();
     let listed: Vec<u8> = pack_info_pages(data_refs)
