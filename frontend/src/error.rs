@@ -49,3 +49,33 @@ pub enum Error {
 
 /// Result of the guest side.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A grant refused because this domain is suspended ([`xmx_hv::Error::Busy`] from the
+/// granter's side) is the device going away under a suspend or a migration: said as
+/// `NotConnected`, so that the library waits for the reconnection to register the
+/// region again rather than failing the receive that needed it ("Out of resources").
+pub(crate) fn suspended_is_not_connected(e: xmx_hv::Error) -> Error {
+    match e {
+        xmx_hv::Error::Busy(why) => Error::NotConnected(format!("granting a region: {why}")),
+        e => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suspended_granter_is_not_connected_and_other_failures_stay_what_they_are() {
+        let busy = xmx_hv::Error::Busy("domain 3 is suspended".into());
+        assert!(matches!(
+            suspended_is_not_connected(busy),
+            Error::NotConnected(m) if m.contains("domain 3 is suspended")
+        ));
+        let other = xmx_hv::Error::NotFound("grant 7".into());
+        assert!(matches!(
+            suspended_is_not_connected(other),
+            Error::Platform(xmx_hv::Error::NotFound(_))
+        ));
+    }
+}

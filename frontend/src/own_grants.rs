@@ -158,9 +158,11 @@ pub fn grant_region(
                     // before failing.
                     tracing::debug!(kept = pool.idle_pages(), "grant quota: pool emptied");
                     pool.clear();
-                    gnttab.grant_pages(backend, total, true)?
+                    gnttab
+                        .grant_pages(backend, total, true)
+                        .map_err(crate::error::suspended_is_not_connected)?
                 }
-                other => other?,
+                other => other.map_err(crate::error::suspended_is_not_connected)?,
             };
             RegionGrants {
                 pages: Arc::new(granted),

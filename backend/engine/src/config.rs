@@ -37,6 +37,13 @@ pub struct EngineConfig {
     pub max_host_replies: usize,
     /// Frame buffers kept for reuse.
     pub buffer_pool_size: usize,
+    /// How long an endpoint marked re-opening ([`Engine::expect_reopen`](super::Engine::expect_reopen))
+    /// may take to open. Until then frames for it are dropped without a NACK so that
+    /// peers resend; past it the mark goes and they are NACKed as for any closed
+    /// endpoint, so the peers of an application that died during a move learn that
+    /// its endpoint is closed instead of resending into it until their retry budget
+    /// runs out.
+    pub reopen_grace: Duration,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +62,9 @@ impl Default for EngineConfig {
             max_pending_events_per_endpoint: 4096,
             max_host_replies: 1024,
             buffer_pool_size: 512,
+            // The guest's daemon re-opens its endpoints as soon as its device is
+            // connected, in milliseconds; its own control requests give up after 10 s.
+            reopen_grace: Duration::from_secs(20),
         }
     }
 }

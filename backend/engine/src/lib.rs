@@ -354,7 +354,7 @@ impl Engine {
             return Err(EngineError::EndpointBusy(endpoint));
         }
         let mut ep = GuestEndpoint::new(config);
-        ep.regions_returning = nic.link.reopening.remove(&endpoint);
+        ep.regions_returning = nic.link.reopening.remove(&endpoint).is_some();
         nic.endpoints.insert(endpoint, ep);
         Ok(())
     }
@@ -383,19 +383,23 @@ impl Engine {
     /// The guest is about to open `endpoints` again, keeping their sessions (after a
     /// resume, or on the host a migration brought it to). Until each opens, frames for it
     /// are dropped without the NACK a closed endpoint gets, so peers resend rather than
-    /// fail their requests; their retransmissions reach it once it is open.
+    /// fail their requests; their retransmissions reach it once it is open. An endpoint
+    /// not open [`EngineConfig::reopen_grace`] after `now` is taken for closed
+    /// (its application most likely died meanwhile; see [`Engine::handle_timeout`]).
     pub fn expect_reopen(
         &mut self,
+        now: Instant,
         guest: GuestId,
         endpoints: impl IntoIterator<Item = u8>,
     ) -> Result<(), EngineError> {
+        let deadline = pull::deadline_after(now, self.config.reopen_grace);
         let nic = self
             .guests
             .get_mut(&guest)
             .ok_or(EngineError::UnknownGuest(guest))?;
         for endpoint in endpoints {
             if !nic.endpoints.contains_key(&endpoint) {
-                nic.link.reopening.insert(endpoint);
+                nic.link.reopening.insert(endpoint, deadline);
             }
         }
         Ok(())
@@ -557,9 +561,22 @@ impl Engine {
     }
 
     /// Let time pass: pulls without progress for a timeout request their blocks again or
-    /// fail.
+    /// fail; endpoints marked re-opening that did not open in time lose the mark.
     pub fn handle_timeout(&mut self, now: Instant) {
         let ids: Vec<GuestId> = self.guests.keys().copied().collect();
+        for nic in self.guests.values_mut() {
+            nic.link.reopening.retain(|&endpoint, deadline| {
+                let keep = *deadline > now;
+                if !keep {
+                    tracing::warn!(
+                        endpoint,
+                        mac = %nic.link.mac,
+                        "endpoint not re-opened in time: peers' frames for it are refused as closed"
+                    );
+                }
+                keep
+            });
+        }
         for guest in ids {
             if let Some((nic, mut ctx)) = self.split(guest) {
                 rdma::on_timeouts(&mut ctx, nic, now);
@@ -570,13 +587,18 @@ impl Engine {
 
     /// When [`Engine::handle_timeout`] should next run, if anything waits for time.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.guests
+        let pulls = self
+            .guests
             .values()
             .flat_map(|nic| nic.endpoints.values())
             .flat_map(|ep| ep.pulls.iter())
             .filter(|p| p.has_blocks())
-            .map(|p| p.deadline)
-            .min()
+            .map(|p| p.deadline);
+        let reopening = self
+            .guests
+            .values()
+            .flat_map(|nic| nic.link.reopening.values().copied());
+        pulls.chain(reopening).min()
     }
 
     /// Budget freed on the control path goes to waiting pulls at once, timed by the

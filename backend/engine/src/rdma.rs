@@ -299,6 +299,37 @@ pub(crate) fn on_timeouts(ctx: &mut Ctx, nic: &mut VirtualNic, now: Instant) {
     }
 }
 
+/// A peer endpoint sent `endpoint` an explicit ack marked resent: its library does so
+/// when the endpoint comes back from an outage (re-opened after a migration or a
+/// reconnection), and what was pulled from it meanwhile was most likely lost. The pulls
+/// of `endpoint` from that peer request their missing blocks again now rather than a
+/// pull timeout (0.5 s by default) later. A duplicate reply is dropped as any is.
+pub(crate) fn source_back(
+    ctx: &mut Ctx,
+    link: &mut GuestWire,
+    ep: &mut GuestEndpoint,
+    endpoint: u8,
+    peer_mac: Mac,
+    peer_endpoint: u8,
+    now: Instant,
+) {
+    let timeout = ctx.config.pull_retransmit_timeout;
+    for handle in ep.pulls.handles() {
+        let Some(pull) = ep.pulls.get_mut(handle) else {
+            continue;
+        };
+        if pull.source.peer_mac != peer_mac || pull.source.endpoint != peer_endpoint {
+            continue;
+        }
+        let mask = pull.source_back(now, timeout);
+        if mask != 0 {
+            tracing::debug!(endpoint, handle, mask, "pull source back; re-requesting");
+            link.counters.pull_rerequests += u64::from(mask.count_ones());
+            request_blocks(ctx, link, ep, endpoint, handle, mask);
+        }
+    }
+}
+
 /// A peer asks this guest for one block of a region: answer with PULL_REPLY frames, or
 /// NACK_MCP if the endpoint, session, region or range is wrong.
 pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, pull: &PullRepr) {

@@ -254,14 +254,18 @@ impl Engine {
                     acknum: t.liback.acknum,
                     resent: t.liback.resent != 0,
                 };
-                let from = from.route(t.src_endpoint, 0);
+                let route = from.route(t.src_endpoint, 0);
                 deliver(
                     &mut ctx,
                     link,
                     ep,
                     t.dst_endpoint,
-                    EventBody::RecvLiback { from, ack },
+                    EventBody::RecvLiback { from: route, ack },
                 );
+                if ack.resent {
+                    let (mac, src) = (from.mac, t.src_endpoint);
+                    rdma::source_back(&mut ctx, link, ep, t.dst_endpoint, mac, src, now);
+                }
             }
             PacketRepr::NackLib(n) => {
                 let kind = match n.nack_type {

@@ -1,7 +1,8 @@
 //! One guest as the engine serves it: a virtual MX NIC with its own board MAC, virtual
 //! cluster, endpoints, registered regions and counters.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use xmx_wire::mxoe::{Mac, NackType};
 
@@ -153,16 +154,16 @@ pub(crate) struct GuestWire {
     /// Its share of the pull budget against other guests' (dom0's QoS weight, >= 1).
     pub weight: u32,
     /// Endpoints the guest is opening again (see
-    /// [`Engine::expect_reopen`](super::Engine::expect_reopen)): not open yet, but
-    /// frames for them are not refused.
-    pub reopening: HashSet<u8>,
+    /// [`Engine::expect_reopen`](super::Engine::expect_reopen)), with the deadline of
+    /// the mark: not open yet, but frames for them are not refused until then.
+    pub reopening: HashMap<u8, Instant>,
 }
 
 impl GuestWire {
     /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
     /// endpoint is coming back with its session, so the peer must resend, not fail.
     pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType) -> bool {
-        if nack_type == NackType::EndpointClosed && self.reopening.contains(&endpoint) {
+        if nack_type == NackType::EndpointClosed && self.reopening.contains_key(&endpoint) {
             self.counters.drop(DropReason::EndpointReopening);
             return true;
         }

@@ -439,7 +439,8 @@ fn frames_for_an_endpoint_being_reopened_are_dropped_without_nack_until_it_opens
     // The guest went away and came back (a resume, a migration): its endpoint is not open
     // yet, but it will be, with its session.
     tb.engines[1].close_endpoint(g3.id, EP).unwrap();
-    tb.engines[1].expect_reopen(g3.id, [EP]).unwrap();
+    let now = tb.now;
+    tb.engines[1].expect_reopen(now, g3.id, [EP]).unwrap();
     let route = tb.route(3);
     tb.send(1, tiny(1, route, 3, b"in the gap")).unwrap();
     tb.pump();
@@ -478,8 +479,80 @@ fn frames_for_an_endpoint_being_reopened_are_dropped_without_nack_until_it_opens
     tb.pump();
     assert_eq!(frames_of(&tb, PacketType::NackLib).len(), 1);
     assert!(tb.engines[1]
-        .expect_reopen(xmx_engine::GuestId(99), [EP])
+        .expect_reopen(now, xmx_engine::GuestId(99), [EP])
         .is_err());
+}
+
+#[test]
+fn an_endpoint_not_reopened_in_time_is_refused_as_closed() {
+    let mut tb = Testbed::new();
+    let grace = EngineConfig::default().reopen_grace;
+    let g3 = tb.guest(3);
+    // The guest came back, but the application behind its endpoint died during the
+    // move: nothing will open it again.
+    tb.engines[1].close_endpoint(g3.id, EP).unwrap();
+    let now = tb.now;
+    tb.engines[1].expect_reopen(now, g3.id, [EP]).unwrap();
+    assert_eq!(tb.engines[1].poll_timeout(), Some(now + grace));
+    let route = tb.route(3);
+    tb.send(1, tiny(1, route, 3, b"while away")).unwrap();
+    tb.pump();
+    assert!(
+        frames_of(&tb, PacketType::NackLib).is_empty(),
+        "within the grace"
+    );
+
+    // The mark's deadline passes: the next frame is NACKed as for a closed endpoint,
+    // and the sender learns it.
+    assert!(tb.fire_timers());
+    assert_eq!(tb.now, now + grace);
+    assert_eq!(tb.engines[1].poll_timeout(), None, "no mark left");
+    tb.send(1, tiny(2, route, 4, b"still away")).unwrap();
+    tb.pump();
+    let nacks = frames_of(&tb, PacketType::NackLib);
+    assert_eq!(nacks.len(), 1);
+    let PacketRepr::NackLib(n) = packet(&nacks[0]) else {
+        unreachable!()
+    };
+    assert_eq!(n.nack_type, NackType::EndpointClosed);
+    let got = tb.take_events(1);
+    assert!(
+        got.iter().any(|e| matches!(
+            e.body,
+            EventBody::RecvNack {
+                kind: NackKind::EndpointClosed,
+                ..
+            }
+        )),
+        "{got:?}"
+    );
+    let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
+    assert_eq!(
+        (c.drops(DropReason::EndpointReopening), c.nacks_sent),
+        (1, 1)
+    );
+}
+
+#[test]
+fn an_endpoint_reopened_in_time_keeps_nothing_waiting() {
+    let mut tb = Testbed::new();
+    let g3 = tb.guest(3);
+    tb.engines[1].close_endpoint(g3.id, EP).unwrap();
+    let now = tb.now;
+    tb.engines[1].expect_reopen(now, g3.id, [EP]).unwrap();
+    tb.engines[1]
+        .open_endpoint(
+            g3.id,
+            EP,
+            xmx_engine::EndpointConfig {
+                session_id: g3.session,
+                send_queue_slots: 4,
+                recv_queue_slots: 4,
+            },
+        )
+        .unwrap();
+    // Opened: the mark went with it, and no timer is left for it.
+    assert_eq!(tb.engines[1].poll_timeout(), None);
 }
 
 #[test]

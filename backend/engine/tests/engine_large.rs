@@ -7,7 +7,7 @@ mod engine_util;
 use engine_util::*;
 use xmx_engine::{DropReason, EngineConfig};
 use xmx_wire::msg::{
-    DoneStatus, Event, EventBody, NotifySend, Pull, RndvSend, SendOp, SendRequest,
+    DoneStatus, Event, EventBody, LibackSend, NotifySend, Pull, RndvSend, SendOp, SendRequest,
 };
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, PULL_LEN, PULL_REPLY_LEN};
 
@@ -295,6 +295,66 @@ fn pull_survives_lost_replies_only_via_early_rerequest_and_timeouts() {
         "re-requested without a timeout"
     );
     assert_eq!(l.tb.lost.len(), 1);
+    l.finish();
+}
+
+/// The source guest was away (its domain moving) while guest 3 pulled from it: every
+/// PULL was lost. Back, its library sends guest 3 an explicit ack marked resent; guest
+/// 3's engine then requests the missing blocks at once, and the pull completes with
+/// the clock where it was, not a pull timeout later. `resent: false` (an ordinary ack)
+/// leaves the pull waiting for its timeout.
+fn pull_after_an_outage(resent: bool) -> (Large, Vec<Event>) {
+    let length = 3 * 32768 + 100;
+    let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    l.tb.pump_with(|f| f.ptype() == PacketType::Pull);
+    assert!(l.pull_done().is_none(), "nothing pulled during the outage");
+    assert!(!l.tb.lost.is_empty());
+    let before = l.tb.now;
+    let ack = LibackSend {
+        lib_seqnum: 41,
+        send_seq: 41,
+        acknum: 1,
+        resent,
+    };
+    let route = l.tb.route(3);
+    l.tb.send(
+        1,
+        SendRequest {
+            tag: 9,
+            route,
+            op: SendOp::Liback(ack),
+        },
+    )
+    .unwrap();
+    l.tb.pump();
+    assert_eq!(l.tb.now, before, "no time passed");
+    let sent = l.tb.take_events(1);
+    assert!(matches!(sent[..], [Event { tag: 9, .. }]), "{sent:?}");
+    let events = l.tb.take_events(3);
+    // The library gets its ack either way.
+    assert!(
+        matches!(events.first(), Some(Event { body: EventBody::RecvLiback { ack: a, .. }, .. }) if *a == ack),
+        "{events:?}"
+    );
+    (l, events[1..].to_vec())
+}
+
+#[test]
+fn an_ack_marked_resent_makes_pulls_from_its_sender_rerequest_at_once() {
+    let length = 3 * 32768 + 100;
+    let (mut l, events) = pull_after_an_outage(true);
+    assert_eq!(events, vec![success(length)]);
+    l.finish();
+}
+
+#[test]
+fn an_ordinary_ack_leaves_the_pull_to_its_timeout() {
+    let length = 3 * 32768 + 100;
+    let (mut l, events) = pull_after_an_outage(false);
+    assert_eq!(events, vec![], "nothing before the pull's timeout");
+    assert!(l.tb.fire_timers());
+    l.tb.pump();
+    assert_eq!(l.pull_done(), Some(success(length)));
     l.finish();
 }
 

@@ -437,10 +437,11 @@ impl Backend {
         }
         // The frontend re-opens these in a moment, keeping their sessions: peers'
         // frames meanwhile are dropped, not NACKed, so they are resent and arrive.
-        if let Err(e) = self
-            .engine
-            .expect_reopen(key.guest(), resumable.keys().copied())
-        {
+        if let Err(e) = self.engine.expect_reopen(
+            std::time::Instant::now(),
+            key.guest(),
+            resumable.keys().copied(),
+        ) {
             tracing::warn!(domu = key.domu, error = %e, "marking the endpoints re-opening");
         }
         Ok(Connection {

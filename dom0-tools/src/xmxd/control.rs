@@ -26,6 +26,10 @@
 //! {"op":"qos","guest":"vm1","weight":4}            -> QosReport (weight optional: read)
 //! {"op":"direct","enabled":false}                  -> DirectReport (enabled optional: read;
 //!                                                     false revokes every direct channel)
+//! {"op":"direct-leaving","domid":5,"leaving":true} -> DirectReport (domain 5 is about to
+//!                                                     migrate away: its channels are revoked
+//!                                                     now and not offered again while it is
+//!                                                     here; false undoes it)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -123,6 +127,17 @@ pub enum XmxdRequest {
         /// Offer channels (true) or revoke them all (false); without it, only report.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         enabled: Option<bool>,
+    },
+    /// A domain of this host is about to leave it (a migration): its direct channels are
+    /// revoked now, while it still runs, so that its peers go back to the backend path
+    /// before it stops and nothing is written into a channel of a frozen guest; none is
+    /// offered to it again while it is here. The mark ends with the domain, or with
+    /// `leaving: false` (a migration that rolled back).
+    DirectLeaving {
+        /// The domain, on this host.
+        domid: DomId,
+        /// Leaving (true) or staying after all (false).
+        leaving: bool,
     },
 }
 

@@ -14,8 +14,12 @@
 //! host finds its peer's frames waiting in the channel, as they would in its
 //! rings, and the guest's frontend closing its device (which a backend restart
 //! does as well) says nothing about the channel, which never touches the
-//! backend. A guest that moves leaves with its domain's destruction, and its
-//! library ends its channels on the new host (see libmx's direct module).
+//! backend. A guest about to migrate is marked leaving by the toolstack before
+//! it is suspended (`direct-leaving`): its pairs are revoked while it still
+//! runs, so its peers fall back to the backend with nothing left in a channel
+//! whose other end is about to freeze and go. Its library ends its channels on
+//! the new host anyway (see libmx's direct module), and a pair is revoked when a
+//! domain is destroyed, so a migration that did not mark it stays correct.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,6 +48,8 @@ pub(crate) struct Broker {
     enabled: bool,
     published: BTreeMap<(DomId, DomId), (Mac, Mac)>,
     offer_dirs: BTreeSet<DomId>,
+    /// Domains about to migrate away: offered nothing.
+    leaving: BTreeSet<DomId>,
 }
 
 /// The pairs `members` qualify for: same cluster, different domains.
@@ -57,6 +63,19 @@ pub(crate) fn pairs(members: &[Member]) -> BTreeMap<(DomId, DomId), (Mac, Mac)> 
         }
     }
     out
+}
+
+/// The pairs `members` qualify for, leaving out the domains in `leaving`.
+fn pairs_staying(
+    members: &[Member],
+    leaving: &BTreeSet<DomId>,
+) -> BTreeMap<(DomId, DomId), (Mac, Mac)> {
+    let staying: Vec<Member> = members
+        .iter()
+        .filter(|m| !leaving.contains(&m.domid))
+        .copied()
+        .collect();
+    pairs(&staying)
 }
 
 impl Broker {
@@ -73,6 +92,7 @@ impl Broker {
             enabled: true,
             published: BTreeMap::new(),
             offer_dirs: BTreeSet::new(),
+            leaving: BTreeSet::new(),
         })
     }
 
@@ -86,6 +106,22 @@ impl Broker {
         self.enabled = on;
     }
 
+    /// Marks `domid` as about to leave this host (or not): a leaving domain is offered
+    /// no channel, and loses those it has at the next sync.
+    pub(crate) fn set_leaving(&mut self, domid: DomId, leaving: bool) {
+        if leaving {
+            self.leaving.insert(domid);
+        } else {
+            self.leaving.remove(&domid);
+        }
+    }
+
+    /// Forgets the leaving marks of domains `present` denies (gone from this host): a
+    /// later domain with the same domid starts unmarked.
+    pub(crate) fn forget_gone(&mut self, present: impl Fn(DomId) -> bool) {
+        self.leaving.retain(|&d| present(d));
+    }
+
     /// The pairs offered now.
     pub(crate) fn offered(&self) -> Vec<(DomId, DomId)> {
         self.published.keys().copied().collect()
@@ -94,7 +130,7 @@ impl Broker {
     /// Makes xenstore offer exactly the pairs `members` qualify for.
     pub(crate) fn sync(&mut self, xs: &dyn Xenstore, members: &[Member]) {
         let wanted = if self.enabled {
-            pairs(members)
+            pairs_staying(members, &self.leaving)
         } else {
             BTreeMap::new()
         };
@@ -207,5 +243,20 @@ mod tests {
             p[&(1, 3)],
             (Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 3]))
         );
+    }
+
+    #[test]
+    fn a_leaving_domain_is_in_no_pair() {
+        let m = |domid, last| Member {
+            domid,
+            mac: Mac([2, 0, 0, 0, 0, last]),
+            cluster: 1,
+        };
+        let members = [m(1, 1), m(2, 2), m(3, 3)];
+        let leaving = BTreeSet::from([2]);
+        let keys: Vec<_> = pairs_staying(&members, &leaving).into_keys().collect();
+        assert_eq!(keys, vec![(1, 3)]);
+        let none = BTreeSet::new();
+        assert_eq!(pairs_staying(&members, &none).len(), 3);
     }
 }

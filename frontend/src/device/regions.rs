@@ -7,7 +7,7 @@ use xmx_hv::{GrantedPages, PAGE_SIZE};
 use xmx_wire::msg::{pack_info_pages, CtrlOp, CtrlStatus, RegionRegister, REGION_PAGES_MAX};
 
 use super::{write_pages, EndpointShare, Frontend, Quarantined, RegionShare};
-use crate::error::{Error, Result};
+use crate::error::{suspended_is_not_connected, Error, Result};
 use crate::handoff::RegionHandoff;
 use crate::shared::end_grants;
 
@@ -38,13 +38,16 @@ impl Frontend {
             .find(|i| !share.regions.contains_key(i))
             .ok_or(Error::Exhausted("region id".into()))?;
         let backend = self.backend_id;
-        let pages = self.gnttab.grant_pages(backend, nr_pages, true)?;
+        let pages = self
+            .gnttab
+            .grant_pages(backend, nr_pages, true)
+            .map_err(suspended_is_not_connected)?;
         let packed = pack_info_pages(pages.refs());
         let mut info = match self.gnttab.grant_pages(backend, packed.len(), false) {
             Ok(i) => i,
             Err(e) => {
                 end_grants(pages, "region");
-                return Err(e.into());
+                return Err(suspended_is_not_connected(e));
             }
         };
         let flat: Vec<u8> = packed.iter().flat_map(|p| p.iter().copied()).collect();

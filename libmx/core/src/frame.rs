@@ -172,7 +172,9 @@ pub struct Liback {
     pub lib_seqnum: Seqnum,
     /// Copy of the acked seqnum (MX's `send_seq`).
     pub send_seq: Seqnum,
-    /// Resend flag; informative.
+    /// Resend flag; informative for MX. This core sets it on the ack an
+    /// endpoint sends when its way to the network comes back after an outage,
+    /// and answers it by resending its unacked messages at once.
     pub resent: u8,
 }
 

@@ -556,6 +556,14 @@ impl AppEndpoint {
                     work = true;
                 }
             }
+            if st.port.as_mut().is_some_and(|p| p.take_path_restored()) {
+                tracing::debug!(
+                    index = self.index,
+                    "path restored; resending what is unacked"
+                );
+                st.core.path_restored(now);
+                work = true;
+            }
             if st.core.next_timeout().is_some_and(|t| t <= now) {
                 st.core.handle_timeout(now);
                 work = true;

@@ -162,6 +162,13 @@ pub(crate) trait TransportPort: Send {
     fn gone(&self) -> Option<&'static str> {
         None
     }
+    /// True once after the endpoint's way to the network came back from an
+    /// outage that may have lost frames (re-opened after a reconnection or a
+    /// move): the core then resends what is unacked at once
+    /// ([`xmx_mx::Endpoint::path_restored`]) instead of after its resend delay.
+    fn take_path_restored(&mut self) -> bool {
+        false
+    }
 }
 
 /// How a pull started by [`Regions::pull`] goes on.

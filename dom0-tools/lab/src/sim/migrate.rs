@@ -2,6 +2,9 @@
 //! `xl migrate` does, with its xmx device.
 //!
 //! The toolstack's part around the hypervisor's (`xmx_hv::sim::migrate`):
+//! 0. the source's xmxd marks the guest leaving (`direct-leaving`): its direct channels to
+//!    co-located guests are revoked while it runs, so its peers fall back to the backend
+//!    path before it freezes (undone if the migration fails);
 //! 1. the destination creates `NAME--incoming`; live rounds copy the guest's memory while
 //!    it runs (the destination's xmxd sees the guest arrive and takes its identity, MAC
 //!    and peer index, from the fabric);
@@ -20,9 +23,9 @@
 //!
 //! The cluster's state file then lists the guest under the new host, with its new domid,
 //! by its domain name (unique in the cluster, where a host's own guests are `g0`, `g1`...).
-//! Its guest daemon keeps running where it was started (its supervisor with it): a
-//! daemon restarted by the supervisor would attach to the old host, so a crashed daemon
-//! of a moved guest is not recovered.
+//! Its guest daemon keeps running where it was started (its supervisor with it); one the
+//! supervisor restarts there still finds the guest, through the forwarding records the
+//! moves left (`SimPlatform::locate`).
 
 use std::path::Path;
 
@@ -33,6 +36,7 @@ use xmx_hv::sim::admin::SimAdmin;
 use xmx_hv::sim::migrate::{MigrateOptions, Migration, MigrationReport};
 use xmx_hv::sim::SimPlatform;
 use xmx_hv::{DomId, Platform, DOM0};
+use xmx_tools::xmxd::{ControlClient, XmxdRequest};
 
 use super::cluster::{require_root, ClusterState, GuestState};
 
@@ -79,6 +83,9 @@ pub struct MigrateSummary {
     pub frozen_processes: usize,
     /// Endpoint sessions carried with the device (None: the guest had no xmx device).
     pub sessions_carried: Option<usize>,
+    /// Direct channel pairs of the guest revoked before it was suspended (None: the
+    /// source's xmxd could not be asked; its pairs then ended with its domain).
+    pub direct_revoked: Option<usize>,
 }
 
 fn millis(d: std::time::Duration) -> f64 {
@@ -114,6 +121,16 @@ pub fn migrate(
         "{}/{} (domain {}): copying its memory to {} while it runs",
         src.name, g.name, g.domid, dst.name
     ));
+    let leaving = Leaving::mark(&src.simhv_dir.join("xmxd.sock"), g.domid);
+    let direct_revoked = match &leaving {
+        Ok(l) => Some(l.revoked),
+        Err(e) => {
+            progress(&format!(
+                "its direct channels are left to end with its domain: {e:#}"
+            ));
+            None
+        }
+    };
     let mut m = Migration::begin_with(&source, &dest, g.domid, &options)
         .with_context(|| format!("starting to move domain {} of {}", g.domid, src.name))?;
     m.live_rounds().context("live rounds")?;
@@ -122,6 +139,10 @@ pub fn migrate(
     let record = read_device(&src.simhv_dir, g.domid)?;
     progress("last round");
     let (report, frozen) = m.finish_frozen().context("the last round")?;
+    // The source domain is gone, and its mark with it.
+    if let Ok(l) = leaving {
+        l.done();
+    }
     let d = report.dest_domid;
     // The guest runs on the destination now: record it there whatever happens next.
     let moved = move_in_state(state, &src.name, &g, &dst.name, &report.name, d)?;
@@ -145,7 +166,75 @@ pub fn migrate(
         &dst.name,
         frozen_processes,
         record.map(|r| r.sessions.len()),
+        direct_revoked,
     ))
+}
+
+/// The guest marked leaving in its source's xmxd; dropped before [`Leaving::done`] (the
+/// migration failed and rolled back), the mark is lifted and the guest's pairs offered
+/// again.
+struct Leaving {
+    socket: std::path::PathBuf,
+    domid: DomId,
+    revoked: usize,
+    armed: bool,
+}
+
+impl Leaving {
+    fn mark(socket: &Path, domid: DomId) -> Result<Leaving> {
+        let mut xmxd = ControlClient::connect(socket)
+            .with_context(|| format!("connecting to xmxd at {}", socket.display()))?;
+        let pairs_of = |v: &serde_json::Value| {
+            v["pairs"].as_array().map_or(0, |p| {
+                p.iter()
+                    .filter(|x| {
+                        x.as_array()
+                            .is_some_and(|ab| ab.iter().any(|d| d.as_u64() == Some(domid.into())))
+                    })
+                    .count()
+            })
+        };
+        let before = xmxd
+            .call(&XmxdRequest::Direct { enabled: None })
+            .context("reading the direct channels")?;
+        let after = xmxd
+            .call(&XmxdRequest::DirectLeaving {
+                domid,
+                leaving: true,
+            })
+            .context("marking the guest leaving")?;
+        Ok(Leaving {
+            socket: socket.to_path_buf(),
+            domid,
+            revoked: pairs_of(&before).saturating_sub(pairs_of(&after)),
+            armed: true,
+        })
+    }
+
+    /// The guest left: nothing to undo.
+    fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let undo = ControlClient::connect(&self.socket)
+            .map_err(|e| e.to_string())
+            .and_then(|mut x| {
+                x.call(&XmxdRequest::DirectLeaving {
+                    domid: self.domid,
+                    leaving: false,
+                })
+                .map_err(|e| e.to_string())
+            });
+        if let Err(e) = undo {
+            tracing::warn!(domid = self.domid, %e, "lifting the guest's leaving mark");
+        }
+    }
 }
 
 fn read_device(simhv_dir: &Path, domid: DomId) -> Result<Option<DeviceRecord>> {
@@ -200,6 +289,7 @@ fn summary(
     to: &str,
     frozen_processes: usize,
     sessions_carried: Option<usize>,
+    direct_revoked: Option<usize>,
 ) -> MigrateSummary {
     MigrateSummary {
         guest,
@@ -223,5 +313,6 @@ fn summary(
         total_ms: millis(r.total),
         frozen_processes,
         sessions_carried,
+        direct_revoked,
     }
 }

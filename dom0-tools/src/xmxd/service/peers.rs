@@ -129,6 +129,8 @@ impl Core {
                 })
             })
             .collect();
+        let domains = &self.domains;
+        self.direct.forget_gone(|d| domains.contains_key(&d));
         self.direct.sync(self.xs.as_ref(), &members);
     }
 

@@ -128,6 +128,18 @@ impl Core {
                     pairs: self.direct.offered(),
                 })
             }
+            XmxdRequest::DirectLeaving { domid, leaving } => {
+                if !self.domains.contains_key(&domid) {
+                    return Err(Error::NotFound(format!("domain {domid}")));
+                }
+                self.direct.set_leaving(domid, leaving);
+                tracing::info!(domid, leaving, "direct channels of a domain about to leave");
+                self.sync_direct();
+                json!(DirectReport {
+                    enabled: self.direct.enabled(),
+                    pairs: self.direct.offered(),
+                })
+            }
             XmxdRequest::Detach { domid } => {
                 let Some(d) = self.domains.get(&domid) else {
                     return Err(Error::NotFound(format!("domain {domid}")));

@@ -130,6 +130,27 @@ impl Endpoint {
         }
         p.last_recv_acknum = a.acknum;
         self.on_ack(now, src, a.lib_seqnum);
+        if a.resent != 0 {
+            // The partner's way to the network came back after an outage
+            // (`Endpoint::path_restored`): what we sent it meanwhile and is
+            // still unacked was most likely lost, so it goes again now rather
+            // than at its resend timer. At worst these are duplicates, which
+            // the partner drops and acks. Forging this needs the session, as
+            // forging any ack does.
+            let unacked: Vec<RequestId> = self
+                .partners
+                .get(&src)
+                .map(|p| p.non_acked.iter().copied().collect())
+                .unwrap_or_default();
+            tracing::debug!(
+                ?src,
+                unacked = unacked.len(),
+                "partner back from an outage; resending"
+            );
+            for id in unacked {
+                self.resend_now(id, now);
+            }
+        }
     }
 
     pub(super) fn on_nack(&mut self, now: Instant, src: PeerAddr, n: &Nack) {

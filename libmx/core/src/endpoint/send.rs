@@ -176,6 +176,60 @@ impl Endpoint {
         p.ack_sent();
     }
 
+    /// The endpoint's way to the network came back after an outage that may
+    /// have lost frames (its backend reconnected, its domain moved to another
+    /// host): every unacked message and NOTIFY, and every pending connect, is
+    /// transmitted again now, and every partner gets an explicit ack marked
+    /// resent, which makes a partner running this core resend to us at once
+    /// what it sent meanwhile. Waiting out the resend timers instead leaves the application
+    /// stalled for a resend delay after the path is back. A retransmission is
+    /// a duplicate at worst, which the receiver's seqnum window drops and
+    /// acks; requests past their retry budget are left to expire.
+    pub fn path_restored(&mut self, now: Instant) {
+        self.timers_changed();
+        let max = self.config.max_retries;
+        let peers: Vec<PeerAddr> = self.partners.keys().copied().collect();
+        for peer in peers {
+            let Some(p) = self.partners.get(&peer) else {
+                continue;
+            };
+            let resend: Vec<RequestId> = p
+                .non_acked
+                .iter()
+                .copied()
+                .filter(|id| self.retx_of(*id).is_some_and(|r| r.transmissions <= max))
+                .collect();
+            let reconnect: Vec<RequestId> = p
+                .connects
+                .iter()
+                .copied()
+                .filter(|id| {
+                    matches!(self.requests.get(id), Some(CoreRequest::Connect(c)) if c.transmissions <= max)
+                })
+                .collect();
+            tracing::debug!(
+                ?peer,
+                resend = resend.len(),
+                connects = reconnect.len(),
+                "path restored, resending"
+            );
+            for id in &resend {
+                self.transmit_sequenced(now, *id);
+            }
+            for id in reconnect {
+                self.transmit_connect(now, id);
+            }
+            // The partner's frames of the outage were lost too, and it would
+            // resend them only at its own resend timer. An explicit ack marked
+            // resent tells a partner running this core to resend its unacked
+            // messages now (see `on_liback`); it is an ordinary MXoE ack
+            // otherwise (the flag is informative for MX and Open-MX), and it
+            // also replaces acks of ours lost in the outage.
+            // (`send_liback_marked` skips a partner with no session yet.)
+            self.send_liback_marked(peer, 1);
+        }
+    }
+
     pub(super) fn transmit_connect(&mut self, now: Instant, id: RequestId) {
         let Some(CoreRequest::Connect(c)) = self.requests.get_mut(&id) else {
             return;
@@ -200,6 +254,11 @@ impl Endpoint {
     }
 
     pub(super) fn send_liback(&mut self, peer: PeerAddr) {
+        self.send_liback_marked(peer, 0);
+    }
+
+    /// An explicit ack to `peer`, its resent flag `resent`.
+    fn send_liback_marked(&mut self, peer: PeerAddr, resent: u8) {
         let Some(p) = self.partners.get_mut(&peer) else {
             return;
         };
@@ -222,7 +281,7 @@ impl Endpoint {
                 acknum: p.last_send_acknum,
                 lib_seqnum: upto,
                 send_seq: upto,
-                resent: 0,
+                resent,
             }),
         });
         p.ack_sent();

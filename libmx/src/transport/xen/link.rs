@@ -628,12 +628,17 @@ impl XenLink {
 
     /// A window for `len` bytes of the buffer at `addr`: cached, or registered
     /// now; when registering fails, unused cached windows are dropped and it is
-    /// tried once more.
-    fn acquire(&mut self, reg: &mut dyn Registrar, addr: usize, len: usize) -> Option<Lease> {
+    /// tried once more. The error says why the second try failed.
+    fn acquire(
+        &mut self,
+        reg: &mut dyn Registrar,
+        addr: usize,
+        len: usize,
+    ) -> Result<Lease, xmx_frontend::Error> {
         let index = self.index;
         let (cache, mut via) = self.split(reg);
         match cache.acquire(&mut via, index, addr, len) {
-            Ok(l) => return Some(l),
+            Ok(l) => return Ok(l),
             Err(e) => {
                 tracing::debug!(index = self.index, %e, "registering a window; dropping unused ones")
             }
@@ -642,13 +647,9 @@ impl XenLink {
         if let Err(e) = cache.flush(&mut via) {
             tracing::warn!(index, %e, "dropping cached windows");
         }
-        match cache.acquire(&mut via, index, addr, len) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::warn!(index = self.index, %e, len, "no window for a LARGE message");
-                None
-            }
-        }
+        cache.acquire(&mut via, index, addr, len).inspect_err(|e| {
+            tracing::warn!(index = self.index, %e, len, "no window for a LARGE message");
+        })
     }
 
     /// Learns the peer's session from a connect that came another way (a
@@ -709,7 +710,7 @@ impl XenLink {
             return None;
         }
         let (addr, len) = windows::key(data);
-        let lease = self.acquire(reg, addr, len)?;
+        let lease = self.acquire(reg, addr, len).ok()?;
         let window = self.cache.window(lease);
         let id = window.map(|w| w.region_id())?;
         if !window.is_some_and(|w| windows::fill(w, data)) {
@@ -777,8 +778,13 @@ impl XenLink {
             );
             return PullProgress::Done(Err(Status::EndpointUnreachable));
         };
-        let Some(lease) = self.acquire(reg, windows::key(dest).0, length as usize) else {
-            if self.down {
+        let acquired = self.acquire(reg, windows::key(dest).0, length as usize);
+        let Ok(lease) = acquired else {
+            // Not connected while the link is not down yet: the device is going away (a
+            // suspend for a migration) and its notice is on its way; the pull waits for
+            // the reconnection as it would a moment later, instead of failing the receive.
+            let going = matches!(acquired, Err(xmx_frontend::Error::NotConnected(_)));
+            if self.down || going {
                 // A suspend, a migration or a backend restart: the receive completes once
                 // the endpoint is back, as MX completes it once the peer is reachable.
                 self.waiting.push_back(WaitingPull {
@@ -1006,7 +1012,7 @@ impl XenLink {
         again.extend(self.waiting.drain(..));
         for w in again {
             let (addr, len) = (windows::key(&w.dest).0, w.length as usize);
-            let Some(lease) = self.acquire(client, addr, len) else {
+            let Ok(lease) = self.acquire(client, addr, len) else {
                 mailbox.put_pulls([(w.id, Err(Status::NoResources))]);
                 continue;
             };

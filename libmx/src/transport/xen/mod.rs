@@ -332,11 +332,17 @@ impl XenShared {
                     let mut client = lock(&self.client);
                     let remapped = link.remap(&mut client, h, &ep.mailbox);
                     drop(client);
-                    if remapped == link::Remapped::SessionChanged {
-                        link.lose();
-                        let _ = ep.lost.set(
-                            "the backend re-opened the endpoint under a new session: its peers no longer reach it",
-                        );
+                    match remapped {
+                        link::Remapped::SessionChanged => {
+                            link.lose();
+                            let _ = ep.lost.set(
+                                "the backend re-opened the endpoint under a new session: its peers no longer reach it",
+                            );
+                        }
+                        // What the core sent while the endpoint was away was
+                        // dropped: it goes again now, not a resend delay later.
+                        link::Remapped::Resumed => ep.restored.store(true, Ordering::SeqCst),
+                        link::Remapped::NotTaken => {}
                     }
                     drop(link);
                     ep.mailbox.ring();
@@ -673,6 +679,7 @@ impl Transport for Xen {
             link: Mutex::new(link),
             direct: Mutex::new(direct::EndpointDirect::default()),
             lost: std::sync::OnceLock::new(),
+            restored: std::sync::atomic::AtomicBool::new(false),
         });
         lock(&self.shared.endpoints).insert(index, ep.clone());
         if let Some(hub) = self.shared.hub() {

@@ -1,5 +1,6 @@
 //! An endpoint's port and regions on the Xen transport.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use xmx_mx::frame::{Message, MessageKind};
@@ -28,6 +29,9 @@ pub(super) struct EndpointShared {
     /// Why the endpoint is lost for good, once it is (the daemon is gone, or
     /// could not re-open it); read on every progress without the link's lock.
     pub(crate) lost: OnceLock<&'static str>,
+    /// The endpoint was re-opened after an outage (a reconnection, a move) and
+    /// its core has not been told yet; see [`TransportPort::take_path_restored`].
+    pub(crate) restored: AtomicBool,
 }
 
 /// The endpoint's link as its direct channels see it.
@@ -98,7 +102,12 @@ impl TransportPort for XenPort {
     }
 
     fn transmit(&mut self, frame: Frame<Vec<u8>>) {
-        if let Some(hub) = self.shared.hub() {
+        // An ack marked resent (the endpoint is back from an outage, see
+        // `xmx_mx::Endpoint::path_restored`) also tells the peer's backend to
+        // request again what it was pulling from us; a direct channel would
+        // hide it from that backend, so it always goes through ours.
+        let backend_only = matches!(&frame.body, Body::Liback(a) if a.resent != 0);
+        if let Some(hub) = self.shared.hub().filter(|_| !backend_only) {
             let mut d = lock(&self.ep.direct);
             if let Body::Message(Message {
                 kind: MessageKind::Rndv(r),
@@ -182,6 +191,12 @@ impl TransportPort for XenPort {
 
     fn gone(&self) -> Option<&'static str> {
         self.ep.lost.get().copied()
+    }
+
+    fn take_path_restored(&mut self) -> bool {
+        // Relaxed would do for the flag alone; SeqCst keeps it simple to reason
+        // about beside the mailbox's ring that follows the store.
+        self.ep.restored.swap(false, Ordering::SeqCst)
     }
 }
 
