@@ -37,6 +37,12 @@ const SEQ_BITS: u32 = 40;
 /// Frames taken in per progress round, so timers and sends keep their turn.
 const FRAMES_PER_ROUND: usize = 256;
 
+/// The protocol core's time ([`runtime::now`]) at the wall-clock instant
+/// `t`, so one clock reading serves both clocks.
+fn core_time(t: std::time::Instant) -> xmx_mx::Instant {
+    xmx_mx::Instant::from_nanos(t.saturating_duration_since(runtime::origin()).as_nanos() as u64)
+}
+
 /// Splits a request token into endpoint handle and request number.
 pub(crate) fn split_token(token: usize) -> (u32, u64) {
     let t = token as u64;
@@ -280,12 +286,18 @@ impl AppEndpoint {
     }
 
     pub(crate) fn lock(&self) -> MxResult<MutexGuard<'_, EndpointState>> {
+        self.lock_at(runtime::now())
+    }
+
+    /// [`Self::lock`] with the clock read by the caller at `now` (one
+    /// reading serves a whole look of a polling wait).
+    fn lock_at(&self, now: xmx_mx::Instant) -> MxResult<MutexGuard<'_, EndpointState>> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(self.closed_failure());
         }
         // Only application threads lock this way (the background thread
         // tries the lock): this use renews the application's lease.
-        self.doorbell.touch(runtime::now().as_nanos());
+        self.doorbell.touch(now.as_nanos());
         Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -475,14 +487,20 @@ impl AppEndpoint {
         &self,
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<(T, bool)> {
-        let r = {
-            let mut st = self.lock()?;
-            let mut moved = self.progress(&mut st);
+        // One clock reading for the lease and both progress passes: they
+        // are microseconds apart, and a timer seen due that much later
+        // fires at the next progress.
+        let now = runtime::now();
+        let (r, handlers) = {
+            let mut st = self.lock_at(now)?;
+            let mut moved = self.progress_at(&mut st, now);
             let r = f(self, &mut st);
-            moved |= self.progress(&mut st);
-            r.map(|r| (r, moved))
+            moved |= self.progress_at(&mut st, now);
+            (r.map(|r| (r, moved)), Self::handlers_pending(&st))
         };
-        self.run_handlers();
+        if handlers {
+            self.run_handlers();
+        }
         r
     }
 
@@ -543,8 +561,12 @@ impl AppEndpoint {
     /// Moves everything forward: frames in, timers, events, frames out.
     /// True if anything moved.
     fn progress(&self, st: &mut EndpointState) -> bool {
+        self.progress_at(st, runtime::now())
+    }
+
+    /// [`Self::progress`] at `now`, a clock reading the caller made.
+    fn progress_at(&self, st: &mut EndpointState, now: xmx_mx::Instant) -> bool {
         self.doorbell.clear_deferred();
-        let now = runtime::now();
         let mut moved = false;
         loop {
             let mut work = false;
@@ -849,12 +871,20 @@ impl AppEndpoint {
         let mut poll_until = std::time::Instant::now() + spin;
         loop {
             let seen = self.doorbell.generation();
-            let found = {
-                let mut st = self.lock()?;
-                self.progress(&mut st);
-                check(self, &mut st)
+            // One clock reading per look: the lease, the core's timers and
+            // the spin's end all take it (each reading cost about as much as
+            // looking at an empty direct lane).
+            let now = std::time::Instant::now();
+            let core_now = core_time(now);
+            let (found, handlers) = {
+                let mut st = self.lock_at(core_now)?;
+                self.progress_at(&mut st, core_now);
+                let found = check(self, &mut st);
+                (found, Self::handlers_pending(&st))
             };
-            self.run_handlers();
+            if handlers {
+                self.run_handlers();
+            }
             if found.is_some() {
                 return Ok(found);
             }
@@ -864,7 +894,6 @@ impl AppEndpoint {
             if self.wakeups.load(Ordering::SeqCst) != woken {
                 return Ok(None);
             }
-            let now = std::time::Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }

@@ -69,6 +69,14 @@ impl AppEndpoint {
         }
     }
 
+    /// Whether arrivals wait for the handler: the caller that progressed
+    /// the endpoint calls [`Self::run_handlers`] only then, as taking the
+    /// endpoint's lock again (and reading the clock to renew the lease) in
+    /// every look of a polling wait cost as much as the look itself.
+    pub(super) fn handlers_pending(st: &EndpointState) -> bool {
+        !st.unexp.calls.is_empty()
+    }
+
     /// Shows pending unexpected arrivals to the handler, in arrival order,
     /// with the endpoint unlocked; one thread at a time.
     pub(super) fn run_handlers(&self) {

@@ -367,6 +367,14 @@ impl Consumer {
         false
     }
 
+    /// Whether the producer has published nothing this consumer has not
+    /// taken: one load of the producer's index, no copy. A polling wait
+    /// asks this at every look; a published record (or a lying index) makes
+    /// it false, and `peek` then judges what is there.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.end.word(self.end.at.prod).load(Ordering::Acquire) == self.cons
+    }
+
     /// Asks the producer to signal the next record; true if one is there
     /// already (take it in instead of sleeping).
     pub(crate) fn arm(&self) -> bool {
@@ -430,6 +438,30 @@ mod tests {
         assert_eq!(b.tx.push(b"again").unwrap(), Pushed::Sent { notify: false });
         assert!(a.rx.pop(&mut out).unwrap());
         assert_eq!(out, b"hi");
+    }
+
+    #[test]
+    fn emptiness_follows_what_the_producer_published() {
+        let mut m = Mem::new();
+        // SAFETY: `m` outlives both sides' lanes.
+        let (mut a, mut b) = unsafe { (Lanes::new(m.base(), true), Lanes::new(m.base(), false)) };
+        let mut out = Vec::new();
+        assert!(b.rx.is_empty());
+        assert!(matches!(a.tx.push(b"one").unwrap(), Pushed::Sent { .. }));
+        assert!(!b.rx.is_empty(), "a published record is seen");
+        assert!(b.rx.pop(&mut out).unwrap());
+        assert!(b.rx.is_empty(), "taken");
+        // A record published after the consumer armed is seen by the arm's
+        // own check or by the next look, and the producer signals it.
+        assert!(!b.rx.arm());
+        assert_eq!(a.tx.push(b"two").unwrap(), Pushed::Sent { notify: true });
+        assert!(!b.rx.is_empty());
+        // Only the index counts: a lying one is not "empty", so the
+        // consumer goes on to `peek`, which refuses it.
+        let prod = at(0).prod;
+        *m.word(prod) = b.rx.cons.wrapping_add(DATA_BYTES as u32 + 8);
+        assert!(!b.rx.is_empty());
+        assert!(b.rx.peek().is_err());
     }
 
     #[test]
