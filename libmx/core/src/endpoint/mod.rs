@@ -307,6 +307,9 @@ pub struct Endpoint {
     /// status and when it takes effect unless the message is acked first
     /// (see `on_nack`).
     refusals: BTreeMap<RequestId, (Status, Instant)>,
+    /// [`Endpoint::set_request_timeout`] gave a request a deadline: held
+    /// requests may have one (see `earliest_timer`). Never cleared.
+    deadline_set: bool,
 }
 impl Endpoint {
     /// An endpoint with index `index` on its NIC, session id `session` (the
@@ -333,6 +336,7 @@ impl Endpoint {
             scans: std::cell::Cell::new(0),
             closed: false,
             refusals: BTreeMap::new(),
+            deadline_set: false,
         }
     }
 
@@ -703,6 +707,7 @@ impl Endpoint {
     /// (MX's `mx_set_request_timeout`). Returns whether the request was found.
     pub fn set_request_timeout(&mut self, id: RequestId, timeout: std::time::Duration) -> bool {
         self.timers_changed();
+        self.deadline_set = true;
         match self.requests.get_mut(&id) {
             Some(CoreRequest::Send(s)) => {
                 s.deadline = Some(s.submitted + timeout);
@@ -762,11 +767,11 @@ impl Endpoint {
         let next = *self.timer_cache.get_or_init(|| {
             #[cfg(test)]
             self.scans.set(self.scans.get() + 1);
-            self.earliest_timer()
+            self.earliest_timer(false)
         });
         debug_assert_eq!(
             next,
-            self.earliest_timer(),
+            self.earliest_timer(true),
             "a call that moved a timer left the cached one in place"
         );
         next
@@ -778,10 +783,22 @@ impl Endpoint {
         self.timer_cache.take();
     }
 
-    /// The earliest timer, scanning every partner's pending requests.
-    fn earliest_timer(&self) -> Option<Instant> {
+    /// The earliest timer, scanning every partner's pending requests; with
+    /// `every_held`, also the held ones that cannot have a timer (the full
+    /// scan, which checks the shortcut).
+    fn earliest_timer(&self, every_held: bool) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        // A request held by a full send window has no resend timer and no
+        // refusal (it has no seqnum yet), only a deadline, which it has only
+        // if requests time out. The held queue grows with every send past
+        // the window (16 by default): a stream of small isends walked it,
+        // a lookup per held send, after every ack it received.
+        let held = if every_held || self.config.request_timeout.is_some() || self.deadline_set {
+            usize::MAX
+        } else {
+            0
+        };
         for p in self.partners.values() {
             if let Some(t) = p.ack_due(self.config.ack_delay) {
                 consider(t);
@@ -789,7 +806,7 @@ impl Endpoint {
             for &id in p
                 .non_acked
                 .iter()
-                .chain(&p.throttled)
+                .chain(p.throttled.iter().take(held))
                 .chain(&p.awaiting_notify)
                 .chain(&p.connects)
             {
@@ -1177,7 +1194,7 @@ mod tests {
                 for j in 0..2 {
                     assert_eq!(
                         pair.eps[j].next_timeout(),
-                        pair.eps[j].earliest_timer(),
+                        pair.eps[j].earliest_timer(true),
                         "seed {seed} step {step}: endpoint {j}'s cached timer is stale"
                     );
                 }
@@ -1185,7 +1202,7 @@ mod tests {
                 for j in 0..2 {
                     assert_eq!(
                         pair.eps[j].next_timeout(),
-                        pair.eps[j].earliest_timer(),
+                        pair.eps[j].earliest_timer(true),
                         "seed {seed} step {step}: endpoint {j}'s cached timer is stale after draining"
                     );
                 }
