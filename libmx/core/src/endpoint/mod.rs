@@ -291,16 +291,25 @@ pub struct Endpoint {
     next_request: u64,
     next_inbound: u64,
     /// [`Endpoint::next_timeout`] as last computed, emptied by every call
-    /// that may move a timer. Drivers ask for it on each poll of a spin,
-    /// where nothing changes between two asks; scanning every pending
+    /// that may move a timer, or kept up to date by one that only arms
+    /// timers (a send). Calls that move none (draining frames, posting or
+    /// cancelling an unmatched receive) leave it. Drivers ask for it on
+    /// each poll of a spin and after each input; scanning every pending
     /// request each time showed in profiles.
     timer_cache: OnceLock<Option<Instant>>,
+    /// Full scans [`Endpoint::next_timeout`] made, for tests that check
+    /// the hot calls keep the cache.
+    #[cfg(test)]
+    scans: std::cell::Cell<u64>,
     /// [`Endpoint::close`] was called: only resent frames are answered.
     closed: bool,
     /// Sequenced messages a NACK refused, not yet believed: the refusal's
     /// status and when it takes effect unless the message is acked first
     /// (see `on_nack`).
     refusals: BTreeMap<RequestId, (Status, Instant)>,
+    /// [`Endpoint::set_request_timeout`] gave a request a deadline: held
+    /// requests may have one (see `earliest_timer`). Never cleared.
+    deadline_set: bool,
 }
 impl Endpoint {
     /// An endpoint with index `index` on its NIC, session id `session` (the
@@ -323,8 +332,11 @@ impl Endpoint {
             next_request: 1,
             next_inbound: 1,
             timer_cache: OnceLock::new(),
+            #[cfg(test)]
+            scans: std::cell::Cell::new(0),
             closed: false,
             refusals: BTreeMap::new(),
+            deadline_set: false,
         }
     }
 
@@ -451,15 +463,21 @@ impl Endpoint {
         match_info: u64,
         payload: SendPayload,
     ) -> Result<RequestId, Error> {
-        self.timers_changed();
-        if self
+        let Some(ack_before) = self
             .partners
             .get(&dest)
-            .and_then(|p| p.true_session)
-            .is_none()
-        {
+            .filter(|p| p.true_session.is_some())
+            .map(|p| p.ack_due(self.config.ack_delay))
+        else {
             return Err(Error::NotConnected(dest));
-        }
+        };
+        // A send only arms timers (its resend and deadline), except that
+        // the ack it piggybacks clears the partner's delayed-ack timer:
+        // the cached earliest timer stays right, lowered to the new ones,
+        // unless the cleared ack timer may have been that earliest one.
+        // This runs on every send of a ping-pong, where a rescan of every
+        // pending request after each showed in profiles.
+        let cached = self.timer_cache.take();
         let id = self.alloc_request();
         let deadline = self.deadline_from(now);
         self.requests.insert(
@@ -475,6 +493,28 @@ impl Endpoint {
             }),
         );
         self.enqueue_sequenced(now, dest, id);
+        if let Some(prev) = cached {
+            // `a < p` cannot be (`p` is the earliest of all), but only
+            // `a > p` proves the cleared timer was not the earliest.
+            let cleared_earliest = match (ack_before, prev) {
+                (None, _) => false,
+                (Some(a), Some(p)) => a <= p,
+                (Some(_), None) => true,
+            };
+            if !cleared_earliest {
+                let ack_after = self
+                    .partners
+                    .get(&dest)
+                    .and_then(|p| p.ack_due(self.config.ack_delay));
+                let next = self
+                    .request_timers(id)
+                    .into_iter()
+                    .chain([prev, ack_after])
+                    .flatten()
+                    .min();
+                self.timer_cache = OnceLock::from(next);
+            }
+        }
         Ok(id)
     }
 
@@ -489,7 +529,8 @@ impl Endpoint {
         match_mask: u64,
         capacity: usize,
     ) -> Result<RequestId, Error> {
-        self.timers_changed();
+        // A receive left posted is in no partner's queues and has no timer;
+        // only one that takes a queued message (and may ack it) moves one.
         let id = self.alloc_request();
         let posting = self.matcher.post(match_info, match_mask, id)?;
         self.requests.insert(
@@ -500,6 +541,7 @@ impl Endpoint {
             }),
         );
         if let Posting::Matched(_, iid) = posting {
+            self.timers_changed();
             if let Some(inb) = self.inbound.get_mut(&iid) {
                 self.unexpected_bytes -= inb.stored_len();
                 inb.recv = Some(id);
@@ -585,7 +627,8 @@ impl Endpoint {
     /// Withdraws a posted receive that has not matched yet. Returns whether it
     /// was withdrawn; a withdrawn request produces no event.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        self.timers_changed();
+        // Only a posted receive, which has no timer, is withdrawn: the
+        // cached earliest timer stays right.
         let posted = matches!(
             self.requests.get(&id),
             Some(CoreRequest::Recv(RecvReq {
@@ -664,6 +707,7 @@ impl Endpoint {
     /// (MX's `mx_set_request_timeout`). Returns whether the request was found.
     pub fn set_request_timeout(&mut self, id: RequestId, timeout: std::time::Duration) -> bool {
         self.timers_changed();
+        self.deadline_set = true;
         match self.requests.get_mut(&id) {
             Some(CoreRequest::Send(s)) => {
                 s.deadline = Some(s.submitted + timeout);
@@ -702,7 +746,10 @@ impl Endpoint {
     /// here, after the frames already queued.
     pub fn poll_transmit(&mut self) -> Option<Frame<Vec<u8>>> {
         if self.transmits.is_empty() && !self.ack_pending.is_empty() {
-            self.timers_changed();
+            // Only immediate acks leave here, and an immediate ack owes no
+            // timer (only a delayed one does): the cached earliest timer
+            // stays right. Drivers drain this in a loop after every input,
+            // and forgetting the cache at each drain cost a full rescan.
             self.flush_immediate_acks();
         }
         self.transmits.pop_front()
@@ -717,10 +764,14 @@ impl Endpoint {
     /// the earliest delayed ack, retransmission or request deadline. Cheap
     /// when nothing changed since the last call.
     pub fn next_timeout(&self) -> Option<Instant> {
-        let next = *self.timer_cache.get_or_init(|| self.earliest_timer());
+        let next = *self.timer_cache.get_or_init(|| {
+            #[cfg(test)]
+            self.scans.set(self.scans.get() + 1);
+            self.earliest_timer(false)
+        });
         debug_assert_eq!(
             next,
-            self.earliest_timer(),
+            self.earliest_timer(true),
             "a call that moved a timer left the cached one in place"
         );
         next
@@ -732,42 +783,61 @@ impl Endpoint {
         self.timer_cache.take();
     }
 
-    /// The earliest timer, scanning every partner's pending requests.
-    fn earliest_timer(&self) -> Option<Instant> {
+    /// The earliest timer, scanning every partner's pending requests; with
+    /// `every_held`, also the held ones that cannot have a timer (the full
+    /// scan, which checks the shortcut).
+    fn earliest_timer(&self, every_held: bool) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        // A request held by a full send window has no resend timer and no
+        // refusal (it has no seqnum yet), only a deadline, which it has only
+        // if requests time out. The held queue grows with every send past
+        // the window (16 by default): a stream of small isends walked it,
+        // a lookup per held send, after every ack it received.
+        let held = if every_held || self.config.request_timeout.is_some() || self.deadline_set {
+            usize::MAX
+        } else {
+            0
+        };
         for p in self.partners.values() {
             if let Some(t) = p.ack_due(self.config.ack_delay) {
                 consider(t);
             }
-            for id in p
+            for &id in p
                 .non_acked
                 .iter()
-                .chain(&p.throttled)
+                .chain(p.throttled.iter().take(held))
                 .chain(&p.awaiting_notify)
                 .chain(&p.connects)
             {
-                let Some(req) = self.requests.get(id) else {
-                    continue;
-                };
-                let (retx_at, deadline) = match req {
-                    CoreRequest::Send(s) => (s.retx.map(|r| r.next_resend), s.deadline),
-                    CoreRequest::Connect(c) => (Some(c.next_resend), c.deadline),
-                    CoreRequest::Recv(RecvReq {
-                        state: RecvState::Notifying { retx, deadline, .. },
-                        ..
-                    }) => (retx.map(|r| r.next_resend), *deadline),
-                    CoreRequest::Recv(_) => (None, None),
-                };
-                let refused = self.refusals.get(id).map(|r| r.1);
-                retx_at
+                self.request_timers(id)
                     .into_iter()
-                    .chain(deadline)
-                    .chain(refused)
+                    .flatten()
                     .for_each(&mut consider);
             }
         }
         next
+    }
+
+    /// The timers of pending request `id` (one in a partner's queues): its
+    /// resend, its deadline and the refusal waiting to take effect.
+    fn request_timers(&self, id: RequestId) -> [Option<Instant>; 3] {
+        let (retx_at, deadline) = match self.requests.get(&id) {
+            Some(CoreRequest::Send(s)) => (s.retx.map(|r| r.next_resend), s.deadline),
+            Some(CoreRequest::Connect(c)) => (Some(c.next_resend), c.deadline),
+            Some(CoreRequest::Recv(RecvReq {
+                state: RecvState::Notifying { retx, deadline, .. },
+                ..
+            })) => (retx.map(|r| r.next_resend), *deadline),
+            Some(CoreRequest::Recv(_)) | None => (None, None),
+        };
+        // Refusals are rare: skip the lookup when there is none.
+        let refused = if self.refusals.is_empty() {
+            None
+        } else {
+            self.refusals.get(&id).map(|r| r.1)
+        };
+        [retx_at, deadline, refused]
     }
 
     /// Advances timers to `now`: sends due delayed acks, retransmits unacked
@@ -902,5 +972,241 @@ mod tests {
         assert_eq!(ep.next_timeout(), Some(t0 + Duration::from_millis(1)));
         ep.disconnect(peer);
         assert_eq!(ep.next_timeout(), None);
+    }
+
+    /// Two endpoints on hosts 1 and 2 and the frames between them.
+    struct Pair {
+        eps: [Endpoint; 2],
+        /// Frames in flight, each with the index of its receiver.
+        wire: VecDeque<(usize, Frame<Vec<u8>>)>,
+        /// Receives posted and not finished, per endpoint.
+        posted: [Vec<RequestId>; 2],
+        /// Unexpected messages reported, per endpoint.
+        unexpected: [Vec<InboundId>; 2],
+        now: Instant,
+    }
+
+    impl Pair {
+        fn addr(i: usize) -> PeerAddr {
+            PeerAddr::new(i as u16 + 1, 0)
+        }
+
+        /// Moves what each endpoint emits onto the wire and answers its
+        /// pulls (at once, or failed, as the dice say).
+        fn drain(&mut self, rng: &mut fastrand::Rng) {
+            for i in 0..2 {
+                while let Some(mut f) = self.eps[i].poll_transmit() {
+                    // The receiver sees the sender's host in `peer_index`.
+                    f.peer_index = i as u16 + 1;
+                    self.wire.push_back((1 - i, f));
+                }
+                while let Some(ev) = self.eps[i].poll_event() {
+                    match ev {
+                        EndpointEvent::PullNeeded(p) => {
+                            let status = if rng.u8(..4) == 0 {
+                                Status::BadRdmawin
+                            } else {
+                                Status::Success
+                            };
+                            let _ = self.eps[i].pull_done(self.now, p.id, status);
+                        }
+                        EndpointEvent::RecvDone(r) => self.posted[i].retain(|&x| x != r.id),
+                        EndpointEvent::Unexpected(u) => self.unexpected[i].push(u.id),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// A ping-pong driven as the library drives the core (after each input
+    /// it asks for the next timeout, drains the frames and asks again; the
+    /// application pre-posts its next receive and sends its reply) rescans
+    /// the pending requests once per frame received and once per send that
+    /// carries the ack owed, not at every drain, post and send.
+    #[test]
+    fn ping_pong_rescans_only_when_a_timer_moves() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        let config = Config::default();
+        let mut pair = Pair {
+            eps: [
+                Endpoint::new(config.clone(), 0, 11, 1),
+                Endpoint::new(config, 0, 22, 1),
+            ],
+            wire: VecDeque::new(),
+            posted: [Vec::new(), Vec::new()],
+            unexpected: [Vec::new(), Vec::new()],
+            now: Instant::from_millis(1),
+        };
+        // The library's progress after an input: ask, drain, ask again.
+        let settle = |pair: &mut Pair, rng: &mut fastrand::Rng| {
+            for ep in &pair.eps {
+                ep.next_timeout();
+            }
+            pair.drain(rng);
+            for ep in &pair.eps {
+                ep.next_timeout();
+            }
+        };
+        pair.eps[0].connect(pair.now, Pair::addr(1), 1);
+        settle(&mut pair, &mut rng);
+        while let Some((to, f)) = pair.wire.pop_front() {
+            pair.eps[to].handle_frame(pair.now, f.as_borrowed());
+            settle(&mut pair, &mut rng);
+        }
+        for i in 0..2 {
+            pair.eps[i].post_recv(pair.now, 0, !0, 64).unwrap();
+        }
+        let before = [pair.eps[0].scans.get(), pair.eps[1].scans.get()];
+        let round_trips = 100u64;
+        let mut delivered = [0u64; 2];
+        for n in 0..round_trips * 2 {
+            pair.now = pair.now + Duration::from_micros(3);
+            let from = (n % 2) as usize;
+            let now = pair.now;
+            pair.eps[from].post_recv(now, 0, !0, 64).unwrap();
+            settle(&mut pair, &mut rng);
+            pair.eps[from]
+                .send(now, Pair::addr(1 - from), 0, &[1; 8])
+                .unwrap();
+            settle(&mut pair, &mut rng);
+            let (to, f) = pair.wire.pop_front().expect("the message left");
+            assert!(pair.wire.is_empty(), "no explicit ack in a ping-pong");
+            pair.eps[to].handle_frame(now, f.as_borrowed());
+            settle(&mut pair, &mut rng);
+            delivered[to] += 1;
+        }
+        assert_eq!(delivered, [round_trips; 2]);
+        for (i, (ep, before)) in pair.eps.iter().zip(before).enumerate() {
+            let scans = ep.scans.get() - before;
+            // One per frame received, one per send clearing the ack it owed.
+            assert!(
+                scans <= 2 * round_trips,
+                "endpoint {i} rescanned {scans} times in {round_trips} round trips"
+            );
+        }
+    }
+
+    /// The cached earliest timer against the full scan, after every step
+    /// of random traffic between two endpoints: connects, sends of every
+    /// class, receives posted, cancelled or taking unexpected messages,
+    /// frames lost, reordered and duplicated, timers firing, deadlines set,
+    /// acks flushed, disconnects and path restorations. A call that moves
+    /// a timer without updating or forgetting the cache fails it.
+    #[test]
+    fn cached_timer_matches_full_scan_under_random_traffic() {
+        for seed in 0..300u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut config = Config::default();
+            if rng.bool() {
+                config.request_timeout = Some(Duration::from_millis(rng.u64(1..400)));
+            }
+            config.send_window = rng.u16(1..8);
+            let mut pair = Pair {
+                eps: [
+                    Endpoint::new(config.clone(), 0, 100 + seed as u32, 1),
+                    Endpoint::new(config, 0, 200 + seed as u32, 1),
+                ],
+                wire: VecDeque::new(),
+                posted: [Vec::new(), Vec::new()],
+                unexpected: [Vec::new(), Vec::new()],
+                now: Instant::from_millis(1),
+            };
+            let mut sends: [Vec<RequestId>; 2] = [Vec::new(), Vec::new()];
+            for step in 0..400 {
+                let i = rng.usize(..2);
+                let peer = Pair::addr(1 - i);
+                let now = pair.now;
+                match rng.u8(..20) {
+                    0 => {
+                        pair.eps[i].connect(now, peer, 1);
+                    }
+                    1..=4 => {
+                        let len = [0, 1, 64, 128, 300, 5000, 40_000][rng.usize(..7)];
+                        if let Ok(id) = pair.eps[i].send(now, peer, rng.u64(..4), &vec![7; len]) {
+                            sends[i].push(id);
+                        }
+                    }
+                    5 => {
+                        let window = RdmaWindow {
+                            id: rng.u8(..),
+                            seqnum: 0,
+                            offset: 0,
+                        };
+                        let len = rng.u32(40_000..100_000);
+                        if let Ok(id) = pair.eps[i].send_large(now, peer, rng.u64(..4), len, window)
+                        {
+                            sends[i].push(id);
+                        }
+                    }
+                    6..=8 => {
+                        if let Ok(id) = pair.eps[i].post_recv(now, rng.u64(..4), !0, 100_000) {
+                            pair.posted[i].push(id);
+                        }
+                    }
+                    9 => {
+                        if let Some(&id) = rng.choice(&pair.posted[i]) {
+                            pair.eps[i].cancel(id);
+                        }
+                    }
+                    10 => {
+                        if let Some(id) = pair.unexpected[i].pop() {
+                            pair.eps[i].receive_unexpected(now, id, rng.usize(..100_000));
+                        }
+                    }
+                    11..=14 => {
+                        // Deliver, lose, duplicate or reorder the next frame.
+                        if let Some((to, f)) = pair.wire.pop_front() {
+                            match rng.u8(..10) {
+                                0 => {}
+                                1 => pair.wire.push_back((to, f)),
+                                n => {
+                                    pair.eps[to].handle_frame(now, f.as_borrowed());
+                                    if n == 2 {
+                                        pair.eps[to].handle_frame(now, f.as_borrowed());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    15 | 16 => {
+                        let jump = if rng.bool() {
+                            pair.eps[i].next_timeout().unwrap_or(now)
+                        } else {
+                            now + Duration::from_micros(rng.u64(1..5000))
+                        };
+                        pair.now = jump.max(now);
+                        pair.eps[i].handle_timeout(pair.now);
+                    }
+                    17 => {
+                        if let Some(&id) = rng.choice(&sends[i]) {
+                            let t = Duration::from_millis(rng.u64(..300));
+                            pair.eps[i].set_request_timeout(id, t);
+                        }
+                    }
+                    18 => pair.eps[i].flush_acks(),
+                    _ => match rng.u8(..8) {
+                        0 => pair.eps[i].disconnect(peer),
+                        1 => pair.eps[i].path_restored(now),
+                        _ => pair.eps[i].handle_timeout(now),
+                    },
+                }
+                for j in 0..2 {
+                    assert_eq!(
+                        pair.eps[j].next_timeout(),
+                        pair.eps[j].earliest_timer(true),
+                        "seed {seed} step {step}: endpoint {j}'s cached timer is stale"
+                    );
+                }
+                pair.drain(&mut rng);
+                for j in 0..2 {
+                    assert_eq!(
+                        pair.eps[j].next_timeout(),
+                        pair.eps[j].earliest_timer(true),
+                        "seed {seed} step {step}: endpoint {j}'s cached timer is stale after draining"
+                    );
+                }
+            }
+        }
     }
 }
