@@ -162,6 +162,10 @@ static void active_then_report(mx_endpoint_t ep, struct test_opts *o) {
 }
 
 static void passive_then_report(mx_endpoint_t ep, struct test_opts *o) {
+  /* Whoever starts the sender waits for this: a connect to an endpoint not open yet is
+     refused at once, as MX's is. */
+  printf("listening\n");
+  fflush(stdout);
   passive(ep, o);
   report_direct();
 }

@@ -163,6 +163,18 @@ impl GuestProgram {
         })
     }
 
+    /// `e`, a wait on another program that failed, with this one's end if it has ended:
+    /// the other may only have waited for what this one never sent.
+    fn explain(&mut self, e: anyhow::Error) -> anyhow::Error {
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                let why = self.last_words();
+                e.context(format!("{} had ended ({status}): {why}", self.what))
+            }
+            _ => e,
+        }
+    }
+
     /// Its last words on standard error, once it has ended.
     fn last_words(&mut self) -> String {
         let text = self
@@ -250,7 +262,11 @@ pub fn run(
         &["-l", RECEIVER_EID],
         lib_dir,
     )?;
-    let sender = GuestProgram::spawn(
+    // A connect to an endpoint that is not open yet is refused at once (MX's behaviour):
+    // started together, the sender lost that race about one run in ten and ended, and the
+    // receiver waited out its bound for a stream that never came.
+    receiver.wait_line("listening", MARK_TIMEOUT)?;
+    let mut sender = GuestProgram::spawn(
         format!("the sender in {PARTNER}"),
         state,
         PARTNER,
@@ -258,7 +274,9 @@ pub fn run(
         &["-d", &mover, "-e", RECEIVER_EID],
         lib_dir,
     )?;
-    receiver.wait_line("direct channel up", MARK_TIMEOUT)?;
+    receiver
+        .wait_line("direct channel up", MARK_TIMEOUT)
+        .map_err(|e| sender.explain(e))?;
     progress(&format!(
         "{MESSAGES} messages each way between {PARTNER} and {MOVER}, over a direct channel"
     ));
@@ -272,7 +290,9 @@ pub fn run(
     let mut moves = Vec::new();
     for (k, (from, guest, to)) in legs.into_iter().enumerate() {
         let mark = format!("received {}", (k as u32 + 1) * MESSAGES / 3);
-        receiver.wait_line(&mark, MARK_TIMEOUT)?;
+        receiver
+            .wait_line(&mark, MARK_TIMEOUT)
+            .map_err(|e| sender.explain(e))?;
         crate::interrupt::check().map_err(|i| anyhow::anyhow!("{i}"))?;
         progress(&format!("{mark}: moving {mover} from {from} to {to}"));
         let summary = migrate::migrate(state, &from, &guest, &to, progress)
