@@ -101,7 +101,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: bool,
     /// Run step 6, a guest moved to the other host and back under a checked MX stream
-    /// (skipped otherwise: it still fails now and then, see docs/architecture.md).
+    /// (skipped otherwise: it adds about 10 s and two migrations; see docs/architecture.md).
     #[arg(long)]
     pub migration: bool,
 }
