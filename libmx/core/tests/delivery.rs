@@ -25,29 +25,13 @@ fn pair(seed: u64, channel: SimChannel, config: Config) -> Sim {
 /// Completed receives of `node`, in the order of their requests (which is
 /// matching order: MEDIUMs may complete after later TINYs).
 fn recvs(s: &mut Sim, node: usize) -> Vec<RecvDone> {
-    s.pump();
-    let mut v: Vec<RecvDone> = s.nodes[node]
-        .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
-        .into_iter()
-        .filter_map(|e| match e {
-            EndpointEvent::RecvDone(r) => Some(r),
-            _ => None,
-        })
-        .collect();
+    let mut v = s.recv_dones(node);
     v.sort_by_key(|r| r.id);
     v
 }
 
 fn send_statuses(s: &mut Sim, node: usize) -> Vec<(u64, Status)> {
-    s.pump();
-    let mut v: Vec<_> = s.nodes[node]
-        .take_events(|e| matches!(e, EndpointEvent::SendDone { .. }))
-        .into_iter()
-        .filter_map(|e| match e {
-            EndpointEvent::SendDone { id, status, .. } => Some((id.0, status)),
-            _ => None,
-        })
-        .collect();
+    let mut v = s.send_dones(node);
     v.sort_by_key(|&(id, _)| id);
     v
 }

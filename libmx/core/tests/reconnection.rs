@@ -11,7 +11,7 @@ mod sim;
 use std::time::Duration;
 
 use sim::{Sim, SimChannel};
-use xmx_mx::{Config, Endpoint, EndpointEvent, RecvDone, Status};
+use xmx_mx::{Config, Endpoint, EndpointEvent, Status};
 
 const KEY: u32 = 0x5eed_0001;
 
@@ -30,28 +30,8 @@ fn connected_pair() -> Sim {
     s
 }
 
-fn recvs(s: &mut Sim, node: usize) -> Vec<RecvDone> {
-    s.pump();
-    s.nodes[node]
-        .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
-        .into_iter()
-        .filter_map(|e| match e {
-            EndpointEvent::RecvDone(r) => Some(r),
-            _ => None,
-        })
-        .collect()
-}
-
 fn sends_done(s: &mut Sim, node: usize) -> Vec<Status> {
-    s.pump();
-    s.nodes[node]
-        .take_events(|e| matches!(e, EndpointEvent::SendDone { .. }))
-        .into_iter()
-        .filter_map(|e| match e {
-            EndpointEvent::SendDone { status, .. } => Some(status),
-            _ => None,
-        })
-        .collect()
+    s.send_dones(node).into_iter().map(|(_, st)| st).collect()
 }
 
 fn has_events(s: &Sim, node: usize, n: usize, recv: bool) -> bool {
@@ -107,13 +87,13 @@ fn sends_lost_in_an_outage_leave_at_once_when_the_path_is_back() {
     // Nothing twice.
     let limit = s.now + Duration::from_secs(60);
     s.run_to_quiescence(limit);
-    let got = recvs(&mut s, 1);
+    let got = s.recv_dones(1);
     assert_eq!(got.len(), msgs.len(), "each message delivered exactly once");
     for (i, r) in got.iter().enumerate() {
         assert_eq!((r.status, r.match_info), (Status::Success, i as u64));
         assert_eq!(r.data, msgs[i], "bytes of message {i}");
     }
-    let got = recvs(&mut s, 0);
+    let got = s.recv_dones(0);
     assert_eq!(got.len(), 1, "the peer's message delivered exactly once");
     assert_eq!((got[0].match_info, &got[0].data), (7, &back));
     assert_eq!(sends_done(&mut s, 0), vec![Status::Success; 2]);
@@ -140,7 +120,7 @@ fn messages_that_arrived_before_the_outage_are_acked_and_not_delivered_twice() {
     let cut = s.now + Config::default().ack_delay * 2;
     s.run_until(cut, |_| false);
     assert_eq!(
-        recvs(&mut s, 1).len(),
+        s.recv_dones(1).len(),
         msgs.len(),
         "delivered before the outage"
     );
@@ -163,7 +143,7 @@ fn messages_that_arrived_before_the_outage_are_acked_and_not_delivered_twice() {
     );
     let limit = s.now + Duration::from_secs(60);
     s.run_to_quiescence(limit);
-    assert!(recvs(&mut s, 1).is_empty(), "a resend was delivered again");
+    assert!(s.recv_dones(1).is_empty(), "a resend was delivered again");
     assert_eq!(sends_done(&mut s, 0), vec![Status::Success; msgs.len()]);
     assert_eq!(s.nodes[0].ep.pending_requests(), 0);
 }
@@ -210,7 +190,7 @@ fn an_ack_marked_resent_makes_the_partner_resend_at_once() {
         "the peer did not resend before its resend delay"
     );
     s.run_to_quiescence(s.now + Duration::from_secs(60));
-    let got = recvs(&mut s, 0);
+    let got = s.recv_dones(0);
     assert_eq!(got.len(), 2, "each message delivered exactly once");
     assert_eq!((got[1].match_info, &got[1].data), (2, &msg));
     assert_eq!(sends_done(&mut s, 1), vec![Status::Success; 2]);

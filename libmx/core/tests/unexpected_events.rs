@@ -8,7 +8,7 @@ mod sim;
 use std::time::Duration;
 
 use sim::{Sim, SimChannel};
-use xmx_mx::{Config, Endpoint, EndpointEvent, RdmaWindow, RecvDone, Status};
+use xmx_mx::{Config, Endpoint, EndpointEvent, RdmaWindow, Status};
 
 const KEY: u32 = 0x1234_5678;
 
@@ -31,18 +31,6 @@ fn arrivals(s: &mut Sim, node: usize) -> Vec<xmx_mx::UnexpectedArrival> {
         .into_iter()
         .filter_map(|e| match e {
             EndpointEvent::Unexpected(a) => Some(a),
-            _ => None,
-        })
-        .collect()
-}
-
-fn recv_dones(s: &mut Sim, node: usize) -> Vec<RecvDone> {
-    s.pump();
-    s.nodes[node]
-        .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
-        .into_iter()
-        .filter_map(|e| match e {
-            EndpointEvent::RecvDone(r) => Some(r),
             _ => None,
         })
         .collect()
@@ -116,7 +104,7 @@ fn arrivals_are_reported_in_arrival_order_and_received_in_it() {
         .map(|&cap| s.nodes[1].ep.post_recv(now, 5, u64::MAX, cap).unwrap())
         .collect();
     s.run_to_quiescence(limit);
-    let mut done = recv_dones(&mut s, 1);
+    let mut done = s.recv_dones(1);
     done.sort_by_key(|r| r.id);
     assert_eq!(done.len(), 3);
     for (i, r) in done.iter().enumerate() {
@@ -169,7 +157,7 @@ fn a_chosen_unexpected_message_is_taken_out_of_its_place() {
     assert_eq!(next.msg_length, 20_000);
     let medium = s.nodes[1].ep.post_recv(now, 5, u64::MAX, 100_000).unwrap();
     s.run_to_quiescence(now + Duration::from_secs(60));
-    let mut done = recv_dones(&mut s, 1);
+    let mut done = s.recv_dones(1);
     done.sort_by_key(|r| r.id);
     let summary: Vec<_> = done
         .iter()

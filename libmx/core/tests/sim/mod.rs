@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use xmx_mx::frame::Nack;
 use xmx_mx::{
-    Body, Endpoint, EndpointEvent, Frame, Instant, NackType, PeerAddr, RdmaWindow, Status,
+    Body, Endpoint, EndpointEvent, Frame, Instant, NackType, PeerAddr, RdmaWindow, RecvDone, Status,
 };
 
 /// The seeded generator that picks losses and delays: a seed replays a run.
@@ -370,6 +370,34 @@ impl Sim {
     }
 
     /// Connects `a` to `b` with key `key`, running the simulation until done.
+    /// Runs what is due now, then takes `node`'s completed receives, in the
+    /// order they completed.
+    pub fn recv_dones(&mut self, node: usize) -> Vec<RecvDone> {
+        self.pump();
+        self.nodes[node]
+            .take_events(|e| matches!(e, EndpointEvent::RecvDone(_)))
+            .into_iter()
+            .filter_map(|e| match e {
+                EndpointEvent::RecvDone(r) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs what is due now, then takes `node`'s completed sends (request
+    /// number and status), in the order they completed.
+    pub fn send_dones(&mut self, node: usize) -> Vec<(u64, Status)> {
+        self.pump();
+        self.nodes[node]
+            .take_events(|e| matches!(e, EndpointEvent::SendDone { .. }))
+            .into_iter()
+            .filter_map(|e| match e {
+                EndpointEvent::SendDone { id, status, .. } => Some((id.0, status)),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn connect(&mut self, a: usize, b: usize, key: u32) -> Status {
         let to = self.addr(b);
         let now = self.now;
