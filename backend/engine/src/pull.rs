@@ -346,16 +346,15 @@ impl OutstandingPull {
     }
 
     /// The source's endpoint says it is back from an outage (see
-    /// [`crate::rdma::source_back`]): every block still missing is requested again now,
-    /// and the retries the outage cost are forgotten, as the source answers again.
-    /// Returns the blocks to request; none if nothing is requested yet.
-    pub fn source_back(&mut self, now: Instant, timeout: Duration) -> u32 {
+    /// [`crate::rdma::source_back`]): every block still missing is requested again now.
+    /// The retry count and the deadline stay as they are: only data that arrives is
+    /// progress, so a source that keeps saying so and never answers still runs the pull
+    /// out of retries. Returns the blocks to request; none if nothing is requested yet.
+    pub fn source_back(&mut self) -> u32 {
         if self.blocks.is_empty() {
             return 0;
         }
-        self.retries = 0;
         self.rerequested = 0;
-        self.deadline = deadline_after(now, timeout);
         let incomplete =
             (0..self.blocks.len()).filter(|&i| self.blocks.get(i).is_some_and(|b| b.missing != 0));
         incomplete.fold(0, |m, i| m | 1 << i)

@@ -311,9 +311,7 @@ pub(crate) fn source_back(
     endpoint: u8,
     peer_mac: Mac,
     peer_endpoint: u8,
-    now: Instant,
 ) {
-    let timeout = ctx.config.pull_retransmit_timeout;
     for handle in ep.pulls.handles() {
         let Some(pull) = ep.pulls.get_mut(handle) else {
             continue;
@@ -321,7 +319,7 @@ pub(crate) fn source_back(
         if pull.source.peer_mac != peer_mac || pull.source.endpoint != peer_endpoint {
             continue;
         }
-        let mask = pull.source_back(now, timeout);
+        let mask = pull.source_back();
         if mask != 0 {
             tracing::debug!(endpoint, handle, mask, "pull source back; re-requesting");
             link.counters.pull_rerequests += u64::from(mask.count_ones());

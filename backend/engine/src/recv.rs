@@ -264,7 +264,7 @@ impl Engine {
                 );
                 if ack.resent {
                     let (mac, src) = (from.mac, t.src_endpoint);
-                    rdma::source_back(&mut ctx, link, ep, t.dst_endpoint, mac, src, now);
+                    rdma::source_back(&mut ctx, link, ep, t.dst_endpoint, mac, src);
                 }
             }
             PacketRepr::NackLib(n) => {

@@ -359,6 +359,51 @@ fn an_ordinary_ack_leaves_the_pull_to_its_timeout() {
 }
 
 #[test]
+fn a_source_that_says_it_is_back_but_never_answers_still_runs_the_pull_out_of_retries() {
+    let config = EngineConfig {
+        pull_retries_max: 3,
+        ..EngineConfig::default()
+    };
+    let mut l = Large::start(config, 3, 100_000, 0, 0);
+    let route = l.tb.route(3);
+    let mut rounds = 0u32;
+    let done = 'pull: loop {
+        l.tb.pump_with(|f| f.ptype() == PacketType::Pull);
+        while let Some(e) = l.pull_done() {
+            if matches!(e.body, EventBody::PullDone { .. }) {
+                break 'pull e;
+            }
+        }
+        // Before every timeout, the source's library says it is back (an ack marked
+        // resent); its pulls are requested again, and lost again.
+        let ack = LibackSend {
+            lib_seqnum: 41,
+            send_seq: 41,
+            acknum: rounds + 1,
+            resent: true,
+        };
+        let op = SendOp::Liback(ack);
+        let tag = 100 + rounds;
+        l.tb.send(1, SendRequest { tag, route, op }).unwrap();
+        l.tb.pump_with(|f| f.ptype() == PacketType::Pull);
+        l.tb.take_events(1);
+        assert!(l.tb.fire_timers());
+        rounds += 1;
+        assert!(rounds < 20, "the pull outlived its retries");
+    };
+    assert_eq!(
+        done.body,
+        EventBody::PullDone {
+            status: DoneStatus::Timeout,
+            length: 0
+        }
+    );
+    assert_eq!(rounds, 4, "three retransmissions, then the abort");
+    let g3 = l.tb.guest(3).id;
+    assert_eq!(l.tb.engines[1].guest(g3).unwrap().outstanding_pulls(), 0);
+}
+
+#[test]
 fn pull_aborts_after_the_retry_limit_under_total_loss() {
     let config = EngineConfig {
         pull_retries_max: 3,
