@@ -84,6 +84,8 @@ impl Core {
             } else if self.recycled(id)? {
                 tracing::info!(domid = id, "domain id reused by a new domain");
                 self.release_recycled(id);
+            } else {
+                self.learn_identity(id)?;
             }
         }
         for id in xsnodes::listed_domains(self.xs.as_ref())? {
@@ -113,6 +115,42 @@ impl Core {
             if !self.domains.contains_key(&id) && !self.xs.is_domain_introduced(id)? {
                 xsnodes::remove_wish(self.xs.as_ref(), self.cfg.toolstack, id)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Read the name and instance of a domain first seen before the toolstack wrote them
+    /// (it introduces a domain, then names it). The name watch tells of the write too, but
+    /// a control request can be answered before that event is handled: `attach` right
+    /// after a create must already know whose domain it is.
+    fn learn_identity(&mut self, domid: DomId) -> Result<()> {
+        let Some(d) = self.domains.get(&domid) else {
+            return Ok(());
+        };
+        let (need_name, need_instance) = (d.name.is_none(), d.instance.is_none());
+        if !need_name && !need_instance {
+            return Ok(());
+        }
+        let name = if need_name {
+            xsnodes::domain_name(self.xs.as_ref(), domid)?
+        } else {
+            None
+        };
+        let instance = if need_instance {
+            xsnodes::domain_instance(self.xs.as_ref(), domid)?
+        } else {
+            None
+        };
+        let Some(d) = self.domains.get_mut(&domid) else {
+            return Ok(());
+        };
+        if instance.is_some() {
+            d.instance = instance;
+        }
+        if let Some(name) = name {
+            tracing::debug!(domid, %name, "domain named after it was first seen");
+            d.name = Some(name);
+            self.evaluate(domid);
         }
         Ok(())
     }
@@ -346,5 +384,46 @@ impl Core {
         if let Some(d) = self.domains.get_mut(&domid) {
             d.attached = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use xmx_hv::{DOM0, XBT_NULL};
+    use xmx_simkit::SimHost;
+
+    use super::*;
+    use crate::xmxd::control::{GuestStatus, XmxdRequest};
+    use crate::xmxd::XmxdConfig;
+
+    /// The toolstack introduces a domain before it names it; a scan between the two knows
+    /// the domain without a name, and the name watch's event may still be queued when
+    /// `attach` is answered.
+    #[test]
+    fn attach_knows_the_name_of_a_domain_first_seen_before_it_was_named() {
+        let host = SimHost::start_with_hv_subdir("hv");
+        let state = tempfile::tempdir().unwrap();
+        let d = host.create("vm1");
+        let xs = host.xs0();
+        let name_path = xsnodes::name_path(d);
+        xs.rm(XBT_NULL, &name_path).unwrap();
+        let dom0 = host.attach(DOM0);
+        let mut core = Core::new(&dom0, None, XmxdConfig::new("h0", state.path())).unwrap();
+        core.scan_domains().unwrap();
+        assert_eq!(core.domains.get(&d).map(|r| r.name.clone()), Some(None));
+
+        // Named now; no watch event is handled before the request.
+        xs.write(XBT_NULL, &name_path, b"vm1").unwrap();
+        let reply = core
+            .answer(XmxdRequest::Attach {
+                domid: d,
+                cluster: Some("blue".into()),
+            })
+            .unwrap();
+        let g: Option<GuestStatus> = serde_json::from_value(reply).unwrap();
+        let g = g.expect("the guest's status, not null");
+        assert_eq!((g.name.as_str(), g.cluster.as_str()), ("vm1", "blue"));
+        assert_eq!(g.domid, Some(d));
+        assert!(g.attached);
     }
 }
