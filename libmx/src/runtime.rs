@@ -10,12 +10,13 @@
 //! whose progression is disabled and never blocks on an endpoint another
 //! thread is using.
 
-use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::abi::{MxReturn, MX_API};
 use crate::doorbell::Unattended;
@@ -47,8 +48,8 @@ pub(crate) struct Library {
     pub(crate) settings: Settings,
     /// The transport every endpoint uses.
     pub(crate) transport: Arc<dyn Transport>,
-    endpoints: RwLock<HashMap<u32, Arc<AppEndpoint>>>,
-    raws: Mutex<HashMap<u32, Arc<RawEndpoint>>>,
+    endpoints: RwLock<FxHashMap<u32, Arc<AppEndpoint>>>,
+    raws: Mutex<FxHashMap<u32, Arc<RawEndpoint>>>,
     next_handle: AtomicU32,
     background: Arc<Background>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -105,8 +106,8 @@ pub(crate) fn init(api: c_int) -> MxResult<()> {
     *slot = Some(Arc::new(Library {
         settings,
         transport,
-        endpoints: RwLock::new(HashMap::new()),
-        raws: Mutex::new(HashMap::new()),
+        endpoints: RwLock::new(FxHashMap::default()),
+        raws: Mutex::new(FxHashMap::default()),
         next_handle: AtomicU32::new(1),
         background: Arc::new(Background::default()),
         thread: Mutex::new(None),
@@ -300,7 +301,7 @@ impl Library {
 /// again. It only reads: a stall it reports goes on as before.
 fn watch_stalls(stop: &(Mutex<bool>, Condvar), lib: std::sync::Weak<Library>, after: Duration) {
     // Per endpoint handle: completions last seen, since when, reported.
-    let mut seen: HashMap<u32, (u64, std::time::Instant, bool)> = HashMap::new();
+    let mut seen: FxHashMap<u32, (u64, std::time::Instant, bool)> = FxHashMap::default();
     let tick = (after / 4).max(Duration::from_millis(10));
     loop {
         {
@@ -353,7 +354,7 @@ fn watch_stalls(stop: &(Mutex<bool>, Condvar), lib: std::sync::Weak<Library>, af
 
 #[derive(Default)]
 struct BackgroundState {
-    rung: HashSet<u64>,
+    rung: FxHashSet<u64>,
     stop: bool,
 }
 

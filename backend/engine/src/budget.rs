@@ -9,8 +9,9 @@
 //! to their weights (dom0's quality-of-service setting), and round robin between the pulls
 //! of one guest, so every waiting pull gets a block in turn and none starves.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
 use xmx_wire::mxoe::{PULL_BLOCK_LEN_MAX, PULL_REPLY_LEN_MAX};
 
 use super::GuestId;
@@ -42,11 +43,11 @@ struct GuestTurn {
 pub(crate) struct PullBudget {
     frames_max: u32,
     in_flight: u32,
-    turns: HashMap<GuestId, GuestTurn>,
+    turns: FxHashMap<GuestId, GuestTurn>,
     /// Guests with waiting pulls, in round order.
     round: VecDeque<GuestId>,
     /// Frames granted per guest since it was first seen (for counters and tests).
-    granted: HashMap<GuestId, u64>,
+    granted: FxHashMap<GuestId, u64>,
 }
 
 impl PullBudget {
@@ -55,9 +56,9 @@ impl PullBudget {
         PullBudget {
             frames_max: frames_max.max(BLOCK_FRAMES),
             in_flight: 0,
-            turns: HashMap::new(),
+            turns: FxHashMap::default(),
             round: VecDeque::new(),
-            granted: HashMap::new(),
+            granted: FxHashMap::default(),
         }
     }
 

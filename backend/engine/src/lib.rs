@@ -67,9 +67,9 @@ mod recv;
 mod send;
 mod vnic;
 
-use std::collections::HashMap;
 use std::time::Instant;
 
+use rustc_hash::FxHashMap;
 use xmx_wire::msg::{ErrorCode, Event, EventBody};
 use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, PacketRepr, HOSTNAME_LEN_MAX, MEDIUM_MSG_LEN_MAX};
 
@@ -124,9 +124,9 @@ pub struct EngineCounters {
 /// The MX engine of one physical interface. See the module documentation.
 pub struct Engine {
     config: EngineConfig,
-    guests: HashMap<GuestId, VirtualNic>,
+    guests: FxHashMap<GuestId, VirtualNic>,
     /// Our guests by MAC, with their cluster.
-    local: HashMap<Mac, (GuestId, ClusterId)>,
+    local: FxHashMap<Mac, (GuestId, ClusterId)>,
     peers: PeerTable,
     out: EngineOutput,
     counters: EngineCounters,
@@ -142,7 +142,7 @@ pub struct Engine {
 pub(crate) struct Ctx<'a> {
     pub config: &'a EngineConfig,
     pub peers: &'a PeerTable,
-    pub local: &'a HashMap<Mac, (GuestId, ClusterId)>,
+    pub local: &'a FxHashMap<Mac, (GuestId, ClusterId)>,
     pub out: &'a mut EngineOutput,
     pub scratch: &'a mut Vec<u8>,
     pub budget: &'a mut PullBudget,
@@ -229,8 +229,8 @@ impl Engine {
         );
         Engine {
             config,
-            guests: HashMap::new(),
-            local: HashMap::new(),
+            guests: FxHashMap::default(),
+            local: FxHashMap::default(),
             peers: PeerTable::new(),
             out,
             counters: EngineCounters::default(),
@@ -287,13 +287,13 @@ impl Engine {
                     cluster: guest.cluster,
                     hostname: guest.hostname,
                     counters: NicCounters::default(),
-                    reverse_index: HashMap::new(),
+                    reverse_index: FxHashMap::default(),
                     tx_bytes_queued: 0,
                     weight: 1,
                     reopening: Default::default(),
                 },
                 memory: guest.memory,
-                endpoints: HashMap::new(),
+                endpoints: FxHashMap::default(),
                 usage: EngineUsage::default(),
             },
         );

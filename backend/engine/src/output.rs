@@ -2,8 +2,9 @@
 //! back to co-located guests, events for endpoint rings, and host replies for the peer
 //! service. Frame buffers are recycled so steady traffic allocates nothing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
 use xmx_wire::msg::Event;
 use xmx_wire::mxoe::{FrameRepr, Mac, ETH_FRAME_LEN_MIN};
 
@@ -66,7 +67,7 @@ struct GuestTx {
 /// bytes in proportion to the guests' weights. A guest's own frames keep their order.
 #[derive(Debug, Default)]
 pub(crate) struct TxQueues {
-    guests: HashMap<GuestId, GuestTx>,
+    guests: FxHashMap<GuestId, GuestTx>,
     round: VecDeque<GuestId>,
     len: usize,
 }
@@ -125,7 +126,7 @@ pub(crate) struct EngineOutput {
     max_tx_frames: usize,
     pub loopback: VecDeque<Vec<u8>>,
     events: VecDeque<GuestEvent>,
-    pending: HashMap<(GuestId, u8), usize>,
+    pending: FxHashMap<(GuestId, u8), usize>,
     max_pending: usize,
     pub host_replies: VecDeque<HostReply>,
     pub max_host_replies: usize,
@@ -145,7 +146,7 @@ impl EngineOutput {
             max_tx_frames,
             loopback: VecDeque::new(),
             events: VecDeque::new(),
-            pending: HashMap::new(),
+            pending: FxHashMap::default(),
             max_pending,
             host_replies: VecDeque::new(),
             max_host_replies,

@@ -5,8 +5,7 @@
 //! may only exchange traffic with peers of its own cluster. The table is replaced wholesale
 //! by the peer service ([`Engine::set_peers`](super::Engine::set_peers)).
 
-use std::collections::HashMap;
-
+use rustc_hash::FxHashMap;
 use xmx_wire::mxoe::Mac;
 
 use super::error::PeerTableError;
@@ -29,7 +28,7 @@ pub struct PeerEntry {
 #[derive(Debug, Clone, Default)]
 pub struct PeerTable {
     by_index: Vec<Option<PeerEntry>>,
-    by_mac: HashMap<Mac, u16>,
+    by_mac: FxHashMap<Mac, u16>,
 }
 
 impl PeerTable {

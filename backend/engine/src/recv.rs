@@ -2,9 +2,9 @@
 //! endpoint, checked (source peer and cluster, endpoint open, session), then turned into
 //! events, receive-queue copies, pull progress or PULL replies.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
+use rustc_hash::FxHashMap;
 use xmx_wire::msg::{
     medium_frags, Event, EventBody, InlineData, InlineMsg, LibackSend, MsgInfo, NackKind,
     NotifySend, RecvMedium, RingConnectReply, RingConnectRequest, RndvSend, Route, MEDIUM_FRAG_MAX,
@@ -299,7 +299,7 @@ impl Engine {
 /// else the NACK type Open-MX answers with.
 fn check_endpoint<'e>(
     config: &EngineConfig,
-    endpoints: &'e mut HashMap<u8, GuestEndpoint>,
+    endpoints: &'e mut FxHashMap<u8, GuestEndpoint>,
     endpoint: u8,
     session: Option<u32>,
 ) -> Result<&'e mut GuestEndpoint, NackType> {
@@ -319,7 +319,7 @@ fn check_endpoint<'e>(
 fn accept_message<'e>(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    endpoints: &'e mut HashMap<u8, GuestEndpoint>,
+    endpoints: &'e mut FxHashMap<u8, GuestEndpoint>,
     from: Sender,
     h: &MsgHeader,
 ) -> Option<&'e mut GuestEndpoint> {
@@ -381,7 +381,7 @@ fn nack_lib(
 fn deliver_inline(
     ctx: &mut Ctx,
     link: &mut GuestWire,
-    endpoints: &mut HashMap<u8, GuestEndpoint>,
+    endpoints: &mut FxHashMap<u8, GuestEndpoint>,
     from: Sender,
     h: &MsgHeader,
     data: &[u8],

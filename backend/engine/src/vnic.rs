@@ -1,9 +1,10 @@
 //! One guest as the engine serves it: a virtual MX NIC with its own board MAC, virtual
 //! cluster, endpoints, registered regions and counters.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
+use rustc_hash::FxHashMap;
 use xmx_wire::mxoe::{Mac, NackType};
 
 use super::memory::{GuestMemory, RegionHandle};
@@ -148,7 +149,7 @@ pub(crate) struct GuestWire {
     pub hostname: String,
     pub counters: NicCounters,
     /// Our index in each peer's table, as the peer told us (CONNECT, HOST_QUERY/REPLY).
-    pub reverse_index: HashMap<Mac, u16>,
+    pub reverse_index: FxHashMap<Mac, u16>,
     /// Bytes of this guest's frames waiting in the transmit queue.
     pub tx_bytes_queued: usize,
     /// Its share of the pull budget against other guests' (dom0's QoS weight, >= 1).
@@ -156,7 +157,7 @@ pub(crate) struct GuestWire {
     /// Endpoints the guest is opening again (see
     /// [`Engine::expect_reopen`](super::Engine::expect_reopen)), with the deadline of
     /// the mark: not open yet, but frames for them are not refused until then.
-    pub reopening: HashMap<u8, Instant>,
+    pub reopening: FxHashMap<u8, Instant>,
 }
 
 impl GuestWire {
@@ -233,7 +234,7 @@ pub(crate) struct GuestEndpoint {
     pub session: u32,
     pub send_queue_slots: u16,
     pub recvq: RecvQueue,
-    pub regions: HashMap<u8, GuestRegion>,
+    pub regions: FxHashMap<u8, GuestRegion>,
     pub pulls: PullSlots,
     /// Re-opened with its session (see `Engine::expect_reopen`) and not used since: its
     /// guest registers its regions again under their ids first, so a PULL for a region
@@ -248,7 +249,7 @@ impl GuestEndpoint {
             session: config.session_id,
             send_queue_slots: config.send_queue_slots,
             recvq: RecvQueue::new(config.recv_queue_slots),
-            regions: HashMap::new(),
+            regions: FxHashMap::default(),
             pulls: PullSlots::default(),
             regions_returning: false,
             next_event_tag: 0,
@@ -267,7 +268,7 @@ impl GuestEndpoint {
 pub struct VirtualNic {
     pub(crate) link: GuestWire,
     pub(crate) memory: Box<dyn GuestMemory>,
-    pub(crate) endpoints: HashMap<u8, GuestEndpoint>,
+    pub(crate) endpoints: FxHashMap<u8, GuestEndpoint>,
     pub(crate) usage: EngineUsage,
 }
 

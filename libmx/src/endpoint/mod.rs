@@ -11,12 +11,13 @@
 mod requests;
 mod unexp;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use xmx_mx::{EndpointEvent, PeerAddr, RdmaWindow, RequestId, Status};
 
 use crate::abi::{MxEndpointAddr, MxErrorHandler, MxReturn, MxStatus, MX_INFINITE};
@@ -78,8 +79,8 @@ pub(crate) struct EndpointState {
     pub(crate) core: xmx_mx::Endpoint,
     port: Option<Box<dyn TransportPort>>,
     regions: Arc<dyn Regions>,
-    pub(crate) requests: HashMap<u64, AppRequest>,
-    pub(crate) links: HashMap<RequestId, CoreRequestOwner>,
+    pub(crate) requests: FxHashMap<u64, AppRequest>,
+    pub(crate) links: FxHashMap<RequestId, CoreRequestOwner>,
     /// Completed, not yet reported requests in completion order.
     pub(crate) done: BTreeMap<u64, u64>,
     next_seq: u64,
@@ -88,7 +89,7 @@ pub(crate) struct EndpointState {
     /// LARGE sends waiting for a free window, and the sends posted after
     /// them, in posting order.
     waiting_large: VecDeque<u64>,
-    addr_contexts: HashMap<(u64, u8), usize>,
+    addr_contexts: FxHashMap<(u64, u8), usize>,
     pub(crate) unexp: unexp::Unexp,
     completed: bool,
 }
@@ -221,14 +222,14 @@ impl AppEndpoint {
                 core,
                 regions: port.regions(),
                 port: Some(port),
-                requests: HashMap::new(),
-                links: HashMap::new(),
+                requests: FxHashMap::default(),
+                links: FxHashMap::default(),
                 done: BTreeMap::new(),
                 next_seq: 1,
                 next_done: 1,
                 zombies: 0,
                 waiting_large: VecDeque::new(),
-                addr_contexts: HashMap::new(),
+                addr_contexts: FxHashMap::default(),
                 unexp: unexp::Unexp::default(),
                 completed: false,
             }),

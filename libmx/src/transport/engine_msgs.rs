@@ -16,8 +16,7 @@
 //!   a connect, because a PULL must name the session of the endpoint it pulls
 //!   from and the core hands a pull only the remote's address.
 
-use std::collections::HashMap;
-
+use rustc_hash::FxHashMap;
 use xmx_mx::frame::{
     ConnectReply as CoreConnectReply, ConnectRequest as CoreConnectRequest, Liback as CoreLiback,
     MediumFrag, Message, MessageKind, Nack as CoreNack, Notify as CoreNotify, Rndv as CoreRndv,
@@ -488,7 +487,7 @@ pub(crate) fn error_status(code: ErrorCode) -> Status {
 /// session, which replaces the old one.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PeerSessions {
-    sessions: HashMap<PeerAddr, u32>,
+    sessions: FxHashMap<PeerAddr, u32>,
 }
 
 impl PeerSessions {

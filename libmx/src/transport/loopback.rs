@@ -8,10 +8,11 @@
 //! LARGE data is pulled by copying straight from the sender's registered
 //! buffer into the receiver's.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
+use rustc_hash::FxHashMap;
 use xmx_mx::{Config, Frame, NackType, PeerAddr, RdmaWindow, RequestId, Status};
 
 use super::peers::PeerDirectory;
@@ -79,7 +80,7 @@ struct RawMailbox {
 pub(crate) struct Loopback {
     hostname: Mutex<String>,
     peers: RwLock<PeerDirectory>,
-    ports: RwLock<HashMap<u8, Arc<LoopMailbox>>>,
+    ports: RwLock<FxHashMap<u8, Arc<LoopMailbox>>>,
     raws: Mutex<Vec<Arc<RawMailbox>>>,
     next_raw: std::sync::atomic::AtomicU64,
     myself: Weak<Loopback>,
@@ -101,7 +102,7 @@ impl Loopback {
         Arc::new_cyclic(|me| Loopback {
             hostname: Mutex::new(hostname),
             peers: RwLock::new(peers),
-            ports: RwLock::new(HashMap::new()),
+            ports: RwLock::new(FxHashMap::default()),
             raws: Mutex::new(Vec::new()),
             next_raw: std::sync::atomic::AtomicU64::new(1),
             myself: me.clone(),
@@ -332,7 +333,7 @@ struct LoopWindow {
 }
 
 struct RegionTable {
-    windows: HashMap<u8, LoopWindow>,
+    windows: FxHashMap<u8, LoopWindow>,
     generations: [u8; 256],
     cursor: u8,
     cache: Option<RegCache<()>>,
@@ -341,7 +342,7 @@ struct RegionTable {
 impl RegionTable {
     fn new(rcache: bool) -> Self {
         RegionTable {
-            windows: HashMap::new(),
+            windows: FxHashMap::default(),
             generations: [0; 256],
             cursor: 0,
             cache: rcache.then(RegCache::default),

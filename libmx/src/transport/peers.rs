@@ -1,6 +1,6 @@
 //! A peer table: NIC ids, their indexes (what frames carry) and hostnames.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::abi::MxReturn;
 use crate::errors::{Failure, MxResult};
@@ -19,8 +19,8 @@ struct DirectoryPeer {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PeerDirectory {
     slots: Vec<Option<DirectoryPeer>>,
-    by_nic: HashMap<u64, u16>,
-    by_name: HashMap<String, u64>,
+    by_nic: FxHashMap<u64, u16>,
+    by_name: FxHashMap<String, u64>,
 }
 
 impl PeerDirectory {

@@ -26,10 +26,11 @@
 //! not acknowledged, so their senders learn of the closed endpoint (NACK)
 //! once the linger ends.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Instant;
 
+use rustc_hash::FxHashMap;
 use xmx_engine::{
     EndpointConfig, Engine, EngineConfig, GuestConfig, GuestEvent, GuestId, PeerEntry, PeerTable,
     RegionHandle,
@@ -156,15 +157,15 @@ struct BoardEndpoint {
     mailed: bool,
     session: u32,
     sessions: PeerSessions,
-    windows: HashMap<u8, BoardWindow>,
+    windows: FxHashMap<u8, BoardWindow>,
     /// Pulls in progress, by the tag of their request.
-    sinks: HashMap<u32, BoardSink>,
+    sinks: FxHashMap<u32, BoardSink>,
     generations: [u8; REGION_IDS],
     cursor: u8,
     next_tag: u32,
     cache: Option<RegCache<RegionHandle>>,
     /// The last explicit ack sent to each partner, replayed while lingering.
-    last_acks: HashMap<PeerAddr, SendRequest>,
+    last_acks: FxHashMap<PeerAddr, SendRequest>,
     /// Closed, answering resent frames until then.
     lingering: Option<Instant>,
 }
@@ -205,7 +206,7 @@ pub(super) struct Board {
     engine: Engine,
     wire: Box<dyn Wire>,
     memory: NativeMemory,
-    slots: HashMap<u8, BoardEndpoint>,
+    slots: FxHashMap<u8, BoardEndpoint>,
     view: Arc<BoardPeerView>,
     entries: Vec<PeerEntry>,
     next_region: u64,
@@ -243,7 +244,7 @@ impl Board {
             engine,
             wire,
             memory,
-            slots: HashMap::new(),
+            slots: FxHashMap::default(),
             view,
             entries: Vec::new(),
             next_region: 1,
@@ -331,7 +332,7 @@ impl Board {
         doorbell: Arc<Doorbell>,
         rcache: bool,
     ) -> Result<(u8, Arc<Mailbox>), OpenError> {
-        let busy = |slots: &HashMap<u8, BoardEndpoint>, i: &u8| {
+        let busy = |slots: &FxHashMap<u8, BoardEndpoint>, i: &u8| {
             slots.get(i).is_some_and(|s| s.lingering.is_none())
         };
         let index = match endpoint {
@@ -365,13 +366,13 @@ impl Board {
                 mailed: false,
                 session,
                 sessions: PeerSessions::default(),
-                windows: HashMap::new(),
-                sinks: HashMap::new(),
+                windows: FxHashMap::default(),
+                sinks: FxHashMap::default(),
                 generations: [0; REGION_IDS],
                 cursor: 0,
                 next_tag: 0,
                 cache: rcache.then(RegCache::default),
-                last_acks: HashMap::new(),
+                last_acks: FxHashMap::default(),
                 lingering: None,
             },
         );

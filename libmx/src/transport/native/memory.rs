@@ -13,9 +13,9 @@
 //! Every access is checked against the area's bounds, as the engine's
 //! [`GuestMemory`] contract asks.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rustc_hash::FxHashMap;
 use xmx_engine::{checked_range, GuestMemory, MemoryArea, MemoryError, RegionHandle};
 use xmx_wire::msg::MEDIUM_FRAG_MAX;
 
@@ -31,8 +31,8 @@ struct Queues {
 
 #[derive(Debug, Default)]
 struct Areas {
-    queues: HashMap<u8, Queues>,
-    regions: HashMap<RegionHandle, Segments>,
+    queues: FxHashMap<u8, Queues>,
+    regions: FxHashMap<RegionHandle, Segments>,
 }
 
 /// Queues and regions of this process, shared between the engine (which

@@ -10,12 +10,13 @@
 //! MEDIUM fragments are copied out of the receive queue before their event
 //! slot is handed back.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use xmx_frontend::frontd::FrontdClient;
 use xmx_frontend::own_grants::{GrantPool, RegionGrants};
@@ -100,14 +101,14 @@ pub(crate) struct XenLink {
     sessions: PeerSessions,
     cache: RegionCache,
     /// Send windows lent to peers, by (region id, seqnum).
-    lent: HashMap<(u8, u8), Lease>,
+    lent: FxHashMap<(u8, u8), Lease>,
     /// The application's buffer behind each lent window (direct-channel
     /// pulls read it).
-    lent_data: HashMap<(u8, u8), Segments>,
+    lent_data: FxHashMap<(u8, u8), Segments>,
     /// Windows that were lent when a reconnection lost the regions: their sends are not
     /// over, and an RNDV naming one is still posted (the backend refuses it loudly).
-    lost_in_reconnection: HashSet<(u8, u8)>,
-    sinks: HashMap<u32, LinkSink>,
+    lost_in_reconnection: FxHashSet<(u8, u8)>,
+    sinks: FxHashMap<u32, LinkSink>,
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
     deferred: VecDeque<LinkSink>,
@@ -159,8 +160,8 @@ const REGISTER_WAIT: Duration = Duration::from_secs(5);
 /// send is still pending.)
 fn announces_returned_window<L>(
     op: &SendOp,
-    lent: &HashMap<(u8, u8), L>,
-    lost: &HashSet<(u8, u8)>,
+    lent: &FxHashMap<(u8, u8), L>,
+    lost: &FxHashSet<(u8, u8)>,
 ) -> bool {
     let SendOp::Rndv(r) = op else {
         return false;
@@ -187,10 +188,10 @@ impl XenLink {
             next_tag: 0,
             sessions: PeerSessions::default(),
             cache: RegionCache::new(rcache, CACHE_CAPACITY.min(max_regions.max(1))),
-            lent: HashMap::new(),
-            lent_data: HashMap::new(),
-            lost_in_reconnection: HashSet::new(),
-            sinks: HashMap::new(),
+            lent: FxHashMap::default(),
+            lent_data: FxHashMap::default(),
+            lost_in_reconnection: FxHashSet::default(),
+            sinks: FxHashMap::default(),
             deferred: VecDeque::new(),
             waiting: VecDeque::new(),
             generations: [0; 256],
@@ -1327,8 +1328,8 @@ mod tests {
                 ..RndvSend::default()
             })
         };
-        let lent: HashMap<(u8, u8), ()> = [((22, 7), ())].into();
-        let lost: HashSet<(u8, u8)> = [(5, 1)].into();
+        let lent: FxHashMap<(u8, u8), ()> = [((22, 7), ())].into_iter().collect();
+        let lost: FxHashSet<(u8, u8)> = [(5, 1)].into_iter().collect();
         assert!(!announces_returned_window(&rndv(22, 7), &lent, &lost));
         // The same region under an older generation: a resend of a send that ended.
         assert!(announces_returned_window(&rndv(22, 6), &lent, &lost));

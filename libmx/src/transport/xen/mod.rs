@@ -46,7 +46,6 @@ mod port;
 pub(crate) mod slots;
 pub(crate) mod windows;
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +54,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use rustc_hash::FxHashMap;
 use xmx_frontend::frontd::proto::{default_socket_path, SOCKET_ENV};
 use xmx_frontend::frontd::{FrontdBoardInfo, FrontdClient, Notice};
 use xmx_frontend::Error as FrontError;
@@ -202,7 +202,7 @@ pub(crate) struct XenShared {
     /// platform could not give them; replaced when the domain moves to another
     /// host ([`XenShared::direct_follow`]).
     direct: RwLock<Option<Arc<direct::Hub>>>,
-    endpoints: Mutex<HashMap<u8, Arc<EndpointShared>>>,
+    endpoints: Mutex<FxHashMap<u8, Arc<EndpointShared>>>,
     wake: EventFd,
     stop: AtomicBool,
     config: XenConfig,
@@ -588,7 +588,7 @@ impl Xen {
             platform,
             own_grants,
             direct: RwLock::new(direct.map(Arc::new)),
-            endpoints: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(FxHashMap::default()),
             wake,
             stop: AtomicBool::new(false),
             config,
@@ -827,7 +827,7 @@ mod tests {
     }
 
     fn with(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let env: HashMap<String, String> = pairs
+        let env: FxHashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();

@@ -5,13 +5,13 @@
 //! out when it takes the request and completes it with an event carrying the
 //! request's tag. The slots are ours again from that completion on.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// The send queue's slots, and the requests holding some.
 #[derive(Debug, Clone)]
 pub(crate) struct SendSlots {
     free: Vec<u16>,
-    held: HashMap<u32, Vec<u16>>,
+    held: FxHashMap<u32, Vec<u16>>,
     count: u16,
 }
 
@@ -21,7 +21,7 @@ impl SendSlots {
         SendSlots {
             // Popped from the end: the lowest slots go first.
             free: (0..count).rev().collect(),
-            held: HashMap::new(),
+            held: FxHashMap::default(),
             count,
         }
     }

@@ -40,11 +40,12 @@
 pub(crate) mod codec;
 pub(crate) mod lane;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, MappedPages, Platform, Port, Xenstore, XBT_NULL,
 };
@@ -229,9 +230,9 @@ pub(crate) trait LinkAccess {
 /// An endpoint's direct channels.
 #[derive(Default)]
 pub(crate) struct EndpointDirect {
-    slots: HashMap<PeerAddr, DirectSlot>,
+    slots: FxHashMap<PeerAddr, DirectSlot>,
     scratch: Vec<u8>,
-    sinks: HashMap<u32, DirectSink>,
+    sinks: FxHashMap<u32, DirectSink>,
     next_tag: u32,
     jobs: VecDeque<Job>,
     /// Pulls whose channel ended before they finished: the caller pulls
@@ -239,7 +240,7 @@ pub(crate) struct EndpointDirect {
     orphans: Vec<DirectSink>,
     /// The endpoint each lent window was announced to (by its RNDV): only
     /// that endpoint may pull it over a channel.
-    announced: HashMap<(u8, u8), PeerAddr>,
+    announced: FxHashMap<(u8, u8), PeerAddr>,
 }
 
 impl EndpointDirect {
