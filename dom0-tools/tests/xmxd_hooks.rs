@@ -208,3 +208,103 @@ fn vif_xmx_records_the_wish_and_chains_to_the_vif_script() {
         Some(names::cluster_id("green").to_string())
     );
 }
+
+/// The `xmx` binary (package xmx-lab), next to this package's xmxd.
+fn xmx_bin() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_xmxd")).with_file_name("xmx");
+    assert!(
+        path.exists(),
+        "{} is missing: run the workspace tests (`make test`) or `cargo build -p xmx-lab` first",
+        path.display()
+    );
+    path
+}
+
+/// The pairs of domains xmxd offers a direct channel now.
+fn offered_pairs(host: &XmxdHost) -> Vec<(u16, u16)> {
+    let report = host.call(xmx_tools::xmxd::control::XmxdRequest::Direct { enabled: None });
+    serde_json::from_value(report["pairs"].clone()).unwrap()
+}
+
+#[test]
+fn xmx_hook_migrate_revokes_direct_channels_first_and_offers_them_again_when_xl_fails() {
+    assert!(
+        tools_present(),
+        "xenstore-utils is missing (.ci/run installs it)"
+    );
+    let mut host = XmxdHost::start("h0");
+    host.start_xmxd(None, Duration::from_millis(100));
+    let (a, b) = (host.create("mig1"), host.create("mig2"));
+    for name in ["mig1", "mig2"] {
+        ok(&host, "xmx-hook", &["attach", name], &[]);
+    }
+    host.wait("both attached", |c| c.is_attached(a) && c.is_attached(b));
+    xmxd_util::eventually("the pair offered", || offered_pairs(&host) == vec![(a, b)]);
+
+    // A stand-in for xl that records, while it runs, what xmxd offers, and ends as told.
+    let dir = tempfile::tempdir().unwrap();
+    let xl = dir.path().join("xl");
+    let during = dir.path().join("during.json");
+    let args = dir.path().join("xl.args");
+    std::fs::write(
+        &xl,
+        format!(
+            "#!/bin/sh\n\"$XMX_CLI\" direct --json > {}\necho \"$@\" > {}\nexit \"$XL_RC\"\n",
+            during.display(),
+            args.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&xl, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let xmx = xmx_bin();
+    let socket = host.xmxd_socket();
+    let env = |rc: &'static str| {
+        [
+            ("XMX_XL", xl.to_str().unwrap().to_owned()),
+            ("XMX_CLI", xmx.to_str().unwrap().to_owned()),
+            ("XMX_XMXD_SOCKET", socket.to_str().unwrap().to_owned()),
+            ("XL_RC", rc.to_owned()),
+        ]
+    };
+    let pairs_during = || -> Vec<(u16, u16)> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&during).unwrap()).unwrap();
+        serde_json::from_value(v["pairs"].clone()).unwrap()
+    };
+
+    // xl fails: the channel was revoked while it ran, and is offered again after.
+    let e = env("1");
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = run(
+        &host,
+        "xmx-hook",
+        &["migrate", "mig1", "host2", "-C", "x.cfg"],
+        &e,
+    );
+    assert_eq!(out.status.code(), Some(1), "xl's status is the hook's");
+    assert_eq!(pairs_during(), vec![], "revoked before xl ran");
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap(),
+        "migrate -C x.cfg mig1 host2\n"
+    );
+    assert_eq!(offered_pairs(&host), vec![(a, b)], "offered again");
+
+    // xl succeeds: the channel stays revoked (the domain goes with the migration).
+    let e = env("0");
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    ok(&host, "xmx-hook", &["migrate", &a.to_string(), "host2"], &e);
+    assert_eq!(pairs_during(), vec![]);
+    assert_eq!(offered_pairs(&host), vec![]);
+
+    // Without xmxd the migration still runs, with a warning.
+    let mut e = env("0");
+    e[2].1 = dir.path().join("no.sock").to_str().unwrap().to_owned();
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = run(&host, "xmx-hook", &["migrate", "mig2", "host2"], &e);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not mark domain"));
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap(),
+        "migrate mig2 host2\n"
+    );
+}
