@@ -331,3 +331,47 @@ fn guests_recorded_by_name_are_attached_when_they_start_and_clusters_are_mirrore
         .collect();
     assert_eq!(names_of, ["blue", "default", "red"]);
 }
+
+fn offered_pairs(host: &XmxdHost) -> Vec<(DomId, DomId)> {
+    let report = host.call(XmxdRequest::Direct { enabled: None });
+    serde_json::from_value(report["pairs"].clone()).unwrap()
+}
+
+#[test]
+fn a_guest_whose_frontend_closes_loses_its_direct_pair_until_it_connects_again() {
+    use xmx_hv::Platform;
+    let mut host = XmxdHost::start("h0");
+    host.start_xmxd(None, INTERVAL);
+    let xs = host.dom0_xs();
+    let (a, b) = (host.create("sus1"), host.create("sus2"));
+    for d in [a, b] {
+        xs.write(XBT_NULL, &xsnodes::wish_path(DOM0, d), b"")
+            .unwrap();
+    }
+    host.wait("both attached", |c| c.is_attached(a) && c.is_attached(b));
+    eventually("their pair offered", || {
+        offered_pairs(&host) == vec![(a, b)]
+    });
+
+    // The guest's frontend closes its device, as it does for a suspend: the pair goes.
+    let guest_xs = host.attach(b).xenstore().unwrap();
+    let state = xenbus::key_path(&xenbus::frontend_dir(b, 0), keys::STATE);
+    guest_xs.write(XBT_NULL, &state, b"5").unwrap();
+    eventually("the pair revoked", || offered_pairs(&host).is_empty());
+    guest_xs.write(XBT_NULL, &state, b"6").unwrap();
+
+    // Back (a resume on this host): it starts its handshake again and is offered the pair.
+    guest_xs.write(XBT_NULL, &state, b"1").unwrap();
+    eventually("the pair offered again", || {
+        offered_pairs(&host) == vec![(a, b)]
+    });
+    guest_xs.write(XBT_NULL, &state, b"4").unwrap();
+
+    // A state that does not parse is not taken for a close; a close again revokes again.
+    guest_xs.write(XBT_NULL, &state, b"garbage").unwrap();
+    guest_xs.write(XBT_NULL, &state, b"5").unwrap();
+    eventually("revoked once more", || offered_pairs(&host).is_empty());
+    host.destroy(b);
+    host.wait("sus2 gone", |c| !c.is_attached(b));
+    assert!(offered_pairs(&host).is_empty());
+}

@@ -10,16 +10,19 @@
 //! away) or the administrator turns channels off, xmxd removes the offers and
 //! the pair directory, and both libraries fall back to the backend path.
 //!
-//! A suspend alone does not end a pair: a guest suspended and resumed on this
-//! host finds its peer's frames waiting in the channel, as they would in its
-//! rings, and the guest's frontend closing its device (which a backend restart
-//! does as well) says nothing about the channel, which never touches the
-//! backend. A guest about to migrate is marked leaving by the toolstack before
-//! it is suspended (`direct-leaving`): its pairs are revoked while it still
-//! runs, so its peers fall back to the backend with nothing left in a channel
-//! whose other end is about to freeze and go. Its library ends its channels on
-//! the new host anyway (see libmx's direct module), and a pair is revoked when a
-//! domain is destroyed, so a migration that did not mark it stays correct.
+//! A guest whose frontend closes its device (a suspend, a shutdown, or its
+//! daemon following a backend restart) loses its pairs at once: its peers go
+//! back to the backend path rather than write into a channel nobody reads, and
+//! the pairs are offered again when it connects (a resume on this host). On
+//! real Xen the guest's kernel freezes its processes for a suspend before its
+//! daemon can close anything, so there the toolstack's mark is what ends the
+//! channels in time: a guest about to migrate is marked leaving before it is
+//! suspended (`direct-leaving`, which `xmx-hook migrate` sends), and its pairs
+//! are revoked while it still runs, so its peers fall back to the backend with
+//! nothing left in a channel whose other end is about to freeze and go. Its
+//! library ends its channels on the new host anyway (see libmx's direct
+//! module), and a pair is revoked when a domain is destroyed, so a migration
+//! that did not mark it stays correct.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -84,6 +84,23 @@ pub fn name_path(domid: DomId) -> String {
     format!("/local/domain/{domid}/name")
 }
 
+/// The `state` node of domain `domid`'s xmx device `devid`, as its frontend writes it.
+pub(crate) fn front_state_path(domid: DomId, devid: u32) -> String {
+    xmx_wire::xenbus::key_path(
+        &xmx_wire::xenbus::frontend_dir(domid, devid),
+        xmx_wire::xenbus::keys::STATE,
+    )
+}
+
+/// Whether the frontend of domain `domid`'s device `devid` says it is closing or closed
+/// (a suspend, a shutdown): a node that is missing or does not parse says nothing.
+pub(crate) fn front_closed(xs: &dyn Xenstore, domid: DomId, devid: u32) -> Result<bool> {
+    use xmx_wire::xenbus::XenbusState;
+    Ok(read_opt(xs, &front_state_path(domid, devid))?
+        .and_then(|v| v.parse::<XenbusState>().ok())
+        .is_some_and(|s| matches!(s, XenbusState::Closing | XenbusState::Closed)))
+}
+
 fn text(raw: Vec<u8>) -> String {
     String::from_utf8_lossy(&raw)
         .trim_end_matches('\0')

@@ -8,8 +8,8 @@ use xmx_hv::DomId;
 use xmx_wire::xenbus;
 
 use super::{
-    Core, DeviceAttachment, RunningDomain, DEVID, WATCH_INTRODUCE, WATCH_NAME_PREFIX,
-    WATCH_RELEASE, WATCH_WISHES,
+    Core, DeviceAttachment, RunningDomain, DEVID, WATCH_FRONT_PREFIX, WATCH_INTRODUCE,
+    WATCH_NAME_PREFIX, WATCH_RELEASE, WATCH_WISHES,
 };
 use crate::xmxd::error::Result;
 use crate::xmxd::{names, xsnodes};
@@ -20,6 +20,7 @@ impl Core {
         let mut scan = false;
         let mut wishes = false;
         let mut renamed = Vec::new();
+        let mut fronts = Vec::new();
         let mut any = false;
         while let Some(ev) = self.xs.next_watch_event(Some(Duration::ZERO))? {
             any = true;
@@ -27,11 +28,11 @@ impl Core {
                 WATCH_INTRODUCE | WATCH_RELEASE => scan = true,
                 WATCH_WISHES => wishes = true,
                 t => {
-                    if let Some(id) = t
-                        .strip_prefix(WATCH_NAME_PREFIX)
-                        .and_then(|d| d.parse::<DomId>().ok())
-                    {
+                    let id_after = |prefix: &str| t.strip_prefix(prefix)?.parse::<DomId>().ok();
+                    if let Some(id) = id_after(WATCH_NAME_PREFIX) {
                         renamed.push(id);
+                    } else if let Some(id) = id_after(WATCH_FRONT_PREFIX) {
+                        fronts.push(id);
                     }
                 }
             }
@@ -63,6 +64,10 @@ impl Core {
                 d.name = Some(name);
                 self.evaluate(id);
             }
+        }
+        fronts.dedup();
+        for id in fronts {
+            self.look_at_frontend(id)?;
         }
         if wishes || scan {
             let ids: Vec<DomId> = self.domains.keys().copied().collect();
@@ -98,14 +103,21 @@ impl Core {
             let token = format!("{WATCH_NAME_PREFIX}{id}");
             // A domain's name may be written after it is introduced: watch for it.
             self.xs.watch(&xsnodes::name_path(id), &token)?;
+            // Its frontend closing (a suspend) ends its direct channels.
+            self.xs.watch(
+                &xsnodes::front_state_path(id, DEVID),
+                &format!("{WATCH_FRONT_PREFIX}{id}"),
+            )?;
             let name = xsnodes::domain_name(self.xs.as_ref(), id)?;
             let instance = xsnodes::domain_instance(self.xs.as_ref(), id)?;
+            let front_closed = xsnodes::front_closed(self.xs.as_ref(), id, DEVID)?;
             tracing::debug!(domid = id, ?name, ?instance, "domain seen");
             self.domains.insert(
                 id,
                 RunningDomain {
                     name,
                     instance,
+                    front_closed,
                     ..RunningDomain::default()
                 },
             );
@@ -151,6 +163,32 @@ impl Core {
             tracing::debug!(domid, %name, "domain named after it was first seen");
             d.name = Some(name);
             self.evaluate(domid);
+        }
+        Ok(())
+    }
+
+    /// Read the state of domain `domid`'s frontend: one that closes its device (a suspend,
+    /// a shutdown) loses its direct channels at once, so its peers go back to the backend
+    /// path instead of writing into a channel nobody reads; they are offered again once it
+    /// connects (a resume on this host). The node is the guest's: a guest that writes it
+    /// can only end its own channels.
+    fn look_at_frontend(&mut self, domid: DomId) -> Result<()> {
+        if !self.domains.contains_key(&domid) {
+            return Ok(());
+        }
+        let closed = xsnodes::front_closed(self.xs.as_ref(), domid, DEVID)?;
+        let Some(d) = self.domains.get_mut(&domid) else {
+            return Ok(());
+        };
+        if d.front_closed != closed {
+            d.front_closed = closed;
+            tracing::info!(
+                domid,
+                closed,
+                "frontend {}: direct channels follow",
+                if closed { "closed" } else { "open again" }
+            );
+            self.sync_direct();
         }
         Ok(())
     }
@@ -206,6 +244,10 @@ impl Core {
         let _ = self.xs.unwatch(
             &xsnodes::name_path(domid),
             &format!("{WATCH_NAME_PREFIX}{domid}"),
+        );
+        let _ = self.xs.unwatch(
+            &xsnodes::front_state_path(domid, DEVID),
+            &format!("{WATCH_FRONT_PREFIX}{domid}"),
         );
         tracing::info!(domid, name = ?d.name, "domain gone");
     }

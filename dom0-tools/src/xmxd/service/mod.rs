@@ -82,6 +82,7 @@ const WATCH_INTRODUCE: &str = "xmxd:introduce";
 const WATCH_RELEASE: &str = "xmxd:release";
 const WATCH_WISHES: &str = "xmxd:wishes";
 const WATCH_NAME_PREFIX: &str = "xmxd:name:";
+const WATCH_FRONT_PREFIX: &str = "xmxd:front:";
 
 /// Device index of the xmx device xmxd manages in each guest.
 const DEVID: u32 = 0;
@@ -104,6 +105,9 @@ struct RunningDomain {
     attached: Option<DeviceAttachment>,
     /// It had a wish node when last looked at: a wish that vanishes is withdrawn.
     wished: bool,
+    /// Its frontend says Closing or Closed (a suspend, a shutdown): it is offered no
+    /// direct channel until it connects again.
+    front_closed: bool,
 }
 
 fn unix_now() -> u32 {

@@ -119,6 +119,7 @@ impl Core {
         let members: Vec<direct::Member> = self
             .domains
             .iter()
+            .filter(|(_, d)| !d.front_closed)
             .filter_map(|(&domid, d)| {
                 let a = d.attached.as_ref()?;
                 self.table.by_mac(a.mac)?;
