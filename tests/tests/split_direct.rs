@@ -7,7 +7,8 @@
 //! and 2 the test revokes the channels (`xmx direct off`), between 2 and 3
 //! it offers them again; the programs' counters show the channel carried
 //! traffic (LARGE data too: the receiver pulls over the channel), was
-//! closed, and came back. With `MX_DISABLE_SHMEM=1` the same
+//! closed, and came back; a suspend and resume of the passive guest does the
+//! same through its frontend. With `MX_DISABLE_SHMEM=1` the same
 //! program runs with no channel at all.
 //!
 //! The channel is on by default (`XMX_DIRECT=0` or `MX_DISABLE_SHMEM=1` turns it off).
@@ -131,6 +132,69 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     );
     assert_eq!(field(last, "broken"), 0, "{last}");
     println!("active: {one}\nactive: {two}\nactive: {three}\n{last}");
+}
+
+/// Waits until h0's xmxd offers `n` pairs. The offers are xenstore nodes the test has no
+/// watch on, so xmxd is asked until it says so, within a bound.
+fn wait_pairs(c: &SimCluster, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = pairs(c);
+        if now == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "h0 offers {now} pairs, not {n}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_suspended_guest_loses_its_channel_and_gets_it_back_when_it_resumes() {
+    if skipped("split_direct") {
+        return;
+    }
+    let _g = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = cprog::build("direct", dir.path());
+    let c = SimCluster::up("dsus", &[]);
+    assert_eq!(pairs(&c), 1);
+    let env = [("XMX_EXPECT_DIRECT", "1")];
+    let (p, mut a) = start(&c, &bin, &env);
+    let one = a.wait_line(LINE, |l| l.starts_with("phase 1 "));
+    assert!(field(&one, "direct-sent") > 0, "{one}");
+
+    // The passive side's guest is suspended: its frontend closes the device, and xmxd
+    // revokes the pair at once; on resume it connects again and is offered the pair.
+    let domid = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
+    let admin = c.sim_admin(PASSIVE.0);
+    admin.suspend(domid).expect("suspending h0-g1");
+    wait_pairs(&c, 0);
+    admin.resume(domid).expect("resuming h0-g1");
+    wait_pairs(&c, 1);
+
+    // Phase 2 waits for the active side to have seen its channel closed, phase 3 for it
+    // open again; the passive side checks every message of the three phases.
+    a.send_line("go");
+    let two = a.wait_line(LINE, |l| l.starts_with("phase 2 "));
+    a.send_line("go");
+    let three = a.wait_line(LINE, |l| l.starts_with("phase 3 "));
+    let a = a.finish();
+    let p = p.finish();
+    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
+    assert!(
+        p.stdout.contains("received 900 messages in order"),
+        "{}",
+        show(&p)
+    );
+    assert!(field(&two, "closed") >= 1, "{two}");
+    assert!(field(&three, "opened") >= 2, "{three}");
+    assert!(
+        field(&three, "direct-sent") > field(&two, "direct-sent"),
+        "phase 3 used the channel again: {two} / {three}"
+    );
 }
 
 #[test]
