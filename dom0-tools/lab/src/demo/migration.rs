@@ -8,10 +8,12 @@
 //! bytes). The two start side by side and talk over a direct channel. When the receiver
 //! has taken a third of the stream, `xmx sim migrate` moves h0/g2 to h1 as `xl migrate`
 //! would (memory copied while it runs, a short suspend, the rest, resume there); at two
-//! thirds it moves back. Shown: each move's downtime (suspend to resume), the longest
-//! gap the receiver saw between two messages (what a move costs the application), and
-//! what went by direct channels. Either program failing a check, or a move failing,
-//! fails the step.
+//! thirds it moves back (`--moves N`: N moves back and forth, evenly spread over a stream
+//! that grows with N). Meanwhile a bystander pair of the other cluster, red h0/g1 to
+//! h1/g1, runs the same checked stream across the hosts. Shown: each move's downtime
+//! (suspend to resume), the longest gap each receiver saw between two messages (what a
+//! move costs the application, and what it costs the pairs that stay), and what went by
+//! direct channels. Any program failing a check, or a move failing, fails the step.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -37,8 +39,16 @@ pub const MOVER: Place = Place::new(0, 2);
 pub const PARTNER: Place = Place::new(0, 0);
 /// The host the mover visits.
 const AWAY_HOST: usize = 1;
-/// Messages each way.
-pub const MESSAGES: u32 = 12_000;
+/// Messages each way per stretch between two moves (and before the first, after the last).
+pub const MESSAGES_PER_STRETCH: u32 = 4_000;
+/// The moves of the default run: there and back.
+pub const DEFAULT_MOVES: u32 = 2;
+/// The most moves one run makes.
+pub const MAX_MOVES: u32 = 20;
+/// The bystander pair's receiver and sender: the other cluster, across the hosts.
+pub const BYSTANDER: Place = Place::new(1, 1);
+/// See [`BYSTANDER`].
+pub const BYSTANDER_SENDER: Place = Place::new(0, 1);
 /// The receiver's endpoint.
 const RECEIVER_EID: &str = "2";
 /// How long the receiver may go without reaching the next mark.
@@ -102,6 +112,49 @@ pub struct MigrationRun {
     pub longest_gap_ms: f64,
     /// The mover's direct channels.
     pub direct: DirectUse,
+    /// The pair that stays: its stream, checked as the mover's is, across the moves.
+    pub bystander: Bystander,
+}
+
+/// The bystander pair's stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bystander {
+    /// Its receiver (`h1/g1`).
+    pub receiver: String,
+    /// Its sender (`h0/g1`).
+    pub sender: String,
+    /// Messages each way, every one checked.
+    pub messages: u32,
+    /// The longest time between two messages its receiver saw, milliseconds.
+    pub longest_gap_ms: f64,
+    /// How many of the moves began while it was still streaming.
+    pub moves_during: usize,
+}
+
+/// What a program's stream is: its length, and whether it must come up over a direct
+/// channel.
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    messages: u32,
+    direct: bool,
+}
+
+/// The receiver's `longest gap N us` line, in milliseconds.
+fn reported_gap_ms(lines: &[String]) -> Option<f64> {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix("longest gap "))
+        .and_then(|l| l.strip_suffix(" us"))
+        .and_then(|us| us.trim().parse::<f64>().ok())
+        .map(|us| us / 1e3)
+}
+
+/// The receiver's marks: after how many messages each of `moves` moves begins, evenly
+/// spread over `messages` and on the program's 250-message progress lines.
+fn marks(messages: u32, moves: u32) -> Vec<u32> {
+    (1..=moves)
+        .map(|k| (u64::from(messages) * u64::from(k) / u64::from(moves + 1)) as u32 / 250 * 250)
+        .collect()
 }
 
 /// A program running in a guest, its standard output read line by line.
@@ -121,6 +174,7 @@ impl GuestProgram {
         prog: &Path,
         args: &[&str],
         lib_dir: &Path,
+        stream: Stream,
     ) -> Result<GuestProgram> {
         let host = state.host(&place.host_name())?;
         let guest = host.guest(&place.guest_name())?;
@@ -131,8 +185,8 @@ impl GuestProgram {
             .envs(cluster::guest_env(host, guest, lib_dir))
             .envs([
                 ("XMX_TRANSPORT", "xen"),
-                ("XMX_TEST_COUNT", &MESSAGES.to_string()),
-                ("XMX_TEST_DIRECT", "1"),
+                ("XMX_TEST_COUNT", &stream.messages.to_string()),
+                ("XMX_TEST_DIRECT", if stream.direct { "1" } else { "0" }),
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -214,6 +268,11 @@ impl GuestProgram {
         }
     }
 
+    /// Whether it is still running.
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Waits for it to end, successfully; every line it printed.
     fn finish(mut self, timeout: Duration) -> Result<Vec<String>> {
         let deadline = Instant::now() + timeout;
@@ -251,9 +310,18 @@ pub fn run(
     state: &mut ClusterState,
     prog: &Path,
     lib_dir: &Path,
+    moves: u32,
     progress: &mut dyn FnMut(&str),
 ) -> Result<MigrationRun> {
+    if !(1..=MAX_MOVES).contains(&moves) {
+        bail!("--moves: 1 to {MAX_MOVES}, not {moves}");
+    }
+    let messages = MESSAGES_PER_STRETCH * (moves + 1);
     let mover = MOVER.domain_name();
+    let checked = Stream {
+        messages,
+        direct: true,
+    };
     let mut receiver = GuestProgram::spawn(
         format!("the receiver in {MOVER}"),
         state,
@@ -261,6 +329,7 @@ pub fn run(
         prog,
         &["-l", RECEIVER_EID],
         lib_dir,
+        checked,
     )?;
     // A connect to an endpoint that is not open yet is refused at once (MX's behaviour):
     // started together, the sender lost that race about one run in ten and ended, and the
@@ -273,50 +342,94 @@ pub fn run(
         prog,
         &["-d", &mover, "-e", RECEIVER_EID],
         lib_dir,
+        checked,
     )?;
     receiver
         .wait_line("direct channel up", MARK_TIMEOUT)
         .map_err(|e| sender.explain(e))?;
     progress(&format!(
-        "{MESSAGES} messages each way between {PARTNER} and {MOVER}, over a direct channel"
+        "{messages} messages each way between {PARTNER} and {MOVER}, over a direct channel"
+    ));
+    // The pair that stays, across the hosts (no direct channel there).
+    let across = Stream {
+        messages,
+        direct: false,
+    };
+    let mut by_receiver = GuestProgram::spawn(
+        format!("the bystander's receiver in {BYSTANDER}"),
+        state,
+        BYSTANDER,
+        prog,
+        &["-l", RECEIVER_EID],
+        lib_dir,
+        across,
+    )?;
+    by_receiver.wait_line("listening", MARK_TIMEOUT)?;
+    let by_sender = GuestProgram::spawn(
+        format!("the bystander's sender in {BYSTANDER_SENDER}"),
+        state,
+        BYSTANDER_SENDER,
+        prog,
+        &["-d", &BYSTANDER.domain_name(), "-e", RECEIVER_EID],
+        lib_dir,
+        across,
+    )?;
+    progress(&format!(
+        "{messages} messages each way between {BYSTANDER_SENDER} and {BYSTANDER}, which stay"
     ));
     let home = MOVER.host_name();
     let away = crate::sim::cluster::host_name(AWAY_HOST);
-    // The mover is listed as `g2` on its first host, by its domain name after a move.
-    let legs = [
-        (home.clone(), MOVER.guest_name(), away.clone()),
-        (away, mover.clone(), home),
-    ];
-    let mut moves = Vec::new();
-    for (k, (from, guest, to)) in legs.into_iter().enumerate() {
-        let mark = format!("received {}", (k as u32 + 1) * MESSAGES / 3);
+    let mut done = Vec::new();
+    let mut moves_during = 0;
+    for (k, mark) in marks(messages, moves).into_iter().enumerate() {
+        // The mover is listed as `g2` on its first host, by its domain name after a move.
+        let (from, guest, to) = if k % 2 == 0 {
+            let guest = if k == 0 {
+                MOVER.guest_name()
+            } else {
+                mover.clone()
+            };
+            (home.clone(), guest, away.clone())
+        } else {
+            (away.clone(), mover.clone(), home.clone())
+        };
+        let mark = format!("received {mark}");
         receiver
             .wait_line(&mark, MARK_TIMEOUT)
             .map_err(|e| sender.explain(e))?;
         crate::interrupt::check().map_err(|i| anyhow::anyhow!("{i}"))?;
+        if by_receiver.running() {
+            moves_during += 1;
+        }
         progress(&format!("{mark}: moving {mover} from {from} to {to}"));
         let summary = migrate::migrate(state, &from, &guest, &to, progress)
             .with_context(|| format!("moving {mover} from {from} to {to}"))?;
-        moves.push(summary);
+        done.push(summary);
     }
     let received = receiver.finish(END_TIMEOUT)?;
     sender.finish(END_TIMEOUT)?;
-    let longest_gap_ms = received
-        .iter()
-        .find_map(|l| l.strip_prefix("longest gap "))
-        .and_then(|l| l.strip_suffix(" us"))
-        .and_then(|us| us.trim().parse::<f64>().ok())
-        .map(|us| us / 1e3)
-        .context("the receiver did not report its longest gap")?;
+    let by_received = by_receiver.finish(END_TIMEOUT)?;
+    by_sender.finish(END_TIMEOUT)?;
+    let longest_gap_ms =
+        reported_gap_ms(&received).context("the receiver did not report its longest gap")?;
     let direct =
         DirectUse::parse(&received).context("the receiver did not report its direct channels")?;
+    let bystander = Bystander {
+        receiver: BYSTANDER.to_string(),
+        sender: BYSTANDER_SENDER.to_string(),
+        messages,
+        longest_gap_ms: reported_gap_ms(&by_received)
+            .context("the bystander's receiver did not report its longest gap")?,
+        moves_during,
+    };
     Ok(MigrationRun {
         guest: MOVER.to_string(),
         partner: PARTNER.to_string(),
-        messages: MESSAGES,
-        moves,
+        messages,
+        moves: done,
         longest_gap_ms,
         direct,
+        bystander,
     })
 }
 
@@ -343,6 +456,15 @@ pub fn render(run: &MigrationRun) -> String {
         run.messages, run.longest_gap_ms
     ));
     lines.push(format!(
+        "bystander {} -> {}: {} messages each way, every one checked once, in order and byte-exact; longest gap {:.0} ms; {} of the {} moves began while it streamed",
+        run.bystander.sender,
+        run.bystander.receiver,
+        run.bystander.messages,
+        run.bystander.longest_gap_ms,
+        run.bystander.moves_during,
+        run.moves.len()
+    ));
+    lines.push(format!(
         "direct channels of {}: {} opened, {} ended (each move ends them; back beside {} it opens one again), {} frames sent and {} received on them",
         run.guest,
         run.direct.opened,
@@ -357,6 +479,27 @@ pub fn render(run: &MigrationRun) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_moves_are_spread_over_the_stream_on_its_progress_lines() {
+        assert_eq!(marks(12_000, 2), vec![4_000, 8_000]);
+        let ten = marks(MESSAGES_PER_STRETCH * 11, 10);
+        assert_eq!(ten.len(), 10);
+        assert!(ten.windows(2).all(|w| w[0] < w[1]), "{ten:?}");
+        assert!(ten.iter().all(|m| m % 250 == 0 && *m > 0 && *m < 44_000));
+        let most = marks(MESSAGES_PER_STRETCH * (MAX_MOVES + 1), MAX_MOVES);
+        assert!(most.windows(2).all(|w| w[0] < w[1]), "{most:?}");
+    }
+
+    #[test]
+    fn the_receivers_gap_line_parses() {
+        let lines = vec![
+            "received 4000".to_owned(),
+            "longest gap 76000 us".to_owned(),
+        ];
+        assert_eq!(reported_gap_ms(&lines), Some(76.0));
+        assert_eq!(reported_gap_ms(&lines[..1]), None);
+    }
 
     #[test]
     fn the_programs_direct_line_parses() {
