@@ -10,19 +10,7 @@ use std::time::Duration;
 use xmx_backend::admin::CountersReport;
 use xmx_tools::xmxd::control::{ClusterReport, GuestStatus, PeersReport, QosReport};
 use xmx_tools::xmxd::names;
-use xmxd_util::XmxdHost;
-
-/// The `xmx` binary (package xmx-lab, the one entry point over the administration
-/// subcommands and the lab), next to this package's xmxd.
-fn xmx_bin() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_xmxd")).with_file_name("xmx");
-    assert!(
-        path.exists(),
-        "{} is missing: run the workspace tests (`make test`) or `cargo build -p xmx-lab` first",
-        path.display()
-    );
-    path
-}
+use xmxd_util::{xmx_bin, XmxdHost};
 
 fn xmx(args: &[&str]) -> Output {
     Command::new(xmx_bin())

@@ -12,7 +12,7 @@ use xmx_hv::sim::layout;
 use xmx_hv::DOM0;
 use xmx_tools::xmxd::{names, xsnodes};
 use xmx_wire::xenbus::{self, keys};
-use xmxd_util::{read, XmxdHost};
+use xmxd_util::{read, xmx_bin, XmxdHost};
 
 fn hook(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -207,17 +207,6 @@ fn vif_xmx_records_the_wish_and_chains_to_the_vif_script() {
         cluster_key(&host, d2),
         Some(names::cluster_id("green").to_string())
     );
-}
-
-/// The `xmx` binary (package xmx-lab), next to this package's xmxd.
-fn xmx_bin() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_xmxd")).with_file_name("xmx");
-    assert!(
-        path.exists(),
-        "{} is missing: run the workspace tests (`make test`) or `cargo build -p xmx-lab` first",
-        path.display()
-    );
-    path
 }
 
 /// The pairs of domains xmxd offers a direct channel now.

@@ -67,15 +67,17 @@ fn pairs(c: &SimCluster) -> usize {
         .map_or(0, Vec::len)
 }
 
-#[test]
-fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
-    if skipped("split_direct") {
-        return;
-    }
+/// Runs direct.c's three phases between h0's two guests, which must use their channel
+/// (`XMX_EXPECT_DIRECT=1`): `revoke` runs between phases 1 and 2 and must end the channel,
+/// `restore` between phases 2 and 3 (or `revoke` already) must bring it back. Checks what
+/// every such run shows: phase 1 on the channel, the channel closed before phase 2, open
+/// again and used in phase 3, and all 900 messages of every class received in order,
+/// lengths and bytes checked, LARGE data pulled over the channel.
+fn three_phases(tag: &str, revoke: impl FnOnce(&SimCluster), restore: impl FnOnce(&SimCluster)) {
     let _g = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = cprog::build("direct", dir.path());
-    let c = SimCluster::up("dir", &[]);
+    let c = SimCluster::up(tag, &[]);
     // Two guests per host, all in the default cluster: one pair per host.
     assert_eq!(pairs(&c), 1, "h0's xmxd offers its one pair");
 
@@ -89,9 +91,7 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     assert!(field(&one, "opened") >= 1, "{one}");
     assert_eq!(field(&one, "broken"), 0, "{one}");
 
-    let off = c.admin(0, &["direct", "off"]);
-    assert_eq!(off["enabled"], false);
-    assert_eq!(pairs(&c), 0, "revoked");
+    revoke(&c);
     a.send_line("go");
     let two = a.wait_line(LINE, |l| l.starts_with("phase 2 "));
     assert!(
@@ -99,8 +99,7 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
         "the revoke closed the channel: {two}"
     );
 
-    c.admin(0, &["direct", "on"]);
-    assert_eq!(pairs(&c), 1, "offered again");
+    restore(&c);
     a.send_line("go");
     let three = a.wait_line(LINE, |l| l.starts_with("phase 3 "));
     assert!(
@@ -134,6 +133,25 @@ fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
     println!("active: {one}\nactive: {two}\nactive: {three}\n{last}");
 }
 
+#[test]
+fn co_located_guests_use_a_direct_channel_and_fall_back_when_revoked() {
+    if skipped("split_direct") {
+        return;
+    }
+    three_phases(
+        "dir",
+        |c| {
+            let off = c.admin(0, &["direct", "off"]);
+            assert_eq!(off["enabled"], false);
+            assert_eq!(pairs(c), 0, "revoked");
+        },
+        |c| {
+            c.admin(0, &["direct", "on"]);
+            assert_eq!(pairs(c), 1, "offered again");
+        },
+    );
+}
+
 /// Waits until h0's xmxd offers `n` pairs. The offers are xenstore nodes the test has no
 /// watch on, so xmxd is asked until it says so, within a bound.
 fn wait_pairs(c: &SimCluster, n: usize) {
@@ -156,44 +174,19 @@ fn a_suspended_guest_loses_its_channel_and_gets_it_back_when_it_resumes() {
     if skipped("split_direct") {
         return;
     }
-    let _g = exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let bin = cprog::build("direct", dir.path());
-    let c = SimCluster::up("dsus", &[]);
-    assert_eq!(pairs(&c), 1);
-    let env = [("XMX_EXPECT_DIRECT", "1")];
-    let (p, mut a) = start(&c, &bin, &env);
-    let one = a.wait_line(LINE, |l| l.starts_with("phase 1 "));
-    assert!(field(&one, "direct-sent") > 0, "{one}");
-
     // The passive side's guest is suspended: its frontend closes the device, and xmxd
     // revokes the pair at once; on resume it connects again and is offered the pair.
-    let domid = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
-    let admin = c.sim_admin(PASSIVE.0);
-    admin.suspend(domid).expect("suspending h0-g1");
-    wait_pairs(&c, 0);
-    admin.resume(domid).expect("resuming h0-g1");
-    wait_pairs(&c, 1);
-
-    // Phase 2 waits for the active side to have seen its channel closed, phase 3 for it
-    // open again; the passive side checks every message of the three phases.
-    a.send_line("go");
-    let two = a.wait_line(LINE, |l| l.starts_with("phase 2 "));
-    a.send_line("go");
-    let three = a.wait_line(LINE, |l| l.starts_with("phase 3 "));
-    let a = a.finish();
-    let p = p.finish();
-    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
-    assert!(
-        p.stdout.contains("received 900 messages in order"),
-        "{}",
-        show(&p)
-    );
-    assert!(field(&two, "closed") >= 1, "{two}");
-    assert!(field(&three, "opened") >= 2, "{three}");
-    assert!(
-        field(&three, "direct-sent") > field(&two, "direct-sent"),
-        "phase 3 used the channel again: {two} / {three}"
+    three_phases(
+        "dsus",
+        |c| {
+            let domid = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
+            let admin = c.sim_admin(PASSIVE.0);
+            admin.suspend(domid).expect("suspending h0-g1");
+            wait_pairs(c, 0);
+            admin.resume(domid).expect("resuming h0-g1");
+            wait_pairs(c, 1);
+        },
+        |_| {},
     );
 }
 

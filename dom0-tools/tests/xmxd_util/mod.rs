@@ -132,6 +132,18 @@ impl Drop for XmxdHost {
     }
 }
 
+/// The `xmx` binary (package xmx-lab, the one entry point over the administration
+/// subcommands and the lab), next to this package's xmxd.
+pub fn xmx_bin() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_xmxd")).with_file_name("xmx");
+    assert!(
+        path.exists(),
+        "{} is missing: run the workspace tests (`make test`) or `cargo build -p xmx-lab` first",
+        path.display()
+    );
+    path
+}
+
 /// A xenstore value as text, if the node exists.
 pub fn read(xs: &dyn Xenstore, path: &str) -> Option<String> {
     xs.read(XBT_NULL, path)
