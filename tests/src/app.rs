@@ -182,15 +182,64 @@ impl App {
     /// SIGKILLs the program `name` this application runs (a descendant of
     /// `xmx sim run`); true if it was found.
     pub fn kill_program(&self, name: &str) -> bool {
-        let Some(pid) = descendants(self.pid())
-            .into_iter()
-            .find(|&p| comm(p).as_deref() == Some(name))
-        else {
+        self.signal_program(name, libc::SIGKILL)
+    }
+
+    /// Sends `signal` to the program `name` this application runs (a
+    /// descendant of `xmx sim run`); true if it was found.
+    pub fn signal_program(&self, name: &str, signal: libc::c_int) -> bool {
+        let Some(pid) = self.program(name) else {
             return false;
         };
         // SAFETY: plain syscall on a process this test started (through
         // `xmx sim run`).
-        unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
+        unsafe { libc::kill(pid, signal) == 0 }
+    }
+
+    /// Stops the program `name` this application runs (SIGSTOP) and waits
+    /// until every thread of it is stopped: from then on nothing in it runs,
+    /// its library's threads included, until [`signal_program`]
+    /// (Self::signal_program) sends SIGCONT. Nothing announces another
+    /// process's stop: /proc is read until it shows it. False if the program
+    /// was not found or `timeout` passed first.
+    pub fn stop_program(&self, name: &str, timeout: Duration) -> bool {
+        let Some(pid) = self.program(name) else {
+            return false;
+        };
+        // SAFETY: plain syscall on a process this test started.
+        if unsafe { libc::kill(pid, libc::SIGSTOP) } != 0 {
+            return false;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .collect();
+            let stopped = !tasks.is_empty()
+                && tasks.iter().all(|t| {
+                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                        stat.rfind(')')
+                            .and_then(|at| stat[at + 1..].split_whitespace().next())
+                            == Some("T")
+                    })
+                });
+            if stopped {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// The process id of the program `name` this application runs.
+    fn program(&self, name: &str) -> Option<i32> {
+        descendants(self.pid())
+            .into_iter()
+            .find(|&p| comm(p).as_deref() == Some(name))
     }
 }
 

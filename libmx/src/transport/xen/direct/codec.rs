@@ -119,6 +119,14 @@ const CONNECT_REPLY: u8 = 7;
 const NACK: u8 = 8;
 const NOTIFY: u8 = 9;
 
+/// What a message frame (TINY to RNDV) encodes before its payload.
+const MESSAGE_HEAD: usize = 32;
+
+/// The encoded length of a message frame carrying `payload` bytes.
+pub(crate) const fn message_len(payload: usize) -> usize {
+    MESSAGE_HEAD + payload
+}
+
 /// Appends `frame` to `out`; false (and nothing appended) if its payload is
 /// too long for a record.
 pub(crate) fn encode(frame: &Frame<Vec<u8>>, out: &mut Vec<u8>) -> bool {
@@ -410,6 +418,9 @@ mod tests {
             assert!(encode(&f, &mut b));
             assert!(b.len() <= MAX_FRAME);
             assert_eq!(decode(&b, 6).as_ref(), Some(&f));
+            if let Body::Message(m) = &f.body {
+                assert_eq!(b.len(), message_len(m.payload.len()), "{f:?}");
+            }
         }
     }
 

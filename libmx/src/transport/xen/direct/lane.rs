@@ -66,6 +66,24 @@ fn padded(len: usize) -> usize {
     HEADER + len.div_ceil(8) * 8
 }
 
+/// Bytes of the data area that records of lengths `lens` take when written
+/// from offset `pos`, the pad records before those that would cross the
+/// end included.
+fn span(mut pos: usize, lens: impl Iterator<Item = usize>) -> usize {
+    let mut need = 0;
+    for len in lens {
+        let total = padded(len);
+        let tail = DATA_BYTES - pos;
+        if tail < total {
+            need += tail;
+            pos = 0;
+        }
+        need += total;
+        pos = (pos + total) % DATA_BYTES;
+    }
+    need
+}
+
 /// A record `peek` found: where its bytes are and how many.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaneRecord {
@@ -163,6 +181,17 @@ impl Producer {
         self.push_parts(bytes, 0, |_| true)
     }
 
+    /// Appends one record holding `bytes` only if records of the lengths
+    /// `then` would fit after it too: the first record of a group that must
+    /// take one path whole (a MEDIUM message's fragments: a fragment that
+    /// found the lane full would go through the backend, which sends a
+    /// MEDIUM only once it has all of its fragments). Only this producer
+    /// fills the lane, so the records that follow find the room this one
+    /// saw.
+    pub(crate) fn push_first_of(&mut self, bytes: &[u8], then: &[usize]) -> Result<Pushed, Broken> {
+        self.push_reserving(bytes, 0, then, |_| true)
+    }
+
     /// Appends one record of `head` followed by `body_len` bytes that `fill`
     /// writes at the pointer it gets (it returns false to give the record
     /// up: nothing is published then).
@@ -172,8 +201,20 @@ impl Producer {
         body_len: usize,
         fill: impl FnOnce(*mut u8) -> bool,
     ) -> Result<Pushed, Broken> {
+        self.push_reserving(head, body_len, &[], fill)
+    }
+
+    /// [`push_parts`](Self::push_parts), done only if records of the
+    /// lengths `then` would fit after this one.
+    fn push_reserving(
+        &mut self,
+        head: &[u8],
+        body_len: usize,
+        then: &[usize],
+        fill: impl FnOnce(*mut u8) -> bool,
+    ) -> Result<Pushed, Broken> {
         let len = head.len() + body_len;
-        if len > MAX_FRAME {
+        if len > MAX_FRAME || then.iter().any(|&l| l > MAX_FRAME) {
             return Ok(Pushed::Full);
         }
         let total = padded(len);
@@ -186,7 +227,7 @@ impl Producer {
             }
             let pos = self.prod as usize % DATA_BYTES;
             let tail = DATA_BYTES - pos;
-            let need = if tail < total { tail + total } else { total };
+            let need = span(pos, std::iter::once(len).chain(then.iter().copied()));
             if DATA_BYTES - used >= need {
                 break (pos, tail);
             }
@@ -438,6 +479,75 @@ mod tests {
         assert_eq!(b.tx.push(b"again").unwrap(), Pushed::Sent { notify: false });
         assert!(a.rx.pop(&mut out).unwrap());
         assert_eq!(out, b"hi");
+    }
+
+    /// Pushes records taking exactly `bytes` of the lane (a multiple of 8);
+    /// returns how many.
+    fn push_span(tx: &mut Producer, mut bytes: usize) -> usize {
+        let mut n = 0;
+        while bytes > 0 {
+            let take = bytes.min(padded(MAX_FRAME));
+            assert!(matches!(
+                tx.push(&vec![0; take - HEADER]).unwrap(),
+                Pushed::Sent { .. }
+            ));
+            bytes -= take;
+            n += 1;
+        }
+        n
+    }
+
+    #[test]
+    fn a_group_goes_in_whole_or_not_at_all() {
+        let mut m = Mem::new();
+        // SAFETY: `m` outlives both sides' lanes.
+        let (mut a, mut b) = unsafe { (Lanes::new(m.base(), true), Lanes::new(m.base(), false)) };
+        let mut out = Vec::new();
+        // A 32 KiB MEDIUM's fragments: eight records of 4128 bytes, 4136 in
+        // the lane each. The group starts 1000 bytes before the area's end,
+        // so a pad of 1000 bytes goes first: it needs 1000 + 8 * 4136.
+        let rec: Vec<u8> = (0..4128).map(|i| i as u8).collect();
+        let then = [rec.len(); 7];
+        let need = 1000 + 8 * 4136;
+        // Unconsumed records: A, B (an empty one, 8 bytes), then C up to
+        // the start of the group.
+        let a_bytes = need - 8 - 1000;
+        let a_recs = push_span(&mut a.tx, a_bytes);
+        push_span(&mut a.tx, 8);
+        let c_recs = push_span(&mut a.tx, DATA_BYTES - 1000 - a_bytes - 8);
+        assert_eq!(a.tx.prod as usize, DATA_BYTES - 1000);
+        // Taking A leaves 8 bytes too few for the group: none of it goes in,
+        // though its first record alone would.
+        for _ in 0..a_recs {
+            assert!(b.rx.pop(&mut out).unwrap());
+        }
+        assert!(span(DATA_BYTES - 1000, [rec.len()].into_iter()) < need - 8);
+        let prod = a.tx.prod;
+        assert_eq!(a.tx.push_first_of(&rec, &then).unwrap(), Pushed::Full);
+        assert_eq!(a.tx.prod, prod, "nothing written");
+        assert!(b.rx.pop(&mut out).unwrap());
+        assert!(out.is_empty(), "B comes next: nothing was published");
+        // Taking B makes the room: the group goes in whole, pad and all.
+        assert!(matches!(
+            a.tx.push_first_of(&rec, &then).unwrap(),
+            Pushed::Sent { .. }
+        ));
+        for _ in then {
+            assert!(matches!(a.tx.push(&rec).unwrap(), Pushed::Sent { .. }));
+        }
+        assert_eq!(
+            a.tx.prod as usize,
+            DATA_BYTES + 8 * 4136,
+            "the pad, then the group"
+        );
+        for _ in 0..c_recs {
+            assert!(b.rx.pop(&mut out).unwrap());
+        }
+        for _ in 0..8 {
+            assert!(b.rx.pop(&mut out).unwrap());
+            assert_eq!(out, rec);
+        }
+        assert!(b.rx.is_empty());
     }
 
     #[test]

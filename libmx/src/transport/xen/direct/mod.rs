@@ -49,7 +49,9 @@ use rustc_hash::FxHashMap;
 use xmx_hv::{
     DomId, EventChannels, GrantTable, GrantedPages, MappedPages, Platform, Port, Xenstore, XBT_NULL,
 };
-use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
+use xmx_mx::frame::{Message, MessageKind};
+use xmx_mx::medium::{FRAGS_MAX, FRAG_LENGTH_MAX};
+use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Seqnum, Status, MEDIUM_MAX};
 use xmx_wire::direct as names;
 use xmx_wire::mxoe::Mac;
 
@@ -241,6 +243,9 @@ pub(crate) struct EndpointDirect {
     /// The endpoint each lent window was announced to (by its RNDV): only
     /// that endpoint may pull it over a channel.
     announced: FxHashMap<(u8, u8), PeerAddr>,
+    /// The MEDIUM message (destination, seqnum) whose first fragment went
+    /// through the backend: its other fragments follow it there.
+    medium_via_backend: Option<(PeerAddr, Seqnum)>,
 }
 
 impl EndpointDirect {
@@ -482,12 +487,59 @@ impl Hub {
     /// to an offered peer of a higher domain id creates the channel (that
     /// frame and those after it go through the backend until the peer
     /// accepts).
+    ///
+    /// A MEDIUM message takes one path whole. The core emits its fragments
+    /// back to back; the first goes onto the channel only if the lane has
+    /// room for all of them, and the others follow it. The backend sends a
+    /// MEDIUM only once it holds every fragment, so a message whose first
+    /// fragments went onto a lane that then filled up would reach the peer
+    /// incomplete and wait for the core's resend delay (half a second): a
+    /// full window of 32 KiB messages to a peer slower to take them than
+    /// the sender (MPI's bandwidth test) paid that for every window.
     pub(crate) fn transmit(
         &self,
         endpoint: u8,
         d: &mut EndpointDirect,
         view: &PeerView,
         frame: &Frame<Vec<u8>>,
+    ) -> bool {
+        let Body::Message(Message {
+            kind: MessageKind::Medium(frag),
+            seqnum,
+            ..
+        }) = &frame.body
+        else {
+            return self.transmit_frame(endpoint, d, view, frame, &[]);
+        };
+        let message = (frame.destination(), *seqnum);
+        if frag.frag_seqnum > 0 {
+            if d.medium_via_backend == Some(message) {
+                return false;
+            }
+            return self.transmit_frame(endpoint, d, view, frame, &[]);
+        }
+        // The records of the fragments after this one.
+        let length = (frag.msg_length as usize).min(MEDIUM_MAX);
+        let count = length.div_ceil(FRAG_LENGTH_MAX).clamp(1, FRAGS_MAX);
+        let mut then = [0usize; FRAGS_MAX];
+        for (i, rec) in then.iter_mut().enumerate().take(count).skip(1) {
+            let payload = (length - i * FRAG_LENGTH_MAX).min(FRAG_LENGTH_MAX);
+            *rec = codec::message_len(payload);
+        }
+        let direct = self.transmit_frame(endpoint, d, view, frame, &then[1..count]);
+        d.medium_via_backend = (!direct).then_some(message);
+        direct
+    }
+
+    /// [`transmit`](Self::transmit) of one frame, which goes onto the
+    /// channel only if records of the lengths `then` would fit after it.
+    fn transmit_frame(
+        &self,
+        endpoint: u8,
+        d: &mut EndpointDirect,
+        view: &PeerView,
+        frame: &Frame<Vec<u8>>,
+        then: &[usize],
     ) -> bool {
         let dest = frame.destination();
         let generation = self.generation();
@@ -497,7 +549,12 @@ impl Hub {
                 if !codec::encode(frame, &mut d.scratch) {
                     return false;
                 }
-                match ch.lanes.tx.push(&d.scratch) {
+                let pushed = if then.is_empty() {
+                    ch.lanes.tx.push(&d.scratch)
+                } else {
+                    ch.lanes.tx.push_first_of(&d.scratch, then)
+                };
+                match pushed {
                     Ok(Pushed::Full) => return false,
                     Ok(Pushed::Sent { notify }) => {
                         let sent = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
