@@ -319,3 +319,54 @@ fn a_restarted_backend_lets_each_reopened_endpoint_keep_only_its_own_session() {
         .expect("endpoint 0 after its close");
     assert_ne!(a4.session, a.session);
 }
+
+#[test]
+fn a_device_this_host_never_served_keeps_the_sessions_its_frontend_names() {
+    // A guest migrated by real Xen arrives with endpoints whose sessions were recorded
+    // on the host it left: its frontend names them, and a backend with no record of
+    // its own lets each endpoint keep the one named for it.
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.write_front("endpoint-sessions/0", "2864434397");
+    g.write_front("endpoint-sessions/200", "77");
+    g.connect();
+    let a = g
+        .open_endpoint_resuming(0, small_endpoint(1), 2_864_434_397)
+        .1
+        .expect("endpoint 0");
+    assert_eq!(a.session, 2_864_434_397);
+    // Only the endpoint named, and only with the session named for it.
+    let b = g
+        .open_endpoint_resuming(1, small_endpoint(1), 2_864_434_397)
+        .1
+        .expect("endpoint 1");
+    assert_ne!(b.session, 2_864_434_397);
+    // Once this host has served the device, its own records decide: a frontend that
+    // comes back names nothing the backend did not record.
+    g.write_front("endpoint-sessions/2", "4242");
+    g.close();
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    let c = g
+        .open_endpoint_resuming(2, small_endpoint(1), 4242)
+        .1
+        .expect("endpoint 2");
+    assert_ne!(c.session, 4242);
+    // A guest the backend threw out starts over with new sessions, whatever its
+    // frontend names.
+    let mut slot = [0u8; xmx_wire::msg::CTRL_SLOT_SIZE];
+    slot[0] = 0x7f; // no such request kind
+    slot[1] = 1;
+    g.push_raw_ctrl(&slot);
+    g.wait_backend_state(XenbusState::Closed);
+    g.set_state(XenbusState::Closed);
+    g.write_front("endpoint-sessions/0", "2864434397");
+    g.set_state(XenbusState::Initialising);
+    g.connect();
+    let a2 = g
+        .open_endpoint_resuming(0, small_endpoint(1), 2_864_434_397)
+        .1
+        .expect("endpoint 0 after the guest was thrown out");
+    assert_ne!(a2.session, 2_864_434_397);
+}

@@ -281,6 +281,27 @@ impl Server {
                     TOKEN_LISTEN => self.accept(),
                     TOKEN_WATCH => {
                         let mut fe = lock(&self.shared.frontend);
+                        if fe.moves_silently() {
+                            // Out of the set first: following replaces (and closes) it.
+                            epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;
+                            let moved = fe.follow_move();
+                            watch_fd = fe.watch_fd();
+                            epoll
+                                .add(watch_borrow(watch_fd), ev(TOKEN_WATCH))
+                                .map_err(io_err)?;
+                            match moved {
+                                Ok(true) => {
+                                    tracing::info!("the domain was migrated; taking the device up on this host");
+                                    if let Err(e) = fe.resume() {
+                                        tracing::warn!(error = %e, "resuming after the move");
+                                    }
+                                    self.shared.dispatch(&mut fe);
+                                    continue;
+                                }
+                                Ok(false) => {}
+                                Err(e) => tracing::warn!(error = %e, "looking for a migration"),
+                            }
+                        }
                         match fe.pump(Some(Duration::ZERO)) {
                             Ok(_) => {}
                             Err(e @ Error::Platform(xmx_hv::Error::Closed(_))) => {
@@ -308,7 +329,9 @@ impl Server {
             }
             if (n == 0 || std::mem::take(&mut probe_now)) && suspended {
                 let mut fe = lock(&self.shared.frontend);
-                if !fe.probe_running() {
+                // The simulator stops serving a domain that moved; real Xen serves it on
+                // its new host as if nothing happened, and the domid tells.
+                if fe.moves_silently() || !fe.probe_running() {
                     // Out of the set first: following replaces (and closes) it.
                     if watch_fd >= 0 {
                         epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;

@@ -31,9 +31,16 @@ pub trait Platform: Send + Sync {
     /// After losing the hypervisor (connections closed, operations refused): whether the
     /// domain was migrated to another host, in which case the platform now attaches to
     /// it there (the grant table follows with its grants; other handles must be opened
-    /// anew). On real Xen a process never notices a migration, so this is false.
+    /// anew). Each call reports a move once.
     fn follow_move(&self) -> Result<bool> {
         Ok(false)
+    }
+    /// Whether the grants and event channels a domain made before a move still hold
+    /// after it (the simulator carries them along; real Xen does not: pages are granted
+    /// and ports bound anew, and the stale ones must not be touched, see
+    /// [`crate::linux`]).
+    fn handles_follow_move(&self) -> bool {
+        true
     }
 }
 

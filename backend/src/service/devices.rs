@@ -376,7 +376,29 @@ impl Backend {
                 .map_err(|e| format!("{k}: {e}"))?;
             xenbus::parse_u32(&utf8(raw, k)?).map_err(|e| format!("{k}: {e}"))
         };
-        let resumable = self.recorded_sessions(&bdir);
+        let mut resumable = self.recorded_sessions(&bdir);
+        let never_served = matches!(
+            self.xs
+                .read(XBT_NULL, &xenbus::key_path(&bdir, keys::ENDPOINT_SESSIONS)),
+            Err(Error::NotFound(_))
+        );
+        if never_served {
+            // A guest that arrived by a real-Xen migration: its records stayed on the
+            // host it left, so it says which sessions its endpoints had. It can name only
+            // its own endpoints' sessions (its MAC is dom0's), so believing it costs
+            // nobody else anything; an endpoint it names but never re-opens is dropped
+            // for the engine's reopen grace, then NACKed as closed.
+            resumable = crate::xenbus::toolstack::read_sessions(self.xs.as_ref(), &fdir);
+            let max = self.cfg.quotas.max_endpoints;
+            resumable.retain(|&ep, _| usize::from(ep) < max);
+            if !resumable.is_empty() {
+                tracing::info!(
+                    domu = key.domu,
+                    endpoints = resumable.len(),
+                    "the frontend names sessions to keep"
+                );
+            }
+        }
         let ring_ref = read(keys::RING_REF)?;
         let remote_port = read(keys::EVENT_CHANNEL)?;
         let version = read(keys::PROTOCOL_VERSION)?;
@@ -475,6 +497,11 @@ impl Backend {
         match self.xs.rm(XBT_NULL, &dir) {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => tracing::warn!(error = %e, "removing {dir}"),
+        }
+        // Left empty, not absent: an absent record means a device this host never
+        // served (a migrated guest's), whose frontend may name its sessions.
+        if let Err(e) = self.xs.write(XBT_NULL, &dir, b"") {
+            tracing::warn!(error = %e, "writing {dir}");
         }
     }
 

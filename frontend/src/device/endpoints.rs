@@ -258,5 +258,6 @@ impl Frontend {
             // The application still maps the old pages until it remaps.
             self.retired.push((index, old.generation, old));
         }
+        self.grants_lost = false;
     }
 }

@@ -123,16 +123,45 @@ impl Frontend {
         }
         let evtchn = self.platform.event_channels()?;
         let ctrl = CtrlClient::new(self.gnttab.as_ref(), evtchn, self.backend_id)?;
-        let entries = [
-            (keys::RING_REF, ctrl.ring_ref().to_string()),
-            (keys::EVENT_CHANNEL, ctrl.port().to_string()),
-            (keys::PROTOCOL_VERSION, PROTOCOL_VERSION.to_string()),
-            (keys::FEATURE_RCACHE, u8::from(self.cfg.rcache).to_string()),
-            (keys::STATE, XenbusState::Initialised.to_string()),
+        // The sessions of the endpoints this frontend will re-open, for a backend that
+        // has none recorded: the destination of a real-Xen migration, where the
+        // source's records stayed behind (see the backend's `resumable`).
+        let sessions: Vec<(String, String)> = self
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.session_id != 0)
+            .map(|(i, e)| {
+                (
+                    format!("{}/{i}", keys::ENDPOINT_SESSIONS),
+                    e.session_id.to_string(),
+                )
+            })
+            .collect();
+        let mut entries = vec![
+            (keys::RING_REF.to_string(), ctrl.ring_ref().to_string()),
+            (keys::EVENT_CHANNEL.to_string(), ctrl.port().to_string()),
+            (
+                keys::PROTOCOL_VERSION.to_string(),
+                PROTOCOL_VERSION.to_string(),
+            ),
+            (
+                keys::FEATURE_RCACHE.to_string(),
+                u8::from(self.cfg.rcache).to_string(),
+            ),
         ];
+        entries.extend(sessions);
+        entries.push((
+            keys::STATE.to_string(),
+            XenbusState::Initialised.to_string(),
+        ));
         let dir = self.front_dir.clone();
+        let stale_sessions = xenbus::key_path(&dir, keys::ENDPOINT_SESSIONS);
         let written = self.in_transaction(|tx| {
             self.xs.read(tx, &dir)?;
+            match self.xs.rm(tx, &stale_sessions) {
+                Ok(()) | Err(HvError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
             for (key, value) in &entries {
                 self.xs
                     .write(tx, &xenbus::key_path(&dir, key), value.as_bytes())?;

@@ -17,7 +17,15 @@ impl Frontend {
     /// node, as Linux guests do). The acknowledgement comes once the device is down: a
     /// toolstack moving the guest waits for it before it freezes the guest and copies its
     /// last pages (see `xmx_hv::sim::migrate`).
+    ///
+    /// Not on real Xen: there the guest's kernel answers the toolstack (it must read
+    /// `suspend` before anyone clears it, or it ignores the request and the toolstack
+    /// waits in vain) and freezes every process before it suspends; the frontend learns
+    /// of it afterwards ([`Frontend::moves_silently`]).
     pub(super) fn check_shutdown_request(&mut self) -> Result<()> {
+        if self.moves_silently() {
+            return Ok(());
+        }
         let path = format!("/local/domain/{}/control/shutdown", self.domid);
         let value = match self.xs.read(XBT_NULL, &path) {
             Ok(v) => parse_text(v, "control/shutdown")?,
@@ -38,6 +46,10 @@ impl Frontend {
     /// Say that this guest handles suspend requests (`control/feature-suspend`, as
     /// Linux guests do), so that a toolstack waits for their acknowledgement.
     pub(super) fn announce_suspend_feature(&self) {
+        if self.moves_silently() {
+            // The kernel announced it.
+            return;
+        }
         let path = format!("/local/domain/{}/control/feature-suspend", self.domid);
         if let Err(e) = self.xs.write(XBT_NULL, &path, b"1") {
             tracing::warn!(error = %e, "announcing the suspend feature");
@@ -101,6 +113,17 @@ impl Frontend {
         self.domid = domid;
         self.front_dir = front_dir;
         self.announce_suspend_feature();
+        if !self.platform.handles_follow_move() {
+            // Real Xen: the guest ran on without a word. Nothing it granted or bound
+            // before holds now, so the regions cannot be registered again over their
+            // pages (the application registers new ones) and the device must be taken
+            // up anew, as after a suspend.
+            self.grants_lost = true;
+            if self.mode == Mode::Active {
+                self.mode = Mode::Suspended;
+                self.events.push_back(FrontendEvent::Suspended);
+            }
+        }
         // What the old connection held is gone with the old host's backend; the
         // endpoints are re-opened over new grants once connected to the new one.
         if let Some(ctrl) = self.ctrl.take() {

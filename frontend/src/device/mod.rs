@@ -231,6 +231,9 @@ pub struct Frontend {
     /// that moves the guest to another cluster); it is taken up again when the toolstack
     /// creates it anew.
     detached: bool,
+    /// The domain moved and its grants did not follow (real Xen): the endpoints' regions
+    /// are not registered again over their old pages at the next re-open.
+    grants_lost: bool,
     reopened: Vec<EndpointHandoff>,
     events: VecDeque<FrontendEvent>,
 }
@@ -292,6 +295,7 @@ impl Frontend {
             quarantine: Vec::new(),
             broken: false,
             detached: false,
+            grants_lost: false,
             reopened: Vec::new(),
             events: VecDeque::new(),
         };
@@ -358,6 +362,14 @@ impl Frontend {
     /// The state this frontend last wrote.
     pub fn state(&self) -> XenbusState {
         self.state
+    }
+
+    /// Whether a migration goes unannounced to this frontend (real Xen: the guest simply
+    /// runs on, on another host) so that its owner must look for one
+    /// ([`Frontend::follow_move`]) whenever its watches fire, as they all do once the
+    /// kernel has set them again on the new host.
+    pub fn moves_silently(&self) -> bool {
+        !self.platform.handles_follow_move()
     }
 
     /// Whether it wants to be connected.

@@ -136,7 +136,9 @@ impl Frontend {
         regions: BTreeMap<u8, RegionShare>,
         share: &mut EndpointShare,
     ) -> bool {
-        let mut failed = false;
+        // Granted before a move that did not carry the grants along: these refs name
+        // nothing now.
+        let mut failed = self.grants_lost;
         for (region_id, r) in regions {
             if failed || r.backend_id != self.backend_id {
                 failed = true;

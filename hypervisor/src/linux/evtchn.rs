@@ -5,9 +5,10 @@
 //! writing the same u32 back unmasks it (an event that arrived meanwhile is then
 //! delivered again).
 
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::debug;
@@ -26,20 +27,77 @@ const READ_BATCH: usize = 64;
 /// An open /dev/xen/evtchn, non-blocking.
 #[derive(Debug, Clone)]
 pub struct LinuxEventChannels {
-    fd: Arc<OwnedFd>,
+    fd: Arc<EvtchnFile>,
+}
+
+/// The descriptor, and what is needed to close it safely after a migration (see
+/// [`super::migration`]): a descriptor that still holds ports bound before a move is
+/// kept open, never closed.
+#[derive(Debug)]
+struct EvtchnFile {
+    fd: ManuallyDrop<OwnedFd>,
+    /// Moves of the domain seen when it was opened.
+    moves_at_open: u32,
+    /// Ports bound through this handle and not unbound; `None` when unknown (a
+    /// descriptor received from another process).
+    bound: Mutex<Option<usize>>,
+}
+
+impl std::ops::Deref for EvtchnFile {
+    type Target = OwnedFd;
+    fn deref(&self) -> &OwnedFd {
+        &self.fd
+    }
+}
+
+impl Drop for EvtchnFile {
+    fn drop(&mut self) {
+        let bound = *self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        if bound != Some(0) && super::migration::moved_since(self.moves_at_open) {
+            tracing::warn!(
+                fd = self.fd.as_raw_fd(),
+                ?bound,
+                "an event-channel descriptor bound before the domain moved stays open"
+            );
+            return;
+        }
+        // SAFETY: dropped once, here; nothing uses the descriptor after its owner.
+        unsafe { ManuallyDrop::drop(&mut self.fd) };
+    }
+}
+
+impl EvtchnFile {
+    fn new(fd: OwnedFd, bound: Option<usize>) -> Self {
+        EvtchnFile {
+            fd: ManuallyDrop::new(fd),
+            moves_at_open: super::migration::moves(),
+            bound: Mutex::new(bound),
+        }
+    }
+
+    fn count(&self, change: isize) {
+        let mut b = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = b.as_mut() {
+            *n = n.saturating_add_signed(change);
+        }
+    }
 }
 
 impl LinuxEventChannels {
     /// Open the device node at `path` (normally `/dev/xen/evtchn`).
     pub fn open(path: &Path) -> Result<Self> {
+        let fd = sys::open_device(path, "xen-evtchn", libc::O_NONBLOCK)?;
         Ok(LinuxEventChannels {
-            fd: Arc::new(sys::open_device(path, "xen-evtchn", libc::O_NONBLOCK)?),
+            fd: Arc::new(EvtchnFile::new(fd, Some(0))),
         })
     }
 
-    /// Wrap an already open, non-blocking descriptor of the device.
+    /// Wrap an already open, non-blocking descriptor of the device (which may hold
+    /// ports bound elsewhere).
     pub fn from_fd(fd: OwnedFd) -> Self {
-        LinuxEventChannels { fd: Arc::new(fd) }
+        LinuxEventChannels {
+            fd: Arc::new(EvtchnFile::new(fd, None)),
+        }
     }
 
     /// Empty this descriptor's ring of pending ports and clear an overflow condition
@@ -125,6 +183,7 @@ impl EventChannels for LinuxEventChannels {
         // SAFETY: `arg` is the exact struct the ioctl number encodes, live for the call.
         let port = unsafe { sys::ioctl_ptr(&self.fd, IOCTL_EVTCHN_BIND_UNBOUND_PORT, &mut arg) }
             .map_err(|e| errno_error(e, &format!("evtchn: alloc unbound for domain {remote}")))?;
+        self.fd.count(1);
         debug!(remote, port, "evtchn: allocated unbound");
         Ok(port as Port)
     }
@@ -143,6 +202,7 @@ impl EventChannels for LinuxEventChannels {
                     &format!("evtchn: bind to port {remote_port} of domain {remote}"),
                 )
             })?;
+        self.fd.count(1);
         debug!(remote, remote_port, port, "evtchn: bound");
         Ok(port as Port)
     }
@@ -182,10 +242,20 @@ impl EventChannels for LinuxEventChannels {
 
     fn close(&self, port: Port) -> Result<()> {
         check_port(port)?;
+        if super::migration::moved_since(self.fd.moves_at_open) {
+            // Bound before the domain moved: the kernel forgot it, and unbinding it
+            // now would oops (see `super::migration`). It stays listed, harmlessly.
+            debug!(
+                port,
+                "evtchn: port bound before the domain moved left alone"
+            );
+            return Ok(());
+        }
         let mut arg = EvtchnUnbind { port };
         // SAFETY: `arg` is the exact struct the ioctl number encodes, live for the call.
         unsafe { sys::ioctl_ptr(&self.fd, IOCTL_EVTCHN_UNBIND, &mut arg) }
             .map_err(|e| errno_error(e, &format!("evtchn: unbind port {port}")))?;
+        self.fd.count(-1);
         Ok(())
     }
 
@@ -260,7 +330,7 @@ impl EventChannels for LinuxEventChannels {
 /// Signals one port through the descriptor that bound it.
 #[derive(Debug)]
 pub struct EvtchnNotifier {
-    fd: Arc<OwnedFd>,
+    fd: Arc<EvtchnFile>,
     port: Port,
 }
 

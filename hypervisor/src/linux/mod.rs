@@ -20,6 +20,7 @@ mod gntdev;
 mod sys;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tracing::{debug, info};
@@ -59,7 +60,8 @@ impl LinuxConfig {
 /// This domain on real Xen.
 pub struct LinuxPlatform {
     config: LinuxConfig,
-    domid: DomId,
+    /// Changes when the domain is migrated: the destination gives it a new id.
+    domid: AtomicU16,
     grant_table: OnceLock<Arc<LinuxGrantTable>>,
 }
 
@@ -67,7 +69,7 @@ impl std::fmt::Debug for LinuxPlatform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinuxPlatform")
             .field("config", &self.config)
-            .field("domid", &self.domid)
+            .field("domid", &self.domid.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -91,10 +93,11 @@ impl LinuxPlatform {
         LinuxEventChannels::open(&config.node("evtchn"))?;
         let xs = XsClient::from_env()?;
         let domid = read_domid(&xs)?;
+        migration::opened_as(domid);
         info!(domid, dev_dir = %config.dev_dir.display(), "linux platform: opened");
         Ok(LinuxPlatform {
             config,
-            domid,
+            domid: AtomicU16::new(domid),
             grant_table: OnceLock::new(),
         })
     }
@@ -102,6 +105,72 @@ impl LinuxPlatform {
     /// The device directory in use.
     pub fn config(&self) -> &LinuxConfig {
         &self.config
+    }
+}
+
+/// What this process knows of its domain's migrations.
+///
+/// After a migration the guest kernel has forgotten every interdomain event channel a
+/// process bound through /dev/xen/evtchn, but the device still lists them: unbinding one,
+/// or closing a descriptor that still holds one, then trips a `BUG_ON` in the driver
+/// (`evtchn_unbind_from_user`, Linux 6.1) and takes the process down with a kernel oops.
+/// So a handle bound before a move must never unbind nor close what it bound
+/// ([`LinuxEventChannels`] asks [`moved_since`](migration::moved_since)); the xmx guest
+/// daemon lets go of its ports before a planned move (`xmx-hook migrate`) so that
+/// nothing is left to leak.
+pub(crate) mod migration {
+    use std::sync::Mutex;
+
+    use super::{read_domid, XsClient};
+    use crate::{DomId, Result};
+
+    /// The domid last read and the moves seen; no domid until a platform was opened.
+    static SEEN: Mutex<(Option<DomId>, u32)> = Mutex::new((None, 0));
+
+    fn seen() -> std::sync::MutexGuard<'static, (Option<DomId>, u32)> {
+        SEEN.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn opened_as(domid: DomId) {
+        let mut s = seen();
+        if s.0.is_none() {
+            s.0 = Some(domid);
+        }
+    }
+
+    /// Moves seen so far, without looking.
+    pub(crate) fn moves() -> u32 {
+        seen().1
+    }
+
+    /// Read the domid again: (the domid now, moves seen including this one). dom0
+    /// never moves, and a process that opened no platform does not know its domain:
+    /// neither looks.
+    pub(crate) fn check() -> Result<(DomId, u32)> {
+        let known = seen().0;
+        let Some(before) = known.filter(|&d| d != crate::DOM0) else {
+            let s = seen();
+            return Ok((s.0.unwrap_or(crate::DOM0), s.1));
+        };
+        let now = read_domid(&XsClient::from_env()?)?;
+        let mut s = seen();
+        if now != before && s.0 == Some(before) {
+            s.0 = Some(now);
+            s.1 += 1;
+        }
+        Ok((now, s.1))
+    }
+
+    /// Whether the domain moved since `moves` were seen (looking again; a failed look
+    /// answers yes: leaking a descriptor is harmless, a kernel oops is not).
+    pub(crate) fn moved_since(moves: u32) -> bool {
+        match check() {
+            Ok((_, now)) => now != moves,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell whether the domain moved; assuming it did");
+                true
+            }
+        }
     }
 }
 
@@ -136,7 +205,30 @@ impl Platform for LinuxPlatform {
     }
 
     fn domid(&self) -> DomId {
-        self.domid
+        self.domid.load(Ordering::Acquire)
+    }
+
+    /// A migrated Linux guest runs on under a new domid, with the same kernel
+    /// connections (xenbus, the grant and event-channel devices), but everything it had
+    /// granted or bound is gone: Xen does not carry a PV guest's grant table or its
+    /// interdomain event channels across a migration. Nothing tells a process that it
+    /// happened; the domid its xenstore home names is what shows it, so this reads it.
+    fn follow_move(&self) -> Result<bool> {
+        let now = migration::check()?.0;
+        let before = self.domid.swap(now, Ordering::AcqRel);
+        if before == now {
+            return Ok(false);
+        }
+        info!(
+            from = before,
+            to = now,
+            "linux platform: the domain was migrated"
+        );
+        Ok(true)
+    }
+
+    fn handles_follow_move(&self) -> bool {
+        false
     }
 
     fn grant_table(&self) -> Result<Arc<dyn GrantTable>> {
