@@ -437,6 +437,23 @@ impl RegionWindow {
         })
     }
 
+    /// Go on over the pages of `h` (the same region, granted anew), with what this
+    /// window holds copied into them.
+    pub(crate) fn rebase(&mut self, h: RegionHandoff) -> Result<()> {
+        if (h.endpoint, h.region_id, h.length) != (self.endpoint, self.region_id, self.length) {
+            return Err(Error::Protocol(format!(
+                "region {} of endpoint {} ({} bytes) handed over for region {} of endpoint {} ({} bytes)",
+                h.region_id, h.endpoint, h.length, self.region_id, self.endpoint, self.length
+            )));
+        }
+        let next = RegionWindow::from_handoff(h)?;
+        let mut held = vec![0u8; self.length as usize];
+        self.read(0, &mut held)?;
+        next.write(0, &held)?;
+        self.mem = next.mem;
+        Ok(())
+    }
+
     /// A window over `mem` (pages this process granted itself, see [`crate::direct`]).
     pub(crate) fn over(endpoint: u8, region_id: u8, length: u32, mem: SharedMem) -> RegionWindow {
         RegionWindow {

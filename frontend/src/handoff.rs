@@ -27,6 +27,11 @@ pub struct EndpointHandoff {
     /// On a re-open: the endpoint's regions are registered again under their ids over the
     /// same pages, so the application's windows stay valid.
     pub regions_kept: bool,
+    /// With `regions_kept`: the regions are registered again over new pages that hold
+    /// what the old ones held (the domain moved, and real Xen does not carry grants):
+    /// the application maps each of its windows anew
+    /// ([`crate::frontd::FrontdClient::refresh_window`]) before it posts anything.
+    pub regions_moved: bool,
     /// Every page of the endpoint, in info-page order.
     pub pages: ExportedPages,
     /// The endpoint's event channel.
@@ -76,7 +81,7 @@ impl EndpointHandoff {
         out.extend_from_slice(&self.geometry.send_queue.to_le_bytes());
         out.extend_from_slice(&self.geometry.recv_queue.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
-        out.push(u8::from(self.regions_kept));
+        out.push(u8::from(self.regions_kept) | u8::from(self.regions_moved) << 1);
         self.pages.emit(out, fds);
         self.port.emit(out, fds);
     }
@@ -93,7 +98,8 @@ impl EndpointHandoff {
             recv_queue: r.u16()?,
         };
         let generation = r.u32()?;
-        let regions_kept = r.u8()? != 0;
+        let regions = r.u8()?;
+        let (regions_kept, regions_moved) = (regions & 1 != 0, regions & 2 != 0);
         *buf = r.0;
         check_geometry(&geometry)?;
         let pages = ExportedPages::parse(buf, fds)?;
@@ -111,6 +117,7 @@ impl EndpointHandoff {
             geometry,
             generation,
             regions_kept,
+            regions_moved,
             pages,
             port,
         })

@@ -263,6 +263,15 @@ impl RegionCache {
         }
     }
 
+    /// Every window of `endpoint`, in use or not (to move them onto new pages after the
+    /// domain moved).
+    pub fn windows_mut(&mut self, endpoint: u8) -> impl Iterator<Item = &mut RegionWindow> {
+        self.entries
+            .values_mut()
+            .map(|e| &mut e.window)
+            .filter(move |w| w.endpoint() == endpoint)
+    }
+
     /// Forget (unmap, without deregistering) every window of `endpoint`: after a
     /// reconnection the backend no longer knows them. Leases on them become void.
     pub fn forget_endpoint(&mut self, endpoint: u8) -> usize {

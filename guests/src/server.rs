@@ -556,6 +556,17 @@ fn handle(
             fe.deregister_region(endpoint, region_id)?;
             Ok(FrontdReply::Ok)
         }
+        FrontdRequest::RegionPages {
+            endpoint,
+            region_id,
+        } => {
+            if !lock(&client.owned).regions.contains(&(endpoint, region_id)) {
+                return Err(Error::Invalid(format!(
+                    "region {region_id} of endpoint {endpoint} is not yours"
+                )));
+            }
+            Ok(FrontdReply::Region(fe.export_region(endpoint, region_id)?))
+        }
         FrontdRequest::Remapped {
             endpoint,
             generation,

@@ -136,6 +136,7 @@ impl Frontend {
             geometry: share.geometry,
             generation: share.generation,
             regions_kept: false,
+            regions_moved: false,
             pages: share.pages.export()?,
             port: share.port.handle().export_port(share.port.port())?,
         })
@@ -227,6 +228,7 @@ impl Frontend {
             };
             let generation = old.generation.wrapping_add(1);
             let regions = std::mem::take(&mut old.regions);
+            let moved = self.grants_lost && !regions.is_empty();
             match self.share_endpoint(index, old.geometry, generation, old.session_id) {
                 Ok(mut new) => {
                     let kept = self.register_again(index, regions, &mut new);
@@ -234,6 +236,7 @@ impl Frontend {
                     match self.export_endpoint(index) {
                         Ok(mut h) => {
                             h.regions_kept = kept;
+                            h.regions_moved = kept && moved;
                             self.reopened.push(h);
                             self.events
                                 .push_back(FrontendEvent::EndpointReopened { endpoint: index });

@@ -136,15 +136,29 @@ impl Frontend {
         regions: BTreeMap<u8, RegionShare>,
         share: &mut EndpointShare,
     ) -> bool {
-        // Granted before a move that did not carry the grants along: these refs name
-        // nothing now.
-        let mut failed = self.grants_lost;
+        let mut failed = false;
         for (region_id, r) in regions {
-            if failed || r.backend_id != self.backend_id {
+            if failed || (r.backend_id != self.backend_id && !self.grants_lost) {
                 failed = true;
                 end_grants(r.pages, "region");
                 continue;
             }
+            // Granted before a move that did not carry the grants along (real Xen):
+            // those refs name nothing now. The window goes on over new pages holding
+            // what the old ones held, which the application adopts
+            // (`EndpointHandoff::regions_moved`).
+            let r = if self.grants_lost {
+                match self.grant_again(r) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(endpoint = index, region_id, error = %e, "granting a region again");
+                        failed = true;
+                        continue;
+                    }
+                }
+            } else {
+                r
+            };
             match self.register_pages(index, region_id, r.length, &r.pages) {
                 Ok(()) => {
                     share.regions.insert(region_id, r);
@@ -174,6 +188,52 @@ impl Frontend {
             );
         }
         true
+    }
+
+    /// New pages for a region whose grants were lost, holding what its pages hold now;
+    /// the old pages are let go (the application still maps them until it adopts the
+    /// new ones).
+    fn grant_again(&mut self, r: RegionShare) -> Result<RegionShare> {
+        let count = r.pages.len() / PAGE_SIZE;
+        let pages = match self.gnttab.grant_pages(self.backend_id, count, true) {
+            Ok(p) => p,
+            Err(e) => {
+                end_grants(r.pages, "region");
+                return Err(e.into());
+            }
+        };
+        let n = r.pages.len().min(pages.len());
+        // SAFETY: both are mappings of this process, each at least `n` bytes long; the
+        // new pages were just granted and nobody else knows their refs yet. The old ones
+        // may be written by the application meanwhile: a torn copy is repaired by its own
+        // copy when it adopts the new pages, before it posts anything naming them.
+        unsafe { std::ptr::copy_nonoverlapping(r.pages.as_ptr(), pages.as_ptr(), n) };
+        end_grants(r.pages, "region granted before the move");
+        Ok(RegionShare {
+            pages,
+            length: r.length,
+            backend_id: self.backend_id,
+        })
+    }
+
+    /// The pages of region `region_id` of `endpoint` as they are now, for the
+    /// application to map (after a move that granted them anew).
+    pub fn export_region(&self, endpoint: u8, region_id: u8) -> Result<RegionHandoff> {
+        let r = self
+            .endpoints
+            .get(&endpoint)
+            .and_then(|e| e.regions.get(&region_id))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "region {region_id} of endpoint {endpoint} is not registered"
+                ))
+            })?;
+        Ok(RegionHandoff {
+            endpoint,
+            region_id,
+            length: r.length,
+            pages: r.pages.export()?,
+        })
     }
 
     /// One REGION_REGISTER of `pages` (granted already) as `region_id` of `endpoint`.

@@ -186,6 +186,19 @@ impl FrontdClient {
         }
     }
 
+    /// Move `window` onto the pages its region has now (granted anew after the domain
+    /// moved, see [`crate::EndpointHandoff::regions_moved`]), keeping what it holds.
+    pub fn refresh_window(&mut self, window: &mut RegionWindow) -> Result<()> {
+        let h = match self.call(FrontdRequest::RegionPages {
+            endpoint: window.endpoint(),
+            region_id: window.region_id(),
+        })? {
+            FrontdReply::Region(h) => h,
+            other => return Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        };
+        window.rebase(h)
+    }
+
     /// Unmap and deregister a window.
     pub fn deregister_region(&mut self, window: RegionWindow) -> Result<()> {
         let (endpoint, region_id) = (window.endpoint(), window.region_id());

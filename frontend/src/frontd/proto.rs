@@ -52,6 +52,7 @@ const OP_CLOSE_ENDPOINT: u8 = 3;
 const OP_REGISTER_REGION: u8 = 4;
 const OP_DEREGISTER_REGION: u8 = 5;
 const OP_REMAPPED: u8 = 6;
+const OP_REGION_PAGES: u8 = 7;
 
 const REPLY_OK: u8 = 1;
 const REPLY_ERROR: u8 = 2;
@@ -100,6 +101,15 @@ pub enum FrontdRequest {
     },
     /// Deregister a region; the application has unmapped its window.
     DeregisterRegion {
+        /// The endpoint the region belongs to.
+        endpoint: u8,
+        /// The region, one this application registered.
+        region_id: u8,
+    },
+    /// The pages of a region as they are now (granted anew after the domain moved, see
+    /// [`crate::EndpointHandoff::regions_moved`]); answered with a
+    /// [`FrontdReply::Region`].
+    RegionPages {
         /// The endpoint the region belongs to.
         endpoint: u8,
         /// The region, one this application registered.
@@ -271,6 +281,7 @@ impl FrontdMessage {
                     FrontdRequest::CloseEndpoint { .. } => OP_CLOSE_ENDPOINT,
                     FrontdRequest::RegisterRegion { .. } => OP_REGISTER_REGION,
                     FrontdRequest::DeregisterRegion { .. } => OP_DEREGISTER_REGION,
+                    FrontdRequest::RegionPages { .. } => OP_REGION_PAGES,
                     FrontdRequest::Remapped { .. } => OP_REMAPPED,
                 };
                 header(&mut out, KIND_REQUEST, op, *seq);
@@ -296,6 +307,10 @@ impl FrontdMessage {
                         out.extend_from_slice(&length.to_le_bytes());
                     }
                     FrontdRequest::DeregisterRegion {
+                        endpoint,
+                        region_id,
+                    }
+                    | FrontdRequest::RegionPages {
                         endpoint,
                         region_id,
                     } => out.extend_from_slice(&[*endpoint, *region_id]),
@@ -391,6 +406,10 @@ impl FrontdMessage {
                         length: f.u32()?,
                     },
                     OP_DEREGISTER_REGION => FrontdRequest::DeregisterRegion {
+                        endpoint: f.u8()?,
+                        region_id: f.u8()?,
+                    },
+                    OP_REGION_PAGES => FrontdRequest::RegionPages {
                         endpoint: f.u8()?,
                         region_id: f.u8()?,
                     },
@@ -532,6 +551,10 @@ mod tests {
             FrontdRequest::Remapped {
                 endpoint: 2,
                 generation: 5,
+            },
+            FrontdRequest::RegionPages {
+                endpoint: 4,
+                region_id: 9,
             },
         ];
         for (i, r) in reqs.into_iter().enumerate() {

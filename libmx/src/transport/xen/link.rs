@@ -947,6 +947,7 @@ impl XenLink {
         };
         let new_session = h.session_id;
         let daemon_kept = h.regions_kept;
+        let regions_moved = h.regions_moved;
         if let Err(e) = client.remap(channel, h) {
             tracing::warn!(index = self.index, %e, "re-opened endpoint not taken");
             return Remapped::NotTaken;
@@ -968,6 +969,7 @@ impl XenLink {
         // The daemon registers again the regions it registered; the link those it
         // registered itself.
         let regions_kept = match self.own_grants.is_some() {
+            false if daemon_kept && regions_moved => self.adopt_moved_regions(client),
             false => daemon_kept,
             true => self.register_own_again(),
         };
@@ -1035,6 +1037,28 @@ impl XenLink {
         }
         tracing::info!(index = self.index, "endpoint re-opened and remapped");
         Remapped::Resumed
+    }
+
+    /// The daemon registered the endpoint's regions again over new pages (the domain
+    /// moved and its grants did not follow): each window goes on over its region's new
+    /// pages, keeping what it holds, before anything naming it is posted. True if every
+    /// one did.
+    fn adopt_moved_regions(&mut self, client: &mut FrontdClient) -> bool {
+        let index = self.index;
+        let mut moved = 0usize;
+        for window in self.cache.windows_mut(index) {
+            if let Err(e) = client.refresh_window(window) {
+                tracing::warn!(index, region = window.region_id(), %e, "a window did not follow its region");
+                return false;
+            }
+            moved += 1;
+        }
+        tracing::info!(
+            index,
+            windows = moved,
+            "windows moved onto their regions' new pages"
+        );
+        true
     }
 
     /// Waits (up to `timeout`) until the backend has taken every request
