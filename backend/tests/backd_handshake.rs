@@ -370,3 +370,42 @@ fn a_device_this_host_never_served_keeps_the_sessions_its_frontend_names() {
         .expect("endpoint 0 after the guest was thrown out");
     assert_ne!(a2.session, 2_864_434_397);
 }
+
+#[test]
+fn a_device_dom0_holds_stays_closed_until_released_and_its_endpoints_keep_their_sessions() {
+    // What `xmx-hook migrate` does before a real-Xen migration: the guest must let go of
+    // its event channels before its kernel suspends, so dom0 holds the device closed.
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let a = g.open_endpoint(0, small_endpoint(1)).1.expect("endpoint 0");
+    let xs0 = host.attach(DOM0).xenstore().unwrap();
+    let hold = format!("{}/hold", g.backend_dir());
+    xs0.write(xmx_hv::XBT_NULL, &hold, b"1").unwrap();
+    g.wait_backend_state(XenbusState::Closed);
+    // The frontend lets go and asks to start again: the backend does not answer while held.
+    g.set_state(XenbusState::Closed);
+    g.set_state(XenbusState::Initialising);
+    // Nothing to wait for when nothing should happen: watch the backend's state for a
+    // while instead, and see it stay Closed.
+    let bstate = format!("{}/state", g.backend_dir());
+    xs0.watch(&bstate, "held").unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    loop {
+        assert_eq!(g.backend_state(), Some(XenbusState::Closed));
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = xs0.next_watch_event(Some(left)).unwrap();
+    }
+    // Released: served again, and the endpoint re-opens in its session.
+    xs0.rm(xmx_hv::XBT_NULL, &hold).unwrap();
+    g.connect();
+    let a2 = g
+        .open_endpoint_resuming(0, small_endpoint(1), a.session)
+        .1
+        .expect("endpoint 0 after the hold");
+    assert_eq!(a2.session, a.session);
+}

@@ -235,15 +235,25 @@ fn xmx_hook_migrate_revokes_direct_channels_first_and_offers_them_again_when_xl_
     let xl = dir.path().join("xl");
     let during = dir.path().join("during.json");
     let args = dir.path().join("xl.args");
+    let holds = dir.path().join("holds");
     std::fs::write(
         &xl,
         format!(
-            "#!/bin/sh\n\"$XMX_CLI\" direct --json > {}\necho \"$@\" > {}\nexit \"$XL_RC\"\n",
+            "#!/bin/sh\n\"$XMX_CLI\" direct --json > {}\necho \"$@\" > {}\n\
+             for d in {a} {b}; do\n\
+               echo \"$d $(xenstore-read /local/domain/0/backend/xmx/$d/0/hold 2>/dev/null || echo -) \
+             $(xenstore-read /local/domain/0/backend/xmx/$d/0/state)\"\n\
+             done > {}\nexit \"$XL_RC\"\n",
             during.display(),
-            args.display()
+            args.display(),
+            holds.display(),
         ),
     )
     .unwrap();
+    let holds_during = || std::fs::read_to_string(&holds).unwrap();
+    let bdir = |d: u16| format!("/local/domain/0/backend/xmx/{d}/0");
+    let xs0 = host.dom0_xs();
+    let backend_state = |d: u16| xmxd_util::read(xs0.as_ref(), &format!("{}/state", bdir(d)));
     std::fs::set_permissions(&xl, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let xmx = xmx_bin();
     let socket = host.xmxd_socket();
@@ -272,11 +282,20 @@ fn xmx_hook_migrate_revokes_direct_channels_first_and_offers_them_again_when_xl_
     );
     assert_eq!(out.status.code(), Some(1), "xl's status is the hook's");
     assert_eq!(pairs_during(), vec![], "revoked before xl ran");
+    // Its device was held closed (backend Closed) while xl ran, the other's untouched.
+    assert_eq!(holds_during(), format!("{a} 1 6\n{b} - 2\n"));
     assert_eq!(
         std::fs::read_to_string(&args).unwrap(),
         "migrate -C x.cfg mig1 host2\n"
     );
     assert_eq!(offered_pairs(&host), vec![(a, b)], "offered again");
+    assert!(
+        xmxd_util::read(xs0.as_ref(), &format!("{}/hold", bdir(a))).is_none(),
+        "released"
+    );
+    xmxd_util::eventually("the device served again", || {
+        backend_state(a).as_deref() == Some("2")
+    });
 
     // xl succeeds: the channel stays revoked (the domain goes with the migration).
     let e = env("0");

@@ -111,8 +111,25 @@ impl OwnedPort {
     }
 }
 
+impl OwnedPort {
+    /// Unbind the port now, keeping the handle (an application may still hold it).
+    pub(crate) fn unbind(&mut self) {
+        if self.port == 0 {
+            return;
+        }
+        if let Err(e) = self.evtchn.close(self.port) {
+            tracing::debug!(port = self.port, error = %e, "unbinding a port");
+        }
+        // Port 0 is never allocated: it marks the port as gone.
+        self.port = 0;
+    }
+}
+
 impl Drop for OwnedPort {
     fn drop(&mut self) {
+        if self.port == 0 {
+            return;
+        }
         if let Err(e) = self.evtchn.close(self.port) {
             tracing::debug!(port = self.port, error = %e, "closing a port");
         }

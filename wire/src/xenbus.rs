@@ -165,6 +165,11 @@ pub mod keys {
     pub const MAX_REGIONS: &str = "max-regions";
     /// Backend: "1" if co-located guests are served without the wire.
     pub const FEATURE_LOCAL_DELIVERY: &str = "feature-local-delivery";
+    /// Backend: "1" while dom0 holds the device closed (a guest about to migrate on real
+    /// Xen must have let go of its event channels before its kernel suspends: see
+    /// `xmx-hook migrate`). The backend closes the device and serves it again only once
+    /// the key is gone; the frontend keeps its endpoints meanwhile.
+    pub const HOLD: &str = "hold";
     /// Backend: `endpoint-sessions/<endpoint>` holds the session the backend gave each
     /// open endpoint, so that the endpoint keeps it when its device reconnects (a
     /// restarted backend, a resumed guest, a frontend that started over).

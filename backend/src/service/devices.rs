@@ -30,6 +30,8 @@ pub(crate) struct Device {
     pub last_error: Option<String>,
     pub ctrl_requests: u64,
     pub quota_refusals: u64,
+    /// dom0 holds the device closed (`hold` in its backend directory).
+    pub held: bool,
 }
 
 fn frontend_token(key: DeviceKey) -> String {
@@ -145,6 +147,7 @@ impl Backend {
             (Some(true), false) => self.create_device(key),
             (Some(true), true) => {
                 self.apply_qos_weight(key);
+                self.apply_hold(key, &bdir);
                 let broken = self.devices.get(&key).is_some_and(|d| d.spec.is_none());
                 // The toolstack may have fixed the values. Our own writes to a refused
                 // device land here too: only values that now read well start it again.
@@ -154,6 +157,33 @@ impl Backend {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Follow dom0's `hold`: close the device when it appears (the frontend keeps its
+    /// endpoints and waits), take the frontend up again when it goes.
+    fn apply_hold(&mut self, key: DeviceKey, bdir: &str) {
+        let held = match self.xs.read(XBT_NULL, &xenbus::key_path(bdir, keys::HOLD)) {
+            Ok(raw) => String::from_utf8_lossy(&raw).trim_end_matches('\0').trim() == "1",
+            Err(_) => false,
+        };
+        let Some(device) = self.devices.get_mut(&key) else {
+            return;
+        };
+        if device.held == held {
+            return;
+        }
+        device.held = held;
+        tracing::info!(
+            domu = key.domu,
+            devid = key.devid,
+            held,
+            "dom0 holds the device closed"
+        );
+        if held {
+            self.close_device(key, None);
+        } else {
+            self.frontend_changed(key);
         }
     }
 
@@ -227,6 +257,7 @@ impl Backend {
                 last_error: None,
                 ctrl_requests: 0,
                 quota_refusals: 0,
+                held: false,
             },
         );
         if let Some(e) = error {
@@ -313,6 +344,10 @@ impl Backend {
             return;
         };
         if device.spec.is_none() {
+            return;
+        }
+        if device.held {
+            // Closed it stays, whatever the frontend asks, until dom0 lets go.
             return;
         }
         let path = xenbus::key_path(&device.frontend_dir, keys::STATE);

@@ -263,6 +263,15 @@ impl Frontend {
         if let Some(ctrl) = self.ctrl.take() {
             self.retire_ctrl(ctrl);
         }
+        if self.moves_silently() {
+            // The endpoints' ports go now, not when their applications remap: if this
+            // is the guest letting go before a migration (dom0's `hold`), no port may be
+            // left bound when the kernel suspends (see `xmx_hv::linux`'s migration notes).
+            // Re-opening binds new ones.
+            for e in self.endpoints.values_mut() {
+                e.port.unbind();
+            }
+        }
         self.info = None;
         self.broken = false;
         for q in self.quarantine.drain(..) {
