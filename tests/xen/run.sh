@@ -8,6 +8,8 @@
 #                             a guest destroyed and re-created, nothing left in dom0
 #                mx-link      the xmx stack on two linked hosts: MX traffic between
 #                             a guest of each
+#                migrate      two linked hosts: `xl migrate` of a running PV guest
+#                             from A to B, the stream over the link
 # options:
 #   --bin FILE   put FILE in both domains' /usr/local/bin (*.so: /usr/local/lib); repeat.
 #                Without any, xmx-hv-conformance is built with cargo and used.
@@ -16,7 +18,7 @@
 #                Default: cargo builds it (debug) and target/debug is used.
 #   --arg K=V    add xmx.K=V to dom0's kernel command line (see the scenarios); repeat
 #   --nic MODEL  link: the dom0 NIC, virtio-net-pci (default) or e1000
-#   --timeout S  bound on each QEMU run (default 180)
+#   --timeout S  bound on each QEMU run (default 180; migrate 360)
 #   --run-dir D  where the serial logs go (default OUT/run/SCENARIO)
 #   --no-build   reuse the images of the last build
 #
@@ -41,12 +43,12 @@ cpu=${XMX_XEN_CPU:-qemu64}
 
 log() { echo "xen-run: $*" >&2; }
 die() { log "error: $*"; exit 2; }
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 
 bins=()
 args=()
 nic=virtio-net-pci
-tmo=180
+tmo=
 run_dir=
 stack=${XMX_XEN_STACK:-}
 build=1
@@ -69,9 +71,12 @@ case $scenario in
     conformance | link) mem=${mem:-1024} ;;
     # dom0's 512 MiB and two guests of 192 MiB.
     mx | mx-link) mem=${mem:-1280} ;;
+    # dom0's 512 MiB and the guest (128 MiB); a migration takes a minute or more here.
+    migrate) mem=${mem:-1024} tmo=${tmo:-360} ;;
     '') usage >&2; exit 2 ;;
-    *) die "unknown scenario '$scenario' (conformance, link, mx or mx-link)" ;;
+    *) die "unknown scenario '$scenario' (conformance, link, mx, mx-link or migrate)" ;;
 esac
+tmo=${tmo:-180}
 case $nic in virtio-net-pci | e1000) ;; *) die "--nic: virtio-net-pci or e1000" ;; esac
 for a in "${args[@]}"; do
     case $a in *,* | *' '*) die "kernel arguments cannot hold commas or spaces: $a" ;; esac
@@ -217,7 +222,7 @@ run_scenario() {
             verdict "$scenario" || rc=$?
             ;;
         link) two_hosts link "xmx.link=ping xmx.peer=$mac_b" "xmx.link=echo" ;;
-        mx-link) two_hosts mx-link "xmx.side=a" "xmx.side=b" ;;
+        mx-link | migrate) two_hosts "$scenario" "xmx.side=a" "xmx.side=b" ;;
     esac
 }
 run_scenario
