@@ -7,12 +7,13 @@
  *       unreachable connects for up to CONNECT_S seconds, send COMMAND as one line, then
  *       copy stdin to the connection and the connection to stdout, until the far end
  *       closes the connection.
- *   tcppipe serve [-p PORT] [-t ACCEPT_S] [-i IDLE_S]
+ *   tcppipe serve [-p PORT] [-t ACCEPT_S] [-i IDLE_S] [-o]
  *       The far end: accept connections on PORT for up to ACCEPT_S seconds. A connection
- *       whose first line is "ping" is answered "ready" and closed; the first whose line is
- *       an xl migrate-receive command (`xl [OPTION]... migrate-receive [OPTION]...`) has it
- *       run by sh, its stdin and stdout relayed to the connection (through pipes, as ssh
- *       would: xl gets two distinct descriptors), and tcppipe exits with its status.
+ *       whose first line is "ping" is answered "ready" and closed (with -o, tcppipe then
+ *       exits 0: a barrier the other host releases); the first whose line is an xl
+ *       migrate-receive command (`xl [OPTION]... migrate-receive [OPTION]...`) has it run
+ *       by sh, its stdin and stdout relayed to the connection (through pipes, as ssh would:
+ *       xl gets two distinct descriptors), and tcppipe exits with its status.
  *   tcppipe ping [-p PORT] [-t S] HOST
  *       Wait (up to S seconds, retrying) until a `serve` on HOST:PORT answers "ready".
  *
@@ -233,6 +234,7 @@ struct opts {
     int port;
     int wait_s;
     int idle_s;
+    int once;
 };
 
 /* Parse -p -t -i; returns the index of the first operand. */
@@ -240,8 +242,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 {
     int c;
     optind = 2;
-    while ((c = getopt(argc, argv, "+p:t:i:")) != -1) {
+    while ((c = getopt(argc, argv, "+p:t:i:o")) != -1) {
         switch (c) {
+        case 'o': o->once = 1; break;
         case 'p': o->port = atoi(optarg); break;
         case 't': o->wait_s = atoi(optarg); break;
         case 'i': o->idle_s = atoi(optarg); break;
@@ -255,7 +258,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 
 static int cmd_ssh(int argc, char **argv)
 {
-    struct opts o = {DEFAULT_PORT, 30, 60};
+    struct opts o = {DEFAULT_PORT, 30, 60, 0};
     int i = parse_opts(argc, argv, &o);
     if (i < 0 || argc - i < 2)
         return USAGE;
@@ -365,7 +368,7 @@ static int run_command(int sock, const char *line, int idle_s)
 
 static int cmd_serve(int argc, char **argv)
 {
-    struct opts o = {DEFAULT_PORT, 300, 60};
+    struct opts o = {DEFAULT_PORT, 300, 60, 0};
     int i = parse_opts(argc, argv, &o);
     if (i < 0 || i != argc)
         return USAGE;
@@ -386,7 +389,7 @@ static int cmd_serve(int argc, char **argv)
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
-            msg("no migration came within %d s", o.wait_s);
+            msg("%s within %d s", o.once ? "no ping came" : "no migration came", o.wait_s);
             return 1;
         }
         struct sockaddr_in peer;
@@ -406,6 +409,8 @@ static int cmd_serve(int argc, char **argv)
             write_all(sock, "ready\n", 6);
             close(sock);
             msg("ping from %s answered", from);
+            if (o.once)
+                return 0;
             continue;
         }
         if (!is_migrate_receive(line)) {
@@ -421,7 +426,7 @@ static int cmd_serve(int argc, char **argv)
 
 static int cmd_ping(int argc, char **argv)
 {
-    struct opts o = {DEFAULT_PORT, 60, 60};
+    struct opts o = {DEFAULT_PORT, 60, 60, 0};
     int i = parse_opts(argc, argv, &o);
     if (i < 0 || argc - i != 1)
         return USAGE;
@@ -459,7 +464,7 @@ int main(int argc, char **argv)
     if (r == USAGE) {
         fprintf(stderr,
                 "usage: tcppipe ssh [-p PORT] [-t CONNECT_S] [-i IDLE_S] HOST COMMAND...\n"
-                "       tcppipe serve [-p PORT] [-t ACCEPT_S] [-i IDLE_S]\n"
+                "       tcppipe serve [-p PORT] [-t ACCEPT_S] [-i IDLE_S] [-o]\n"
                 "       tcppipe ping [-p PORT] [-t S] HOST\n");
         return 2;
     }

@@ -42,6 +42,9 @@ migrate_side_a() {
     xmx_log "$MIGRATE_GUEST is domain $domid ($mem MiB)"
     migrate_heartbeats "$domid" 20 90 || { xmx_log "no heartbeat from $MIGRATE_GUEST"; migrate_dump_consoles "$MIGRATE_GUEST"; return $XMX_SETUP; }
     beat=$(xenstore-read "/local/domain/$domid/data/heartbeat")
+    # A node dom0 writes in the guest's home: does it travel with the guest? (No: the
+    # stream carries memory and CPU state; B's xl writes the home afresh.)
+    xenstore-write "/local/domain/$domid/data/from-a" "written by host A's dom0"
     xmx_log "$MIGRATE_GUEST beats ($beat); xl list:"
     xl list
     if migrate_send "$MIGRATE_GUEST" "$(xmx_arg xltimeout 240)"; then
@@ -91,7 +94,7 @@ migrate_side_b() {
     xl list
     # The guest runs here, under its own name (xl renamed NAME--incoming when A said go).
     if domid=$(xl domid "$MIGRATE_GUEST" 2>/dev/null) && ! xl domid "$MIGRATE_GUEST--incoming" >/dev/null 2>&1; then
-        xmx_summary "arrived-b pass domid=$domid name=$(xenstore-read "/local/domain/$domid/name")"
+        xmx_summary "arrived-b pass domid=$domid name=$(xenstore-read "/local/domain/$domid/name") data-from-a=$(xenstore-exists "/local/domain/$domid/data/from-a" 2>/dev/null && echo carried || echo absent)"
     else
         xmx_summary "arrived-b fail"
         migrate_trace_off
@@ -140,21 +143,4 @@ migrate_side_b() {
     migrate_trace_digest "$domid"
     [ $rc = $XMX_PASS ] || migrate_dump_xl_logs
     return $rc
-}
-
-# migrate_trace_digest DOMID: from xenstored's trace, what happened to the incoming
-# domain DOMID: its name changes, its introduction, and the first requests of its own
-# connection once it runs (the watches its kernel registers again on resume).
-migrate_trace_digest() {
-    local f=/var/log/xenstored-trace.log conn
-    [ -s "$f" ] || return 0
-    echo "----- xenstored trace: $(wc -l <"$f") lines; of the incoming domain $1: -----"
-    grep -E "WRITE \(/local/domain/$1/name |INTRODUCE|RELEASE|@introduceDomain|@releaseDomain" "$f" | head -n 40
-    # The guest's connection: the first to write a relative data/ path (its heartbeat).
-    conn=$(grep -m1 -E '^IN [^ ]+ .* \(data/' "$f" | cut -d' ' -f2)
-    if [ -n "$conn" ]; then
-        echo "the guest's connection $conn, its first requests:"
-        grep " $conn " "$f" | head -n 40
-    fi
-    echo "----- end of the xenstored trace -----"
 }

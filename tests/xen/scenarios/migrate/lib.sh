@@ -74,24 +74,36 @@ migrate_receive() {
     return $rc
 }
 
-# migrate_send DOMAIN SECONDS [XL-OPTION...]: A's half: wait (up to SECONDS) until B
-# listens, then `xl migrate` DOMAIN to B over tcppipe, bounded by SECONDS. Sets
-# MIGRATE_MS to the time xl took (from its start to its end) and prints xl's messages.
-# XMX_XL (default xl) is the command: `xmx-hook` for the xmx scenarios.
+# migrate_send DOMAIN SECONDS: A's half: wait (up to SECONDS) until B listens, then
+# `xl migrate` DOMAIN to B over tcppipe, bounded by SECONDS. Sets MIGRATE_MS to the time
+# xl took (from its start to its end) and prints xl's messages. With MIGRATE_HOOK set (the
+# path of dom0-tools/hooks/xmx-hook), it runs `xmx-hook migrate DOMAIN HOST -s ...`
+# instead, which revokes the domain's direct channels first.
 migrate_send() {
-    local dom=$1 secs=$2 t0 rc
-    shift 2
+    local dom=$1 secs=$2 t0 rc via="tcppipe ssh -p $MIGRATE_PORT -t 30 -i 60"
     tcppipe ping -p "$MIGRATE_PORT" -t "$secs" "$MIGRATE_IP_B" ||
         { xmx_log "host B never listened"; return 1; }
-    xmx_log "host B listens; migrating $dom"
+    xmx_log "host B listens; migrating $dom${MIGRATE_HOOK:+ with $MIGRATE_HOOK}"
     t0=$(migrate_ms)
-    timeout "$secs" ${XMX_MIGRATE_CMD:-xl migrate} -s "tcppipe ssh -p $MIGRATE_PORT -t 30 -i 60" "$@" \
-        "$dom" "$MIGRATE_IP_B" >/tmp/xl-migrate.log 2>&1
+    if [ -n "${MIGRATE_HOOK:-}" ]; then
+        timeout "$secs" "$MIGRATE_HOOK" migrate "$dom" "$MIGRATE_IP_B" -s "$via" >/tmp/xl-migrate.log 2>&1
+    else
+        timeout "$secs" xl migrate -s "$via" "$dom" "$MIGRATE_IP_B" >/tmp/xl-migrate.log 2>&1
+    fi
     rc=$?
     MIGRATE_MS=$(($(migrate_ms) - t0))
     tr -d '\r' </tmp/xl-migrate.log | sed 's/^/xl-migrate| /'
     xmx_log "xl migrate $dom: status $rc after $(migrate_secs "$MIGRATE_MS") s"
     return $rc
+}
+
+# migrate_barrier_wait SECONDS / migrate_barrier_release SECONDS: host A waits (bounded)
+# until host B releases it, over the link (port 7701): A stays up while B still needs it.
+migrate_barrier_wait() {
+    tcppipe serve -p $((MIGRATE_PORT + 1)) -t "$1" -o
+}
+migrate_barrier_release() {
+    tcppipe ping -p $((MIGRATE_PORT + 1)) -t "$1" "$MIGRATE_IP_A"
 }
 
 # migrate_home_gone DOMID SECONDS: the domain's xenstore home is gone (waits for it).
@@ -110,6 +122,25 @@ migrate_xs_at_least() {
 migrate_heartbeats() {
     local p=/local/domain/$1/data/heartbeat
     xmx_watch_until "$p" "$3" migrate_xs_at_least "$p" "$2"
+}
+
+# migrate_trace_digest DOMID: from xenstored's trace, what happened to the incoming
+# domain DOMID: its name changes, its introduction, and the first requests of its own
+# connection once it runs (the watches its kernel registers again on resume).
+migrate_trace_digest() {
+    local f=/var/log/xenstored-trace.log conn
+    [ -s "$f" ] || return 0
+    echo "----- xenstored trace: $(wc -l <"$f") lines; of the incoming domain $1: -----"
+    grep -E "WRITE \(/local/domain/$1/name |INTRODUCE|RELEASE|@introduceDomain|@releaseDomain" "$f" | head -n 40
+    # The guest's connection: the first to watch control/shutdown (relative) once the
+    # domain is introduced: its kernel registering its watches again on resume.
+    conn=$(awk -v intro="INTRODUCE ($1 " 'index($0, intro) { seen = 1 }
+        seen && $1 == "IN" && index($0, "WATCH (control/shutdown ") { print $2; exit }' "$f")
+    if [ -n "$conn" ]; then
+        echo "the guest's connection $conn, its first requests:"
+        grep " $conn " "$f" | head -n 40
+    fi
+    echo "----- end of the xenstored trace -----"
 }
 
 # migrate_dump_consoles NAME: the guest's console logs, as xenconsoled wrote them, each
