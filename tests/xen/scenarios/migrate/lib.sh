@@ -132,6 +132,10 @@ migrate_trace_digest() {
     [ -s "$f" ] || return 0
     echo "----- xenstored trace: $(wc -l <"$f") lines; of the incoming domain $1: -----"
     grep -E "WRITE \(/local/domain/$1/name |INTRODUCE|RELEASE|@introduceDomain|@releaseDomain" "$f" | head -n 40
+    # What dom0 wrote for it, when: its home and the backends of its devices.
+    echo "dom0's writes for domain $1 (time, request, path):"
+    grep -E "^IN [^ ]+ [0-9]+ [0-9:]+ (WRITE|MKDIR|RM) \((/local/domain/$1/|/local/domain/0/backend/[a-z]+/$1/)" "$f" |
+        cut -d' ' -f4- | cut -c1-120 | head -n 80
     # The guest's connection: the first to watch control/shutdown (relative) once the
     # domain is introduced: its kernel registering its watches again on resume.
     conn=$(awk -v intro="INTRODUCE ($1 " 'index($0, intro) { seen = 1 }
