@@ -10,9 +10,12 @@
 //!   and 16 MiB each way, every byte checked; a guest destroyed and re-created; nothing
 //!   left in dom0.
 //! - `mx-link`: the same stack on two linked hosts, the MX traffic between a guest of each.
+//! - `migrate`: `xl migrate` of a running PV guest from one linked host to the other, the
+//!   stream over the link; the guest's heartbeat, jobs and console go on there, and it
+//!   leaves nothing behind on the first host.
 //!
 //! They need qemu-system-x86, cpio and the Debian packages of tests/xen/packages.lock
-//! (fetched once into target/xen/cache), and about 35 s, 25 s, 2 min and 2 min here (the
+//! (fetched once into target/xen/cache), and about 35 s, 25 s, 2 min, 2 min and 75 s here (the
 //! stack scenarios build the stack with cargo unless `XMX_XEN_STACK` names a profile
 //! directory). They run with `XMX_XEN_TESTS=1`, and under CI (`CI` set, as .ci/run installs
 //! QEMU); `XMX_XEN_TESTS=0` turns them off.
@@ -38,6 +41,8 @@ static QEMU: Mutex<()> = Mutex::new(());
 const QEMU_TIMEOUT_S: u32 = 150;
 /// The bound run.sh puts on each QEMU of the stack scenarios.
 const STACK_QEMU_TIMEOUT_S: u32 = 360;
+/// The bound run.sh puts on each QEMU of the migrate scenario.
+const MIGRATE_QEMU_TIMEOUT_S: u32 = 360;
 /// What a scenario may take beyond its QEMU bound: fetch, cargo and image build.
 const BUILD_BOUND_S: u32 = 300;
 
@@ -519,6 +524,95 @@ fn mx_between_guests_of_two_hosts() {
     assert_clean(problems, status, &run_dir, "mx-link on real Xen");
 }
 
+/// The value of `key=VALUE` among the words of an `xmx-result` line's detail.
+fn detail_value<'a>(detail: &'a str, key: &str) -> Option<&'a str> {
+    detail
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// The text of `guest`'s console lines (as dom0 copied them) that start with `prefix`.
+fn guest_lines<'a>(log: &'a str, guest: &str, prefix: &str) -> Vec<&'a str> {
+    log.lines()
+        .filter_map(guest_line)
+        .filter(|(g, t)| *g == guest && t.starts_with(prefix))
+        .map(|(_, t)| t)
+        .collect()
+}
+
+#[test]
+fn a_running_guest_migrates_between_two_hosts() {
+    if !enabled("a_running_guest_migrates_between_two_hosts") {
+        return;
+    }
+    let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let run_dir = workspace().join("target/xen/run/test-migrate");
+    let status = run_scenario("migrate", MIGRATE_QEMU_TIMEOUT_S, &run_dir, &[]);
+    let log_a = read_log(&run_dir.join("migrate-a.log"));
+    let log_b = read_log(&run_dir.join("migrate-b.log"));
+    let a = StackReport::parse(&log_a);
+    let b = StackReport::parse(&log_b);
+    a.print("host-a");
+    b.print("host-b");
+
+    let mut problems = Vec::new();
+    for (host, r, steps) in [
+        ("host-a", &a, &["migrate-a", "gone-a"][..]),
+        (
+            "host-b",
+            &b,
+            &["receive-b", "arrived-b", "heartbeat-b", "job-b", "end-b"][..],
+        ),
+    ] {
+        for step in steps {
+            if !r.passed(step) {
+                problems.push(format!("{host}: step {step} did not pass"));
+            }
+        }
+    }
+    let detail = |r: &StackReport, step: &str, key: &str| -> Option<String> {
+        r.results
+            .iter()
+            .find(|(s, _, _)| s == step)
+            .and_then(|(_, _, d)| detail_value(d, key).map(str::to_string))
+    };
+    let seconds = detail(&a, "migrate-a", "seconds").and_then(|s| s.parse::<f64>().ok());
+    let gap_ms = detail(&b, "heartbeat-b", "move-gap-ms").and_then(|s| s.parse::<u64>().ok());
+    report!(
+        "migration: {seconds:?} s (xl migrate on host A), the guest's heartbeat gap {gap_ms:?} ms"
+    );
+    if !seconds.is_some_and(|s| s > 0.0) {
+        problems.push(format!("no migration time from host A: {seconds:?}"));
+    }
+    if gap_ms.is_none() {
+        problems.push("the guest did not record the gap of its move".into());
+    }
+    // On host B the guest is another domain than it was on host A (B created and destroyed
+    // one first), and it knows it.
+    let moved = detail(&b, "heartbeat-b", "moved");
+    let arrived = detail(&b, "arrived-b", "domid");
+    let ends = moved.as_deref().map(|m| {
+        let words: Vec<&str> = m.split('-').collect();
+        (words.get(1).copied(), words.last().copied())
+    });
+    if !ends.is_some_and(|(from, to)| to == arrived.as_deref() && from != to) {
+        problems.push(format!(
+            "the guest moved {moved:?}, host B has it as domain {arrived:?}"
+        ));
+    }
+    // The job dom0 of host B handed it printed on the console xenconsoled of B logged.
+    let job = guest_lines(&log_b, "mig", "migrate-job: ");
+    for l in &job {
+        report!("host-b/mig: {l}");
+    }
+    if !job.iter().any(|l| l.ends_with("named mig")) {
+        problems.push(format!(
+            "no job output on the guest's console on host B: {job:?}"
+        ));
+    }
+    assert_clean(problems, status, &run_dir, "migrate on real Xen");
+}
+
 mod parsing {
     use super::*;
 
@@ -630,6 +724,21 @@ mod parsing {
             None
         );
         assert_eq!(direct_frames("mxcheck: PASS (active)"), None);
+    }
+
+    #[test]
+    fn result_details_and_guest_lines_are_found_by_key_and_name() {
+        let d = "beats=171 moved=domain-1-to-2 move-gap-ms=1526 max-gap-ms=1526";
+        assert_eq!(detail_value(d, "move-gap-ms"), Some("1526"));
+        assert_eq!(detail_value(d, "moved"), Some("domain-1-to-2"));
+        assert_eq!(detail_value(d, "gap-ms"), None);
+        assert_eq!(detail_value(d, "max-gap"), None);
+        let log = "[ 74.57] mig| migrate-job: domain 2 named mig\n[ 74.58] mig| xmx[1.0] job 1\n\
+                   [ 74.59] b1| migrate-job: elsewhere\n";
+        assert_eq!(
+            guest_lines(log, "mig", "migrate-job: "),
+            ["migrate-job: domain 2 named mig"]
+        );
     }
 
     #[test]

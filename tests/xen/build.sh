@@ -5,10 +5,10 @@
 #   OUT/img/dom0.cpio      dom0's initramfs; it carries the domU's kernel and initramfs
 #
 # Both initramfs images hold busybox, the Xen drivers, the init scripts and scenarios of
-# tests/xen, the test programs rawlink and unixcall, and the extra binaries given with
-# --bin (or in $XMX_XEN_BINS, space separated), without debug info, with the shared
-# libraries they need. An extra file named *.so goes to /usr/local/lib, anything else to
-# /usr/local/bin.
+# tests/xen, the test programs rawlink, unixcall, tcppipe and heartbeat, and the extra
+# binaries given with --bin (or in $XMX_XEN_BINS, space separated), without debug info,
+# with the shared libraries they need. An extra file named *.so goes to /usr/local/lib,
+# anything else to /usr/local/bin.
 #
 # --stack DIR (or $XMX_XEN_STACK) takes the xmx stack from DIR, a cargo profile
 # directory (target/debug or target/release): dom0 gets xmx-backd, xmxd, the xmx CLI and
@@ -123,6 +123,8 @@ base_root() {
     copy_elf /lib/x86_64-linux-gnu/libgcc_s.so.1 /lib/x86_64-linux-gnu/libgcc_s.so.1 "$root"
     copy_elf "$work/rawlink" /usr/local/bin/rawlink "$root"
     copy_elf "$work/unixcall" /usr/local/bin/unixcall "$root"
+    copy_elf "$work/tcppipe" /usr/local/bin/tcppipe "$root"
+    copy_elf "$work/heartbeat" /usr/local/bin/heartbeat "$root"
     for f in "${extra[@]}"; do add_extra "$root" "$f"; done
     if [ -n "$stack" ]; then
         if [ "$role" = dom0 ]; then
@@ -168,6 +170,8 @@ pack() {
 mkdir -p "$img" "$work"
 gcc -static -O2 -Wall -Wextra -Werror -o "$work/rawlink" "$here/rawlink.c"
 gcc -static -O2 -Wall -Wextra -Werror -o "$work/unixcall" "$here/unixcall.c"
+gcc -static -O2 -Wall -Wextra -Werror -o "$work/tcppipe" "$here/tcppipe.c"
+gcc -static -O2 -Wall -Wextra -Werror -o "$work/heartbeat" "$here/heartbeat.c"
 if [ -n "$stack" ]; then
     for f in "$here/mxcheck.c" "$here/../c/pingpong.c"; do
         gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I "$here/../../libmx/include" -I "$here/../c" \

@@ -8,20 +8,25 @@
 #                             a guest destroyed and re-created, nothing left in dom0
 #                mx-link      the xmx stack on two linked hosts: MX traffic between
 #                             a guest of each
+#                migrate      two linked hosts: `xl migrate` of a running PV guest
+#                             from A to B, the stream over the link
+#                mx-migrate   the xmx stack on two linked hosts, a guest migrated from
+#                             A to B while it exchanges MX traffic with a guest of B
+#                             (a skeleton: fails until the frontend follows a move)
 # options:
 #   --bin FILE   put FILE in both domains' /usr/local/bin (*.so: /usr/local/lib); repeat.
 #                Without any, xmx-hv-conformance is built with cargo and used.
-#   --stack DIR  mx, mx-link: take the xmx stack from DIR (a cargo profile directory;
-#                or $XMX_XEN_STACK).
+#   --stack DIR  mx, mx-link, mx-migrate: take the xmx stack from DIR (a cargo profile
+#                directory; or $XMX_XEN_STACK).
 #                Default: cargo builds it (debug) and target/debug is used.
 #   --arg K=V    add xmx.K=V to dom0's kernel command line (see the scenarios); repeat
 #   --nic MODEL  link: the dom0 NIC, virtio-net-pci (default) or e1000
-#   --timeout S  bound on each QEMU run (default 180)
+#   --timeout S  bound on each QEMU run (default 180; migrate 360, mx-migrate 540)
 #   --run-dir D  where the serial logs go (default OUT/run/SCENARIO)
 #   --no-build   reuse the images of the last build
 #
 # OUT is $XMX_XEN_OUT (default <workspace>/target/xen). Memory per QEMU: $XMX_XEN_MEM MiB
-# (default 1024, 1280 for mx and mx-link; dom0 gets 512), vCPUs: $XMX_XEN_SMP
+# (default 1024, 1280 for mx, mx-link and mx-migrate; dom0 gets 512), vCPUs: $XMX_XEN_SMP
 # (default 2), CPU model: $XMX_XEN_CPU
 # (default qemu64; with max,-smap, grant traffic intermittently corrupts guest memory
 # under this QEMU's TCG, see README.md; plain max kills dom0 at once).
@@ -41,12 +46,12 @@ cpu=${XMX_XEN_CPU:-qemu64}
 
 log() { echo "xen-run: $*" >&2; }
 die() { log "error: $*"; exit 2; }
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; }
 
 bins=()
 args=()
 nic=virtio-net-pci
-tmo=180
+tmo=
 run_dir=
 stack=${XMX_XEN_STACK:-}
 build=1
@@ -69,9 +74,14 @@ case $scenario in
     conformance | link) mem=${mem:-1024} ;;
     # dom0's 512 MiB and two guests of 192 MiB.
     mx | mx-link) mem=${mem:-1280} ;;
+    # dom0's 512 MiB and the guest (128 MiB); a migration takes a minute or more here.
+    migrate) mem=${mem:-1024} tmo=${tmo:-360} ;;
+    # Host B holds b1 and, once moved, a1 (192 MiB each); a failing run waits out its jobs.
+    mx-migrate) mem=${mem:-1280} tmo=${tmo:-540} ;;
     '') usage >&2; exit 2 ;;
-    *) die "unknown scenario '$scenario' (conformance, link, mx or mx-link)" ;;
+    *) die "unknown scenario '$scenario' (conformance, link, mx, mx-link, migrate or mx-migrate)" ;;
 esac
+tmo=${tmo:-180}
 case $nic in virtio-net-pci | e1000) ;; *) die "--nic: virtio-net-pci or e1000" ;; esac
 for a in "${args[@]}"; do
     case $a in *,* | *' '*) die "kernel arguments cannot hold commas or spaces: $a" ;; esac
@@ -80,7 +90,7 @@ command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing (apt
 
 if [ $build = 1 ]; then
     case $scenario in
-        mx | mx-link)
+        mx | mx-link | mx-migrate)
             if [ -z "$stack" ]; then
                 log "building the xmx stack (debug)"
                 (cd "$workspace" && "${CARGO:-cargo}" build -q -p xmx-backend -p xmx-tools -p xmx-lab -p xmx-guests -p xmx-libmx) ||
@@ -217,7 +227,7 @@ run_scenario() {
             verdict "$scenario" || rc=$?
             ;;
         link) two_hosts link "xmx.link=ping xmx.peer=$mac_b" "xmx.link=echo" ;;
-        mx-link) two_hosts mx-link "xmx.side=a" "xmx.side=b" ;;
+        mx-link | migrate | mx-migrate) two_hosts "$scenario" "xmx.side=a" "xmx.side=b" ;;
     esac
 }
 run_scenario

@@ -5,6 +5,10 @@
 #
 # Kernel arguments: xmx.log= RUST_LOG of xmx-frontd and the MX programs (default warn),
 # xmx.jobtimeout= seconds a job may run (default 180).
+#
+# Every xenstore path is relative (device/..., data/...): xenstored resolves it against
+# the home of the domain the guest is at the time, so the job loop follows the guest when
+# it is migrated to another host, where it is another domain (scenario mx-migrate).
 
 # xmx_children_of PID: the process ids whose parent is PID (the guest's busybox has no pgrep).
 xmx_children_of() {
@@ -38,8 +42,8 @@ xmx_job_new() {
 }
 
 scenario_domu() {
-    local home job id cmd status last=none failed=0 rust_log jobtimeout frontd jobpid watch
-    home=/local/domain/$(xenstore-read domid) || return 2
+    local job id cmd status last=none failed=0 rust_log jobtimeout frontd jobpid watch
+    xenstore-read domid >/dev/null || return 2
     rust_log=$(xmx_arg log warn)
     jobtimeout=$(xmx_arg jobtimeout 180)
     export XMX_PLATFORM=linux XMX_FRONTD_SOCKET=/run/xmx/frontd.sock RUST_LOG="$rust_log"
@@ -55,15 +59,15 @@ scenario_domu() {
         [ $i -le 600 ] || { xmx_log "xmx-frontd did not open its socket in 60 s"; return 2; }
         usleep 100000
     done
-    xmx_watch_until "$home/device/xmx/0/state" 60 xmx_xs_has_prefix "$home/device/xmx/0/state" 4 ||
+    xmx_watch_until device/xmx/0/state 60 xmx_xs_has_prefix device/xmx/0/state 4 ||
         { xmx_log "the xmx device never reached Connected"; return 2; }
     xmx_log "xmx-frontd (pid $frontd) serves $XMX_FRONTD_SOCKET, device connected"
-    xenstore-write "$home/data/xmx-ready" 1 || return 2
+    xenstore-write data/xmx-ready 1 || return 2
 
     while :; do
-        xmx_watch_until "$home/data/xmx-job" 600 xmx_job_new "$home/data/xmx-job" "$last" ||
+        xmx_watch_until data/xmx-job 600 xmx_job_new data/xmx-job "$last" ||
             { xmx_log "no job from dom0"; return 2; }
-        job=$(xenstore-read "$home/data/xmx-job")
+        job=$(xenstore-read data/xmx-job)
         id=${job%% *}
         cmd=${job#* }
         last=$id
@@ -86,7 +90,7 @@ scenario_domu() {
         wait "$watch" 2>/dev/null
         xmx_log "job $id: status $status"
         [ "$status" = 0 ] || failed=$((failed + 1))
-        xenstore-write "$home/data/xmx-job-done" "$id $status"
+        xenstore-write data/xmx-job-done "$id $status"
     done
     kill $frontd 2>/dev/null
     wait $frontd 2>/dev/null

@@ -1,0 +1,175 @@
+# Scenario mx-migrate (a skeleton; expected to fail until the guest's xmx frontend follows
+# a real-Xen migration): the xmx stack on two linked hosts as in mx-link, and a guest moved
+# mid-traffic. a1 on host A runs mxcheck's passive side, b1 on host B the active side
+# against a1; while they run, A migrates a1 to B (`xmx-hook migrate`, the stream over the
+# link as in the migrate scenario). On B, a1 must get its xmx device again (B's xmxd
+# attaches it to the incoming domain), its mxcheck and b1's must end with every byte
+# checked, and both guests must end cleanly; on A, nothing of a1 may be left.
+#
+# Order, over the link (no sleeps): B creates b1 and starts its job, then listens; A
+# creates a1, starts its job, waits for B's listener and migrates. B learns the end of the
+# migration from its receiver's exit; A stays up until B releases it at the end.
+#
+# Each host prints `xmx-result` lines and, always, its daemons' logs, the guests' consoles
+# (a1's on B is guest-a1--incoming.log), xl's logs and, on B, a digest of xenstored's trace
+# of a1's arrival.
+#
+# Kernel arguments: xmx.side= a or b, xmx.iters= round trips (default 2000: the ping-pong
+# must outlast the migration's pre-copy), xmx.bytes= (default 16777216), xmx.jobtimeout=
+# (default 150), xmx.wait= seconds B listens and A waits (default 240), xmx.xltimeout=
+# (default 240), xmx.log=, xmx.nic=, xmx.mtu=.
+
+. /etc/xmx/scenarios/mx/lib.sh
+. /etc/xmx/scenarios/migrate/lib.sh
+
+scenario_dom0() {
+    local side
+    side=$(xmx_arg side none)
+    migrate_net_up "$side" || return $XMX_SETUP
+    # See mx-link: with a NIC, the descriptor count is no baseline.
+    XMX_HOLDINGS_FDS=0
+    xmx_stack_up "$(xmx_arg nic eth0)" "host-$side" || return $XMX_SETUP
+    MXM_EMPTY=$(xmx_backd_holdings)
+    xmx_log "xmx-backd with no guest: $MXM_EMPTY"
+    MXM_ITERS=$(xmx_arg iters 2000)
+    MXM_BYTES=$(xmx_arg bytes 16777216)
+    MXM_JT=$(xmx_arg jobtimeout 150)
+    case $side in
+        a) mxm_side_a ;;
+        b) mxm_side_b ;;
+    esac
+}
+
+# mxm_guest NAME JOB: create NAME through the xl integration, wait until its xmx device is
+# Connected, hand it JOB as job 1; prints its domain id.
+mxm_guest() {
+    local domid
+    domid=$(xmx_guest_create "$1" "xmx.log=$(xmx_arg log warn)" "xmx.jobtimeout=$MXM_JT") || return 1
+    xmx_guest_ready "$domid" 60 || { xmx_dump_guest_console "$1"; return 1; }
+    xmx_log "$1 is domain $domid; xmx-backd: $(xmx_backd_holdings)"
+    xmx_job_start "$domid" 1 "$2" || return 1
+    echo "$domid"
+}
+
+mxm_dump_all() {
+    echo "----- xmx peers -----"
+    xmx peers --xmxd-socket "$XMX_XMXD_SOCK" 2>&1
+    echo "----- xmx counters -----"
+    xmx counters --backd-socket "$XMX_BACKD_SOCK" 2>&1
+    echo "----- xenstore /local/domain/0/backend/xmx, /local/domain/0/xmx -----"
+    xenstore-ls -f /local/domain/0/backend/xmx 2>&1
+    xenstore-ls -f /local/domain/0/xmx 2>&1
+    xmx_dump_stack_logs
+    migrate_dump_xl_logs
+}
+
+mxm_side_a() {
+    local domid rc=$XMX_PASS
+    domid=$(mxm_guest a1 "mxcheck -l 2 -n $MXM_ITERS -s $MXM_BYTES") || { mxm_dump_all; return $XMX_SETUP; }
+    if MIGRATE_HOOK=/etc/xen/scripts/xmx-hook XMX_XL=xl XMX_XMXD_SOCKET=$XMX_XMXD_SOCK \
+        migrate_send a1 "$(xmx_arg xltimeout 240)"; then
+        xmx_summary "migrate-a pass seconds=$(migrate_secs "$MIGRATE_MS") domid=$domid"
+    else
+        xmx_summary "migrate-a fail seconds=$(migrate_secs "$MIGRATE_MS")"
+        rc=$XMX_FAIL
+    fi
+    xl list
+    # Nothing of a1 left on A: no domain, no xenstore nodes, no device in the backend, and
+    # the backend holds what it held before any guest.
+    if ! xl domid a1 >/dev/null 2>&1 && xmx_gone_from_dom0 "$domid" && xmx_holdings_settle "$MXM_EMPTY" 20; then
+        xmx_summary "gone-a pass domid=$domid"
+    else
+        xmx_summary "gone-a fail holdings=[$(xmx_backd_holdings)] expected=[$MXM_EMPTY]"
+        rc=$XMX_FAIL
+    fi
+    # B may still need A's xmxd (its announcements) until it is done.
+    if migrate_barrier_wait $(($(xmx_arg deadline 300) - $(xmx_uptime) - 30)); then
+        xmx_log "host B is done"
+    else
+        xmx_log "host B never said it was done"
+    fi
+    xmx_stack_alive || rc=$XMX_FAIL
+    xmx_dump_guest_console a1
+    mxm_dump_all
+    return $rc
+}
+
+# mxm_job_status DOMID SECONDS: job 1's status in DOMID, or "none" after SECONDS.
+mxm_job_status() {
+    xmx_job_wait "$1" 1 "$2"
+}
+
+# mxm_end NAME DOMID: end the guest (its job loop, else xl destroy); prints its status.
+mxm_end() {
+    local end
+    if end=$(xmx_guest_end "$2"); then
+        echo "$end"
+    else
+        xmx_log "$1 (domain $2) did not end: xl destroy"
+        xl destroy "$2" >&2
+        echo destroyed
+    fi
+}
+
+mxm_side_b() {
+    local b1 a1 st_b st_a end_a end_b t0 left rc=$XMX_PASS
+    b1=$(mxm_guest b1 "mxcheck -d a1 -e 2 -n $MXM_ITERS -s $MXM_BYTES -w 120") || { mxm_dump_all; return $XMX_SETUP; }
+    migrate_trace_on /var/log/xenstored-trace.log
+    if migrate_receive "$(xmx_arg wait 240)"; then
+        xmx_summary "receive-b pass"
+    else
+        xmx_summary "receive-b fail"
+        rc=$XMX_FAIL
+    fi
+    xl list
+    if a1=$(xl domid a1 2>/dev/null); then
+        xmx_summary "arrived-b pass domid=$a1 b1=$b1"
+        # Its device: B's xmxd attaches it to the incoming domain; the guest's frontend must
+        # bring it to Connected again.
+        if xmx_watch_until "/local/domain/0/backend/xmx/$a1/0/state" 60 \
+            xmx_xs_has_prefix "/local/domain/0/backend/xmx/$a1/0/state" 4; then
+            xmx_summary "a1-device-b pass"
+        else
+            xmx_summary "a1-device-b fail backend-state=$(xenstore-read "/local/domain/0/backend/xmx/$a1/0/state" 2>&1) frontend-state=$(xenstore-read "/local/domain/$a1/device/xmx/0/state" 2>&1)"
+            rc=$XMX_FAIL
+        fi
+        xmx_log "a1's xenstore nodes on B:"
+        xenstore-ls -f "/local/domain/$a1" >&2
+        xenstore-ls -f "/local/domain/0/backend/xmx/$a1" >&2
+    else
+        xmx_summary "arrived-b fail"
+        rc=$XMX_FAIL
+        a1=
+    fi
+    # Both mxchecks, bounded together by the job timeout.
+    t0=$(xmx_uptime)
+    st_b=$(mxm_job_status "$b1" $((MXM_JT + 10)))
+    if [ "$st_b" = 0 ]; then xmx_summary "pair-b pass b1=$b1"; else xmx_summary "pair-b fail b1-mxcheck=$st_b"; rc=$XMX_FAIL; fi
+    if [ -n "$a1" ]; then
+        left=$((MXM_JT + 10 - ($(xmx_uptime) - t0)))
+        [ $left -gt 5 ] || left=5
+        st_a=$(mxm_job_status "$a1" $left)
+        if [ "$st_a" = 0 ]; then xmx_summary "a1-moved-b pass a1=$a1"; else xmx_summary "a1-moved-b fail a1-mxcheck=$st_a"; rc=$XMX_FAIL; fi
+    fi
+    migrate_trace_off
+    xmx peers --xmxd-socket "$XMX_XMXD_SOCK" 2>&1
+    # Both guests end; then B's backend holds what it held before any guest.
+    end_b=$(mxm_end b1 "$b1")
+    end_a=none
+    [ -z "$a1" ] || end_a=$(mxm_end a1 "$a1")
+    if [ "$end_b" = 0 ] && [ "$end_a" = 0 ]; then xmx_summary "end-b pass"; else xmx_summary "end-b fail b1=$end_b a1=$end_a"; rc=$XMX_FAIL; fi
+    if xmx_gone_from_dom0 "$b1" && { [ -z "$a1" ] || xmx_gone_from_dom0 "$a1"; } && xmx_holdings_settle "$MXM_EMPTY" 20; then
+        xmx_summary "empty-b pass"
+    else
+        xmx_summary "empty-b fail holdings=[$(xmx_backd_holdings)] expected=[$MXM_EMPTY]"
+        rc=$XMX_FAIL
+    fi
+    migrate_barrier_release 10 || xmx_log "could not release host A"
+    xmx_stack_alive || rc=$XMX_FAIL
+    xmx_dump_guest_console b1
+    migrate_dump_consoles a1
+    [ -z "$a1" ] || migrate_trace_digest "$a1"
+    mxm_dump_all
+    [ $rc = $XMX_PASS ] && xmx_summary "mx-migrate-b pass" || xmx_summary "mx-migrate-b fail (see the steps above)"
+    return $rc
+}
