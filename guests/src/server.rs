@@ -148,8 +148,11 @@ impl FrontdShared {
             let endpoint = h.endpoint;
             match self.owner(endpoint) {
                 Some(c) => {
-                    // Regions died with the old share.
-                    lock(&c.owned).regions.retain(|(e, _)| *e != endpoint);
+                    // Regions not registered again died with the old share; those that
+                    // were are still the application's (its windows go on over them).
+                    if !h.regions_kept {
+                        lock(&c.owned).regions.retain(|(e, _)| *e != endpoint);
+                    }
                     if let Err(e) = c.send(&FrontdMessage::Notice(Notice::EndpointReopened(h))) {
                         tracing::warn!(client = c.id, endpoint, error = %e, "re-opened endpoint not delivered");
                     }

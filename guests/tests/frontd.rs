@@ -277,6 +277,7 @@ fn suspend_and_resume_hand_the_application_its_reopened_endpoints() {
     let mut c0 = client.open_endpoint(Some(0), Some(geometry())).unwrap();
     let mut c1 = client.open_endpoint(Some(1), Some(geometry())).unwrap();
     tiny_between(&mut c0, &mut c1, 1, b"before");
+    let window = client.register_region(c0.endpoint(), 8192).unwrap();
 
     host.admin.suspend(g).unwrap();
     let xs = host.xs0();
@@ -307,6 +308,8 @@ fn suspend_and_resume_hand_the_application_its_reopened_endpoints() {
         match client.wait_notice(WAIT).unwrap() {
             Some(Notice::EndpointReopened(h)) => {
                 assert_eq!(h.generation, 1);
+                assert!(h.regions_kept, "the region is registered again");
+                assert!(!h.regions_moved, "over the same pages");
                 let ch = if h.endpoint == 0 { &mut c0 } else { &mut c1 };
                 client.remap(ch, h).unwrap();
                 remapped += 1;
@@ -315,11 +318,15 @@ fn suspend_and_resume_hand_the_application_its_reopened_endpoints() {
             other => panic!("unexpected notice {other:?}"),
         }
     }
-    // The old pages were released when the application said it remapped.
+    // The old pages were released when the application said it remapped; the region's
+    // two pages stay.
     let s = host.state(g);
-    assert_eq!(s.grants_active, 1 + 2 * geometry().total());
+    assert_eq!(s.grants_active, 1 + 2 * geometry().total() + 2);
     tiny_between(&mut c0, &mut c1, 2, b"after resume");
     assert_eq!(c0.generation(), 1);
+    // The window is still the application's: it deregisters it like any other.
+    client.deregister_region(window).unwrap();
+    assert_eq!(host.state(g).grants_active, 1 + 2 * geometry().total());
 }
 
 #[test]

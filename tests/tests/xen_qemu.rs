@@ -10,6 +10,8 @@
 //!   and 16 MiB each way, every byte checked; a guest destroyed and re-created; nothing
 //!   left in dom0.
 //! - `mx-link`: the same stack on two linked hosts, the MX traffic between a guest of each.
+//! - `mx-migrate`: the same, and the guest of host A migrated to host B by `xl migrate`
+//!   in the middle of its MX traffic, which completes with every byte checked.
 //! - `migrate`: `xl migrate` of a running PV guest from one linked host to the other, the
 //!   stream over the link; the guest's heartbeat, jobs and console go on there, and it
 //!   leaves nothing behind on the first host.
@@ -43,6 +45,8 @@ const QEMU_TIMEOUT_S: u32 = 150;
 const STACK_QEMU_TIMEOUT_S: u32 = 360;
 /// The bound run.sh puts on each QEMU of the migrate scenario.
 const MIGRATE_QEMU_TIMEOUT_S: u32 = 360;
+/// The bound run.sh puts on each QEMU of the mx-migrate scenario.
+const MX_MIGRATE_QEMU_TIMEOUT_S: u32 = 540;
 /// What a scenario may take beyond its QEMU bound: fetch, cargo and image build.
 const BUILD_BOUND_S: u32 = 300;
 
@@ -611,6 +615,57 @@ fn a_running_guest_migrates_between_two_hosts() {
         ));
     }
     assert_clean(problems, status, &run_dir, "migrate on real Xen");
+}
+
+#[test]
+fn an_mx_guest_migrates_between_two_hosts_in_the_middle_of_its_traffic() {
+    if !enabled("an_mx_guest_migrates_between_two_hosts_in_the_middle_of_its_traffic") {
+        return;
+    }
+    let _one = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let run_dir = workspace().join("target/xen/run/test-mx-migrate");
+    let status = run_scenario("mx-migrate", MX_MIGRATE_QEMU_TIMEOUT_S, &run_dir, &[]);
+    let a = StackReport::parse(&read_log(&run_dir.join("mx-migrate-a.log")));
+    let b = StackReport::parse(&read_log(&run_dir.join("mx-migrate-b.log")));
+    a.print("host-a");
+    b.print("host-b");
+
+    let mut problems = Vec::new();
+    for (host, r, steps) in [
+        ("host-a", &a, &["stream-a", "migrate-a", "gone-a"][..]),
+        (
+            "host-b",
+            &b,
+            &[
+                "receive-b",
+                "arrived-b",
+                "a1-device-b",
+                "pair-b",
+                "a1-moved-b",
+                "end-b",
+                "empty-b",
+            ][..],
+        ),
+    ] {
+        for step in steps {
+            if !r.passed(step) {
+                problems.push(format!("{host}: step {step} did not pass"));
+            }
+        }
+    }
+    // a1 started on host A and ended on host B: its console is in B's log. Every round of
+    // LARGE messages, each way, was checked byte for byte by its receiver.
+    for guest in ["a1", "b1"] {
+        if b.lines_of(guest, "rounds each way, every byte checked")
+            .is_empty()
+        {
+            problems.push(format!("{guest} did not check every round"));
+        }
+    }
+    if b.lines_of("b1", "slowest round").is_empty() {
+        problems.push("b1 did not report its slowest round (the move's cost)".into());
+    }
+    assert_clean(problems, status, &run_dir, "mx-migrate on real Xen");
 }
 
 mod parsing {

@@ -54,11 +54,18 @@ impl Drop for EvtchnFile {
     fn drop(&mut self) {
         let bound = *self.bound.lock().unwrap_or_else(|e| e.into_inner());
         if bound != Some(0) && super::migration::moved_since(self.moves_at_open) {
-            tracing::warn!(
-                fd = self.fd.as_raw_fd(),
-                ?bound,
-                "an event-channel descriptor bound before the domain moved stays open"
-            );
+            match bound {
+                // Received from another process, which may have unbound everything.
+                None => debug!(
+                    fd = self.fd.as_raw_fd(),
+                    "a descriptor received before the domain moved stays open"
+                ),
+                Some(n) => tracing::warn!(
+                    fd = self.fd.as_raw_fd(),
+                    ports = n,
+                    "a descriptor with ports bound before the domain moved stays open"
+                ),
+            }
             return;
         }
         // SAFETY: dropped once, here; nothing uses the descriptor after its owner.

@@ -243,6 +243,15 @@ impl XenShared {
 
     /// Reloads the peer view after its watch fired.
     fn peer_view_changed(&self) {
+        if self
+            .platform
+            .as_ref()
+            .is_some_and(|p| !p.handles_follow_move())
+        {
+            // Real Xen: after a migration the watch fires again on the old path, which
+            // names another domain's view now. Follow the domain first.
+            self.follow_move();
+        }
         let Some(xs) = self.xs() else { return };
         let mut fired = false;
         loop {
@@ -351,9 +360,9 @@ impl XenShared {
         }
     }
 
-    /// If the domain moved to another host (only a simulated domain does; its guest
-    /// daemon has followed it already), attach there: the grant table follows with
-    /// the regions this process granted itself, and the peer view is watched on the new
+    /// If the domain moved to another host (its guest daemon has followed it already, or
+    /// on real Xen is about to), attach there: on the simulator the grant table follows
+    /// with the regions this process granted itself; the peer view is watched on the new
     /// host's xenstore under the domain's new id.
     fn follow_move(&self) {
         let Some(platform) = &self.platform else {

@@ -1,10 +1,15 @@
-# Scenario mx-migrate (a skeleton; expected to fail until the guest's xmx frontend follows
-# a real-Xen migration): the xmx stack on two linked hosts as in mx-link, and a guest moved
-# mid-traffic. a1 on host A runs mxcheck's passive side, b1 on host B the active side
-# against a1; while they run, A migrates a1 to B (`xmx-hook migrate`, the stream over the
-# link as in the migrate scenario). On B, a1 must get its xmx device again (B's xmxd
-# attaches it to the incoming domain), its mxcheck and b1's must end with every byte
-# checked, and both guests must end cleanly; on A, nothing of a1 may be left.
+# Scenario mx-migrate: the xmx stack on two linked hosts as in mx-link, and a guest moved
+# by real Xen in the middle of its MX traffic. a1 on host A runs mxcheck's passive side,
+# b1 on host B the active side against a1: a short ping-pong, then rounds of LARGE
+# messages each way. Once a1's backend has pulled LARGE data (so the stream is under way,
+# a LARGE message in flight in one direction or the other), A migrates a1 to B with
+# `xmx-hook migrate` (the stream over the link as in the migrate scenario): the hook
+# holds a1's xmx device closed, so a1's daemon lets go of its event channels before its
+# kernel suspends; on B, a1's daemon notices the new domid, takes up the device B's xmxd
+# attached to the incoming domain, re-opens its endpoints in their sessions over new
+# grants, and its regions are granted again with what they held. Both mxchecks must end
+# with every byte of every round checked (the slowest round is what the move cost), both
+# guests must end cleanly, and neither host may keep anything of a guest that left.
 #
 # Order, over the link (no sleeps): B creates b1 and starts its job, then listens; A
 # creates a1, starts its job, waits for B's listener and migrates. B learns the end of the
@@ -14,10 +19,11 @@
 # (a1's on B is guest-a1--incoming.log), xl's logs and, on B, a digest of xenstored's trace
 # of a1's arrival.
 #
-# Kernel arguments: xmx.side= a or b, xmx.iters= round trips (default 2000: the ping-pong
-# must outlast the migration's pre-copy), xmx.bytes= (default 16777216), xmx.jobtimeout=
-# (default 150), xmx.wait= seconds B listens and A waits (default 240), xmx.xltimeout=
-# (default 240), xmx.log=, xmx.nic=, xmx.mtu=.
+# Kernel arguments: xmx.side= a or b, xmx.iters= round trips (default 20), xmx.bytes= of
+# each LARGE message (default 1048576), xmx.rounds= of LARGE messages each way (default
+# 300: the stream must outlast the wait for its first pull), xmx.jobtimeout= (default
+# 200), xmx.wait= seconds B listens and A waits (default 240), xmx.xltimeout= (default
+# 240), xmx.log=, xmx.nic=, xmx.mtu=.
 
 . /etc/xmx/scenarios/mx/lib.sh
 . /etc/xmx/scenarios/migrate/lib.sh
@@ -31,9 +37,10 @@ scenario_dom0() {
     xmx_stack_up "$(xmx_arg nic eth0)" "host-$side" || return $XMX_SETUP
     MXM_EMPTY=$(xmx_backd_holdings)
     xmx_log "xmx-backd with no guest: $MXM_EMPTY"
-    MXM_ITERS=$(xmx_arg iters 2000)
-    MXM_BYTES=$(xmx_arg bytes 16777216)
-    MXM_JT=$(xmx_arg jobtimeout 150)
+    MXM_ITERS=$(xmx_arg iters 20)
+    MXM_BYTES=$(xmx_arg bytes 1048576)
+    MXM_ROUNDS=$(xmx_arg rounds 300)
+    MXM_JT=$(xmx_arg jobtimeout 200)
     case $side in
         a) mxm_side_a ;;
         b) mxm_side_b ;;
@@ -51,6 +58,18 @@ mxm_guest() {
     echo "$domid"
 }
 
+# mxm_wait_pulls SECONDS: wait until this host's backend has completed a pull (LARGE
+# data for its guest). No event to wait on from a shell: the counters are read every 0.2 s.
+mxm_wait_pulls() {
+    local i=0 n=$(($1 * 5))
+    until xmx counters --backd-socket "$XMX_BACKD_SOCK" --json 2>/dev/null |
+        grep -q '"pulls_done": *[1-9]'; do
+        i=$((i + 1))
+        [ $i -le $n ] || return 1
+        usleep 200000
+    done
+}
+
 mxm_dump_all() {
     echo "----- xmx peers -----"
     xmx peers --xmxd-socket "$XMX_XMXD_SOCK" 2>&1
@@ -65,7 +84,14 @@ mxm_dump_all() {
 
 mxm_side_a() {
     local domid rc=$XMX_PASS
-    domid=$(mxm_guest a1 "mxcheck -l 2 -n $MXM_ITERS -s $MXM_BYTES") || { mxm_dump_all; return $XMX_SETUP; }
+    domid=$(mxm_guest a1 "mxcheck -l 2 -n $MXM_ITERS -s $MXM_BYTES -r $MXM_ROUNDS") || { mxm_dump_all; return $XMX_SETUP; }
+    # Migrate in the middle of the LARGE stream: once a1's backend has pulled for it.
+    if mxm_wait_pulls 120; then
+        xmx_summary "stream-a pass"
+    else
+        xmx_summary "stream-a fail (no LARGE data pulled for a1 in 120 s)"
+        rc=$XMX_FAIL
+    fi
     if MIGRATE_HOOK=/etc/xen/scripts/xmx-hook XMX_XL=xl XMX_XMXD_SOCKET=$XMX_XMXD_SOCK \
         migrate_send a1 "$(xmx_arg xltimeout 240)"; then
         xmx_summary "migrate-a pass seconds=$(migrate_secs "$MIGRATE_MS") domid=$domid"
@@ -113,7 +139,7 @@ mxm_end() {
 
 mxm_side_b() {
     local b1 a1 st_b st_a end_a end_b t0 left rc=$XMX_PASS
-    b1=$(mxm_guest b1 "mxcheck -d a1 -e 2 -n $MXM_ITERS -s $MXM_BYTES -w 120") || { mxm_dump_all; return $XMX_SETUP; }
+    b1=$(mxm_guest b1 "mxcheck -d a1 -e 2 -n $MXM_ITERS -s $MXM_BYTES -r $MXM_ROUNDS -w 120") || { mxm_dump_all; return $XMX_SETUP; }
     migrate_trace_on /var/log/xenstored-trace.log
     if migrate_receive "$(xmx_arg wait 240)"; then
         xmx_summary "receive-b pass"
