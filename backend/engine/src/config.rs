@@ -53,7 +53,12 @@ impl Default for EngineConfig {
             pull_blocks_in_flight: 32,
             pull_frame_budget: 512,
             pull_retransmit_timeout: Duration::from_millis(500),
-            pull_retries_max: 10,
+            // Backing off to 2 s, about two minutes of silence before a pull fails: a
+            // source guest migrating by real Xen is away for the whole of its toolstack's
+            // copy (tens of seconds on a slow host), and the sender's messages are
+            // patient for longer still (the library's retry budget); a source that is
+            // gone for good NACKs the pull (its endpoint closed) long before.
+            pull_retries_max: 60,
             max_pulls_per_guest: 256,
             max_pull_bytes_per_guest: 1 << 30,
             max_regions_per_guest: 1024,

@@ -442,6 +442,39 @@ fn pull_aborts_after_the_retry_limit_under_total_loss() {
 }
 
 #[test]
+fn by_default_a_pull_outlasts_a_source_away_for_a_real_xen_migration() {
+    // A source guest that real Xen migrates is away from the hold of its device to its
+    // reconnection on the other host: the whole of the toolstack's copy, 50-55 s on the
+    // emulated hosts of tests/xen. A pull from it must wait that out, and still fail in
+    // bounded time when the source never comes back.
+    let mut l = Large::start(EngineConfig::default(), 3, 100_000, 0, 0);
+    let start = l.tb.now;
+    let done = loop {
+        l.tb.pump_with(|f| f.ptype() == PacketType::Pull);
+        if let Some(done) = l.pull_done() {
+            break done;
+        }
+        assert!(l.tb.fire_timers());
+    };
+    assert!(matches!(
+        done.body,
+        EventBody::PullDone {
+            status: DoneStatus::Timeout,
+            ..
+        }
+    ));
+    let silence = l.tb.now - start;
+    assert!(
+        silence >= std::time::Duration::from_secs(90),
+        "a pull gave up after {silence:?} of silence"
+    );
+    assert!(
+        silence <= std::time::Duration::from_secs(180),
+        "a pull waited {silence:?} for a source that never answers"
+    );
+}
+
+#[test]
 fn stale_and_foreign_replies_are_dropped() {
     let length = 50_000;
     let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
