@@ -385,6 +385,15 @@ impl StackReport {
         self.results.iter().any(|(s, ok, _)| s == step && *ok)
     }
 
+    /// A problem for each of `steps` that did not pass on `host`.
+    fn unpassed(&self, host: &str, steps: &[&str]) -> Vec<String> {
+        steps
+            .iter()
+            .filter(|step| !self.passed(step))
+            .map(|step| format!("{host}: step {step} did not pass"))
+            .collect()
+    }
+
     /// The `mxcheck:` lines of `guest` that contain `needle`.
     fn lines_of(&self, guest: &str, needle: &str) -> Vec<&str> {
         self.mxcheck
@@ -559,21 +568,11 @@ fn a_running_guest_migrates_between_two_hosts() {
     a.print("host-a");
     b.print("host-b");
 
-    let mut problems = Vec::new();
-    for (host, r, steps) in [
-        ("host-a", &a, &["migrate-a", "gone-a"][..]),
-        (
-            "host-b",
-            &b,
-            &["receive-b", "arrived-b", "heartbeat-b", "job-b", "end-b"][..],
-        ),
-    ] {
-        for step in steps {
-            if !r.passed(step) {
-                problems.push(format!("{host}: step {step} did not pass"));
-            }
-        }
-    }
+    let mut problems = a.unpassed("host-a", &["migrate-a", "gone-a"]);
+    problems.extend(b.unpassed(
+        "host-b",
+        &["receive-b", "arrived-b", "heartbeat-b", "job-b", "end-b"],
+    ));
     let detail = |r: &StackReport, step: &str, key: &str| -> Option<String> {
         r.results
             .iter()
@@ -630,29 +629,19 @@ fn an_mx_guest_migrates_between_two_hosts_in_the_middle_of_its_traffic() {
     a.print("host-a");
     b.print("host-b");
 
-    let mut problems = Vec::new();
-    for (host, r, steps) in [
-        ("host-a", &a, &["stream-a", "migrate-a", "gone-a"][..]),
-        (
-            "host-b",
-            &b,
-            &[
-                "receive-b",
-                "arrived-b",
-                "a1-device-b",
-                "pair-b",
-                "a1-moved-b",
-                "end-b",
-                "empty-b",
-            ][..],
-        ),
-    ] {
-        for step in steps {
-            if !r.passed(step) {
-                problems.push(format!("{host}: step {step} did not pass"));
-            }
-        }
-    }
+    let mut problems = a.unpassed("host-a", &["stream-a", "migrate-a", "gone-a"]);
+    problems.extend(b.unpassed(
+        "host-b",
+        &[
+            "receive-b",
+            "arrived-b",
+            "a1-device-b",
+            "pair-b",
+            "a1-moved-b",
+            "end-b",
+            "empty-b",
+        ],
+    ));
     // a1 started on host A and ended on host B: its console is in B's log. Every round of
     // LARGE messages, each way, was checked byte for byte by its receiver.
     for guest in ["a1", "b1"] {
