@@ -328,7 +328,10 @@ fn a_peer_destroyed_mid_large_leaves_nothing_mapped_and_the_endpoint_working() {
     let _g = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = cprog::build("direct", dir.path());
-    let c = SimCluster::up("dirds", &[]);
+    // The backend fails the survivor's pull from the destroyed guest once its retries
+    // run out: ten of them (about twenty seconds), not the default's two minutes of
+    // patience for a source that may be migrating.
+    let c = SimCluster::up("dirds", &[("XMX_PULL_RETRIES", "10")]);
     let doomed = c.host(ACTIVE.0).guests[ACTIVE.1].domid;
     let survivor = c.host(PASSIVE.0).guests[PASSIVE.1].domid;
     assert!(doomed < survivor, "g0 creates the channel, g1 maps it");

@@ -54,6 +54,11 @@ struct BackdArgs {
     /// Milliseconds a pull waits for replies before requesting its blocks again.
     #[arg(long, env = "XMX_PULL_TIMEOUT_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pull_timeout_ms: u64,
+    /// Re-requests without progress after which a pull fails (each waits twice the one
+    /// before, up to 2 s; the default, 60, waits out about two minutes of silence, such
+    /// as a source guest that real Xen is migrating).
+    #[arg(long, env = "XMX_PULL_RETRIES", default_value_t = EngineConfig::default().pull_retries_max, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pull_retries: u32,
 }
 
 fn default_control_socket() -> PathBuf {
@@ -113,6 +118,7 @@ fn run(args: BackdArgs) -> Result<(), String> {
         control_socket: Some(args.control.unwrap_or_else(default_control_socket)),
         engine: EngineConfig {
             pull_retransmit_timeout: Duration::from_millis(args.pull_timeout_ms.max(1)),
+            pull_retries_max: args.pull_retries,
             pull_frame_budget,
             ..EngineConfig::default()
         },
