@@ -1,20 +1,21 @@
 /*
  * mxcheck: the MX traffic of the real-Xen scenarios, between two guests.
  *
- *   mxcheck -l EID [-n ITERS] [-s BYTES] [-r ROUNDS]
+ *   mxcheck -l EID [-n ITERS] [-s BYTES] [-r ROUNDS | -t SECONDS]
  *       the passive side: open endpoint EID, echo the ping-pong, receive the
  *       LARGE message and check every byte, send one back.
- *   mxcheck -d HOST -e EID [-n ITERS] [-s BYTES] [-r ROUNDS] [-w SECONDS]
+ *   mxcheck -d HOST -e EID [-n ITERS] [-s BYTES] [-r ROUNDS | -t SECONDS] [-w SECONDS]
  *       the active side: find HOST (an MX hostname) and connect to its endpoint
  *       EID, retrying for up to SECONDS (the peer may still be starting, on
  *       another machine), then ITERS timed 8-byte round trips (half of the mean
  *       round trip is printed as the latency), then BYTES (default 16 MiB) each
  *       way, every byte checked by its receiver; ROUNDS times (default 1), each
  *       round with its own contents, the slowest round reported (a stream that
- *       outlasts a migration shows what the move cost).
+ *       outlasts a migration shows what the move cost). With -t, rounds go on for
+ *       SECONDS from the first one, then the active side says stop.
  *
- * Both sides must be given the same ITERS, BYTES and ROUNDS. Lines worth keeping
- * start with "mxcheck:"; the exit status is 0 when every check held.
+ * Both sides must be given the same ITERS, BYTES and ROUNDS (or -t). Lines worth
+ * keeping start with "mxcheck:"; the exit status is 0 when every check held.
  */
 #include <sys/time.h>
 #include <time.h>
@@ -26,6 +27,9 @@
 #define TAG_PING 1
 #define TAG_LARGE_OUT 2
 #define TAG_LARGE_BACK 3
+/* Matches TAG_LARGE_OUT under TAG_ROUND_MASK: a timed passive side takes either. */
+#define TAG_STOP 6
+#define TAG_ROUND_MASK 3
 #define SEED_OUT 0x1234
 #define SEED_BACK 0x5678
 
@@ -36,6 +40,7 @@ struct opts {
   int iters;
   uint32_t bytes;
   int rounds;
+  int seconds;
   int wait_s;
 };
 
@@ -47,16 +52,16 @@ static double now_us(void) {
 
 static void usage(const char *prog) {
   fprintf(stderr,
-          "usage: %s -l EID [-n ITERS] [-s BYTES] [-r ROUNDS]\n"
-          "       %s -d HOST -e EID [-n ITERS] [-s BYTES] [-r ROUNDS] [-w SECONDS]\n",
+          "usage: %s -l EID [-n ITERS] [-s BYTES] [-r ROUNDS | -t SECONDS]\n"
+          "       %s -d HOST -e EID [-n ITERS] [-s BYTES] [-r ROUNDS | -t SECONDS] [-w SECONDS]\n",
           prog, prog);
   exit(2);
 }
 
 static struct opts parse(int argc, char **argv) {
-  struct opts o = {NULL, PASSIVE_EID, 0, 100, 16u << 20, 1, 60};
+  struct opts o = {NULL, PASSIVE_EID, 0, 100, 16u << 20, 1, 0, 60};
   int c;
-  while ((c = getopt(argc, argv, "l:d:e:n:s:r:w:h")) != -1) {
+  while ((c = getopt(argc, argv, "l:d:e:n:s:r:t:w:h")) != -1) {
     switch (c) {
     case 'l': o.passive = 1; o.eid = (uint32_t)atoi(optarg); break;
     case 'd': o.host = optarg; break;
@@ -64,11 +69,13 @@ static struct opts parse(int argc, char **argv) {
     case 'n': o.iters = atoi(optarg); break;
     case 's': o.bytes = (uint32_t)strtoul(optarg, NULL, 0); break;
     case 'r': o.rounds = atoi(optarg); break;
+    case 't': o.seconds = atoi(optarg); break;
     case 'w': o.wait_s = atoi(optarg); break;
     default: usage(argv[0]);
     }
   }
-  if (o.passive == (o.host != NULL) || o.iters < 1 || o.rounds < 1 || o.wait_s < 1) usage(argv[0]);
+  if (o.passive == (o.host != NULL) || o.iters < 1 || o.rounds < 1 || o.seconds < 0 || o.wait_s < 1)
+    usage(argv[0]);
   return o;
 }
 
@@ -141,7 +148,10 @@ static void active(mx_endpoint_t ep, const struct opts *o) {
   unsigned char *buf = alloc(o->bytes);
   double out_ms = 0, back_ms = 0, slowest_ms = 0;
   int slowest = 0;
-  for (int r = 0; r < o->rounds; r++) {
+  double until = now_us() + o->seconds * 1e6;
+  int rounds = 0;
+  for (int r = 0; o->seconds ? now_us() < until : r < o->rounds; r++) {
+    rounds = r + 1;
     test_fill(buf, o->bytes, SEED_OUT + (uint32_t)r);
     t0 = now_us();
     send_wait(ep, peer, buf, o->bytes, TAG_LARGE_OUT);
@@ -160,9 +170,13 @@ static void active(mx_endpoint_t ep, const struct opts *o) {
   printf("mxcheck: sent %u B in %.1f ms; received %u B, every byte checked, in %.1f ms "
          "(%.1f MB/s)\n",
          o->bytes, out_ms, o->bytes, back_ms, back_ms > 0 ? o->bytes / (back_ms * 1e3) : 0.0);
-  if (o->rounds > 1)
+  if (o->seconds) {
+    unsigned char stop = 1;
+    send_wait(ep, peer, &stop, 1, TAG_STOP);
+  }
+  if (rounds > 1)
     printf("mxcheck: %d rounds each way, every byte checked; slowest round %d: %.1f ms\n",
-           o->rounds, slowest + 1, slowest_ms);
+           rounds, slowest + 1, slowest_ms);
   free(buf);
 }
 
@@ -182,18 +196,34 @@ static void passive(mx_endpoint_t ep, const struct opts *o) {
   printf("mxcheck: echoed %d pings\n", WARMUP + o->iters);
 
   unsigned char *buf = alloc(o->bytes);
-  for (int r = 0; r < o->rounds; r++) {
+  int rounds = 0;
+  double last_ms = 0;
+  for (int r = 0; o->seconds || r < o->rounds; r++) {
     memset(buf, 0, o->bytes);
     double t0 = now_us();
-    recv_wait(ep, buf, o->bytes, TAG_LARGE_OUT);
+    if (o->seconds) {
+      /* The next round, or the active side's stop. */
+      mx_segment_t seg = {buf, o->bytes};
+      mx_request_t req;
+      CHECK(mx_irecv(ep, &seg, 1, TAG_LARGE_OUT, TAG_ROUND_MASK, NULL, &req));
+      mx_status_t s = test_wait(ep, &req);
+      EXPECT(s.code == MX_STATUS_SUCCESS, "receive of round %d: %s", r + 1,
+             mx_strstatus(s.code));
+      if (s.match_info == TAG_STOP) break;
+      EXPECT(s.msg_length == o->bytes && s.xfer_length == o->bytes,
+             "%u/%u bytes received, %u expected", s.msg_length, s.xfer_length, o->bytes);
+    } else {
+      recv_wait(ep, buf, o->bytes, TAG_LARGE_OUT);
+    }
+    rounds = r + 1;
     double in_ms = (now_us() - t0) / 1e3;
     test_verify(buf, o->bytes, SEED_OUT + (uint32_t)r, "large message from the peer");
-    if (r + 1 == o->rounds)
-      printf("mxcheck: received %u B, every byte checked, in %.1f ms\n", o->bytes, in_ms);
+    last_ms = in_ms;
     test_fill(buf, o->bytes, SEED_BACK + (uint32_t)r);
     send_wait(ep, peer, buf, o->bytes, TAG_LARGE_BACK);
   }
-  if (o->rounds > 1) printf("mxcheck: %d rounds each way, every byte checked\n", o->rounds);
+  printf("mxcheck: received %u B, every byte checked, in %.1f ms\n", o->bytes, last_ms);
+  if (rounds > 1) printf("mxcheck: %d rounds each way, every byte checked\n", rounds);
   free(buf);
 }
 

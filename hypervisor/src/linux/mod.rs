@@ -20,7 +20,7 @@ mod gntdev;
 mod sys;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tracing::{debug, info};
@@ -60,8 +60,11 @@ impl LinuxConfig {
 /// This domain on real Xen.
 pub struct LinuxPlatform {
     config: LinuxConfig,
-    /// Changes when the domain is migrated: the destination gives it a new id.
+    /// Changes when the domain is migrated: the destination gives it a new id (or,
+    /// by chance, the same one).
     domid: AtomicU16,
+    /// The moves this instance has reported (see [`migration`]).
+    moves_seen: AtomicU32,
     grant_table: OnceLock<Arc<LinuxGrantTable>>,
 }
 
@@ -94,10 +97,20 @@ impl LinuxPlatform {
         let xs = XsClient::from_env()?;
         let domid = read_domid(&xs)?;
         migration::opened_as(domid);
+        // Take note of the domain's mark now, so that a move before the first look is
+        // still seen as one.
+        let moves = match migration::check() {
+            Ok((_, moves)) => moves,
+            Err(e) => {
+                tracing::warn!(error = %e, "linux platform: cannot mark the domain's xenstore home; moves to a host that gives the same domid go unnoticed");
+                migration::moves()
+            }
+        };
         info!(domid, dev_dir = %config.dev_dir.display(), "linux platform: opened");
         Ok(LinuxPlatform {
             config,
             domid: AtomicU16::new(domid),
+            moves_seen: AtomicU32::new(moves),
             grant_table: OnceLock::new(),
         })
     }
@@ -122,43 +135,89 @@ pub(crate) mod migration {
     use std::sync::Mutex;
 
     use super::{read_domid, XsClient};
-    use crate::{DomId, Result};
+    use crate::{DomId, Error, Result, Xenstore};
 
-    /// The domid last read and the moves seen; no domid until a platform was opened.
-    static SEEN: Mutex<(Option<DomId>, u32)> = Mutex::new((None, 0));
+    /// A mark in the domain's own xenstore home. Its xenstore is not part of a migration
+    /// (the destination's toolstack builds the home anew), so the mark's absence, or
+    /// another process's newer mark, tells a move even when the destination happens to
+    /// give the domain the id it had (which the domid alone could not).
+    const EPOCH: &str = "data/xmx-epoch";
 
-    fn seen() -> std::sync::MutexGuard<'static, (Option<DomId>, u32)> {
+    /// What this process last saw: the domid, the mark, and the moves counted.
+    struct Seen {
+        domid: Option<DomId>,
+        epoch: Option<String>,
+        moves: u32,
+    }
+
+    static SEEN: Mutex<Seen> = Mutex::new(Seen {
+        domid: None,
+        epoch: None,
+        moves: 0,
+    });
+
+    fn seen() -> std::sync::MutexGuard<'static, Seen> {
         SEEN.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn opened_as(domid: DomId) {
         let mut s = seen();
-        if s.0.is_none() {
-            s.0 = Some(domid);
+        if s.domid.is_none() {
+            s.domid = Some(domid);
         }
     }
 
     /// Moves seen so far, without looking.
     pub(crate) fn moves() -> u32 {
-        seen().1
+        seen().moves
     }
 
-    /// Read the domid again: (the domid now, moves seen including this one). dom0
-    /// never moves, and a process that opened no platform does not know its domain:
-    /// neither looks.
+    /// The mark as it is, written first if there is none (by whichever process of the
+    /// domain gets there first: the others then read that one).
+    fn epoch(xs: &dyn Xenstore) -> Result<String> {
+        crate::in_transaction(xs, |tx| match xs.read(tx, EPOCH) {
+            Ok(v) => Ok(String::from_utf8_lossy(&v).into_owned()),
+            Err(Error::NotFound(_)) => {
+                let mark = format!("{:016x}", fresh());
+                xs.write(tx, EPOCH, mark.as_bytes())?;
+                Ok(mark)
+            }
+            Err(e) => Err(e),
+        })
+    }
+
+    /// A number unlikely to repeat: the clock mixed with this process's id.
+    fn fresh() -> u64 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        t ^ (u64::from(std::process::id()) << 40)
+    }
+
+    /// Look again: (the domid now, moves seen including this one). dom0 never moves, and
+    /// a process that opened no platform does not know its domain: neither looks.
     pub(crate) fn check() -> Result<(DomId, u32)> {
-        let known = seen().0;
-        let Some(before) = known.filter(|&d| d != crate::DOM0) else {
+        let known = seen().domid;
+        let Some(_) = known.filter(|&d| d != crate::DOM0) else {
             let s = seen();
-            return Ok((s.0.unwrap_or(crate::DOM0), s.1));
+            return Ok((s.domid.unwrap_or(crate::DOM0), s.moves));
         };
-        let now = read_domid(&XsClient::from_env()?)?;
+        let xs = XsClient::from_env()?;
+        let now = read_domid(&xs)?;
+        let mark = epoch(&xs)?;
         let mut s = seen();
-        if now != before && s.0 == Some(before) {
-            s.0 = Some(now);
-            s.1 += 1;
+        let moved = match &s.epoch {
+            // The first look only takes note.
+            None => s.domid != Some(now),
+            Some(before) => *before != mark || s.domid != Some(now),
+        };
+        s.domid = Some(now);
+        s.epoch = Some(mark);
+        if moved {
+            s.moves += 1;
         }
-        Ok((now, s.1))
+        Ok((now, s.moves))
     }
 
     /// Whether the domain moved since `moves` were seen (looking again; a failed look
@@ -214,9 +273,9 @@ impl Platform for LinuxPlatform {
     /// interdomain event channels across a migration. Nothing tells a process that it
     /// happened; the domid its xenstore home names is what shows it, so this reads it.
     fn follow_move(&self) -> Result<bool> {
-        let now = migration::check()?.0;
+        let (now, moves) = migration::check()?;
         let before = self.domid.swap(now, Ordering::AcqRel);
-        if before == now {
+        if self.moves_seen.swap(moves, Ordering::AcqRel) == moves {
             return Ok(false);
         }
         info!(

@@ -74,21 +74,22 @@ migrate_receive() {
     return $rc
 }
 
-# migrate_send DOMAIN SECONDS: A's half: wait (up to SECONDS) until B listens, then
-# `xl migrate` DOMAIN to B over tcppipe, bounded by SECONDS. Sets MIGRATE_MS to the time
+# migrate_send DOMAIN SECONDS [IP]: the sender's half (A's, or B's for a move back to A at
+# IP): wait (up to SECONDS) until the other host listens, then `xl migrate` DOMAIN to it
+# over tcppipe, bounded by SECONDS. Sets MIGRATE_MS to the time
 # xl took (from its start to its end) and prints xl's messages. With MIGRATE_HOOK set (the
 # path of dom0-tools/hooks/xmx-hook), it runs `xmx-hook migrate DOMAIN HOST -s ...`
 # instead, which revokes the domain's direct channels first.
 migrate_send() {
-    local dom=$1 secs=$2 t0 rc via="tcppipe ssh -p $MIGRATE_PORT -t 30 -i 60"
-    tcppipe ping -p "$MIGRATE_PORT" -t "$secs" "$MIGRATE_IP_B" ||
-        { xmx_log "host B never listened"; return 1; }
-    xmx_log "host B listens; migrating $dom${MIGRATE_HOOK:+ with $MIGRATE_HOOK}"
+    local dom=$1 secs=$2 to=${3:-$MIGRATE_IP_B} t0 rc via="tcppipe ssh -p $MIGRATE_PORT -t 30 -i 60"
+    tcppipe ping -p "$MIGRATE_PORT" -t "$secs" "$to" ||
+        { xmx_log "host $to never listened"; return 1; }
+    xmx_log "host $to listens; migrating $dom${MIGRATE_HOOK:+ with $MIGRATE_HOOK}"
     t0=$(migrate_ms)
     if [ -n "${MIGRATE_HOOK:-}" ]; then
-        timeout "$secs" "$MIGRATE_HOOK" migrate "$dom" "$MIGRATE_IP_B" -s "$via" >/tmp/xl-migrate.log 2>&1
+        timeout "$secs" "$MIGRATE_HOOK" migrate "$dom" "$to" -s "$via" >/tmp/xl-migrate.log 2>&1
     else
-        timeout "$secs" xl migrate -s "$via" "$dom" "$MIGRATE_IP_B" >/tmp/xl-migrate.log 2>&1
+        timeout "$secs" xl migrate -s "$via" "$dom" "$to" >/tmp/xl-migrate.log 2>&1
     fi
     rc=$?
     MIGRATE_MS=$(($(migrate_ms) - t0))

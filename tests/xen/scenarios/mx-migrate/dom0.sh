@@ -19,11 +19,15 @@
 # (a1's on B is guest-a1--incoming.log), xl's logs and, on B, a digest of xenstored's trace
 # of a1's arrival.
 #
-# Kernel arguments: xmx.side= a or b, xmx.iters= round trips (default 20), xmx.bytes= of
-# each LARGE message (default 1048576), xmx.rounds= of LARGE messages each way (default
-# 300: the stream must outlast the wait for its first pull), xmx.jobtimeout= (default
-# 200), xmx.wait= seconds B listens and A waits (default 240), xmx.xltimeout= (default
-# 240), xmx.log=, xmx.nic=, xmx.mtu=.
+# Then (xmx.back=1, the default) B moves a1 back to A, once a1 and b1 talk over a direct
+# channel (the hook revokes it first), and a1's stream ends on A. A gives the returning
+# a1 the domid B had given it: only the mark in its xenstore home tells that it moved.
+#
+# Kernel arguments: xmx.side= a or b, xmx.back= 0 or 1 (default 1), xmx.iters= round trips
+# (default 20), xmx.bytes= of each LARGE message (default 1048576), xmx.seconds= the
+# rounds go on (default 90, 170 with back=1: the stream must span the moves),
+# xmx.jobtimeout= (default seconds + 110), xmx.wait= seconds B listens and A waits
+# (default 240), xmx.xltimeout= (default 240), xmx.log=, xmx.nic=, xmx.mtu=.
 
 . /etc/xmx/scenarios/mx/lib.sh
 . /etc/xmx/scenarios/migrate/lib.sh
@@ -39,8 +43,15 @@ scenario_dom0() {
     xmx_log "xmx-backd with no guest: $MXM_EMPTY"
     MXM_ITERS=$(xmx_arg iters 20)
     MXM_BYTES=$(xmx_arg bytes 1048576)
-    MXM_ROUNDS=$(xmx_arg rounds 300)
-    MXM_JT=$(xmx_arg jobtimeout 200)
+    MXM_BACK=$(xmx_arg back 1)
+    # The stream runs for a time, not a number of rounds: it must span the move (and the
+    # move back), however long xl takes.
+    if [ "$MXM_BACK" = 1 ]; then
+        MXM_SECONDS=$(xmx_arg seconds 170)
+    else
+        MXM_SECONDS=$(xmx_arg seconds 90)
+    fi
+    MXM_JT=$(xmx_arg jobtimeout $((MXM_SECONDS + 110)))
     case $side in
         a) mxm_side_a ;;
         b) mxm_side_b ;;
@@ -84,7 +95,7 @@ mxm_dump_all() {
 
 mxm_side_a() {
     local domid rc=$XMX_PASS
-    domid=$(mxm_guest a1 "mxcheck -l 2 -n $MXM_ITERS -s $MXM_BYTES -r $MXM_ROUNDS") || { mxm_dump_all; return $XMX_SETUP; }
+    domid=$(mxm_guest a1 "mxcheck -l 2 -n $MXM_ITERS -s $MXM_BYTES -t $MXM_SECONDS") || { mxm_dump_all; return $XMX_SETUP; }
     # Migrate in the middle of the LARGE stream: once a1's backend has pulled for it.
     if mxm_wait_pulls 120; then
         xmx_summary "stream-a pass"
@@ -108,6 +119,9 @@ mxm_side_a() {
         xmx_summary "gone-a fail holdings=[$(xmx_backd_holdings)] expected=[$MXM_EMPTY]"
         rc=$XMX_FAIL
     fi
+    if [ "$MXM_BACK" = 1 ]; then
+        mxm_back_a || rc=$XMX_FAIL
+    fi
     # B may still need A's xmxd (its announcements) until it is done.
     if migrate_barrier_wait $(($(xmx_arg deadline 300) - $(xmx_uptime) - 30)); then
         xmx_log "host B is done"
@@ -118,6 +132,65 @@ mxm_side_a() {
     xmx_dump_guest_console a1
     mxm_dump_all
     return $rc
+}
+
+# mxm_back_a: A receives a1 back from B (xmx.back=1) in the middle of its stream, which
+# then ends on A: a1's device is Connected again, its mxcheck passes, it ends, and A's
+# backend holds what it held before any guest.
+mxm_back_a() {
+    local a1 st end rc=0
+    if migrate_receive "$(xmx_arg wait 240)"; then
+        xmx_summary "back-receive-a pass"
+    else
+        xmx_summary "back-receive-a fail"
+        return 1
+    fi
+    a1=$(xl domid a1 2>/dev/null) || { xmx_summary "back-arrived-a fail"; return 1; }
+    xmx_summary "back-arrived-a pass domid=$a1"
+    if xmx_watch_until "/local/domain/0/backend/xmx/$a1/0/state" 60 \
+        xmx_xs_has_prefix "/local/domain/0/backend/xmx/$a1/0/state" 4; then
+        xmx_summary "back-device-a pass"
+    else
+        xmx_summary "back-device-a fail backend-state=$(xenstore-read "/local/domain/0/backend/xmx/$a1/0/state" 2>&1)"
+        rc=1
+    fi
+    st=$(mxm_job_status "$a1" $((MXM_JT + 10)))
+    if [ "$st" = 0 ]; then xmx_summary "a1-moved-a pass a1=$a1"; else xmx_summary "a1-moved-a fail a1-mxcheck=$st"; rc=1; fi
+    end=$(mxm_end a1 "$a1")
+    if [ "$end" = 0 ]; then xmx_summary "end-a pass"; else xmx_summary "end-a fail a1=$end"; rc=1; fi
+    if xmx_gone_from_dom0 "$a1" && xmx_holdings_settle "$MXM_EMPTY" 20; then
+        xmx_summary "empty-a pass"
+    else
+        xmx_summary "empty-a fail holdings=[$(xmx_backd_holdings)] expected=[$MXM_EMPTY]"
+        rc=1
+    fi
+    migrate_dump_consoles a1
+    return $rc
+}
+
+# mxm_back_b A1: B moves a1 back to A (xmx.back=1) once it talks to b1 over a direct
+# channel: the move revokes the channel first, then holds a1's device closed.
+mxm_back_b() {
+    local a1=$1 i=0
+    until xmx direct --xmxd-socket "$XMX_XMXD_SOCK" --json 2>/dev/null | grep -q "$a1"; do
+        i=$((i + 1))
+        [ $i -le 150 ] || { xmx_summary "direct-b fail (no pair offered to a1 in 30 s)"; return 1; }
+        usleep 200000
+    done
+    xmx_summary "direct-b pass"
+    if MIGRATE_HOOK=/etc/xen/scripts/xmx-hook XMX_XL=xl XMX_XMXD_SOCKET=$XMX_XMXD_SOCK \
+        migrate_send a1 "$(xmx_arg xltimeout 240)" "$MIGRATE_IP_A"; then
+        xmx_summary "back-b pass seconds=$(migrate_secs "$MIGRATE_MS") domid=$a1"
+    else
+        xmx_summary "back-b fail seconds=$(migrate_secs "$MIGRATE_MS")"
+        return 1
+    fi
+    if ! xl domid a1 >/dev/null 2>&1 && xmx_gone_from_dom0 "$a1"; then
+        xmx_summary "gone-b pass domid=$a1"
+    else
+        xmx_summary "gone-b fail"
+        return 1
+    fi
 }
 
 # mxm_job_status DOMID SECONDS: job 1's status in DOMID, or "none" after SECONDS.
@@ -139,7 +212,7 @@ mxm_end() {
 
 mxm_side_b() {
     local b1 a1 st_b st_a end_a end_b t0 left rc=$XMX_PASS
-    b1=$(mxm_guest b1 "mxcheck -d a1 -e 2 -n $MXM_ITERS -s $MXM_BYTES -r $MXM_ROUNDS -w 120") || { mxm_dump_all; return $XMX_SETUP; }
+    b1=$(mxm_guest b1 "mxcheck -d a1 -e 2 -n $MXM_ITERS -s $MXM_BYTES -t $MXM_SECONDS -w 120") || { mxm_dump_all; return $XMX_SETUP; }
     migrate_trace_on /var/log/xenstored-trace.log
     if migrate_receive "$(xmx_arg wait 240)"; then
         xmx_summary "receive-b pass"
@@ -167,6 +240,11 @@ mxm_side_b() {
         rc=$XMX_FAIL
         a1=
     fi
+    migrate_trace_off
+    if [ "$MXM_BACK" = 1 ] && [ -n "$a1" ]; then
+        # a1 goes back to A in the middle of its stream, and ends there.
+        if mxm_back_b "$a1"; then a1=; else rc=$XMX_FAIL; fi
+    fi
     # Both mxchecks, bounded together by the job timeout.
     t0=$(xmx_uptime)
     st_b=$(mxm_job_status "$b1" $((MXM_JT + 10)))
@@ -177,12 +255,13 @@ mxm_side_b() {
         st_a=$(mxm_job_status "$a1" $left)
         if [ "$st_a" = 0 ]; then xmx_summary "a1-moved-b pass a1=$a1"; else xmx_summary "a1-moved-b fail a1-mxcheck=$st_a"; rc=$XMX_FAIL; fi
     fi
-    migrate_trace_off
     xmx peers --xmxd-socket "$XMX_XMXD_SOCK" 2>&1
     # Both guests end; then B's backend holds what it held before any guest.
     end_b=$(mxm_end b1 "$b1")
     end_a=none
     [ -z "$a1" ] || end_a=$(mxm_end a1 "$a1")
+    # Back on A, a1 ends there (A checks it).
+    [ "$MXM_BACK" = 1 ] && end_a=0
     if [ "$end_b" = 0 ] && [ "$end_a" = 0 ]; then xmx_summary "end-b pass"; else xmx_summary "end-b fail b1=$end_b a1=$end_a"; rc=$XMX_FAIL; fi
     if xmx_gone_from_dom0 "$b1" && { [ -z "$a1" ] || xmx_gone_from_dom0 "$a1"; } && xmx_holdings_settle "$MXM_EMPTY" 20; then
         xmx_summary "empty-b pass"
