@@ -109,9 +109,7 @@ impl OwnedPort {
     pub(crate) fn notifier(&self) -> Result<Arc<dyn PortNotifier>> {
         Ok(self.evtchn.notifier(self.port)?)
     }
-}
 
-impl OwnedPort {
     /// Unbind the port now, keeping the handle (an application may still hold it).
     pub(crate) fn unbind(&mut self) {
         if self.port == 0 {

@@ -285,14 +285,7 @@ impl Server {
                     TOKEN_WATCH => {
                         let mut fe = lock(&self.shared.frontend);
                         if fe.moves_silently() {
-                            // Out of the set first: following replaces (and closes) it.
-                            epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;
-                            let moved = fe.follow_move();
-                            watch_fd = fe.watch_fd();
-                            epoll
-                                .add(watch_borrow(watch_fd), ev(TOKEN_WATCH))
-                                .map_err(io_err)?;
-                            match moved {
+                            match follow_move(&mut fe, &epoll, &mut watch_fd)? {
                                 Ok(true) => {
                                     tracing::info!("the domain was migrated; taking the device up on this host");
                                     if let Err(e) = fe.resume() {
@@ -335,22 +328,17 @@ impl Server {
                 // The simulator stops serving a domain that moved; real Xen serves it on
                 // its new host as if nothing happened, and the domid tells.
                 if fe.moves_silently() || !fe.probe_running() {
-                    // Out of the set first: following replaces (and closes) it.
-                    if watch_fd >= 0 {
-                        epoll.delete(watch_borrow(watch_fd)).map_err(io_err)?;
-                    }
-                    match fe.follow_move() {
-                        Ok(true) => watch_fd = fe.watch_fd(),
-                        Ok(false) => {}
+                    match follow_move(&mut fe, &epoll, &mut watch_fd)? {
+                        Ok(_) => {}
+                        // Real Xen: a look that failed (xenstore busy) is tried again at
+                        // the next probe.
+                        Err(e) if fe.moves_silently() => {
+                            tracing::warn!(error = %e, "looking for a migration")
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "following the domain to its new host");
                             return Err(e);
                         }
-                    }
-                    if watch_fd >= 0 {
-                        epoll
-                            .add(watch_borrow(watch_fd), ev(TOKEN_WATCH))
-                            .map_err(io_err)?;
                     }
                 }
                 if fe.probe_running() {
@@ -452,6 +440,28 @@ impl Server {
 }
 
 /// The frontend's watch descriptor, borrowed for the epoll set.
+/// [`Frontend::follow_move`] with the frontend's watch descriptor kept in `epoll`'s set:
+/// out of the set first (following replaces and closes it), the current one back in
+/// after. The outer error is epoll's; the inner, the frontend's.
+fn follow_move(
+    fe: &mut Frontend,
+    epoll: &Epoll,
+    watch_fd: &mut std::os::fd::RawFd,
+) -> Result<Result<bool, Error>, Error> {
+    if *watch_fd >= 0 {
+        epoll.delete(watch_borrow(*watch_fd)).map_err(io_err)?;
+    }
+    let moved = fe.follow_move();
+    if matches!(moved, Ok(true)) {
+        *watch_fd = fe.watch_fd();
+    }
+    if *watch_fd >= 0 {
+        let ev = EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_WATCH);
+        epoll.add(watch_borrow(*watch_fd), ev).map_err(io_err)?;
+    }
+    Ok(moved)
+}
+
 fn watch_borrow(fd: std::os::fd::RawFd) -> BorrowedFd<'static> {
     // SAFETY: `fd` is the watch descriptor of the frontend's current xenstore
     // connection, which `Server::serve` keeps in its epoll set only while it lives; the

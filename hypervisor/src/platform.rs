@@ -28,10 +28,12 @@ pub trait Platform: Send + Sync {
     fn event_channels(&self) -> Result<Box<dyn EventChannels>>;
     /// A new xenstore connection.
     fn xenstore(&self) -> Result<Box<dyn Xenstore>>;
-    /// After losing the hypervisor (connections closed, operations refused): whether the
-    /// domain was migrated to another host, in which case the platform now attaches to
-    /// it there (the grant table follows with its grants; other handles must be opened
-    /// anew). Each call reports a move once.
+    /// Whether the domain was migrated to another host since the last call (each move is
+    /// reported once). The simulator asks after losing the hypervisor (connections
+    /// closed, operations refused) and then attaches to the domain's new host, its grant
+    /// table following with its grants; real Xen says nothing, so a process asks when
+    /// its watches fire (see [`Platform::handles_follow_move`]). Other handles must be
+    /// opened anew either way.
     fn follow_move(&self) -> Result<bool> {
         Ok(false)
     }

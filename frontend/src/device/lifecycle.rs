@@ -92,10 +92,14 @@ impl Frontend {
     /// up again once that host's toolstack has created it (it keeps its index; the
     /// domid is the new one). [`Frontend::resume`] then connects to the new backend and
     /// re-opens the endpoints, as after any resume. False if it did not move.
+    /// A move the platform reported but this failed to follow (its new xenstore
+    /// connection refused, say) is followed at the next call.
     pub fn follow_move(&mut self) -> Result<bool> {
-        if !self.platform.follow_move()? {
+        if !self.move_pending && !self.platform.follow_move()? {
             return Ok(false);
         }
+        // The platform reports a move once: remember it until followed.
+        self.move_pending = true;
         let from = self.domid;
         let domid = self.platform.domid();
         let xs = self.platform.xenstore()?;
@@ -108,6 +112,7 @@ impl Frontend {
             &xenbus::key_path(&front_dir, keys::BACKEND_ID),
             TOKEN_DEVICE,
         )?;
+        self.move_pending = false;
         // The old connection died with the source domain, and its watches with it.
         self.xs = xs;
         self.domid = domid;

@@ -234,6 +234,8 @@ pub struct Frontend {
     /// The domain moved and its grants did not follow (real Xen): the endpoints' regions
     /// are not registered again over their old pages at the next re-open.
     grants_lost: bool,
+    /// The platform reported a move not yet followed (see [`Frontend::follow_move`]).
+    move_pending: bool,
     reopened: Vec<EndpointHandoff>,
     events: VecDeque<FrontendEvent>,
 }
@@ -296,6 +298,7 @@ impl Frontend {
             broken: false,
             detached: false,
             grants_lost: false,
+            move_pending: false,
             reopened: Vec::new(),
             events: VecDeque::new(),
         };

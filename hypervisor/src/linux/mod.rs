@@ -198,11 +198,12 @@ pub(crate) mod migration {
     /// Look again: (the domid now, moves seen including this one). dom0 never moves, and
     /// a process that opened no platform does not know its domain: neither looks.
     pub(crate) fn check() -> Result<(DomId, u32)> {
-        let known = seen().domid;
-        let Some(_) = known.filter(|&d| d != crate::DOM0) else {
+        {
             let s = seen();
-            return Ok((s.domid.unwrap_or(crate::DOM0), s.moves));
-        };
+            if !matches!(s.domid, Some(d) if d != crate::DOM0) {
+                return Ok((s.domid.unwrap_or(crate::DOM0), s.moves));
+            }
+        }
         let xs = XsClient::from_env()?;
         let now = read_domid(&xs)?;
         let mark = epoch(&xs)?;
@@ -271,7 +272,8 @@ impl Platform for LinuxPlatform {
     /// connections (xenbus, the grant and event-channel devices), but everything it had
     /// granted or bound is gone: Xen does not carry a PV guest's grant table or its
     /// interdomain event channels across a migration. Nothing tells a process that it
-    /// happened; the domid its xenstore home names is what shows it, so this reads it.
+    /// happened; the domain's mark in its xenstore home (and its domid) show it, so this
+    /// looks at them (see [`migration`]).
     fn follow_move(&self) -> Result<bool> {
         let (now, moves) = migration::check()?;
         let before = self.domid.swap(now, Ordering::AcqRel);
