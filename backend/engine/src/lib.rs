@@ -71,7 +71,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use xmx_wire::msg::{ErrorCode, Event, EventBody};
-use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, PacketRepr, HOSTNAME_LEN_MAX, MEDIUM_MSG_LEN_MAX};
+use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, PacketRepr, HOSTNAME_LEN_MAX};
 
 pub use config::EngineConfig;
 pub use error::{EngineError, PeerTableError, Violation};
@@ -130,8 +130,6 @@ pub struct Engine {
     peers: PeerTable,
     out: EngineOutput,
     counters: EngineCounters,
-    /// Bounce buffer for data read out of guest memory (a whole MEDIUM message).
-    scratch: Vec<u8>,
     /// PULL_REPLY frames in flight, all guests together.
     budget: PullBudget,
     /// The latest time a data-path call brought, for grants made on the control path.
@@ -144,7 +142,6 @@ pub(crate) struct Ctx<'a> {
     pub peers: &'a PeerTable,
     pub local: &'a FxHashMap<Mac, (GuestId, ClusterId)>,
     pub out: &'a mut EngineOutput,
-    pub scratch: &'a mut Vec<u8>,
     pub budget: &'a mut PullBudget,
 }
 
@@ -186,11 +183,9 @@ impl Ctx<'_> {
             },
             packet,
         };
-        let path = self.path(dst);
-        if path == Path::Wire && !self.out.tx_has_room() {
-            link.counters.drop(vnic::DropReason::TxQueueFull);
+        let Some(path) = self.room_for(link, dst) else {
             return false;
-        }
+        };
         let buf = match self.out.build(&frame) {
             Ok(buf) => buf,
             Err(e) => {
@@ -199,6 +194,24 @@ impl Ctx<'_> {
                 return false;
             }
         };
+        self.queue(link, path, buf);
+        true
+    }
+
+    /// Where a frame from the guest to `dst` goes, or `None` (counted as a drop) when
+    /// the NIC's queue is full: asked before a frame is built, so a dropped frame costs
+    /// no copy.
+    pub fn room_for(&self, link: &mut GuestWire, dst: Mac) -> Option<Path> {
+        let path = self.path(dst);
+        if path == Path::Wire && !self.out.tx_has_room() {
+            link.counters.drop(vnic::DropReason::TxQueueFull);
+            return None;
+        }
+        Some(path)
+    }
+
+    /// Queue a frame built for `path` ([`Ctx::room_for`]) and count it.
+    pub fn queue(&mut self, link: &mut GuestWire, path: Path, buf: Vec<u8>) {
         let len = buf.len() as u64;
         match path {
             Path::Wire => {
@@ -213,7 +226,6 @@ impl Ctx<'_> {
                 self.out.loopback.push_back(buf);
             }
         }
-        true
     }
 }
 
@@ -234,7 +246,6 @@ impl Engine {
             peers: PeerTable::new(),
             out,
             counters: EngineCounters::default(),
-            scratch: vec![0; MEDIUM_MSG_LEN_MAX],
             budget,
             last_now: None,
         }
@@ -255,7 +266,6 @@ impl Engine {
                 peers: &self.peers,
                 local: &self.local,
                 out: &mut self.out,
-                scratch: &mut self.scratch,
                 budget: &mut self.budget,
             },
         ))

@@ -167,6 +167,30 @@ impl EngineOutput {
         }
     }
 
+    /// A frame of `len` bytes, zero-padded to the Ethernet minimum, that `fill` writes
+    /// into a pooled buffer: for frames whose payload is read straight into place
+    /// instead of through a buffer of its own. `fill` must write all of its `len`
+    /// bytes: a pooled buffer still holds an earlier frame (of any guest), so only the
+    /// padding is zeroed here. An error from `fill` gives the buffer back.
+    pub fn build_in_place<E>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Vec<u8>, E> {
+        let mut buf = self.pool.pop().unwrap_or_default();
+        buf.resize(len.max(ETH_FRAME_LEN_MIN), 0);
+        // At least `len` long since the resize: the split cannot fail.
+        let (frame, padding) = buf.split_at_mut(len);
+        padding.fill(0);
+        match fill(frame) {
+            Ok(()) => Ok(buf),
+            Err(e) => {
+                self.recycle(buf);
+                Err(e)
+            }
+        }
+    }
+
     /// Keep a buffer for a later frame.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if self.pool.len() < self.pool_size {

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use xmx_wire::msg::{self, DoneStatus, ErrorCode, Event, EventBody, Route};
 use xmx_wire::mxoe::{
-    HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyRepr, PullRepr, HEAD_LEN,
-    PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
+    HeadPacket, HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyPacket, PullReplyRepr,
+    PullRepr, HEAD_LEN, PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
 };
 
 use super::budget::PullKey;
@@ -390,7 +390,11 @@ pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, p
         return;
     }
     let area = MemoryArea::Region(region.handle);
-    let mut scratch = std::mem::take(ctx.scratch);
+    let reply_head = HeadRepr {
+        dst: head.src,
+        src: link.mac,
+        dst_src_peer_index: ctx.reverse_index(link, head.src),
+    };
     let mut offset = msg_offset;
     let mut left = u64::from(pull.block_length);
     for i in 0..replies {
@@ -400,24 +404,49 @@ pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, p
             FRAME
         };
         let len = room.min(left) as usize;
-        let Some(data) = scratch.get_mut(..len) else {
-            break;
-        };
-        if nic.memory.read(area, base + offset, data).is_err() {
-            refuse(ctx, link, NackType::BadRdmaWindow, DropReason::MemoryFault);
-            break;
-        }
         let reply = PullReplyRepr {
             frame_seqnum: pull.frame_index.wrapping_add(i as u32) as u8,
             // Bounded by u32::MAX above, and by the region's end.
             msg_offset: offset as u32,
             dst_pull_handle: pull.src_pull_handle,
             dst_magic: pull.src_magic,
-            data: &*data,
+            data: &[],
         };
-        ctx.send(link, head.src, PacketRepr::PullReply(reply));
         offset += len as u64;
         left -= len as u64;
+        let Some(path) = ctx.room_for(link, head.src) else {
+            continue;
+        };
+        // The region's bytes are read straight into the frame, behind the fields
+        // written after them: one copy from guest memory to the frame, not two.
+        let fields = HEAD_LEN + PULL_REPLY_LEN;
+        let memory = &nic.memory;
+        let built = ctx.out.build_in_place(fields + len, |frame| {
+            let (front, data) = frame.split_at_mut(fields);
+            memory
+                .read(area, base + reply.msg_offset as u64, data)
+                .map_err(|_| None)?;
+            // Zeroed first: the pooled buffer holds an earlier frame's bytes.
+            front.fill(0);
+            reply_head
+                .emit(&mut HeadPacket::new_unchecked(&mut *front))
+                .map_err(Some)?;
+            let packet = front.get_mut(HEAD_LEN..).unwrap_or(&mut []);
+            reply
+                .emit_fields(&mut PullReplyPacket::new_unchecked(packet), len)
+                .map_err(Some)
+        });
+        match built {
+            Ok(buf) => ctx.queue(link, path, buf),
+            Err(None) => {
+                refuse(ctx, link, NackType::BadRdmaWindow, DropReason::MemoryFault);
+                break;
+            }
+            Err(Some(e)) => {
+                tracing::warn!(guest = link.id.0, error = %e, "pull reply refused by its emitter");
+                link.counters.drop(DropReason::Malformed);
+                break;
+            }
+        }
     }
-    *ctx.scratch = scratch;
 }

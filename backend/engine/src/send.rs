@@ -8,8 +8,9 @@ use xmx_wire::msg::{
     MEDIUM_FRAG_MAX, MEDIUM_MAX, SMALL_MAX, TINY_MAX,
 };
 use xmx_wire::mxoe::{
-    ConnectData, ConnectRepr, ConnectStatus, LibAck, Mac, MediumRepr, MsgHeader, NotifyRepr,
-    PacketRepr, RndvRepr, SmallRepr, TinyRepr, TrucRepr, HEAD_LEN, MEDIUM_LEN,
+    ConnectData, ConnectRepr, ConnectStatus, HeadPacket, HeadRepr, LibAck, Mac, MediumPacket,
+    MediumRepr, MsgHeader, NotifyRepr, PacketRepr, RndvRepr, SmallRepr, TinyRepr, TrucRepr,
+    HEAD_LEN, MEDIUM_FRAGS_MAX, MEDIUM_LEN,
 };
 
 use super::memory::MemoryArea;
@@ -75,43 +76,69 @@ impl Engine {
                     ctx.refuse(link, endpoint, tag, ErrorCode::NoResources);
                     return Ok(());
                 }
-                // Copy the whole message out of the send queue first: the guest may rewrite
-                // its slots at any time, and a fault must not leave half a message sent.
-                let mut scratch = std::mem::take(ctx.scratch);
+                // Every fragment is read straight into its frame, and the frames are
+                // queued only once all of them are read: the guest may rewrite its slots
+                // at any time, and a fault must not leave half a message sent.
                 let area = MemoryArea::SendQueue { endpoint };
+                let header = msg_header(&route, endpoint, &m.info);
+                let fields = HEAD_LEN + MEDIUM_LEN;
+                let frag_head = HeadRepr {
+                    dst,
+                    src: link.mac,
+                    dst_src_peer_index: ctx.reverse_index(link, dst),
+                };
+                let mut built: [Option<Vec<u8>>; MEDIUM_FRAGS_MAX] = Default::default();
                 let mut fault = false;
                 for (i, &slot) in m.sendq_slots.as_slice().iter().enumerate() {
-                    let (start, len) = frag_span(m.length, i);
-                    let Some(buf) = scratch.get_mut(start..start + len) else {
-                        fault = true;
-                        break;
-                    };
-                    let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
-                    if nic.memory.read(area, offset, buf).is_err() {
-                        fault = true;
-                        break;
-                    }
-                }
-                if fault {
-                    *ctx.scratch = scratch;
-                    link.counters.drop(DropReason::MemoryFault);
-                    ctx.refuse(link, endpoint, tag, ErrorCode::Malformed);
-                    return Ok(());
-                }
-                let header = msg_header(&route, endpoint, &m.info);
-                for i in 0..frags {
-                    let (start, len) = frag_span(m.length, i);
-                    let data = scratch.get(start..start + len).unwrap_or(&[]);
+                    let (_, len) = frag_span(m.length, i);
                     let frag = MediumRepr {
                         header,
                         // At most 32 KiB: checked by check_op.
                         msg_length: m.length as u16,
                         frag_seqnum: i as u8,
-                        data,
+                        data: &[],
                     };
-                    ctx.send(link, dst, PacketRepr::Medium(frag));
+                    let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
+                    let memory = &nic.memory;
+                    let frame = ctx.out.build_in_place(fields + len, |frame| {
+                        let (front, data) = frame.split_at_mut(fields);
+                        memory.read(area, offset, data).map_err(|_| ())?;
+                        // Zeroed first: the pooled buffer holds an earlier frame's bytes.
+                        front.fill(0);
+                        frag_head
+                            .emit(&mut HeadPacket::new_unchecked(&mut *front))
+                            .map_err(|_| ())?;
+                        let packet = front.get_mut(HEAD_LEN..).unwrap_or(&mut []);
+                        frag.emit_fields(&mut MediumPacket::new_unchecked(packet), len)
+                            .map_err(|_| ())
+                    });
+                    match (frame, built.get_mut(i)) {
+                        (Ok(buf), Some(place)) => *place = Some(buf),
+                        (Ok(buf), None) => {
+                            ctx.out.recycle(buf);
+                            fault = true;
+                            break;
+                        }
+                        (Err(()), _) => {
+                            fault = true;
+                            break;
+                        }
+                    }
                 }
-                *ctx.scratch = scratch;
+                if fault {
+                    for buf in built.into_iter().flatten() {
+                        ctx.out.recycle(buf);
+                    }
+                    link.counters.drop(DropReason::MemoryFault);
+                    ctx.refuse(link, endpoint, tag, ErrorCode::Malformed);
+                    return Ok(());
+                }
+                for buf in built.into_iter().flatten() {
+                    match ctx.room_for(link, dst) {
+                        Some(path) => ctx.queue(link, path, buf),
+                        None => ctx.out.recycle(buf),
+                    }
+                }
                 done(&mut ctx, link, m.length);
             }
             SendOp::Rndv(r) => {

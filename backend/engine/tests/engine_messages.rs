@@ -4,8 +4,8 @@
 mod engine_util;
 
 use engine_util::*;
-use xmx_engine::MemoryArea;
-use xmx_wire::msg::{medium_frags, EventBody, MediumSend, QueueSlots, Route, SendOp, SendRequest};
+use xmx_engine::{DropReason, MemoryArea};
+use xmx_wire::msg::{medium_frags, ErrorCode, EventBody, MediumSend, QueueSlots, Route, SendOp, SendRequest};
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, MEDIUM_LEN, MSG_LEN};
 
 #[test]
@@ -220,4 +220,37 @@ fn medium_fragments_beyond_free_recvq_slots_are_dropped() {
     let g3 = tb.guest(3);
     let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
     assert_eq!(c.drops(xmx_engine::DropReason::RecvQueueFull), 8);
+}
+
+/// A MEDIUM whose third fragment cannot be read (the guest's send queue shrank under
+/// it) leaves nothing on the wire: fragments are read straight into their frames, and
+/// the frames already read are given back, not sent, when a later one faults.
+#[test]
+fn a_medium_with_an_unreadable_fragment_sends_no_fragment_at_all() {
+    let mut tb = Testbed::new();
+    let sender = tb.guest(1);
+    let sendq = MemoryArea::SendQueue { endpoint: EP };
+    sender.mem.remove_area(sendq);
+    sender.mem.add_area(sendq, 2 * 4096);
+    let route = tb.route(3);
+    tb.send(1, medium(7, route, 3, 3 * 4096, &[0, 1, 2])).unwrap();
+    tb.pump();
+    assert!(frames_of(&tb, PacketType::Medium).is_empty(), "no fragment left");
+    let ev = tb.take_events(1);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert!(
+        matches!(ev[0].body, EventBody::Error { code: ErrorCode::Malformed }),
+        "{ev:?}"
+    );
+    let nic = tb.engine(1).guest(sender.id).unwrap();
+    assert_eq!(nic.counters().drops(DropReason::MemoryFault), 1);
+    assert!(tb.take_events(3).is_empty(), "the receiver got nothing");
+
+    // The same endpoint's next MEDIUM, within the queue, goes whole.
+    let data = pattern(2 * 4096, 9);
+    sender.mem.write_at(sendq, 0, &data).unwrap();
+    tb.send(1, medium(8, route, 4, 2 * 4096, &[0, 1])).unwrap();
+    tb.pump();
+    assert_eq!(frames_of(&tb, PacketType::Medium).len(), 2);
+    assert_eq!(tb.take_events(1), vec![send_done(8, 2 * 4096)]);
 }

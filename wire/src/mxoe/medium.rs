@@ -206,9 +206,22 @@ impl<'a> MediumRepr<'a> {
 
     /// Writes the fragment header and data.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut MediumPacket<T>) -> Result<()> {
-        let pipeline = MEDIUM_FRAG_LEN_SHIFT as u8;
-        Self::validate(self.msg_length, self.frag_seqnum, pipeline, self.data.len())?;
         room(packet.buffer.as_ref().len(), self.buffer_len())?;
+        self.emit_fields(packet, self.data.len())?;
+        put(packet.buffer.as_mut(), field::DATA, self.data)
+    }
+
+    /// Writes the header of a fragment carrying `data_len` bytes, but not the data
+    /// (`self.data` is not read): for a sender that reads the data straight into the
+    /// frame at [`field::DATA`]. The packet needs room for the header only.
+    pub fn emit_fields<T: AsRef<[u8]> + AsMut<[u8]>>(
+        &self,
+        packet: &mut MediumPacket<T>,
+        data_len: usize,
+    ) -> Result<()> {
+        let pipeline = MEDIUM_FRAG_LEN_SHIFT as u8;
+        Self::validate(self.msg_length, self.frag_seqnum, pipeline, data_len)?;
+        room(packet.buffer.as_ref().len(), field::DATA)?;
         let h = &self.header;
         clamped_mut(packet.buffer.as_mut(), 0, field::LEN).fill(0);
         packet.set_ptype(PacketType::Medium as u8);
@@ -221,10 +234,10 @@ impl<'a> MediumRepr<'a> {
         packet.set_match_info(h.match_info);
         packet.set_session(h.session);
         // validate() bounded the data to 4096 bytes.
-        packet.set_frag_length(self.data.len() as u16);
+        packet.set_frag_length(data_len as u16);
         packet.set_frag_seqnum(self.frag_seqnum);
         packet.set_frag_pipeline(pipeline);
         packet.set_checksum(h.checksum);
-        put(packet.buffer.as_mut(), field::DATA, self.data)
+        Ok(())
     }
 }

@@ -305,20 +305,34 @@ impl<'a> PullReplyRepr<'a> {
         &self,
         packet: &mut PullReplyPacket<T>,
     ) -> Result<()> {
-        if self.data.len() > PULL_REPLY_LEN_MAX {
+        room(packet.buffer.as_ref().len(), self.buffer_len())?;
+        self.emit_fields(packet, self.data.len())?;
+        put(packet.buffer.as_mut(), reply_field::DATA, self.data)
+    }
+
+    /// Writes every field of a reply carrying `data_len` bytes, but not the data
+    /// (`self.data` is not read): for a sender that reads the data straight into the
+    /// frame at [`reply_field::DATA`] instead of through a buffer of its own. The
+    /// packet needs room for the fields only.
+    pub fn emit_fields<T: AsRef<[u8]> + AsMut<[u8]>>(
+        &self,
+        packet: &mut PullReplyPacket<T>,
+        data_len: usize,
+    ) -> Result<()> {
+        if data_len > PULL_REPLY_LEN_MAX {
             return Err(Error::Invalid {
                 field: "pull reply frame length",
                 reason: "above 4096",
             });
         }
-        room(packet.buffer.as_ref().len(), self.buffer_len())?;
+        room(packet.buffer.as_ref().len(), reply_field::DATA)?;
         packet.set_ptype(PacketType::PullReply as u8);
         packet.set_frame_seqnum(self.frame_seqnum);
         // Bounded to 4096 above.
-        packet.set_frame_length(self.data.len() as u16);
+        packet.set_frame_length(data_len as u16);
         packet.set_msg_offset(self.msg_offset);
         packet.set_dst_pull_handle(self.dst_pull_handle);
         packet.set_dst_magic(self.dst_magic);
-        put(packet.buffer.as_mut(), reply_field::DATA, self.data)
+        Ok(())
     }
 }

@@ -299,6 +299,12 @@ fn check_frame(tb: &Testbed, frame: &WireFrame) {
         "co-located traffic never reaches the wire"
     );
     assert!(frame.bytes.len() >= HEAD_LEN);
+    // Frame buffers are pooled across guests: what pads a short frame must be zeros,
+    // never an earlier frame's bytes.
+    assert!(
+        frame.bytes[repr.buffer_len()..].iter().all(|&b| b == 0),
+        "Ethernet padding is zeros"
+    );
 }
 
 /// `len` bytes of a pattern that differs per seed and per position.
