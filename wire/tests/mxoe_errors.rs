@@ -210,7 +210,10 @@ fn pull_reply_length() {
         frame(&body)
     };
     assert!(FrameRepr::parse(&reply(4096, 4096)).is_ok());
-    assert_invalid(&reply(4097, 4097), "pull reply frame length");
+    // Longer replies are xmx's, for pullers that ask; a block is the most.
+    assert!(FrameRepr::parse(&reply(8192, 8192)).is_ok());
+    assert!(FrameRepr::parse(&reply(32768, 32768)).is_ok());
+    assert_invalid(&reply(32769, 32769), "pull reply frame length");
     assert_eq!(
         FrameRepr::parse(&reply(10, 9)),
         Err(Error::Truncated {
@@ -392,4 +395,23 @@ fn emit_refuses_short_buffers() {
             have: 23
         })
     );
+}
+
+/// The mark of xmx's multi-frame replies lives in PULL's padding: absent (MX, Open-MX,
+/// zero padding) it reads as one frame per reply; a count is bounded by a block.
+#[test]
+fn reply_frames_mark_reads_what_was_written_and_defaults_to_one() {
+    use xmx_wire::mxoe::pull::reply_frames_mark;
+    let mut padding = [0u8; 12];
+    assert_eq!(reply_frames_mark::read(&padding), 1, "zero padding");
+    assert_eq!(reply_frames_mark::read(&[]), 1, "no padding at all");
+    assert!(reply_frames_mark::write(&mut padding, 2));
+    assert_eq!(reply_frames_mark::read(&padding), 2);
+    assert!(reply_frames_mark::write(&mut padding, 200));
+    assert_eq!(reply_frames_mark::read(&padding), 8, "at most a block");
+    assert!(reply_frames_mark::write(&mut padding, 0));
+    assert_eq!(reply_frames_mark::read(&padding), 1);
+    assert!(!reply_frames_mark::write(&mut padding[..3], 2), "no room");
+    padding[0] = b'X';
+    assert_eq!(reply_frames_mark::read(&padding), 1, "another tag");
 }

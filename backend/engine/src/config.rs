@@ -12,6 +12,12 @@ pub struct EngineConfig {
     /// Most PULL blocks one pull keeps requested at once (at most 32; Open-MX keeps 4):
     /// what a lone pull gets when the budget has room.
     pub pull_blocks_in_flight: usize,
+    /// Frames' worth of data (4 KiB each) one PULL_REPLY may carry between xmx hosts,
+    /// asked for in this engine's PULLs and given to peers that ask (1: MX's one frame
+    /// per reply, asked of nobody). Set it from the NIC's MTU, and only where the
+    /// fabric carries frames that long: 2 fits a 9000-byte MTU. MX and Open-MX peers
+    /// are never asked (they ignore the mark) and never sent more than one frame.
+    pub pull_reply_frames: u8,
     /// PULL_REPLY frames all pulls of all guests may have requested and not yet retired
     /// (at least one block of 8). Keep it below the NIC's receive ring so a burst of
     /// replies cannot overflow it.
@@ -51,6 +57,7 @@ impl Default for EngineConfig {
         EngineConfig {
             endpoints_per_guest: 256,
             pull_blocks_in_flight: 32,
+            pull_reply_frames: 1,
             pull_frame_budget: 512,
             pull_retransmit_timeout: Duration::from_millis(500),
             // Backing off to 2 s, about two minutes of silence before a pull fails: a
@@ -71,5 +78,31 @@ impl Default for EngineConfig {
             // connected, in milliseconds; its own control requests give up after 10 s.
             reopen_grace: Duration::from_secs(20),
         }
+    }
+}
+
+/// The most frames' worth of data (4 KiB each) one PULL_REPLY can carry on a link whose
+/// longest frame (MTU plus Ethernet header) is `max_frame_len`: 1 at MX's MTU, 2 at 9000.
+/// What [`EngineConfig::pull_reply_frames`] is set to where the fabric carries frames
+/// that long.
+pub fn pull_reply_frames_for(max_frame_len: usize) -> u8 {
+    use xmx_wire::mxoe::{HEAD_LEN, PULL_REPLIES_PER_BLOCK, PULL_REPLY_LEN, PULL_REPLY_LEN_MAX};
+    let data = max_frame_len.saturating_sub(HEAD_LEN + PULL_REPLY_LEN);
+    (data / PULL_REPLY_LEN_MAX).clamp(1, PULL_REPLIES_PER_BLOCK) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pull_reply_frames_for;
+
+    #[test]
+    fn reply_frames_follow_the_mtu() {
+        let eth = 14;
+        assert_eq!(pull_reply_frames_for(0), 1);
+        assert_eq!(pull_reply_frames_for(xmx_wire::mxoe::FRAME_LEN_MAX), 1);
+        assert_eq!(pull_reply_frames_for(1500 + eth), 1);
+        assert_eq!(pull_reply_frames_for(9000 + eth), 2);
+        assert_eq!(pull_reply_frames_for(16384 + eth), 3);
+        assert_eq!(pull_reply_frames_for(65535 + eth), 8);
     }
 }

@@ -73,7 +73,7 @@ use rustc_hash::FxHashMap;
 use xmx_wire::msg::{ErrorCode, Event, EventBody};
 use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, PacketRepr, HOSTNAME_LEN_MAX};
 
-pub use config::EngineConfig;
+pub use config::{pull_reply_frames_for, EngineConfig};
 pub use error::{EngineError, PeerTableError, Violation};
 pub use memory::{
     checked_range, GuestMemory, InMemoryGuest, MemoryArea, MemoryError, RegionHandle,
@@ -175,6 +175,18 @@ impl Ctx<'_> {
 
     /// Build a frame from the guest to `dst` and queue it; false if it was dropped.
     pub fn send(&mut self, link: &mut GuestWire, dst: Mac, packet: PacketRepr) -> bool {
+        self.send_padded(link, dst, packet, &[])
+    }
+
+    /// [`Ctx::send`], with `after` written right after the packet, in the Ethernet
+    /// padding (an extension MX peers never read; the frame grows if it must).
+    pub fn send_padded(
+        &mut self,
+        link: &mut GuestWire,
+        dst: Mac,
+        packet: PacketRepr,
+        after: &[u8],
+    ) -> bool {
         let frame = FrameRepr {
             head: HeadRepr {
                 dst,
@@ -186,7 +198,7 @@ impl Ctx<'_> {
         let Some(path) = self.room_for(link, dst) else {
             return false;
         };
-        let buf = match self.out.build(&frame) {
+        let mut buf = match self.out.build(&frame) {
             Ok(buf) => buf,
             Err(e) => {
                 tracing::warn!(guest = link.id.0, error = %e, "frame refused by its emitter");
@@ -194,6 +206,15 @@ impl Ctx<'_> {
                 return false;
             }
         };
+        if !after.is_empty() {
+            let at = frame.buffer_len();
+            if buf.len() < at + after.len() {
+                buf.resize(at + after.len(), 0);
+            }
+            if let Some(pad) = buf.get_mut(at..at + after.len()) {
+                pad.copy_from_slice(after);
+            }
+        }
         self.queue(link, path, buf);
         true
     }

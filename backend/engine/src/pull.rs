@@ -254,6 +254,32 @@ impl OutstandingPull {
         })
     }
 
+    /// The length of the data MX's reply for frame `frame_seqnum` carries, if that frame
+    /// is requested: where one of xmx's replies carrying several frames is cut.
+    pub fn frame_len(&self, frame_seqnum: u8) -> Option<usize> {
+        let delta = u32::from(frame_seqnum.wrapping_sub(self.frame_index as u8));
+        if delta >= self.requested_frames {
+            return None;
+        }
+        let (_, len) = self.frame_span(self.frame_index + delta);
+        usize::try_from(len).ok()
+    }
+
+    /// Offset in the message and length of frame `frame`'s data.
+    fn frame_span(&self, frame: u32) -> (u64, u64) {
+        let ffo = u64::from(self.first_frame_offset);
+        let offset = if frame == 0 {
+            0
+        } else {
+            u64::from(frame) * FRAME - ffo
+        };
+        let room = if frame == 0 { FRAME - ffo } else { FRAME };
+        (
+            offset,
+            room.min(u64::from(self.total).saturating_sub(offset)),
+        )
+    }
+
     /// Check a reply against the requested frames, without changing anything.
     pub fn check_reply(
         &self,
@@ -267,14 +293,7 @@ impl OutstandingPull {
             return Err(ReplyRefusal::NotRequested);
         }
         let frame = self.frame_index + delta;
-        let ffo = u64::from(self.first_frame_offset);
-        let expected_offset = if frame == 0 {
-            0
-        } else {
-            u64::from(frame) * FRAME - ffo
-        };
-        let frame_room = if frame == 0 { FRAME - ffo } else { FRAME };
-        let expected_len = frame_room.min(u64::from(self.total).saturating_sub(expected_offset));
+        let (expected_offset, expected_len) = self.frame_span(frame);
         if u64::from(msg_offset) != expected_offset || data_len as u64 != expected_len {
             return Err(ReplyRefusal::Mismatch);
         }

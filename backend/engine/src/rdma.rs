@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use xmx_wire::msg::{self, DoneStatus, ErrorCode, Event, EventBody, Route};
+use xmx_wire::mxoe::pull::reply_frames_mark;
 use xmx_wire::mxoe::{
     HeadPacket, HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyPacket, PullReplyRepr,
     PullRepr, HEAD_LEN, PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
@@ -117,9 +118,18 @@ pub(crate) fn request_blocks(
         return;
     };
     let dst = pull.source.peer_mac;
+    // Asking for several frames per reply costs MX peers nothing: they never read it.
+    let mut mark = [0u8; reply_frames_mark::LEN];
+    let after: &[u8] = match ctx.config.pull_reply_frames {
+        0 | 1 => &[],
+        n => {
+            reply_frames_mark::write(&mut mark, n);
+            &mark
+        }
+    };
     for block in mask_positions(mask) {
         if let Some(request) = pull.request(block, endpoint) {
-            ctx.send(link, dst, PacketRepr::Pull(request));
+            ctx.send_padded(link, dst, PacketRepr::Pull(request), after);
         }
     }
 }
@@ -186,65 +196,91 @@ pub(crate) fn on_pull_reply(
         return;
     };
     let handle = reply.dst_pull_handle;
-    let Some(pull) = ep.pulls.get_mut(handle) else {
-        return;
-    };
-    let accepted = match pull.check_reply(reply.frame_seqnum, reply.msg_offset, reply.data.len()) {
-        Ok(a) => a,
-        Err(refusal) => {
-            link.counters.drop(match refusal {
-                ReplyRefusal::NotRequested => DropReason::StalePull,
-                ReplyRefusal::Mismatch => DropReason::BadPullReply,
-                ReplyRefusal::Duplicate => DropReason::DuplicatePullReply,
-            });
+    // One of xmx's replies carries several consecutive frames: each part is taken as
+    // MX's reply for that frame would be, checked on its own.
+    let (mut frame_seqnum, mut msg_offset, mut data) =
+        (reply.frame_seqnum, reply.msg_offset, reply.data);
+    loop {
+        let Some(pull) = ep.pulls.get_mut(handle) else {
+            return;
+        };
+        let part_len = match pull.frame_len(frame_seqnum) {
+            // A frame of no data ends no reply: refused below as a mismatch.
+            Some(0) | None => data.len(),
+            Some(n) => n.min(data.len()),
+        };
+        let (part, rest) = data.split_at(part_len);
+        // Within u32: the message's length bounds every part's offset.
+        let next_part = (
+            frame_seqnum.wrapping_add(1),
+            msg_offset.wrapping_add(part_len as u32),
+        );
+        let accepted = match pull.check_reply(frame_seqnum, msg_offset, part.len()) {
+            Ok(a) => a,
+            Err(ReplyRefusal::Duplicate) if !rest.is_empty() => {
+                // A block asked for again comes back whole: its frames that landed
+                // the first time are skipped, the others taken.
+                link.counters.drop(DropReason::DuplicatePullReply);
+                (frame_seqnum, msg_offset) = next_part;
+                data = rest;
+                continue;
+            }
+            Err(refusal) => {
+                link.counters.drop(match refusal {
+                    ReplyRefusal::NotRequested => DropReason::StalePull,
+                    ReplyRefusal::Mismatch => DropReason::BadPullReply,
+                    ReplyRefusal::Duplicate => DropReason::DuplicatePullReply,
+                });
+                return;
+            }
+        };
+        let area = MemoryArea::Region(pull.sink.handle);
+        if nic.memory.write(area, accepted.sink_offset, part).is_err() {
+            link.counters.drop(DropReason::MemoryFault);
+            finish_pull(
+                ctx,
+                link,
+                &mut nic.usage,
+                ep,
+                endpoint,
+                handle,
+                DoneStatus::Aborted,
+            );
             return;
         }
-    };
-    let area = MemoryArea::Region(pull.sink.handle);
-    if nic
-        .memory
-        .write(area, accepted.sink_offset, reply.data)
-        .is_err()
-    {
-        link.counters.drop(DropReason::MemoryFault);
-        finish_pull(
-            ctx,
-            link,
-            &mut nic.usage,
-            ep,
-            endpoint,
-            handle,
-            DoneStatus::Aborted,
-        );
-        return;
+        let timeout = ctx.config.pull_retransmit_timeout;
+        let next = pull.record_reply(accepted, part.len(), now, timeout);
+        ctx.budget.release(next.released_frames);
+        if next.released_frames > 0 && pull.wants_block() && !pull.queued {
+            pull.queued = true;
+            ctx.budget.enqueue(PullKey {
+                guest: link.id,
+                endpoint,
+                handle,
+            });
+        }
+        if pull.is_complete() {
+            finish_pull(
+                ctx,
+                link,
+                &mut nic.usage,
+                ep,
+                endpoint,
+                handle,
+                DoneStatus::Success,
+            );
+            return;
+        }
+        if next.again {
+            link.counters.pull_rerequests += u64::from(next.blocks.count_ones());
+        }
+        request_blocks(ctx, link, ep, endpoint, handle, next.blocks);
+        if rest.is_empty() {
+            return;
+        }
+        (frame_seqnum, msg_offset) = next_part;
+        data = rest;
     }
-    let timeout = ctx.config.pull_retransmit_timeout;
-    let next = pull.record_reply(accepted, reply.data.len(), now, timeout);
-    ctx.budget.release(next.released_frames);
-    if next.released_frames > 0 && pull.wants_block() && !pull.queued {
-        pull.queued = true;
-        ctx.budget.enqueue(PullKey {
-            guest: link.id,
-            endpoint,
-            handle,
-        });
-    }
-    if pull.is_complete() {
-        finish_pull(
-            ctx,
-            link,
-            &mut nic.usage,
-            ep,
-            endpoint,
-            handle,
-            DoneStatus::Success,
-        );
-        return;
-    }
-    if next.again {
-        link.counters.pull_rerequests += u64::from(next.blocks.count_ones());
-    }
-    request_blocks(ctx, link, ep, endpoint, handle, next.blocks);
 }
 
 /// A peer refused one of this guest's PULL requests.
@@ -330,7 +366,17 @@ pub(crate) fn source_back(
 
 /// A peer asks this guest for one block of a region: answer with PULL_REPLY frames, or
 /// NACK_MCP if the endpoint, session, region or range is wrong.
-pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, pull: &PullRepr) {
+///
+/// `reply_frames` is what the puller's mark asked for (1 without one); a reply carries
+/// up to that many consecutive frames, and at most this engine's own
+/// [`pull_reply_frames`](crate::EngineConfig::pull_reply_frames).
+pub(crate) fn serve_pull(
+    ctx: &mut Ctx,
+    nic: &mut VirtualNic,
+    head: &HeadRepr,
+    pull: &PullRepr,
+    reply_frames: u8,
+) {
     let link = &mut nic.link;
     let refuse = |ctx: &mut Ctx, link: &mut GuestWire, nack_type: NackType, reason: DropReason| {
         if link.refuse_silently(pull.dst_endpoint, nack_type) {
@@ -395,14 +441,20 @@ pub(crate) fn serve_pull(ctx: &mut Ctx, nic: &mut VirtualNic, head: &HeadRepr, p
         src: link.mac,
         dst_src_peer_index: ctx.reverse_index(link, head.src),
     };
+    let per_reply = reply_frames.min(ctx.config.pull_reply_frames).max(1) as usize;
     let mut offset = msg_offset;
     let mut left = u64::from(pull.block_length);
-    for i in 0..replies {
-        let room = if i == 0 {
-            FRAME - u64::from(pull.first_frame_offset)
-        } else {
-            FRAME
-        };
+    for i in (0..replies).step_by(per_reply) {
+        // The frames this reply carries, each as long as MX's reply for it would be.
+        let room: u64 = (i..(i + per_reply).min(replies))
+            .map(|f| {
+                if f == 0 {
+                    FRAME - u64::from(pull.first_frame_offset)
+                } else {
+                    FRAME
+                }
+            })
+            .sum();
         let len = room.min(left) as usize;
         let reply = PullReplyRepr {
             frame_seqnum: pull.frame_index.wrapping_add(i as u32) as u8,

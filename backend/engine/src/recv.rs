@@ -9,9 +9,10 @@ use xmx_wire::msg::{
     medium_frags, Event, EventBody, InlineData, InlineMsg, LibackSend, MsgInfo, NackKind,
     NotifySend, RecvMedium, RingConnectReply, RingConnectRequest, RndvSend, Route, MEDIUM_FRAG_MAX,
 };
+use xmx_wire::mxoe::pull::reply_frames_mark;
 use xmx_wire::mxoe::{
     ConnectData, HeadPacket, HeadRepr, Mac, MsgHeader, NackLibRepr, NackType, PacketRepr, HEAD_LEN,
-    MEDIUM_FRAG_LEN_SHIFT,
+    MEDIUM_FRAG_LEN_SHIFT, PULL_LEN,
 };
 
 use super::memory::MemoryArea;
@@ -285,7 +286,11 @@ impl Engine {
                 };
                 deliver(&mut ctx, link, ep, n.dst_endpoint, body);
             }
-            PacketRepr::Pull(p) => rdma::serve_pull(&mut ctx, nic, &head, &p),
+            PacketRepr::Pull(p) => {
+                let after = frame.get(HEAD_LEN + PULL_LEN..).unwrap_or(&[]);
+                let reply_frames = reply_frames_mark::read(after);
+                rdma::serve_pull(&mut ctx, nic, &head, &p, reply_frames)
+            }
             PacketRepr::PullReply(r) => rdma::on_pull_reply(&mut ctx, nic, now, from.mac, &r),
             PacketRepr::NackMcp(n) => rdma::on_nack_mcp(&mut ctx, nic, from.mac, &n),
             PacketRepr::Raw(_) | PacketRepr::HostQuery(_) | PacketRepr::HostReply(_) => {

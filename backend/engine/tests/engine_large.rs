@@ -31,7 +31,26 @@ impl Large {
         remote_offset: u32,
         local_offset: u32,
     ) -> Self {
-        let mut tb = Testbed::with_config(config);
+        Self::start_between(
+            config.clone(),
+            config,
+            to,
+            length,
+            remote_offset,
+            local_offset,
+        )
+    }
+
+    /// [`Large::start`] with host 0 (the sender's) and host 1 configured apart.
+    fn start_between(
+        host0: EngineConfig,
+        host1: EngineConfig,
+        to: u32,
+        length: usize,
+        remote_offset: u32,
+        local_offset: u32,
+    ) -> Self {
+        let mut tb = Testbed::with_configs(host0, host1);
         let data = pattern(length, 0x5a);
         let mut sender_region = vec![0u8; remote_offset as usize + length + 7];
         sender_region[remote_offset as usize..][..length].copy_from_slice(&data);
@@ -537,4 +556,202 @@ fn stale_and_foreign_replies_are_dropped() {
     assert_eq!(c.drops(DropReason::StalePull), replies.len() as u64);
     assert!(l.tb.take_events(3).is_empty());
     l.finish();
+}
+
+fn reply_frames(n: u8) -> EngineConfig {
+    EngineConfig {
+        pull_reply_frames: n,
+        ..EngineConfig::default()
+    }
+}
+
+/// What one transfer between hosts put on the wire: (PULLs, replies, their data lengths),
+/// the bytes checked against the sender's and delivered whole.
+fn transfer_between(
+    sender: EngineConfig,
+    puller: EngineConfig,
+    length: usize,
+    remote_offset: u32,
+    local_offset: u32,
+) -> (Vec<WireFrame>, Vec<usize>) {
+    let mut l = Large::start_between(sender, puller, 3, length, remote_offset, local_offset);
+    let before = l.tb.wire.len();
+    l.tb.pump();
+    assert_eq!(l.pull_done(), Some(success(length)));
+    let frames = l.tb.wire[before..].to_vec();
+    let mut lens = vec![];
+    for f in frames.iter().filter(|f| f.ptype() == PacketType::PullReply) {
+        let PacketRepr::PullReply(r) = packet(f) else {
+            unreachable!()
+        };
+        let off = r.msg_offset as usize;
+        assert_eq!(r.data, &l.data[off..off + r.data.len()]);
+        lens.push(r.data.len());
+    }
+    assert_eq!(lens.iter().sum::<usize>(), length);
+    let pulls = frames
+        .into_iter()
+        .filter(|f| f.ptype() == PacketType::Pull)
+        .collect();
+    l.finish();
+    (pulls, lens)
+}
+
+fn mark_of(pull: &WireFrame) -> u8 {
+    xmx_wire::mxoe::pull::reply_frames_mark::read(&pull.bytes[HEAD_LEN + PULL_LEN..])
+}
+
+/// Between two xmx hosts that both allow it, a reply carries two frames' data: half the
+/// replies, each cut where MX's replies would be, the bytes the same.
+#[test]
+fn xmx_hosts_that_allow_it_carry_two_frames_per_reply() {
+    for (length, remote_offset, local_offset) in [
+        (1 << 20, 0, 0),
+        (200_000, 4095, 1),
+        (32 * 1024 + 1024, 100, 7),
+        (5000, 0, 3),
+    ] {
+        let (pulls, lens) = transfer_between(
+            reply_frames(2),
+            reply_frames(2),
+            length,
+            remote_offset,
+            local_offset,
+        );
+        assert!(pulls.iter().all(|p| mark_of(p) == 2), "every PULL asks");
+        let in_frame = remote_offset as usize % 4096;
+        let frames = (in_frame + length).div_ceil(4096);
+        // Two frames per reply, block by block (a block's frame count may be odd).
+        let blocks = (in_frame + length).div_ceil(32768);
+        assert!(
+            lens.len() <= frames.div_ceil(2) + blocks,
+            "{} replies",
+            lens.len()
+        );
+        assert!(
+            lens.len() < frames || frames == 1,
+            "fewer replies than frames"
+        );
+        assert!(lens.iter().all(|&n| n <= 8192));
+        assert!(lens.iter().any(|&n| n > 4096) || frames == 1);
+    }
+}
+
+/// MX's wire with every other peer: an engine that allows one frame per reply asks
+/// nobody for more and answers one frame per reply even to a puller that asks.
+#[test]
+fn a_puller_or_a_sender_limited_to_one_frame_gets_mx_replies() {
+    // The puller asks, the sender keeps to MX.
+    let (pulls, lens) = transfer_between(reply_frames(1), reply_frames(2), 1 << 20, 12, 0);
+    assert!(pulls.iter().all(|p| mark_of(p) == 2));
+    assert!(lens.iter().all(|&n| n <= 4096));
+    assert_eq!(lens.len(), (12usize + (1 << 20)).div_ceil(4096));
+    // The puller keeps to MX (as Open-MX would): no mark, one frame per reply.
+    let (pulls, lens) = transfer_between(reply_frames(2), reply_frames(1), 1 << 20, 12, 0);
+    assert!(pulls.iter().all(|p| mark_of(p) == 1));
+    assert!(pulls
+        .iter()
+        .all(|p| p.bytes[HEAD_LEN + PULL_LEN..].iter().all(|&b| b == 0)));
+    assert!(lens.iter().all(|&n| n <= 4096));
+}
+
+/// Lost two-frame replies are asked for again and arrive whole.
+#[test]
+fn two_frame_replies_survive_random_loss() {
+    for seed in [3u64, 99] {
+        let length = (1 << 20) + 333;
+        let mut l = Large::start_between(reply_frames(2), reply_frames(2), 3, length, 64, 0);
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut done = None;
+        for _ in 0..10_000 {
+            l.tb.pump_with(|f| {
+                matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.u8(0..100) < 15
+            });
+            done = l.pull_done();
+            if done.is_some() {
+                break;
+            }
+            l.tb.fire_timers();
+        }
+        assert_eq!(done, Some(success(length)), "seed {seed}");
+        l.finish();
+    }
+}
+
+/// A two-frame reply whose second part is short is refused for that part: the first
+/// frame lands, the second is asked for again.
+#[test]
+fn a_multi_frame_reply_with_a_bad_part_lands_only_its_good_parts() {
+    let length = 3 * 4096;
+    let mut tb = Testbed::with_configs(reply_frames(2), reply_frames(2));
+    let data = pattern(length, 0x33);
+    tb.region(1, SENDER_REGION, 100, data.clone());
+    tb.region(3, RECEIVER_REGION, 200, vec![0u8; length]);
+    let pull = Pull {
+        length: length as u32,
+        local_region: RECEIVER_REGION,
+        local_offset: 0,
+        remote_region: SENDER_REGION,
+        remote_region_seqnum: 3,
+        remote_offset: 0,
+    };
+    let back = tb.route(1);
+    tb.send(
+        3,
+        SendRequest {
+            tag: 2,
+            route: back,
+            op: SendOp::Pull(pull),
+        },
+    )
+    .unwrap();
+    // Deliver the PULL, keep the replies, then hand the puller a forged two-frame reply
+    // whose second part is one byte short.
+    let mut replies = vec![];
+    tb.pump_with(|f| {
+        if f.ptype() == PacketType::PullReply {
+            replies.push(f.clone());
+            true
+        } else {
+            false
+        }
+    });
+    assert!(!replies.is_empty());
+    let first = &replies[0];
+    let PacketRepr::PullReply(r) = packet(first) else {
+        unreachable!()
+    };
+    assert_eq!(r.data.len(), 8192);
+    let mut forged = first.bytes.clone();
+    forged.truncate(HEAD_LEN + PULL_REPLY_LEN + 8191);
+    forged[HEAD_LEN + 2..HEAD_LEN + 4].copy_from_slice(&8191u16.to_be_bytes());
+    let puller = tb.guest(3);
+    let bad_before = tb
+        .engine(3)
+        .guest(puller.id)
+        .unwrap()
+        .counters()
+        .drops(DropReason::BadPullReply);
+    let now = tb.now;
+    tb.engines[1].handle_frame(now, &forged);
+    let nic = tb.engine(3).guest(puller.id).unwrap();
+    assert_eq!(
+        nic.counters().drops(DropReason::BadPullReply),
+        bad_before + 1
+    );
+    let got = tb.region_bytes(3, 200);
+    assert_eq!(&got[..4096], &data[..4096], "the good first part landed");
+    assert!(got[4096..].iter().all(|&b| b == 0), "nothing else did");
+    // The rest comes on the puller's retry.
+    let mut done = false;
+    for _ in 0..100 {
+        tb.fire_timers();
+        tb.pump();
+        if tb.take_events(3).iter().any(|e| *e == success(length)) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the pull finished on its retries");
+    assert_eq!(tb.region_bytes(3, 200), data);
 }

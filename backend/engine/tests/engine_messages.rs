@@ -5,7 +5,9 @@ mod engine_util;
 
 use engine_util::*;
 use xmx_engine::{DropReason, MemoryArea};
-use xmx_wire::msg::{medium_frags, ErrorCode, EventBody, MediumSend, QueueSlots, Route, SendOp, SendRequest};
+use xmx_wire::msg::{
+    medium_frags, ErrorCode, EventBody, MediumSend, QueueSlots, Route, SendOp, SendRequest,
+};
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, MEDIUM_LEN, MSG_LEN};
 
 #[test]
@@ -233,13 +235,22 @@ fn a_medium_with_an_unreadable_fragment_sends_no_fragment_at_all() {
     sender.mem.remove_area(sendq);
     sender.mem.add_area(sendq, 2 * 4096);
     let route = tb.route(3);
-    tb.send(1, medium(7, route, 3, 3 * 4096, &[0, 1, 2])).unwrap();
+    tb.send(1, medium(7, route, 3, 3 * 4096, &[0, 1, 2]))
+        .unwrap();
     tb.pump();
-    assert!(frames_of(&tb, PacketType::Medium).is_empty(), "no fragment left");
+    assert!(
+        frames_of(&tb, PacketType::Medium).is_empty(),
+        "no fragment left"
+    );
     let ev = tb.take_events(1);
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert!(
-        matches!(ev[0].body, EventBody::Error { code: ErrorCode::Malformed }),
+        matches!(
+            ev[0].body,
+            EventBody::Error {
+                code: ErrorCode::Malformed
+            }
+        ),
         "{ev:?}"
     );
     let nic = tb.engine(1).guest(sender.id).unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use xmx_backend::service::{Backend, BackendConfig, FrameLink, GuestQuotas};
-use xmx_engine::EngineConfig;
+use xmx_engine::{pull_reply_frames_for, EngineConfig};
 use xmx_nic::{NicConfig, PacketSocket};
 
 /// How long the orderly stop after SIGTERM may take before the process ends anyway.
@@ -59,6 +59,12 @@ struct BackdArgs {
     /// as a source guest that real Xen is migrating).
     #[arg(long, env = "XMX_PULL_RETRIES", default_value_t = EngineConfig::default().pull_retries_max, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pull_retries: u32,
+    /// Frames' worth of data (4 KiB each) one PULL_REPLY carries between xmx hosts, 1 to
+    /// 8 (default: as many as the interface's MTU takes, 2 at 9000). 1 keeps to MX's
+    /// replies, for a fabric whose switches drop frames the interfaces would take. MX
+    /// and Open-MX peers are never asked for more than one, nor sent more.
+    #[arg(long, env = "XMX_PULL_REPLY_FRAMES", value_parser = clap::value_parser!(u8).range(1..=8))]
+    pull_reply_frames: Option<u8>,
 }
 
 fn default_control_socket() -> PathBuf {
@@ -88,6 +94,7 @@ fn run(args: BackdArgs) -> Result<(), String> {
         ));
     }
     let mut pull_frame_budget = EngineConfig::default().pull_frame_budget;
+    let mut pull_reply_frames = EngineConfig::default().pull_reply_frames;
     let link: Option<Box<dyn FrameLink>> = if args.iface == "none" {
         tracing::warn!("no interface: only co-located guests can talk");
         None
@@ -102,6 +109,7 @@ fn run(args: BackdArgs) -> Result<(), String> {
         // Half the receive ring: the other half is for every other frame that arrives
         // while a burst of replies waits to be read.
         pull_frame_budget = u32::try_from(sock.rx_ring_frames() / 2).unwrap_or(u32::MAX);
+        pull_reply_frames = pull_reply_frames_for(sock.max_frame_len());
         Some(Box::new(sock))
     };
     let cfg = BackendConfig {
@@ -120,6 +128,7 @@ fn run(args: BackdArgs) -> Result<(), String> {
             pull_retransmit_timeout: Duration::from_millis(args.pull_timeout_ms.max(1)),
             pull_retries_max: args.pull_retries,
             pull_frame_budget,
+            pull_reply_frames: args.pull_reply_frames.unwrap_or(pull_reply_frames),
             ..EngineConfig::default()
         },
     };

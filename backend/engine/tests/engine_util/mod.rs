@@ -11,6 +11,7 @@ use xmx_engine::{
 use xmx_wire::msg::{
     DoneStatus, Event, EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest,
 };
+use xmx_wire::mxoe::pull::reply_frames_mark;
 use xmx_wire::mxoe::{FrameRepr, Mac, PacketRepr, PacketType, ETH_FRAME_LEN_MIN, HEAD_LEN};
 
 /// Send-queue slots of every test endpoint.
@@ -73,7 +74,12 @@ impl Testbed {
     }
 
     pub fn with_config(config: EngineConfig) -> Self {
-        let mut engines = [Engine::new(config.clone()), Engine::new(config)];
+        Self::with_configs(config.clone(), config)
+    }
+
+    /// Host 0's engine with `host0`, host 1's with `host1`.
+    pub fn with_configs(host0: EngineConfig, host1: EngineConfig) -> Self {
+        let mut engines = [Engine::new(host0), Engine::new(host1)];
         let layout = [
             (1u8, 0usize, 1u32),
             (2, 0, 1),
@@ -300,11 +306,13 @@ fn check_frame(tb: &Testbed, frame: &WireFrame) {
     );
     assert!(frame.bytes.len() >= HEAD_LEN);
     // Frame buffers are pooled across guests: what pads a short frame must be zeros,
-    // never an earlier frame's bytes.
-    assert!(
-        frame.bytes[repr.buffer_len()..].iter().all(|&b| b == 0),
-        "Ethernet padding is zeros"
-    );
+    // never an earlier frame's bytes; a PULL may start it with xmx's mark.
+    let mut padding = &frame.bytes[repr.buffer_len()..];
+    if repr.packet.packet_type() == PacketType::Pull && padding.starts_with(&reply_frames_mark::TAG)
+    {
+        padding = &padding[reply_frames_mark::LEN..];
+    }
+    assert!(padding.iter().all(|&b| b == 0), "Ethernet padding is zeros");
 }
 
 /// `len` bytes of a pattern that differs per seed and per position.

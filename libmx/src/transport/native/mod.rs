@@ -36,10 +36,11 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use xmx_engine::EngineConfig;
+use xmx_engine::{pull_reply_frames_for, EngineConfig};
 use xmx_mx::Config;
 use xmx_nic::{NicConfig, PacketSocket};
 use xmx_wire::mxoe::Mac;
+use xmx_wire::mxoe::PULL_REPLIES_PER_BLOCK;
 
 use super::{BoardInfo, OpenError, RawPort, Transport, TransportPort};
 use crate::abi::MxReturn;
@@ -91,6 +92,11 @@ pub(crate) struct NativeConfig {
     /// `XMX_PULL_TIMEOUT_MS`: how long a pull waits for replies before it
     /// asks again (default: the engine's).
     pub(crate) pull_timeout: Option<Duration>,
+    /// `XMX_PULL_REPLY_FRAMES` (1 to 8; default: as many as the link's MTU
+    /// takes): frames' worth of data one PULL_REPLY carries between xmx
+    /// boards. 1 keeps to MX's replies, for a fabric whose switches drop
+    /// frames longer than the interfaces' MTU suggests.
+    pub(crate) pull_reply_frames: Option<u8>,
     /// `XMX_DISCOVERY_MS` (default 1000): how long a hostname lookup waits
     /// for HOST_REPLY answers.
     pub(crate) discovery_wait: Duration,
@@ -148,6 +154,8 @@ impl NativeConfig {
             ack_delay: number("XMX_ACK_DELAY_US")?.map_or(DEFAULT_ACK_DELAY, Duration::from_micros),
             resend_delay,
             pull_timeout: number("XMX_PULL_TIMEOUT_MS")?.map(Duration::from_millis),
+            pull_reply_frames: number("XMX_PULL_REPLY_FRAMES")?
+                .map(|n| n.clamp(1, PULL_REPLIES_PER_BLOCK as u64) as u8),
             discovery_wait: Duration::from_millis(number("XMX_DISCOVERY_MS")?.unwrap_or(1000)),
             linger: number("XMX_LINGER_MS")?.map_or_else(
                 || super::default_close_linger(resend_delay),
@@ -156,8 +164,16 @@ impl NativeConfig {
         })
     }
 
-    fn engine_config(&self) -> EngineConfig {
-        let mut c = EngineConfig::default();
+    /// The engine's settings on a link whose longest frame is `max_frame_len`.
+    fn engine_config(&self, max_frame_len: usize) -> EngineConfig {
+        let mut c = EngineConfig {
+            // Between xmx boards, as many frames per PULL_REPLY as the MTU
+            // takes (one with MX peers, which never ask and are never sent more).
+            pull_reply_frames: self
+                .pull_reply_frames
+                .unwrap_or_else(|| pull_reply_frames_for(max_frame_len)),
+            ..EngineConfig::default()
+        };
         if let Some(t) = self.pull_timeout {
             c.pull_retransmit_timeout = t.max(Duration::from_millis(1));
         }
@@ -287,7 +303,7 @@ impl Native {
         let entries = peers::initial_table(mac, &config.hostname, &config.peers)?;
         let view = Arc::new(BoardPeerView::default());
         let board = Board::new(
-            config.engine_config(),
+            config.engine_config(wire.max_frame_len()),
             wire,
             &config.hostname,
             entries,

@@ -28,6 +28,7 @@ fn config(name: &str, peers: Vec<PeersFileEntry>) -> NativeConfig {
         ack_delay: DEFAULT_ACK_DELAY,
         resend_delay: None,
         pull_timeout: Some(Duration::from_millis(50)),
+        pull_reply_frames: None,
         discovery_wait: Duration::from_secs(2),
         linger: Duration::ZERO,
     }
@@ -359,7 +360,7 @@ fn configuration_from_the_environment() {
     assert_eq!(c.ack_delay, DEFAULT_ACK_DELAY);
     assert_eq!(c.resend_delay, Some(Duration::from_millis(20)));
     assert_eq!(
-        c.engine_config().pull_retransmit_timeout,
+        c.engine_config(9014).pull_retransmit_timeout,
         Duration::from_millis(30)
     );
     assert!(

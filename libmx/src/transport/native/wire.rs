@@ -25,6 +25,8 @@ pub(crate) trait Wire: Send {
     fn send(&mut self, frame: &[u8]) -> Result<(), String>;
     /// Sends what is queued.
     fn flush(&mut self) -> Result<(), String>;
+    /// The longest frame the link carries (MTU plus Ethernet header).
+    fn max_frame_len(&self) -> usize;
 }
 
 impl Wire for PacketSocket {
@@ -46,6 +48,10 @@ impl Wire for PacketSocket {
 
     fn flush(&mut self) -> Result<(), String> {
         PacketSocket::flush(self).map_err(|e| e.to_string())
+    }
+
+    fn max_frame_len(&self) -> usize {
+        PacketSocket::max_frame_len(self)
     }
 }
 
@@ -171,6 +177,10 @@ impl Wire for SeqpacketWire {
 
     fn flush(&mut self) -> Result<(), String> {
         Ok(())
+    }
+
+    fn max_frame_len(&self) -> usize {
+        SEQPACKET_FRAME_MAX
     }
 }
 
