@@ -71,7 +71,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use xmx_wire::msg::{ErrorCode, Event, EventBody};
-use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, PacketRepr, HOSTNAME_LEN_MAX};
+use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, NackType, PacketRepr, HOSTNAME_LEN_MAX};
 
 pub use config::{pull_reply_frames_for, EngineConfig};
 pub use error::{EngineError, PeerTableError, Violation};
@@ -83,7 +83,7 @@ pub use peers::{PeerEntry, PeerTable};
 pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
-use output::{EngineOutput, Path};
+use output::{EngineOutput, Path, ReplyWriteError, TxFrame};
 use vnic::{EngineUsage, GuestEndpoint, GuestRegion, GuestWire};
 
 /// A guest, by the id dom0 gives it (its domain id).
@@ -231,6 +231,16 @@ impl Ctx<'_> {
         Some(path)
     }
 
+    /// Queue a PULL_REPLY for the wire that is written only when it leaves (room
+    /// asked first with [`Ctx::room_for`]), and count it.
+    pub fn queue_reply(&mut self, link: &mut GuestWire, reply: output::DeferredReply) {
+        let len = reply.wire_len();
+        link.counters.tx_frames += 1;
+        link.counters.tx_bytes += len as u64;
+        link.tx_bytes_queued += len;
+        self.out.tx.push(link.id, TxFrame::Reply(reply));
+    }
+
     /// Queue a frame built for `path` ([`Ctx::room_for`]) and count it.
     pub fn queue(&mut self, link: &mut GuestWire, path: Path, buf: Vec<u8>) {
         let len = buf.len() as u64;
@@ -239,7 +249,7 @@ impl Ctx<'_> {
                 link.counters.tx_frames += 1;
                 link.counters.tx_bytes += len;
                 link.tx_bytes_queued += buf.len();
-                self.out.tx.push(link.id, buf);
+                self.out.tx.push(link.id, TxFrame::Built(buf));
             }
             Path::Local => {
                 link.counters.local_frames += 1;
@@ -407,7 +417,7 @@ impl Engine {
         let frame = rarp_announcement(nic.link.mac);
         nic.link.counters.announcements += 1;
         nic.link.tx_bytes_queued += frame.len();
-        self.out.tx.push(guest, frame);
+        self.out.tx.push(guest, TxFrame::Built(frame));
         Ok(())
     }
 
@@ -640,15 +650,86 @@ impl Engine {
         }
     }
 
-    /// The next frame to put on the NIC.
+    /// The next frame to put on the NIC, in a buffer of its own (see
+    /// [`Engine::poll_transmit_into`] for one the caller provides).
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        loop {
+            let (guest, frame) = self.next_transmit()?;
+            let reply = match frame {
+                TxFrame::Built(bytes) => return Some(Transmit { bytes }),
+                TxFrame::Reply(r) => r,
+            };
+            let Some(nic) = self.guests.get_mut(&guest) else {
+                continue;
+            };
+            let memory = &*nic.memory;
+            let written = self
+                .out
+                .build_in_place(reply.wire_len(), |buf| reply.write(memory, buf).map(drop));
+            match written {
+                Ok(bytes) => return Some(Transmit { bytes }),
+                Err(e) => {
+                    if let Some(nack) = refuse_deferred(&mut nic.link, &reply, e) {
+                        if let Ok(bytes) = self.out.build(&nack) {
+                            return Some(Transmit { bytes });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the next frame for the NIC at the start of `out` (a transmit slot) and
+    /// returns its length; `None` when no frame waits. A PULL_REPLY's data is read from
+    /// guest memory straight into `out`. A frame longer than `out` is dropped (counted),
+    /// never cut.
+    pub fn poll_transmit_into(&mut self, out: &mut [u8]) -> Option<usize> {
+        loop {
+            let (guest, frame) = self.next_transmit()?;
+            let Some(nic) = self.guests.get_mut(&guest) else {
+                if let TxFrame::Built(bytes) = frame {
+                    self.out.recycle(bytes);
+                }
+                continue;
+            };
+            match frame {
+                TxFrame::Built(bytes) => {
+                    let len = bytes.len();
+                    let fits = out.get_mut(..len).map(|o| o.copy_from_slice(&bytes));
+                    self.out.recycle(bytes);
+                    match fits {
+                        Some(()) => return Some(len),
+                        None => nic.link.counters.drop(DropReason::TxUnwritable),
+                    }
+                }
+                TxFrame::Reply(r) => match r.write(&*nic.memory, out) {
+                    Ok(len) => return Some(len),
+                    Err(e) => {
+                        let Some(nack) = refuse_deferred(&mut nic.link, &r, e) else {
+                            continue;
+                        };
+                        let len = nack.wire_len();
+                        if let Some(slot) = out.get_mut(..len) {
+                            slot.fill(0);
+                            if nack.emit(slot).is_ok() {
+                                return Some(len);
+                            }
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// The next frame in the weighted round, its bytes taken off its guest's queue.
+    fn next_transmit(&mut self) -> Option<(GuestId, TxFrame)> {
         let guests = &self.guests;
         let weight = |g: GuestId| guests.get(&g).map_or(1, |n| n.link.weight);
-        let (guest, bytes) = self.out.tx.pop(weight)?;
+        let (guest, frame) = self.out.tx.pop(weight)?;
         if let Some(nic) = self.guests.get_mut(&guest) {
-            nic.link.tx_bytes_queued = nic.link.tx_bytes_queued.saturating_sub(bytes.len());
+            nic.link.tx_bytes_queued = nic.link.tx_bytes_queued.saturating_sub(frame.len());
         }
-        Some(Transmit { bytes })
+        Some((guest, frame))
     }
 
     /// Give a transmitted frame's buffer back for reuse.
@@ -794,6 +875,30 @@ pub fn rarp_announcement(mac: Mac) -> Vec<u8> {
     f.extend_from_slice(&[0; 4]);
     f.resize(60, 0);
     f
+}
+
+/// A deferred PULL_REPLY could not be written: counted, and its data unreadable, the
+/// NACK_MCP to send instead (as a reply built at once would have been refused), unless
+/// the endpoint re-opens after a move (its peers then ask again).
+fn refuse_deferred(
+    link: &mut GuestWire,
+    reply: &output::DeferredReply,
+    e: ReplyWriteError,
+) -> Option<FrameRepr<'static>> {
+    match e {
+        ReplyWriteError::Emit => {
+            link.counters.drop(DropReason::TxUnwritable);
+            None
+        }
+        ReplyWriteError::Memory => {
+            link.counters.drop(DropReason::MemoryFault);
+            if link.refuse_silently(reply.src_endpoint, NackType::BadRdmaWindow) {
+                return None;
+            }
+            link.counters.nacks_sent += 1;
+            Some(reply.refusal())
+        }
+    }
 }
 
 #[cfg(test)]

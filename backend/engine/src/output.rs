@@ -6,9 +6,124 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 use xmx_wire::msg::Event;
-use xmx_wire::mxoe::{FrameRepr, Mac, ETH_FRAME_LEN_MIN};
+use xmx_wire::mxoe::{
+    FrameRepr, HeadPacket, HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyPacket,
+    PullReplyRepr, ETH_FRAME_LEN_MIN, HEAD_LEN, PULL_REPLY_LEN,
+};
 
+use super::memory::{GuestMemory, MemoryArea};
 use super::GuestId;
+
+/// A PULL_REPLY whose data stays in guest memory until the frame is written: then read
+/// straight into the frame's last buffer (the NIC's transmit slot, see
+/// [`Engine::poll_transmit_into`](super::Engine::poll_transmit_into)), with no copy
+/// through a buffer of the engine's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeferredReply {
+    /// The frame's head.
+    pub head: HeadRepr,
+    /// The reply's number in the transfer, modulo 256.
+    pub frame_seqnum: u8,
+    /// Where its data goes in the message.
+    pub msg_offset: u32,
+    /// The puller's handle.
+    pub dst_pull_handle: u32,
+    /// The puller's endpoint magic.
+    pub dst_magic: u32,
+    /// Our endpoint, whose region is pulled.
+    pub src_endpoint: u8,
+    /// Where the data is.
+    pub area: MemoryArea,
+    /// Its offset in the area.
+    pub at: u64,
+    /// Its length.
+    pub len: usize,
+}
+
+/// Why a deferred reply could not be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplyWriteError {
+    /// The data could no longer be read (the region went away).
+    Memory,
+    /// The frame does not fit the buffer, or its fields could not be emitted.
+    Emit,
+}
+
+impl DeferredReply {
+    /// The NACK_MCP that answers the pull instead when the data can no longer be read,
+    /// as it would have been answered had the reply been built at once.
+    pub fn refusal(&self) -> FrameRepr<'static> {
+        FrameRepr {
+            head: self.head,
+            packet: PacketRepr::NackMcp(NackMcpRepr {
+                src_endpoint: self.src_endpoint,
+                src_generation: 0,
+                nack_type: NackType::BadRdmaWindow,
+                src_pull_handle: self.dst_pull_handle,
+                src_magic: self.dst_magic,
+            }),
+        }
+    }
+
+    /// Bytes of the frame, Ethernet padding included.
+    pub fn wire_len(&self) -> usize {
+        (HEAD_LEN + PULL_REPLY_LEN + self.len).max(ETH_FRAME_LEN_MIN)
+    }
+
+    /// Writes the frame at the start of `out`, its data read from `memory`, and zeroes
+    /// its Ethernet padding; returns [`Self::wire_len`]. Every byte of the frame is
+    /// written: `out` may hold an earlier frame of any guest.
+    pub fn write(
+        &self,
+        memory: &dyn GuestMemory,
+        out: &mut [u8],
+    ) -> Result<usize, ReplyWriteError> {
+        let fields = HEAD_LEN + PULL_REPLY_LEN;
+        let wire_len = self.wire_len();
+        let frame = out.get_mut(..wire_len).ok_or(ReplyWriteError::Emit)?;
+        let (front, rest) = frame.split_at_mut(fields);
+        let (data, padding) = rest.split_at_mut(self.len.min(rest.len()));
+        memory
+            .read(self.area, self.at, data)
+            .map_err(|_| ReplyWriteError::Memory)?;
+        padding.fill(0);
+        front.fill(0);
+        self.head
+            .emit(&mut HeadPacket::new_unchecked(&mut *front))
+            .map_err(|_| ReplyWriteError::Emit)?;
+        let reply = PullReplyRepr {
+            frame_seqnum: self.frame_seqnum,
+            msg_offset: self.msg_offset,
+            dst_pull_handle: self.dst_pull_handle,
+            dst_magic: self.dst_magic,
+            data: &[],
+        };
+        let packet = front.get_mut(HEAD_LEN..).unwrap_or(&mut []);
+        reply
+            .emit_fields(&mut PullReplyPacket::new_unchecked(packet), self.len)
+            .map_err(|_| ReplyWriteError::Emit)?;
+        Ok(wire_len)
+    }
+}
+
+/// A frame waiting for the NIC.
+#[derive(Debug)]
+pub(crate) enum TxFrame {
+    /// Built whole.
+    Built(Vec<u8>),
+    /// A PULL_REPLY written when it leaves.
+    Reply(DeferredReply),
+}
+
+impl TxFrame {
+    /// Bytes it takes on the wire.
+    pub fn len(&self) -> usize {
+        match self {
+            TxFrame::Built(b) => b.len(),
+            TxFrame::Reply(r) => r.wire_len(),
+        }
+    }
+}
 
 /// A frame to put on the NIC. Hand it back with [`Engine::recycle`](super::Engine::recycle)
 /// once sent so its buffer is reused.
@@ -58,7 +173,7 @@ const TX_QUANTUM: u64 = 9018;
 /// One guest's frames waiting for the NIC, and its turn in the round.
 #[derive(Debug, Default)]
 struct GuestTx {
-    frames: VecDeque<Vec<u8>>,
+    frames: VecDeque<TxFrame>,
     deficit: u64,
     visited: bool,
 }
@@ -78,7 +193,7 @@ impl TxQueues {
         self.len
     }
 
-    pub fn push(&mut self, guest: GuestId, frame: Vec<u8>) {
+    pub fn push(&mut self, guest: GuestId, frame: TxFrame) {
         let q = self.guests.entry(guest).or_default();
         if q.frames.is_empty() {
             self.round.push_back(guest);
@@ -88,7 +203,7 @@ impl TxQueues {
     }
 
     /// The next frame in the weighted round.
-    pub fn pop(&mut self, weight: impl Fn(GuestId) -> u32) -> Option<(GuestId, Vec<u8>)> {
+    pub fn pop(&mut self, weight: impl Fn(GuestId) -> u32) -> Option<(GuestId, TxFrame)> {
         // Each visit either sends or ends the guest's turn after adding at least a whole
         // frame's worth to its deficit, so this ends.
         loop {
@@ -266,12 +381,15 @@ mod tests {
             for i in 0..400u32 {
                 let mut frame = vec![0u8; 4200];
                 frame[..4].copy_from_slice(&i.to_be_bytes());
-                tx.push(GuestId(g), frame);
+                tx.push(GuestId(g), TxFrame::Built(frame));
             }
         }
         let mut sent = [0u32; 4];
         for _ in 0..800 {
             let (g, frame) = tx.pop(|g| weights[g.0 as usize]).unwrap();
+            let TxFrame::Built(frame) = frame else {
+                unreachable!("only built frames were queued")
+            };
             let i = u32::from_be_bytes(frame[..4].try_into().unwrap());
             assert_eq!(i, sent[g.0 as usize], "a guest's frames keep their order");
             sent[g.0 as usize] += 1;
@@ -288,7 +406,7 @@ mod tests {
         // Alone, a guest of weight 1 takes every frame in turn.
         let mut lone = TxQueues::default();
         for _ in 0..10 {
-            lone.push(GuestId(9), vec![0; 9018]);
+            lone.push(GuestId(9), TxFrame::Built(vec![0; 9018]));
         }
         assert_eq!((0..10).filter(|_| lone.pop(|_| 1).is_some()).count(), 10);
         assert!(lone.pop(|_| 1).is_none());

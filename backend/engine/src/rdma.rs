@@ -7,13 +7,13 @@ use std::time::Instant;
 use xmx_wire::msg::{self, DoneStatus, ErrorCode, Event, EventBody, Route};
 use xmx_wire::mxoe::pull::reply_frames_mark;
 use xmx_wire::mxoe::{
-    HeadPacket, HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyPacket, PullReplyRepr,
-    PullRepr, HEAD_LEN, PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
+    HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyRepr, PullRepr, HEAD_LEN,
+    PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
 };
 
 use super::budget::PullKey;
 use super::memory::MemoryArea;
-use super::output::Path;
+use super::output::{DeferredReply, Path, ReplyWriteError};
 use super::pull::{
     deadline_after, magic_endpoint, mask_positions, OutstandingPull, PullSink, PullSource,
     ReplyRefusal, TimeoutOutcome,
@@ -469,33 +469,35 @@ pub(crate) fn serve_pull(
         let Some(path) = ctx.room_for(link, head.src) else {
             continue;
         };
-        // The region's bytes are read straight into the frame, behind the fields
-        // written after them: one copy from guest memory to the frame, not two.
-        let fields = HEAD_LEN + PULL_REPLY_LEN;
-        let memory = &nic.memory;
-        let built = ctx.out.build_in_place(fields + len, |frame| {
-            let (front, data) = frame.split_at_mut(fields);
-            memory
-                .read(area, base + reply.msg_offset as u64, data)
-                .map_err(|_| None)?;
-            // Zeroed first: the pooled buffer holds an earlier frame's bytes.
-            front.fill(0);
-            reply_head
-                .emit(&mut HeadPacket::new_unchecked(&mut *front))
-                .map_err(Some)?;
-            let packet = front.get_mut(HEAD_LEN..).unwrap_or(&mut []);
-            reply
-                .emit_fields(&mut PullReplyPacket::new_unchecked(packet), len)
-                .map_err(Some)
+        let deferred = DeferredReply {
+            head: reply_head,
+            frame_seqnum: reply.frame_seqnum,
+            msg_offset: reply.msg_offset,
+            dst_pull_handle: reply.dst_pull_handle,
+            dst_magic: reply.dst_magic,
+            src_endpoint: pull.dst_endpoint,
+            area,
+            at: base + u64::from(reply.msg_offset),
+            len,
+        };
+        if path == Path::Wire {
+            // Read when the frame is written into the NIC's transmit slot: one copy
+            // from guest memory to the wire's ring, none through the engine.
+            ctx.queue_reply(link, deferred);
+            continue;
+        }
+        let memory = &*nic.memory;
+        let built = ctx.out.build_in_place(deferred.wire_len(), |frame| {
+            deferred.write(memory, frame).map(drop)
         });
         match built {
             Ok(buf) => ctx.queue(link, path, buf),
-            Err(None) => {
+            Err(ReplyWriteError::Memory) => {
                 refuse(ctx, link, NackType::BadRdmaWindow, DropReason::MemoryFault);
                 break;
             }
-            Err(Some(e)) => {
-                tracing::warn!(guest = link.id.0, error = %e, "pull reply refused by its emitter");
+            Err(ReplyWriteError::Emit) => {
+                tracing::warn!(guest = link.id.0, "pull reply refused by its emitter");
                 link.counters.drop(DropReason::Malformed);
                 break;
             }

@@ -49,11 +49,13 @@ pub enum DropReason {
     /// The destination endpoint is closed while its guest opens it again (after a resume
     /// or a migration, keeping its session): no NACK, so the peer resends.
     EndpointReopening,
+    /// A frame that did not fit the NIC's transmit slot, or could not be written into it.
+    TxUnwritable,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::Malformed,
         DropReason::UnknownSource,
         DropReason::CrossCluster,
@@ -71,6 +73,7 @@ impl DropReason {
         DropReason::TxQuota,
         DropReason::Unsupported,
         DropReason::EndpointReopening,
+        DropReason::TxUnwritable,
     ];
 
     fn slot(self) -> usize {

@@ -755,3 +755,93 @@ fn a_multi_frame_reply_with_a_bad_part_lands_only_its_good_parts() {
     assert!(done, "the pull finished on its retries");
     assert_eq!(tb.region_bytes(3, 200), data);
 }
+
+/// Move the frames host `from` has queued to the other host, nothing else.
+fn deliver_from(tb: &mut Testbed, from: usize) -> usize {
+    let mut n = 0;
+    while let Some(t) = tb.engines[from].poll_transmit() {
+        let now = tb.now;
+        tb.engines[1 - from].handle_frame(now, &t.bytes);
+        tb.engines[from].recycle(t);
+        n += 1;
+    }
+    n
+}
+
+/// Replies for the wire are written only when they leave: into a buffer the caller
+/// provides (a dirty one here), byte for byte what a buffer of the engine's own would
+/// hold; a buffer too short for the next frame drops it (counted), never cuts it.
+#[test]
+fn replies_are_written_into_the_callers_buffer_as_they_leave() {
+    let length = 64 * 1024 + 100;
+    let mut a = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    let mut b = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    // Both deliver their PULLs to the sender's host, which queues the replies.
+    assert!(deliver_from(&mut a.tb, 1) > 0);
+    assert!(deliver_from(&mut b.tb, 1) > 0);
+    let mut slot = vec![0xa5u8; 9014];
+    let mut n = 0;
+    loop {
+        let own = a.tb.engines[0].poll_transmit();
+        let into = b.tb.engines[0].poll_transmit_into(&mut slot);
+        match (own, into) {
+            (Some(t), Some(len)) => {
+                assert_eq!(&slot[..len], &t.bytes[..], "frame {n}");
+                a.tb.engines[0].recycle(t);
+                n += 1;
+            }
+            (None, None) => break,
+            other => panic!("one engine ran out first: {other:?}"),
+        }
+    }
+    assert!(n > length / 4096, "{n} frames");
+
+    // A slot too short for a reply: the reply is dropped and counted, the next
+    // frame (after the short one) still leaves whole.
+    let mut c = Large::start(EngineConfig::default(), 3, 3 * 4096, 0, 0);
+    assert!(deliver_from(&mut c.tb, 1) > 0);
+    let mut short = vec![0u8; 100];
+    assert_eq!(c.tb.engines[0].poll_transmit_into(&mut short), None);
+    let sender = c.tb.guest(1);
+    let nic = c.tb.engine(1).guest(sender.id).unwrap();
+    assert_eq!(nic.counters().drops(DropReason::TxUnwritable), 3);
+}
+
+/// A region given back between its PULL and the replies' departure is answered with a
+/// NACK_MCP, as if it had been gone at the PULL: the puller's pull fails at once
+/// instead of re-requesting into nothing until its retries run out.
+#[test]
+fn a_region_gone_before_its_replies_leave_is_refused_with_a_nack() {
+    let length = 3 * 4096;
+    let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    assert!(
+        deliver_from(&mut l.tb, 1) > 0,
+        "the PULL reached the sender"
+    );
+    let sender = l.tb.guest(1);
+    sender
+        .mem
+        .remove_area(xmx_engine::MemoryArea::Region(xmx_engine::RegionHandle(
+            100,
+        )));
+    let before = l.tb.wire.len();
+    l.tb.pump();
+    let nacks = l.tb.wire[before..]
+        .iter()
+        .filter(|f| f.ptype() == PacketType::NackMcp)
+        .count();
+    assert!(nacks >= 1, "the puller was told");
+    assert!(
+        l.tb.wire[before..]
+            .iter()
+            .all(|f| f.ptype() != PacketType::PullReply),
+        "no reply of unreadable memory left"
+    );
+    let nic = l.tb.engine(1).guest(sender.id).unwrap();
+    assert!(nic.counters().drops(DropReason::MemoryFault) >= 1);
+    let done = l.pull_done().expect("the pull ended");
+    let EventBody::PullDone { status, .. } = done.body else {
+        panic!("{done:?}")
+    };
+    assert_ne!(status, DoneStatus::Success);
+}

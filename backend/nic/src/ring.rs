@@ -252,6 +252,17 @@ pub(crate) enum Push {
     Full,
 }
 
+/// What [`TxRing::try_push_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PushWith {
+    /// A frame of this many bytes was written and marked for sending.
+    Queued(usize),
+    /// The writer had no frame; the slot stays free.
+    Nothing,
+    /// The next slot is still the kernel's; the writer was not called.
+    Full,
+}
+
 /// The producer side of a transmit ring.
 pub(crate) struct TxRing {
     base: NonNull<u8>,
@@ -322,6 +333,56 @@ impl TxRing {
         stats.tx_frames += 1;
         stats.tx_bytes += frame.len() as u64;
         Ok(Push::Queued)
+    }
+
+    /// Let `fill` write a frame of at most `max_len` bytes (and the slot's capacity)
+    /// straight into the next slot, then mark it for sending: no copy through a buffer
+    /// of the caller's. `fill` returns the frame's length, 0 for no frame.
+    pub(crate) fn try_push_with(
+        &mut self,
+        max_len: usize,
+        stats: &mut NicStats,
+        fill: &mut impl FnMut(&mut [u8]) -> usize,
+    ) -> Result<PushWith> {
+        let room = self.slot_capacity().min(max_len);
+        let slot = slot_at(self.base, &self.geometry, self.head);
+        // SAFETY: `slot` is an aligned slot of the live ring.
+        match classify_tx(unsafe { load_status(slot) }) {
+            TxSlotState::Busy => return Ok(PushWith::Full),
+            TxSlotState::Rejected => {
+                tracing::debug!(slot = self.head, "kernel refused a queued frame");
+                stats.tx_rejected += 1;
+            }
+            TxSlotState::Free => {}
+        }
+        // SAFETY: the acquire load showed the slot free: the kernel neither reads nor
+        // writes it until we publish TP_STATUS_SEND_REQUEST below, and no other
+        // reference to it exists (`&mut self`). The `room` bytes from TX_DATA_OFFSET
+        // lie inside the slot (room <= frame_size - TX_DATA_OFFSET).
+        let data =
+            unsafe { std::slice::from_raw_parts_mut(slot.as_ptr().add(TX_DATA_OFFSET), room) };
+        let len = fill(data);
+        if len == 0 {
+            return Ok(PushWith::Nothing);
+        }
+        if len > room {
+            return Err(NicError::FrameTooLong { len, max: room });
+        }
+        if len < ETH_HEADER_LEN {
+            return Err(NicError::FrameTooShort { len });
+        }
+        // SAFETY: as above, the slot is still ours; the length word is an aligned field
+        // of its header.
+        unsafe {
+            // `len` <= room < frame_size, which fits in u32.
+            ptr::write(slot.as_ptr().add(field::LEN).cast::<u32>(), len as u32);
+            store_status(slot, TP_STATUS_SEND_REQUEST);
+        }
+        self.last_queued = Some(self.head);
+        self.head = (self.head + 1) % self.geometry.frame_nr();
+        stats.tx_frames += 1;
+        stats.tx_bytes += len as u64;
+        Ok(PushWith::Queued(len))
     }
 
     /// True when frames were queued since the last [`TxRing::mark_flushed`].

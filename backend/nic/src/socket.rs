@@ -10,7 +10,7 @@ use xmx_wire::mxoe::Mac;
 use super::config::NicConfig;
 use super::error::{NicError, Result};
 use super::geometry::{rx_frame_size, tx_frame_size, RingGeometry};
-use super::ring::{Push, RxRing, TxRing};
+use super::ring::{Push, PushWith, RxRing, TxRing};
 use super::stats::NicStats;
 use super::sys::{self, InterfaceInfo, RingMapping};
 use super::{ETHERTYPE, ETH_HEADER_LEN};
@@ -247,6 +247,31 @@ impl PacketSocket {
         match self.tx.try_push(frame, &mut self.stats)? {
             Push::Queued => Ok(()),
             Push::Full => Err(NicError::TxStalled {
+                timeout: self.tx_timeout,
+            }),
+        }
+    }
+
+    /// Let `fill` write the next frame straight into the transmit ring (no copy through
+    /// a buffer of the caller's); it gets a slot of [`max_frame_len`](Self::max_frame_len)
+    /// bytes and returns the frame's length, 0 for none. The frame leaves at the next
+    /// [`flush`](Self::flush); returns its length. When the ring is full this flushes
+    /// and waits (up to `tx_timeout`) for a slot before `fill` is called.
+    pub fn send_with(&mut self, mut fill: impl FnMut(&mut [u8]) -> usize) -> Result<usize> {
+        let max = self.max_frame_len;
+        match self.tx.try_push_with(max, &mut self.stats, &mut fill)? {
+            PushWith::Queued(n) => return Ok(n),
+            PushWith::Nothing => return Ok(0),
+            PushWith::Full => {}
+        }
+        self.stats.tx_ring_full += 1;
+        tracing::trace!(ifname = %self.name, "transmit ring full");
+        self.send_blocking()?;
+        self.tx.mark_flushed();
+        match self.tx.try_push_with(max, &mut self.stats, &mut fill)? {
+            PushWith::Queued(n) => Ok(n),
+            PushWith::Nothing => Ok(0),
+            PushWith::Full => Err(NicError::TxStalled {
                 timeout: self.tx_timeout,
             }),
         }

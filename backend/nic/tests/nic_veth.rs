@@ -326,3 +326,52 @@ fn frame_longer_than_a_slot_is_dropped_and_counted() {
         "{sb:?}"
     );
 }
+
+/// Frames written straight into the transmit ring arrive byte for byte; a writer with
+/// nothing to send leaves the slot free, and one that claims more than the slot holds
+/// is refused without sending anything.
+#[test]
+fn frames_written_into_the_ring_cross_byte_for_byte() {
+    if !privileged("frames_written_into_the_ring_cross_byte_for_byte") {
+        return;
+    }
+    let VethSockets {
+        mut a,
+        mut b,
+        pair: _pair,
+    } = VethSockets::jumbo("sendwith");
+    let mut rng = payload_rng(7);
+    let frames: Vec<Vec<u8>> = (0..200)
+        .map(|i| mxoe_frame(&a, &b, SIZES[i % 4], &mut rng))
+        .collect();
+    let got = std::thread::scope(|s| {
+        let (a, b, frames) = (&mut a, &mut b, &frames);
+        let side_b = s.spawn(move || recv_frames(b, frames.len()));
+        for f in frames {
+            let n = a
+                .send_with(|slot| {
+                    assert_eq!(slot.len(), 9014, "a slot of the longest frame");
+                    slot[..f.len()].copy_from_slice(f);
+                    f.len()
+                })
+                .unwrap();
+            assert_eq!(n, f.len());
+            // Nothing to send: no frame, no slot used.
+            assert_eq!(a.send_with(|_| 0).unwrap(), 0);
+        }
+        a.flush().unwrap();
+        side_b.join().unwrap()
+    });
+    assert_same_frames(&got, &frames);
+    assert!(matches!(
+        a.send_with(|slot| slot.len() + 1),
+        Err(NicError::FrameTooLong { .. })
+    ));
+    assert!(matches!(
+        a.send_with(|_| 5),
+        Err(NicError::FrameTooShort { len: 5 })
+    ));
+    a.flush().unwrap();
+    let sa = a.stats().unwrap();
+    assert_eq!(sa.tx_frames, 200, "refused frames never left");
+}

@@ -29,6 +29,9 @@ pub trait FrameLink: Send {
     fn recv(&mut self, f: &mut dyn FnMut(&[u8])) -> usize;
     /// Queue a frame for transmission.
     fn send(&mut self, frame: &[u8]) -> Result<(), NicError>;
+    /// Queue the frame `fill` writes into the link's own transmit buffer (it returns the
+    /// frame's length, 0 for none); returns that length.
+    fn send_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> Result<usize, NicError>;
     /// Transmit everything queued.
     fn flush(&mut self) -> Result<(), NicError>;
     /// Take the error the link reports (its descriptor polled as failed), if any.
@@ -58,6 +61,10 @@ impl FrameLink for PacketSocket {
 
     fn send(&mut self, frame: &[u8]) -> Result<(), NicError> {
         PacketSocket::send(self, frame)
+    }
+
+    fn send_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> Result<usize, NicError> {
+        PacketSocket::send_with(self, fill)
     }
 
     fn flush(&mut self) -> Result<(), NicError> {

@@ -777,18 +777,37 @@ impl Backend {
 
     fn transmit(&mut self) -> bool {
         let mut sent = 0u64;
-        while let Some(t) = self.engine.poll_transmit() {
-            match &mut self.link {
-                Some(link) => match link.send(&t.bytes) {
-                    Ok(()) => sent += 1,
-                    Err(e) => {
-                        self.counters.nic_tx_errors += 1;
-                        tracing::debug!(error = %e, "frame refused by the NIC");
-                    }
-                },
-                None => self.counters.tx_without_link += 1,
+        let Some(link) = &mut self.link else {
+            while let Some(t) = self.engine.poll_transmit() {
+                self.counters.tx_without_link += 1;
+                self.engine.recycle(t);
             }
-            self.engine.recycle(t);
+            return false;
+        };
+        // Each frame is written straight into the NIC's transmit ring: a PULL_REPLY's
+        // data goes from the guest's granted pages to the ring in one copy.
+        let engine = &mut self.engine;
+        while engine.pending_transmits() > 0 {
+            let mut taken = false;
+            let mut fill = |slot: &mut [u8]| {
+                taken = true;
+                engine.poll_transmit_into(slot).unwrap_or(0)
+            };
+            match link.send_with(&mut fill) {
+                Ok(0) => break,
+                Ok(_) => sent += 1,
+                Err(e) => {
+                    self.counters.nic_tx_errors += 1;
+                    tracing::debug!(error = %e, "frame refused by the NIC");
+                    if !taken {
+                        // No slot came (the ring stalled): the frame is lost all the
+                        // same, or this loop would not end.
+                        if let Some(t) = engine.poll_transmit() {
+                            engine.recycle(t);
+                        }
+                    }
+                }
+            }
         }
         if sent > 0 {
             if let Some(link) = &mut self.link {

@@ -743,13 +743,36 @@ impl Board {
     /// Puts the engine's frames on the link, then makes it send them.
     fn send_transmits(&mut self) {
         let mut sent = false;
-        while let Some(t) = self.engine.poll_transmit() {
-            if let Err(e) = self.wire.send(&t.bytes) {
-                self.counters.tx_errors += 1;
-                tracing::debug!(%e, "frame lost on the link");
+        let Board {
+            engine,
+            wire,
+            counters,
+            ..
+        } = self;
+        // Each frame is written straight into the link's transmit ring: a
+        // PULL_REPLY's data goes from the application's buffer to the ring in
+        // one copy.
+        while engine.pending_transmits() > 0 {
+            let mut taken = false;
+            let mut fill = |slot: &mut [u8]| {
+                taken = true;
+                engine.poll_transmit_into(slot).unwrap_or(0)
+            };
+            match wire.send_with(&mut fill) {
+                Ok(0) => break,
+                Ok(_) => sent = true,
+                Err(e) => {
+                    counters.tx_errors += 1;
+                    tracing::debug!(%e, "frame lost on the link");
+                    if !taken {
+                        // The link failed before it had a slot: the frame is lost
+                        // all the same, or this loop would never end.
+                        if let Some(t) = engine.poll_transmit() {
+                            engine.recycle(t);
+                        }
+                    }
+                }
             }
-            self.engine.recycle(t);
-            sent = true;
         }
         if sent {
             if let Err(e) = self.wire.flush() {

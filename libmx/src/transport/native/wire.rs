@@ -21,8 +21,9 @@ pub(crate) trait Wire: Send {
     fn fd(&self) -> RawFd;
     /// Lends every waiting frame to `f` without blocking; returns how many.
     fn recv(&mut self, f: &mut dyn FnMut(&[u8])) -> usize;
-    /// Queues a frame; it leaves at the latest at the next [`Wire::flush`].
-    fn send(&mut self, frame: &[u8]) -> Result<(), String>;
+    /// Queues the frame `fill` writes straight into the link's transmit buffer (it
+    /// returns the frame's length, 0 for none); returns that length.
+    fn send_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> Result<usize, String>;
     /// Sends what is queued.
     fn flush(&mut self) -> Result<(), String>;
     /// The longest frame the link carries (MTU plus Ethernet header).
@@ -42,8 +43,8 @@ impl Wire for PacketSocket {
         PacketSocket::recv(self, f)
     }
 
-    fn send(&mut self, frame: &[u8]) -> Result<(), String> {
-        PacketSocket::send(self, frame).map_err(|e| e.to_string())
+    fn send_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> Result<usize, String> {
+        PacketSocket::send_with(self, fill).map_err(|e| e.to_string())
     }
 
     fn flush(&mut self) -> Result<(), String> {
@@ -94,6 +95,28 @@ const SEQPACKET_FRAME_MAX: usize = 9000 + 14;
 
 #[cfg(test)]
 impl SeqpacketWire {
+    /// Sends one frame (a full peer drops it, as a congested cable would).
+    fn send(&mut self, frame: &[u8]) -> Result<(), String> {
+        // SAFETY: `frame` is readable for its length; the descriptor is open.
+        let sent = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                // A congested cable loses the frame; MX sends it again.
+                return Ok(());
+            }
+            return Err(e.to_string());
+        }
+        Ok(())
+    }
+
     /// Two ends joined to each other, with board addresses `a` and `b`.
     pub(crate) fn pair(a: Mac, b: Mac) -> io::Result<(SeqpacketWire, SeqpacketWire)> {
         let mut fds = [0 as libc::c_int; 2];
@@ -154,29 +177,17 @@ impl Wire for SeqpacketWire {
         }
     }
 
-    fn send(&mut self, frame: &[u8]) -> Result<(), String> {
-        // SAFETY: `frame` is readable for its length; the descriptor is open.
-        let sent = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if sent < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
-                // A congested cable loses the frame; MX sends it again.
-                return Ok(());
-            }
-            return Err(e.to_string());
-        }
+    fn flush(&mut self) -> Result<(), String> {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), String> {
-        Ok(())
+    fn send_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> Result<usize, String> {
+        let mut frame = vec![0u8; SEQPACKET_FRAME_MAX];
+        let len = fill(&mut frame);
+        if len > 0 {
+            self.send(frame.get(..len).ok_or("frame longer than the link's")?)?;
+        }
+        Ok(len)
     }
 
     fn max_frame_len(&self) -> usize {
