@@ -6,10 +6,12 @@
 //! - frames received from the NIC ([`Engine::handle_frame`]),
 //! - the passing of time ([`Engine::handle_timeout`], due at [`Engine::poll_timeout`]),
 //!
-//! and collects what it produced: frames for the NIC ([`Engine::poll_transmit`]), events
-//! for endpoint event rings ([`Engine::poll_event`]) and host replies for the peer service
-//! ([`Engine::poll_host_reply`]). Guest memory (queues, registered regions) is reached
-//! through each guest's [`GuestMemory`].
+//! and collects what it produced: frames for the NIC ([`Engine::poll_transmit`], or
+//! [`Engine::poll_transmit_into`] a buffer the caller provides, such as a slot of the NIC's
+//! transmit ring: a PULL_REPLY's data is then read from guest memory straight into it),
+//! events for endpoint event rings ([`Engine::poll_event`]) and host replies for the peer
+//! service ([`Engine::poll_host_reply`]). Guest memory (queues, registered regions) is
+//! reached through each guest's [`GuestMemory`].
 //!
 //! # Roles
 //!
