@@ -308,36 +308,42 @@ fn large_co_located() {
     transfer(2, 16 << 20, 0, 0);
 }
 
+/// A 1 MiB pull between hosts configured `sender` and `puller`, with 15% of PULLs and
+/// replies lost at random (`seed`): it finishes with every byte, by re-requests.
+fn pull_under_random_loss(sender: EngineConfig, puller: EngineConfig, seed: u64) {
+    let length = (1 << 20) + 333;
+    let mut l = Large::start_between(sender, puller, 3, length, 64, 0);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut done = None;
+    for _ in 0..10_000 {
+        l.tb.pump_with(|f| {
+            matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.u8(0..100) < 15
+        });
+        done = l.pull_done();
+        if done.is_some() {
+            break;
+        }
+        assert!(l.tb.fire_timers(), "a pull in progress has a deadline");
+    }
+    assert_eq!(done, Some(success(length)), "seed {seed}");
+    assert!(
+        !l.tb.lost.is_empty(),
+        "seed {seed}: the loss pattern dropped frames"
+    );
+    let c = l.tb.engines[1]
+        .guest(l.tb.guest(3).id)
+        .unwrap()
+        .counters()
+        .clone();
+    assert!(c.pull_rerequests > 0);
+    assert_eq!(c.pulls_done, 1);
+    l.finish();
+}
+
 #[test]
 fn pull_survives_random_loss() {
     for seed in [1u64, 7, 42, 1234] {
-        let length = (1 << 20) + 333;
-        let mut l = Large::start(EngineConfig::default(), 3, length, 64, 0);
-        let mut rng = fastrand::Rng::with_seed(seed);
-        let mut done = None;
-        for _ in 0..10_000 {
-            l.tb.pump_with(|f| {
-                matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.u8(0..100) < 15
-            });
-            done = l.pull_done();
-            if done.is_some() {
-                break;
-            }
-            assert!(l.tb.fire_timers(), "a pull in progress has a deadline");
-        }
-        assert_eq!(done, Some(success(length)), "seed {seed}");
-        assert!(
-            !l.tb.lost.is_empty(),
-            "seed {seed}: the loss pattern dropped frames"
-        );
-        let c = l.tb.engines[1]
-            .guest(l.tb.guest(3).id)
-            .unwrap()
-            .counters()
-            .clone();
-        assert!(c.pull_rerequests > 0);
-        assert_eq!(c.pulls_done, 1);
-        l.finish();
+        pull_under_random_loss(EngineConfig::default(), EngineConfig::default(), seed);
     }
 }
 
@@ -659,22 +665,7 @@ fn a_puller_or_a_sender_limited_to_one_frame_gets_mx_replies() {
 #[test]
 fn two_frame_replies_survive_random_loss() {
     for seed in [3u64, 99] {
-        let length = (1 << 20) + 333;
-        let mut l = Large::start_between(reply_frames(2), reply_frames(2), 3, length, 64, 0);
-        let mut rng = fastrand::Rng::with_seed(seed);
-        let mut done = None;
-        for _ in 0..10_000 {
-            l.tb.pump_with(|f| {
-                matches!(f.ptype(), PacketType::Pull | PacketType::PullReply) && rng.u8(0..100) < 15
-            });
-            done = l.pull_done();
-            if done.is_some() {
-                break;
-            }
-            l.tb.fire_timers();
-        }
-        assert_eq!(done, Some(success(length)), "seed {seed}");
-        l.finish();
+        pull_under_random_loss(reply_frames(2), reply_frames(2), seed);
     }
 }
 

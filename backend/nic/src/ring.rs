@@ -306,33 +306,15 @@ impl TxRing {
                 max: capacity,
             });
         }
-        let slot = slot_at(self.base, &self.geometry, self.head);
-        // SAFETY: `slot` is an aligned slot of the live ring.
-        match classify_tx(unsafe { load_status(slot) }) {
-            TxSlotState::Busy => return Ok(Push::Full),
-            TxSlotState::Rejected => {
-                tracing::debug!(slot = self.head, "kernel refused a queued frame");
-                stats.tx_rejected += 1;
-            }
-            TxSlotState::Free => {}
+        let mut copy = |slot: &mut [u8]| {
+            // Fits: checked against the capacity above, which bounds the slot.
+            slot[..frame.len()].copy_from_slice(frame);
+            frame.len()
+        };
+        match self.try_push_with(capacity, stats, &mut copy)? {
+            PushWith::Full => Ok(Push::Full),
+            PushWith::Queued(_) | PushWith::Nothing => Ok(Push::Queued),
         }
-        // SAFETY: the acquire load showed the slot free, so the kernel does not read it
-        // until we publish TP_STATUS_SEND_REQUEST below. The frame fits between
-        // TX_DATA_OFFSET and the end of the slot (checked against `capacity`), the length
-        // word is an aligned field of the slot header, and `frame` cannot overlap the
-        // ring, which only this ring references.
-        unsafe {
-            let p = slot.as_ptr();
-            ptr::copy_nonoverlapping(frame.as_ptr(), p.add(TX_DATA_OFFSET), frame.len());
-            // `capacity` < frame_size, which fits in u32.
-            ptr::write(p.add(field::LEN).cast::<u32>(), frame.len() as u32);
-            store_status(slot, TP_STATUS_SEND_REQUEST);
-        }
-        self.last_queued = Some(self.head);
-        self.head = (self.head + 1) % self.geometry.frame_nr();
-        stats.tx_frames += 1;
-        stats.tx_bytes += frame.len() as u64;
-        Ok(Push::Queued)
     }
 
     /// Let `fill` write a frame of at most `max_len` bytes (and the slot's capacity)
