@@ -409,3 +409,27 @@ fn a_device_dom0_holds_stays_closed_until_released_and_its_endpoints_keep_their_
         .expect("endpoint 0 after the hold");
     assert_eq!(a2.session, a.session);
 }
+
+/// A new domain given a destroyed one's id before the backend saw the destroy: the
+/// toolstack writes the device again (both states Initialising) under a key the backend
+/// still serves, here in InitWait. The backend serves the new device from the start
+/// (InitWait published again), instead of keeping its record of the old one over it.
+#[test]
+fn a_device_written_again_under_a_served_key_is_served_as_a_new_one() {
+    let host = BackdTestHost::start();
+    let _backend = host.start_backend(GuestQuotas::default());
+    let mut g = host.guest("g1", 1, 1);
+    g.wait_backend_state(XenbusState::InitWait);
+    // What the toolstack's attach leaves, as one write of both halves.
+    let xs0 = host.attach(DOM0).xenstore().unwrap();
+    let initialising = XenbusState::Initialising.to_string();
+    xmx_hv::in_transaction(xs0.as_ref(), |tx| {
+        let state = |dir: String| format!("{dir}/{}", keys::STATE);
+        xs0.write(tx, &state(g.backend_dir()), initialising.as_bytes())?;
+        xs0.write(tx, &state(g.frontend_dir()), initialising.as_bytes())
+    })
+    .unwrap();
+    g.wait_backend_state(XenbusState::InitWait);
+    g.connect();
+    assert_eq!(host.dom0_mappings(), 1);
+}

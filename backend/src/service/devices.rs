@@ -145,6 +145,18 @@ impl Backend {
         match (present, self.devices.contains_key(&key)) {
             (Some(false), true) => self.remove_device(key),
             (Some(true), false) => self.create_device(key),
+            (Some(true), true) if self.written_again(key, &bdir) => {
+                // The toolstack wrote the device anew under a key we still serve: a new
+                // domain took a destroyed one's id before we saw the destroy (both came
+                // in one batch of events, so `@releaseDomain` found the id alive).
+                tracing::info!(
+                    domu = key.domu,
+                    devid = key.devid,
+                    "device written again under the same id: serving it as a new one"
+                );
+                self.remove_device(key);
+                self.create_device(key);
+            }
             (Some(true), true) => {
                 self.apply_qos_weight(key);
                 self.apply_hold(key, &bdir);
@@ -157,6 +169,24 @@ impl Backend {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Whether the device's backend state reads Initialising although we moved it on:
+    /// only the toolstack writes Initialising, when it creates a device.
+    fn written_again(&self, key: DeviceKey, bdir: &str) -> bool {
+        let Some(ours) = self.devices.get(&key).map(|d| d.state) else {
+            return false;
+        };
+        if matches!(ours, XenbusState::Unknown | XenbusState::Initialising) {
+            return false;
+        }
+        match self.xs.read(XBT_NULL, &xenbus::key_path(bdir, keys::STATE)) {
+            Ok(raw) => {
+                let text = String::from_utf8_lossy(&raw);
+                text.trim_end_matches('\0').trim() == XenbusState::Initialising.to_string()
+            }
+            Err(_) => false,
         }
     }
 
