@@ -6,8 +6,8 @@ use backd_util::{guest_mac, small_endpoint, BackdTestHost, FakeGuest, FakeGuestE
 use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
 use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_wire::msg::{
-    CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
-    QueueSlots, RndvSend, Route, SendOp, SendRequest,
+    fill_marks, CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo,
+    Pull, QueueSlots, RndvSend, Route, SendOp, SendRequest,
 };
 
 fn peers(backend: &BackendThread, entries: &[(u16, u8, u32)]) {
@@ -184,6 +184,7 @@ fn a_large_message_is_pulled_between_registered_regions() {
     assert_eq!(rsp.status, CtrlStatus::Ok);
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     assert!(src.mem.write_bytes(300, &data));
+    fill_marks::write(ea.send.mem(), 3, true);
 
     a.send(
         &mut ea,

@@ -7,8 +7,8 @@ mod backd_util;
 use backd_util::{counters, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint};
 use xmx_nic::testbed::VethPair;
 use xmx_wire::msg::{
-    CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo, Pull,
-    QueueSlots, RndvSend, Route, SendOp, SendRequest,
+    fill_marks, CtrlStatus, DoneStatus, EventBody, InlineData, InlineMsg, MediumSend, MsgInfo,
+    Pull, QueueSlots, RndvSend, Route, SendOp, SendRequest,
 };
 
 fn next_non_completion(g: &FakeGuest, ep: &mut FakeGuestEndpoint) -> EventBody {
@@ -119,6 +119,7 @@ fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
     assert_eq!(rsp.status, CtrlStatus::Ok);
     let data: Vec<u8> = (0..len).map(|i| (i % 241) as u8 ^ 0x5c).collect();
     assert!(src.mem.write_bytes(0, &data));
+    fill_marks::write(ea.send.mem(), 1, true);
     a.send(
         &mut ea,
         SendRequest {

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use xmx_hv::{ImportedPages, ImportedPort, Port, PortNotifier, PAGE_SIZE};
-use xmx_wire::msg::{EndpointPages, Event, EventBack, SendFront, SendRequest, MEDIUM_FRAG_MAX};
+use xmx_wire::msg::{
+    fill_marks, EndpointPages, Event, EventBack, SendFront, SendRequest, MEDIUM_FRAG_MAX,
+};
 use xmx_wire::ring::SharedMem;
 
 use crate::error::{Error, Result};
@@ -218,6 +220,14 @@ impl EndpointChannel {
             self.m.notify.notify()?;
         }
         Ok(())
+    }
+
+    /// Sets or clears `region`'s fill mark in the send ring (see
+    /// [`xmx_wire::msg::fill_marks`]): the backend serves a peer's pull of the region only
+    /// while it is set. Set it after the region holds the data of the send it is lent to:
+    /// the store is a release, so a backend that sees the mark sees the data.
+    pub fn set_fill_mark(&self, region: u8, filled: bool) {
+        fill_marks::write(self.m.send.mem(), region, filled);
     }
 
     /// Push and publish one request.

@@ -230,6 +230,7 @@ fn messages_of_every_class_cross_between_guests_through_handed_over_memory() {
     let wb = RegionWindow::from_handoff(fb.register_region(0, len).unwrap()).unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     wa.write(0, &data).unwrap();
+    ca.set_fill_mark(wa.region_id(), true);
     ca.send(&SendRequest {
         tag: 12,
         route: to_b,

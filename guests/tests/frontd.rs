@@ -120,6 +120,7 @@ fn an_application_gets_endpoints_and_cached_regions_through_the_daemon() {
             w.write(0, &data).unwrap();
             (w.region_id(), cache.window(dst).unwrap().region_id())
         };
+        c0.set_fill_mark(src_id, true);
         c0.send(&SendRequest {
             tag: 100 + round,
             route: Route {

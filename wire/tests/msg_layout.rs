@@ -1140,6 +1140,16 @@ fn completion_nack_and_error_events() {
             },
         },
     );
+    check_event(
+        &slot(
+            EVENT_SLOT_SIZE,
+            &[(0, &[0x4c, 0x01, 0, 0, 9, 0, 0, 0]), (8, &[200])],
+        ),
+        &Event {
+            tag: 9,
+            body: EventBody::RegionWanted { region: 200 },
+        },
+    );
     let mut bad_code = error;
     bad_code[8] = 0;
     assert_eq!(
@@ -1227,4 +1237,34 @@ fn send_register_is_bounded() {
         SendRequest::parse(&mismatch),
         Err(Error::Invalid { .. })
     ));
+}
+
+/// The send ring's fill marks lie in ring.h's private area, after the four indices: region
+/// 0 is the low bit of the word at byte 16, region 255 the high bit of the word at byte 44,
+/// and writing one leaves the indices and the other marks alone.
+#[test]
+fn fill_marks_lie_in_the_send_rings_private_area() {
+    use std::sync::atomic::Ordering;
+    use xmx_wire::msg::fill_marks;
+    use xmx_wire::ring::{layout, SharedMem};
+
+    let ring = SharedMem::new_owned(1);
+    ring.store_u32(layout::REQ_PROD, 7, Ordering::Relaxed);
+    fill_marks::write(&ring, 0, true);
+    fill_marks::write(&ring, 33, true);
+    fill_marks::write(&ring, 255, true);
+    let word = |at: usize| ring.load_u32(at, Ordering::Relaxed).unwrap();
+    assert_eq!(word(16), 1);
+    assert_eq!(word(20), 1 << 1);
+    assert_eq!(word(44), 1 << 31);
+    fill_marks::write(&ring, 0, false);
+    assert_eq!((word(16), word(20), word(44)), (0, 2, 1 << 31));
+    assert_eq!(word(layout::REQ_PROD), 7);
+    let mut rest = [0u8; layout::SLOTS - 48];
+    assert!(ring.read_bytes(48, &mut rest));
+    assert!(
+        rest.iter().all(|&b| b == 0),
+        "nothing written past the marks"
+    );
+    assert_eq!(fill_marks::OFFSET + fill_marks::LEN, 48);
 }

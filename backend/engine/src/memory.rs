@@ -28,6 +28,13 @@ pub enum MemoryArea {
     },
     /// A registered region.
     Region(RegionHandle),
+    /// An endpoint's region fill marks (`xmx_wire::msg::fill_marks`): the guest lends a
+    /// region's data to pullers only while its bit is set. An endpoint without this area
+    /// (the native mode) has every region filled.
+    FillMarks {
+        /// The endpoint index.
+        endpoint: u8,
+    },
 }
 
 /// Why a guest memory access failed.

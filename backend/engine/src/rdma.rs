@@ -2,9 +2,10 @@
 //! are requested from the peer; PULL requests from peers are answered with PULL_REPLY
 //! frames read from the pulled region; replies and NACK_MCP complete the puller's pulls.
 
+use std::sync::atomic::{fence, Ordering};
 use std::time::Instant;
 
-use xmx_wire::msg::{self, DoneStatus, ErrorCode, Event, EventBody, Route};
+use xmx_wire::msg::{self, fill_marks, DoneStatus, ErrorCode, Event, EventBody, Route};
 use xmx_wire::mxoe::pull::reply_frames_mark;
 use xmx_wire::mxoe::{
     HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyRepr, PullRepr, HEAD_LEN,
@@ -12,7 +13,7 @@ use xmx_wire::mxoe::{
 };
 
 use super::budget::PullKey;
-use super::memory::MemoryArea;
+use super::memory::{GuestMemory, MemoryArea, MemoryError};
 use super::output::{DeferredReply, Path, ReplyWriteError};
 use super::pull::{
     deadline_after, magic_endpoint, mask_positions, OutstandingPull, PullSink, PullSource,
@@ -103,6 +104,24 @@ pub(crate) fn start_pull(
         endpoint: s.endpoint,
         handle,
     });
+}
+
+/// Whether the guest says `region` of `endpoint` holds the data it lends (its fill mark,
+/// see [`MemoryArea::FillMarks`]); an endpoint without marks has every region filled, and
+/// marks that cannot be read fill none.
+fn region_filled(memory: &dyn GuestMemory, endpoint: u8, region: u8) -> bool {
+    let mut word = [0u8; 4];
+    let at = (fill_marks::word(region) * 4) as u64;
+    match memory.read(MemoryArea::FillMarks { endpoint }, at, &mut word) {
+        Ok(()) => {
+            // Acquire (with the relaxed load under `read`): the region's bytes, read after
+            // this, are at least those the guest wrote before it set the mark.
+            fence(Ordering::Acquire);
+            u32::from_ne_bytes(word) & fill_marks::bit(region) != 0
+        }
+        Err(MemoryError::NoSuchArea(_)) => true,
+        Err(_) => false,
+    }
 }
 
 /// Send the PULL requests for the blocks at the positions set in `mask`.
@@ -396,7 +415,7 @@ pub(crate) fn serve_pull(
     if u16::from(pull.dst_endpoint) >= ctx.config.endpoints_per_guest {
         return refuse(ctx, link, NackType::BadEndpoint, DropReason::BadEndpoint);
     }
-    let Some(ep) = nic.endpoints.get(&pull.dst_endpoint) else {
+    let Some(ep) = nic.endpoints.get_mut(&pull.dst_endpoint) else {
         return refuse(
             ctx,
             link,
@@ -414,6 +433,20 @@ pub(crate) fn serve_pull(
         }
         return refuse(ctx, link, NackType::BadRdmaWindow, DropReason::BadRegion);
     };
+    let rid = pull.pulled_rdma_id;
+    let (word, bit) = (usize::from(rid / 64), 1u64 << (rid % 64));
+    if !region_filled(nic.memory.as_ref(), pull.dst_endpoint, rid) {
+        link.counters.drop(DropReason::RegionUnfilled);
+        if ep.fill_asked[word] & bit == 0 && ctx.out.has_event_room(link.id, pull.dst_endpoint) {
+            ep.fill_asked[word] |= bit;
+            let tag = ep.next_tag();
+            let body = EventBody::RegionWanted { region: rid };
+            ctx.out
+                .unsolicited(link.id, pull.dst_endpoint, Event { tag, body });
+        }
+        return;
+    }
+    ep.fill_asked[word] &= !bit;
     // The block's place in the message, then in the region (all in 64 bits: the frame
     // index is the peer's to choose).
     let base = u64::from(pull.pulled_rdma_offset);

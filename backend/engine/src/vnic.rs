@@ -51,11 +51,14 @@ pub enum DropReason {
     EndpointReopening,
     /// A frame that did not fit the NIC's transmit slot, or could not be written into it.
     TxUnwritable,
+    /// A PULL of a region whose fill mark the guest has not set (it lent the data another
+    /// way): no NACK, the guest is asked to fill it and the peer asks again.
+    RegionUnfilled,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::Malformed,
         DropReason::UnknownSource,
         DropReason::CrossCluster,
@@ -74,6 +77,7 @@ impl DropReason {
         DropReason::Unsupported,
         DropReason::EndpointReopening,
         DropReason::TxUnwritable,
+        DropReason::RegionUnfilled,
     ];
 
     fn slot(self) -> usize {
@@ -243,6 +247,9 @@ pub(crate) struct GuestEndpoint {
     /// guest registers its regions again under their ids first, so a PULL for a region
     /// not (yet) registered is dropped, not NACKed, and the peer asks again.
     pub regions_returning: bool,
+    /// Regions whose fill was asked of the guest (a REGION_WANTED event posted) since the
+    /// engine last saw their mark set: one event per region, whatever the pullers do.
+    pub fill_asked: [u64; 4],
     next_event_tag: u32,
 }
 
@@ -255,6 +262,7 @@ impl GuestEndpoint {
             regions: FxHashMap::default(),
             pulls: PullSlots::default(),
             regions_returning: false,
+            fill_asked: [0; 4],
             next_event_tag: 0,
         }
     }

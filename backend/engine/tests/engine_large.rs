@@ -5,9 +5,10 @@
 mod engine_util;
 
 use engine_util::*;
-use xmx_engine::{DropReason, EngineConfig};
+use xmx_engine::{DropReason, EngineConfig, MemoryArea, RegionHandle};
 use xmx_wire::msg::{
-    DoneStatus, Event, EventBody, LibackSend, NotifySend, Pull, RndvSend, SendOp, SendRequest,
+    fill_marks, DoneStatus, Event, EventBody, LibackSend, NotifySend, Pull, RndvSend, SendOp,
+    SendRequest,
 };
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, PULL_LEN, PULL_REPLY_LEN};
 
@@ -835,4 +836,71 @@ fn a_region_gone_before_its_replies_leave_is_refused_with_a_nack() {
         panic!("{done:?}")
     };
     assert_ne!(status, DoneStatus::Success);
+}
+
+/// A sender's guest that lent a region's data another way (a direct channel) leaves its fill
+/// mark clear: the engine serves none of it. The peer's PULLs are dropped without a NACK,
+/// the guest is asked for the region once however often the peer asks, and once the guest
+/// filled it and set the mark, the peer's next request after its timeout gets every byte.
+#[test]
+fn a_region_without_its_fill_mark_is_asked_for_once_and_served_once_marked() {
+    let length = 100_000;
+    let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    let marks = MemoryArea::FillMarks { endpoint: EP };
+    let sender = l.tb.guest(1);
+    sender.mem.add_area(marks, fill_marks::LEN);
+    // What the region holds before the guest fills it: nothing of the message.
+    let real = l.tb.region_bytes(1, 100);
+    sender
+        .mem
+        .write_at(
+            MemoryArea::Region(RegionHandle(100)),
+            0,
+            &vec![0xee; real.len()],
+        )
+        .unwrap();
+    let counters = |l: &Large| {
+        l.tb.engines[0]
+            .guest(l.tb.guest(1).id)
+            .unwrap()
+            .counters()
+            .clone()
+    };
+    l.tb.pump();
+    let wanted = Event {
+        tag: 0,
+        body: EventBody::RegionWanted {
+            region: SENDER_REGION,
+        },
+    };
+    assert_eq!(l.tb.take_events(1), vec![wanted]);
+    let c = counters(&l);
+    assert!(c.drops(DropReason::RegionUnfilled) >= 1);
+    assert_eq!(c.nacks_sent, 0);
+    assert_eq!(l.pull_done(), None);
+    // The puller asks again; the guest has not answered yet: dropped, not asked again.
+    assert!(l.tb.fire_timers());
+    l.tb.pump();
+    assert!(l.tb.take_events(1).is_empty(), "one request per region");
+    assert!(counters(&l).drops(DropReason::RegionUnfilled) > c.drops(DropReason::RegionUnfilled));
+    assert_eq!(l.pull_done(), None);
+    // The guest fills the region, then sets the mark (word 0, the region's bit).
+    sender
+        .mem
+        .write_at(MemoryArea::Region(RegionHandle(100)), 0, &real)
+        .unwrap();
+    let word = fill_marks::bit(SENDER_REGION).to_ne_bytes();
+    sender
+        .mem
+        .write_at(marks, (fill_marks::word(SENDER_REGION) * 4) as u64, &word)
+        .unwrap();
+    let mut done = None;
+    while done.is_none() {
+        assert!(l.tb.fire_timers(), "the pull goes on");
+        l.tb.pump();
+        done = l.pull_done();
+    }
+    assert_eq!(done, Some(success(length)));
+    assert_eq!(counters(&l).nacks_sent, 0);
+    l.finish();
 }

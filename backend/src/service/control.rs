@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use xmx_hv::{CopyPtr, CopySegment, EventChannels, GrantTable, MappedPages, PAGE_SIZE};
 use xmx_wire::msg::{
-    unpack_info_page, unpack_info_pages, CtrlOp, CtrlRequest, CtrlResponse, CtrlStatus,
+    fill_marks, unpack_info_page, unpack_info_pages, CtrlOp, CtrlRequest, CtrlResponse, CtrlStatus,
     EndpointOpen, EventFront, RegionRegister, SendBack, INFO_PAGE_SIZE,
 };
 use xmx_wire::ring::SharedMem;
@@ -191,8 +191,8 @@ fn open_endpoint(
     let (event_off, event_len) = at(pages.event_ring_refs());
     let (sendq_off, sendq_len) = at(pages.send_queue_refs());
     let (recvq_off, recvq_len) = at(pages.recv_queue_refs());
-    let send =
-        SendBack::new(window(&mapping, send_off, send_len)?).map_err(|_| CtrlStatus::Malformed)?;
+    let send_mem = window(&mapping, send_off, send_len)?;
+    let send = SendBack::new(send_mem.clone()).map_err(|_| CtrlStatus::Malformed)?;
     // The application initialised the event ring; we take its producing half as it stands.
     let events = EventFront::attach(window(&mapping, event_off, event_len)?)
         .map_err(|_| CtrlStatus::Malformed)?;
@@ -240,6 +240,12 @@ fn open_endpoint(
         .add(MemoryArea::SendQueue { endpoint: ep }, sendq, 0, sendq_len);
     conn.memory
         .add(MemoryArea::RecvQueue { endpoint: ep }, recvq, 0, recvq_len);
+    conn.memory.add(
+        MemoryArea::FillMarks { endpoint: ep },
+        send_mem,
+        fill_marks::OFFSET,
+        fill_marks::LEN,
+    );
     conn.endpoints.insert(
         ep,
         EndpointConn {
@@ -298,6 +304,7 @@ pub(crate) fn teardown_endpoint(
     }
     conn.memory.remove(MemoryArea::SendQueue { endpoint: ep });
     conn.memory.remove(MemoryArea::RecvQueue { endpoint: ep });
+    conn.memory.remove(MemoryArea::FillMarks { endpoint: ep });
     if let Err(e) = evtchn.close(endpoint.port) {
         tracing::debug!(port = endpoint.port, error = %e, "closing an endpoint port");
     }

@@ -306,6 +306,11 @@ pub(crate) enum Inbound {
         /// Bytes sent or pulled, or the failure.
         result: Result<u32, Status>,
     },
+    /// A peer pulls from `region`, whose fill mark is clear: fill it and set the mark.
+    RegionWanted {
+        /// The region.
+        region: u8,
+    },
 }
 
 /// Why an event could not be turned into a frame.
@@ -440,6 +445,7 @@ pub(crate) fn incoming(
             tag,
             result: Err(error_status(*code)),
         },
+        EventBody::RegionWanted { region } => Inbound::RegionWanted { region: *region },
     })
 }
 

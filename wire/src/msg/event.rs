@@ -17,6 +17,7 @@
 //! SEND_DONE 0x48 / PULL_DONE 0x49    8 u8 status, 12 u32 bytes transferred
 //! RECV_NACK 0x4a                     16 u8 nack kind, 18 u16 seqnum
 //! ERROR 0x4b                         8 u32 error code
+//! REGION_WANTED 0x4c                 8 u8  region id
 //! ```
 //!
 //! SEND_DONE, PULL_DONE and ERROR carry the tag of the send request they complete; the
@@ -61,6 +62,8 @@ wire_enum! {
         RecvNack = 0x4a,
         /// The backend refused a send request.
         Error = 0x4b,
+        /// A peer pulls from a region whose fill mark is clear.
+        RegionWanted = 0x4c,
     }
 }
 
@@ -152,6 +155,7 @@ mod at {
     pub const NACK_KIND: usize = 16;
     pub const NACK_SEQNUM: usize = 18;
     pub const ERROR_CODE: usize = 8;
+    pub const WANTED_REGION: usize = 8;
 }
 
 impl RecvMedium {
@@ -290,6 +294,14 @@ pub enum EventBody {
         /// Why.
         code: ErrorCode,
     },
+    /// A peer pulled from a region whose fill mark (see [`super::send::fill_marks`]) is
+    /// clear; the backend dropped the pull, and the peer asks again after its timeout. The
+    /// application fills the region and sets the mark. Posted once until the backend sees
+    /// the mark set.
+    RegionWanted {
+        /// The region.
+        region: u8,
+    },
 }
 
 impl EventBody {
@@ -308,6 +320,7 @@ impl EventBody {
             EventBody::PullDone { .. } => EventKind::PullDone,
             EventBody::RecvNack { .. } => EventKind::RecvNack,
             EventBody::Error { .. } => EventKind::Error,
+            EventBody::RegionWanted { .. } => EventKind::RegionWanted,
         }
     }
 }
@@ -376,6 +389,9 @@ impl Event {
             EventKind::Error => EventBody::Error {
                 code: ErrorCode::try_from(u32(buf, at::ERROR_CODE))?,
             },
+            EventKind::RegionWanted => EventBody::RegionWanted {
+                region: u8(buf, at::WANTED_REGION),
+            },
         };
         Ok(Event { tag, body })
     }
@@ -442,6 +458,7 @@ impl Event {
                 set_u16(buf, at::NACK_SEQNUM, *seqnum);
             }
             EventBody::Error { code } => set_u32(buf, at::ERROR_CODE, (*code).into()),
+            EventBody::RegionWanted { region } => set_u8(buf, at::WANTED_REGION, *region),
         }
         Ok(())
     }

@@ -84,8 +84,9 @@ pub use info::{
     INFO_PAGE_REFS, INFO_PAGE_SIZE,
 };
 pub use send::{
-    medium_frags, DirectRegister, InlineMsg, LibackSend, MediumSend, NotifySend, Pull, QueueSlots,
-    RingConnectReply, RingConnectRequest, RndvSend, SendKind, SendOp, SendRequest, SEND_SLOT_SIZE,
+    fill_marks, medium_frags, DirectRegister, InlineMsg, LibackSend, MediumSend, NotifySend, Pull,
+    QueueSlots, RingConnectReply, RingConnectRequest, RndvSend, SendKind, SendOp, SendRequest,
+    SEND_SLOT_SIZE,
 };
 
 use crate::ring::{BackRing, FrontRing};

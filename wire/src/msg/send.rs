@@ -36,6 +36,18 @@
 //! MEDIUM data sits in the endpoint's send queue, one 4096-byte fragment per queue slot; the
 //! request lists the slots in fragment order. The backend answers every request with a
 //! SEND_DONE or PULL_DONE event carrying the request's tag, or an ERROR event.
+//!
+//! # Fill marks
+//!
+//! The ring page's private area (ring.h's padding after the indices) holds one bit per region
+//! id, written by the application only ([`fill_marks`]). A set bit says the region holds the
+//! data of the LARGE send it is lent to, and the backend answers a peer's PULL of a region
+//! only then: an application may lend a send's data to a co-located peer over a direct
+//! channel without copying it into the region, and fills the region only if the backend is
+//! asked for it (a REGION_WANTED event). The backend reads the bit before it reads the region
+//! (acquire); the application fills, then sets it (release). A ring whose page the backend
+//! maps starts with every mark clear: after a reconnection nothing is served from a region
+//! until the application has said again what it holds.
 
 use super::field::{set_u16, set_u32, set_u64, set_u8, u16, u32, u64, u8};
 use super::{
@@ -44,6 +56,45 @@ use super::{
     SMALL_MAX, TINY_MAX,
 };
 use crate::{Error, Result};
+
+/// Where the fill marks lie in the send ring's first page, and which bit is a region's.
+pub mod fill_marks {
+    use std::sync::atomic::Ordering;
+
+    use crate::ring::SharedMem;
+
+    /// Byte offset of the first mark word in the ring page.
+    pub const OFFSET: usize = crate::ring::layout::PAD;
+    /// 32-bit words of marks (256 region ids); native-endian, like the ring indices.
+    pub const WORDS: usize = 8;
+    /// Bytes of marks.
+    pub const LEN: usize = WORDS * 4;
+
+    /// The index of the word holding `region`'s mark.
+    pub const fn word(region: u8) -> usize {
+        region as usize / 32
+    }
+
+    /// `region`'s bit in its word.
+    pub const fn bit(region: u8) -> u32 {
+        1 << (region % 32)
+    }
+
+    /// Sets or clears `region`'s mark in `ring`, the send ring's memory. The application,
+    /// the marks' only writer, calls it after the region holds the data of the send it is
+    /// lent to: the store is a release, so a backend that sees the mark sees the data.
+    pub fn write(ring: &SharedMem, region: u8, filled: bool) {
+        let at = OFFSET + word(region) * 4;
+        // A read-modify-write that races with nobody but a backend's reads.
+        let old = ring.load_u32(at, Ordering::Relaxed).unwrap_or(0);
+        let new = if filled {
+            old | bit(region)
+        } else {
+            old & !bit(region)
+        };
+        ring.store_u32(at, new, Ordering::Release);
+    }
+}
 
 /// Size of an endpoint send ring slot.
 pub const SEND_SLOT_SIZE: usize = 192;

@@ -7,7 +7,8 @@
 //! offset  4  u32 req_event   written by the back half only
 //! offset  8  u32 rsp_prod    written by the back half only
 //! offset 12  u32 rsp_event   written by the front half only
-//! offset 16  48 bytes of padding (zero)
+//! offset 16  48 bytes of padding (zero; the endpoint send ring keeps its region fill
+//!            marks in the first 32, see `msg::fill_marks`)
 //! offset 64  slot[0], slot[1], ... slot[n-1]
 //! ```
 //!

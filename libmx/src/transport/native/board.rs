@@ -830,6 +830,8 @@ impl Board {
             return;
         }
         match converted {
+            // Native regions have no fill marks: the engine never asks.
+            Ok(Inbound::RegionWanted { .. }) => {}
             Ok(Inbound::Frame(f)) => {
                 slot.sessions.observe(&f);
                 match inbox {

@@ -195,6 +195,8 @@ impl GuestMemory for NativeMemory {
                 buf.copy_from_slice(src);
                 Ok(())
             }
+            // Native endpoints lend every region's data straight from the application.
+            MemoryArea::FillMarks { .. } => Err(MemoryError::NoSuchArea(area)),
             MemoryArea::Region(handle) => {
                 let segs = areas
                     .regions
@@ -236,6 +238,8 @@ impl GuestMemory for NativeMemory {
                     .copy_from_slice(data);
                 Ok(())
             }
+            // Native endpoints lend every region's data straight from the application.
+            MemoryArea::FillMarks { .. } => Err(MemoryError::NoSuchArea(area)),
             MemoryArea::Region(handle) => {
                 let segs = areas
                     .regions

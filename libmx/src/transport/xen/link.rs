@@ -105,6 +105,12 @@ pub(crate) struct XenLink {
     /// The application's buffer behind each lent window (direct-channel
     /// pulls read it).
     lent_data: FxHashMap<(u8, u8), Segments>,
+    /// Lent windows whose data is not in their region yet: a send is copied
+    /// into its region only once the backend may be asked for it (its RNDV
+    /// goes through the backend, or the backend asks), as a peer pulling over
+    /// a direct channel reads the application's buffer. The region's fill
+    /// mark stays clear meanwhile, so the backend serves none of it.
+    unfilled: FxHashSet<(u8, u8)>,
     /// Windows that were lent when a reconnection lost the regions: their sends are not
     /// over, and an RNDV naming one is still posted (the backend refuses it loudly).
     lost_in_reconnection: FxHashSet<(u8, u8)>,
@@ -190,6 +196,7 @@ impl XenLink {
             cache: RegionCache::new(rcache, CACHE_CAPACITY.min(max_regions.max(1))),
             lent: FxHashMap::default(),
             lent_data: FxHashMap::default(),
+            unfilled: FxHashSet::default(),
             lost_in_reconnection: FxHashSet::default(),
             sinks: FxHashMap::default(),
             deferred: VecDeque::new(),
@@ -523,6 +530,7 @@ impl XenLink {
                     self.sessions.observe(&f);
                     frames.push(f);
                 }
+                Inbound::RegionWanted { region } => self.region_wanted(region),
                 Inbound::Completed { tag, result } => {
                     if let Some(mut sink) = self.sinks.remove(&tag) {
                         // The backend's pull quota is full: the pull is asked again as
@@ -698,7 +706,9 @@ impl XenLink {
         self.sessions.learn(peer, session);
     }
 
-    /// Lends a LARGE send's data to peers: copied into a window they pull from.
+    /// Lends a LARGE send's data to peers under a window of its own. The
+    /// data is copied into the window's region by [`XenLink::fill`], when
+    /// the backend may be asked for it.
     pub(crate) fn register(
         &mut self,
         reg: &mut dyn Registrar,
@@ -712,21 +722,27 @@ impl XenLink {
         }
         let (addr, len) = windows::key(data);
         let lease = self.acquire(reg, addr, len).ok()?;
-        let window = self.cache.window(lease);
-        let id = window.map(|w| w.region_id())?;
-        if !window.is_some_and(|w| windows::fill(w, data)) {
-            tracing::warn!(
-                index = self.index,
-                "LARGE data could not be copied into its window"
-            );
+        let fits = self
+            .cache
+            .window(lease)
+            .is_some_and(|w| w.len() >= data.len());
+        let Some(id) = self
+            .cache
+            .window(lease)
+            .filter(|_| fits)
+            .map(|w| w.region_id())
+        else {
+            tracing::warn!(index = self.index, "no window holds the LARGE data");
             let (cache, mut via) = self.split(reg);
             let _ = cache.release(&mut via, lease);
             return None;
-        }
+        };
         let seqnum = self.generations[usize::from(id)].wrapping_add(1);
         self.generations[usize::from(id)] = seqnum;
         self.lent.insert((id, seqnum), lease);
         self.lent_data.insert((id, seqnum), data.clone());
+        self.unfilled.insert((id, seqnum));
+        self.publish_fill_mark(id);
         Some(RdmaWindow {
             id,
             seqnum,
@@ -734,10 +750,80 @@ impl XenLink {
         })
     }
 
+    /// Copies the data `window` lends into its region (if it is not there
+    /// yet) and sets the region's fill mark: the backend may now serve it.
+    /// False if the window is not lent or the copy failed.
+    pub(crate) fn fill(&mut self, window: RdmaWindow) -> bool {
+        let key = (window.id, window.seqnum);
+        if !self.lent.contains_key(&key) {
+            return false;
+        }
+        if self.unfilled.contains(&key) {
+            let (Some(lease), Some(data)) = (self.lent.get(&key), self.lent_data.get(&key)) else {
+                return false;
+            };
+            if !self
+                .cache
+                .window(*lease)
+                .is_some_and(|w| windows::fill(w, data))
+            {
+                tracing::warn!(
+                    index = self.index,
+                    "LARGE data could not be copied into its window"
+                );
+                return false;
+            }
+            // Windows share a region only for one buffer (the cache's key),
+            // so every send lending this region lends these bytes.
+            self.unfilled.retain(|&(id, _)| id != window.id);
+        }
+        self.publish_fill_mark(window.id);
+        true
+    }
+
+    /// The backend was asked for `region`, whose fill mark was clear: fills
+    /// it if a send lends it (after a reconnection, the backend's new ring
+    /// has every mark clear).
+    fn region_wanted(&mut self, region: u8) {
+        let lent: Vec<(u8, u8)> = self
+            .lent
+            .keys()
+            .filter(|&&(id, _)| id == region)
+            .copied()
+            .collect();
+        for (id, seqnum) in lent {
+            tracing::debug!(
+                index = self.index,
+                region,
+                "the backend asks for a window's data"
+            );
+            self.fill(RdmaWindow {
+                id,
+                seqnum,
+                offset: 0,
+            });
+        }
+    }
+
+    /// Writes `region`'s fill mark as it stands: set while a send lends it
+    /// and its data is in it.
+    fn publish_fill_mark(&self, region: u8) {
+        let filled = self
+            .lent
+            .keys()
+            .any(|k| k.0 == region && !self.unfilled.contains(k));
+        if let Some(ch) = self.channel.as_ref() {
+            ch.set_fill_mark(region, filled);
+        }
+    }
+
     /// The send lending `window` is over.
     pub(crate) fn release(&mut self, reg: &mut dyn Registrar, window: RdmaWindow) {
         self.lent_data.remove(&(window.id, window.seqnum));
-        if let Some(lease) = self.lent.remove(&(window.id, window.seqnum)) {
+        self.unfilled.remove(&(window.id, window.seqnum));
+        let lent = self.lent.remove(&(window.id, window.seqnum));
+        self.publish_fill_mark(window.id);
+        if let Some(lease) = lent {
             let (cache, mut via) = self.split(reg);
             if let Err(e) = cache.release(&mut via, lease) {
                 tracing::warn!(index = self.index, %e, "releasing a send window");
@@ -985,6 +1071,17 @@ impl XenLink {
                 d.registered.clear();
             }
             self.lent_data.clear();
+            self.unfilled.clear();
+        }
+        // The new ring's marks are clear: say again which regions hold their data.
+        let filled: FxHashSet<u8> = self
+            .lent
+            .keys()
+            .filter(|k| !self.unfilled.contains(k))
+            .map(|k| k.0)
+            .collect();
+        for id in filled {
+            self.publish_fill_mark(id);
         }
         self.down = false;
         let mut sinks: Vec<LinkSink> = self.sinks.drain().map(|(_, s)| s).collect();
@@ -1111,6 +1208,7 @@ impl XenLink {
         self.waiting.clear();
         self.lent.clear();
         self.lent_data.clear();
+        self.unfilled.clear();
         self.lost_in_reconnection.clear();
         self.cache.forget_endpoint(self.index);
         self.down = true;

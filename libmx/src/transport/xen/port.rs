@@ -52,6 +52,10 @@ impl super::direct::LinkAccess for LinkRef<'_> {
         // SAFETY: the caller vouches for `dst`.
         unsafe { lock(self.0).read_lent(window, offset, dst, n) }
     }
+
+    fn fill(&mut self, window: RdmaWindow) {
+        lock(self.0).fill(window);
+    }
 }
 
 /// An open endpoint of a guest.
@@ -107,18 +111,26 @@ impl TransportPort for XenPort {
         // request again what it was pulling from us; a direct channel would
         // hide it from that backend, so it always goes through ours.
         let backend_only = matches!(&frame.body, Body::Liback(a) if a.resent != 0);
-        if let Some(hub) = self.shared.hub().filter(|_| !backend_only) {
-            let mut d = lock(&self.ep.direct);
-            if let Body::Message(Message {
+        let rndv = match &frame.body {
+            Body::Message(Message {
                 kind: MessageKind::Rndv(r),
                 ..
-            }) = &frame.body
-            {
-                d.announce(r.window, frame.destination());
+            }) => Some(r.window),
+            _ => None,
+        };
+        if let Some(hub) = self.shared.hub().filter(|_| !backend_only) {
+            let mut d = lock(&self.ep.direct);
+            if let Some(window) = rndv {
+                d.announce(window, frame.destination());
             }
             if hub.transmit(self.ep.index, &mut d, &self.shared.view, &frame) {
                 return;
             }
+        }
+        if let Some(window) = rndv {
+            // The peer will pull through the backends: the data must be in
+            // the window first (a channel's peer reads the buffer itself).
+            lock(&self.ep.link).fill(window);
         }
         match self.outgoing.convert(frame) {
             Ok(None) => {}

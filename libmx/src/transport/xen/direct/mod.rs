@@ -227,6 +227,9 @@ pub(crate) trait LinkAccess {
         dst: *mut u8,
         n: usize,
     ) -> bool;
+    /// A peer that was lent `window` over a channel may pull it through the
+    /// backends now: its data goes into the window.
+    fn fill(&mut self, window: RdmaWindow);
 }
 
 /// An endpoint's direct channels.
@@ -246,6 +249,10 @@ pub(crate) struct EndpointDirect {
     /// The MEDIUM message (destination, seqnum) whose first fragment went
     /// through the backend: its other fragments follow it there.
     medium_via_backend: Option<(PeerAddr, Seqnum)>,
+    /// Windows announced to a peer whose channel ended: it pulls them through
+    /// the backends now, so their data goes into them (at once, rather than
+    /// when the backend asks after the peer's first pull was refused).
+    to_fill: Vec<RdmaWindow>,
 }
 
 impl EndpointDirect {
@@ -322,6 +329,24 @@ impl EndpointDirect {
             }
         }
         self.jobs.retain(|j| j.peer != peer);
+        self.to_fill
+            .extend(
+                self.announced
+                    .iter()
+                    .filter(|(_, &p)| p == peer)
+                    .map(|(&(id, seqnum), _)| RdmaWindow {
+                        id,
+                        seqnum,
+                        offset: 0,
+                    }),
+            );
+    }
+
+    /// Fills the windows announced to peers whose channel ended.
+    fn fill_ended(&mut self, link: &mut dyn LinkAccess) {
+        for window in self.to_fill.drain(..) {
+            link.fill(window);
+        }
     }
 }
 
@@ -953,6 +978,7 @@ impl Hub {
         mailbox: &Mailbox,
         link: &mut dyn LinkAccess,
     ) -> usize {
+        d.fill_ended(link);
         if d.idle() {
             return 0;
         }
@@ -1026,6 +1052,7 @@ impl Hub {
             counters::add(Counter::DirectPullsStalled, 1);
             d.end(self, peer, self.generation(), "a pull stalled");
         }
+        d.fill_ended(link);
         for f in &frames {
             if matches!(f.body, Body::ConnectRequest(_) | Body::ConnectReply(_)) {
                 link.observe(f);
@@ -1103,6 +1130,7 @@ impl Hub {
                 if let Some(why) = why {
                     self.take_in(ep.index, &mut d, ep.mailbox, &mut *ep.link);
                     d.end(self, addr, generation, why);
+                    d.fill_ended(&mut *ep.link);
                 }
             }
         }
@@ -1188,6 +1216,7 @@ impl Hub {
             for addr in open {
                 d.end(self, addr, generation, "the domain moved to another host");
             }
+            d.fill_ended(&mut *ep.link);
             d.slots.clear();
         }
     }
