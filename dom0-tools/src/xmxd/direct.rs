@@ -23,8 +23,16 @@
 //! library ends its channels on the new host anyway (see libmx's direct
 //! module), and a pair is revoked when a domain is destroyed, so a migration
 //! that did not mark it stays correct.
+//!
+//! A guest can close and reopen its device as often as it likes, and each
+//! reopening would cost its peers a channel's set-up and their traffic a
+//! fall-back. A guest that reopens again within [`FLAP_WINDOW`] of its last
+//! reopening is held down: offered nothing for a second, then twice as long at
+//! each further quick reopening, up to [`HOLD_MAX`]. A suspend and resume, or
+//! a backend restart, reopen once and are offered again at once.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use xmx_backend::xenbus::toolstack::in_transaction;
 use xmx_hv::{DomId, Result, Xenstore, XsAccess, XsPerm};
@@ -32,6 +40,24 @@ use xmx_wire::direct;
 use xmx_wire::mxoe::Mac;
 
 use super::xsnodes;
+
+/// A reopening this soon after the last one counts as flapping.
+pub(crate) const FLAP_WINDOW: Duration = Duration::from_secs(10);
+/// The first hold-down of a flapping guest; each further one doubles.
+const HOLD_FIRST: Duration = Duration::from_secs(1);
+/// The longest hold-down.
+pub(crate) const HOLD_MAX: Duration = Duration::from_secs(32);
+
+/// How often a guest reopened its device lately.
+#[derive(Debug, Clone, Copy)]
+struct Reopenings {
+    /// Quick reopenings in a row (0: the last one was not quick).
+    quick: u32,
+    /// The last one.
+    last: Instant,
+    /// Offered nothing before this.
+    held_until: Instant,
+}
 
 /// A guest that may take part in a channel: its domain, MAC and cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +79,10 @@ pub(crate) struct Broker {
     offer_dirs: BTreeSet<DomId>,
     /// Domains about to migrate away: offered nothing.
     leaving: BTreeSet<DomId>,
+    /// Domains that reopened their device, for the hold-down.
+    reopened: BTreeMap<DomId, Reopenings>,
+    /// When the next hold-down ends.
+    next_release: Option<Instant>,
 }
 
 /// The pairs `members` qualify for: same cluster, different domains.
@@ -68,14 +98,15 @@ pub(crate) fn pairs(members: &[Member]) -> BTreeMap<(DomId, DomId), (Mac, Mac)> 
     out
 }
 
-/// The pairs `members` qualify for, leaving out the domains in `leaving`.
+/// The pairs `members` qualify for, leaving out the domains in `out` (leaving the host, or
+/// held down).
 fn pairs_staying(
     members: &[Member],
-    leaving: &BTreeSet<DomId>,
+    out: &BTreeSet<DomId>,
 ) -> BTreeMap<(DomId, DomId), (Mac, Mac)> {
     let staying: Vec<Member> = members
         .iter()
-        .filter(|m| !leaving.contains(&m.domid))
+        .filter(|m| !out.contains(&m.domid))
         .copied()
         .collect();
     pairs(&staying)
@@ -96,6 +127,8 @@ impl Broker {
             published: BTreeMap::new(),
             offer_dirs: BTreeSet::new(),
             leaving: BTreeSet::new(),
+            reopened: BTreeMap::new(),
+            next_release: None,
         })
     }
 
@@ -119,10 +152,55 @@ impl Broker {
         }
     }
 
-    /// Forgets the leaving marks of domains `present` denies (gone from this host): a
-    /// later domain with the same domid starts unmarked.
+    /// Forgets the leaving marks and reopenings of domains `present` denies (gone from
+    /// this host): a later domain with the same domid starts unmarked.
     pub(crate) fn forget_gone(&mut self, present: impl Fn(DomId) -> bool) {
         self.leaving.retain(|&d| present(d));
+        self.reopened.retain(|&d, _| present(d));
+    }
+
+    /// `domid`'s frontend opened its device again at `now` after closing it: held down
+    /// if it did so quickly again (see the module documentation).
+    pub(crate) fn reopened(&mut self, domid: DomId, now: Instant) {
+        let quick = match self.reopened.get(&domid) {
+            Some(r) if now.saturating_duration_since(r.last) < FLAP_WINDOW => r.quick + 1,
+            _ => 0,
+        };
+        let hold = match quick {
+            0 => Duration::ZERO,
+            n => HOLD_FIRST
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(HOLD_MAX),
+        };
+        if !hold.is_zero() {
+            tracing::warn!(
+                domid,
+                reopenings = quick + 1,
+                hold_s = hold.as_secs(),
+                "a guest reopens its device over and over: its direct channels are held down"
+            );
+        }
+        self.reopened.insert(
+            domid,
+            Reopenings {
+                quick,
+                last: now,
+                held_until: now + hold,
+            },
+        );
+    }
+
+    /// When the next hold-down ends, as of the last sync: sync again then.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.next_release
+    }
+
+    fn held(&self, now: Instant) -> BTreeSet<DomId> {
+        self.reopened
+            .iter()
+            .filter(|(_, r)| r.held_until > now)
+            .map(|(&d, _)| d)
+            .collect()
     }
 
     /// The pairs offered now.
@@ -130,10 +208,18 @@ impl Broker {
         self.published.keys().copied().collect()
     }
 
-    /// Makes xenstore offer exactly the pairs `members` qualify for.
-    pub(crate) fn sync(&mut self, xs: &dyn Xenstore, members: &[Member]) {
+    /// Makes xenstore offer exactly the pairs `members` qualify for at `now`.
+    pub(crate) fn sync(&mut self, xs: &dyn Xenstore, members: &[Member], now: Instant) {
         let wanted = if self.enabled {
-            pairs_staying(members, &self.leaving)
+            let mut out: BTreeSet<DomId> = self.held(now);
+            self.next_release = self
+                .reopened
+                .values()
+                .map(|r| r.held_until)
+                .filter(|&t| t > now)
+                .min();
+            out.extend(&self.leaving);
+            pairs_staying(members, &out)
         } else {
             BTreeMap::new()
         };
@@ -261,5 +347,53 @@ mod tests {
         assert_eq!(keys, vec![(1, 3)]);
         let none = BTreeSet::new();
         assert_eq!(pairs_staying(&members, &none).len(), 3);
+    }
+
+    /// A guest that closes and reopens its device over and over is offered nothing for a
+    /// hold-down that doubles at each quick reopening; one reopening, or one long after
+    /// the last, is offered again at once.
+    #[test]
+    fn a_guest_reopening_its_device_over_and_over_is_held_down() {
+        let host = xmx_simkit::SimHost::start_with_hv_subdir("hv");
+        let xs = host.xs0();
+        let mut broker = Broker::new(xs.as_ref(), xmx_hv::DOM0).unwrap();
+        let m = |domid, last| Member {
+            domid,
+            mac: Mac([2, 0, 0, 0, 0, last]),
+            cluster: 1,
+        };
+        let members = [m(1, 1), m(2, 2)];
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_millis(s);
+        let offered_at = |b: &mut Broker, t: Instant| {
+            b.sync(xs.as_ref(), &members, t);
+            !b.offered().is_empty()
+        };
+        assert!(offered_at(&mut broker, at(0)));
+        // A resume: offered again at once.
+        broker.reopened(2, at(100));
+        assert!(offered_at(&mut broker, at(100)));
+        assert_eq!(broker.poll_timeout(), None);
+        // Again within the window: held for a second.
+        broker.reopened(2, at(2_000));
+        assert!(!offered_at(&mut broker, at(2_000)));
+        assert_eq!(broker.poll_timeout(), Some(at(3_000)));
+        assert!(!offered_at(&mut broker, at(2_999)));
+        assert!(offered_at(&mut broker, at(3_000)));
+        // Each quick reopening doubles the hold, up to the longest.
+        let mut t = 3_000;
+        for hold in [2_000, 4_000, 8_000, 16_000, 32_000, 32_000] {
+            t += 500;
+            broker.reopened(2, at(t));
+            assert!(!offered_at(&mut broker, at(t + hold - 1)), "{hold}");
+            assert!(offered_at(&mut broker, at(t + hold)), "{hold}");
+        }
+        // Quiet for longer than the window: the next reopening is offered at once.
+        t += FLAP_WINDOW.as_millis() as u64 + 1;
+        broker.reopened(2, at(t));
+        assert!(offered_at(&mut broker, at(t)));
+        // A destroyed guest's reopenings go with it: a domain given its id starts afresh.
+        broker.forget_gone(|d| d != 2);
+        assert!(broker.reopened.is_empty());
     }
 }

@@ -60,6 +60,10 @@ impl Core {
             self.refresh();
         }
         self.backend.handle_timeout(now);
+        if self.direct.poll_timeout().is_some_and(|at| now >= at) {
+            // A hold-down ended.
+            self.sync_direct();
+        }
     }
 
     pub(super) fn transmit(&mut self) {
@@ -138,6 +142,7 @@ impl Core {
             self.settle_at,
             self.backend.poll_timeout(),
             self.fabric_fault.map(|f| f.check_at),
+            self.direct.poll_timeout(),
         ]
         .into_iter()
         .flatten()

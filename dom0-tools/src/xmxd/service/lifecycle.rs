@@ -182,6 +182,9 @@ impl Core {
         };
         if d.front_closed != closed {
             d.front_closed = closed;
+            if !closed {
+                self.direct.reopened(domid, std::time::Instant::now());
+            }
             tracing::info!(
                 domid,
                 closed,

@@ -132,7 +132,8 @@ impl Core {
             .collect();
         let domains = &self.domains;
         self.direct.forget_gone(|d| domains.contains_key(&d));
-        self.direct.sync(self.xs.as_ref(), &members);
+        self.direct
+            .sync(self.xs.as_ref(), &members, std::time::Instant::now());
     }
 
     /// Show every attached guest the peers it may reach (its cluster's) in xenstore.
