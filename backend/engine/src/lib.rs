@@ -723,6 +723,39 @@ impl Engine {
         }
     }
 
+    /// Writes every waiting frame into a link's transmit slots, one call of `send` per
+    /// frame: `send` hands the filler a slot and returns the bytes it sent (0: no slot free,
+    /// the rest waits). A frame the link fails is lost, as on a wire; one it fails before
+    /// handing out a slot is dropped here, or the loop would not end. Returns the frames
+    /// sent; `failed` sees each error.
+    pub fn transmit_into<E>(
+        &mut self,
+        mut send: impl FnMut(&mut dyn FnMut(&mut [u8]) -> usize) -> Result<usize, E>,
+        mut failed: impl FnMut(E),
+    ) -> usize {
+        let mut sent = 0;
+        while self.pending_transmits() > 0 {
+            let mut taken = false;
+            let mut fill = |slot: &mut [u8]| {
+                taken = true;
+                self.poll_transmit_into(slot).unwrap_or(0)
+            };
+            match send(&mut fill) {
+                Ok(0) => break,
+                Ok(_) => sent += 1,
+                Err(e) => {
+                    failed(e);
+                    if !taken {
+                        if let Some(t) = self.poll_transmit() {
+                            self.recycle(t);
+                        }
+                    }
+                }
+            }
+        }
+        sent
+    }
+
     /// The next frame in the weighted round, its bytes taken off its guest's queue.
     fn next_transmit(&mut self) -> Option<(GuestId, TxFrame)> {
         let guests = &self.guests;

@@ -904,3 +904,45 @@ fn a_region_without_its_fill_mark_is_asked_for_once_and_served_once_marked() {
     assert_eq!(counters(&l).nacks_sent, 0);
     l.finish();
 }
+
+/// `transmit_into` writes each waiting frame into a slot the link hands out, stops while
+/// the link has no slot free, and drops a frame whose send failed before a slot was
+/// handed out (the loop ends; the puller asks again).
+#[test]
+fn transmit_into_fills_the_links_slots_and_loses_only_what_the_link_failed() {
+    let length = 5 * 4096;
+    let mut l = Large::start(EngineConfig::default(), 3, length, 0, 0);
+    assert!(deliver_from(&mut l.tb, 1) > 0);
+    let engine = &mut l.tb.engines[0];
+    let queued = engine.pending_transmits();
+    assert_eq!(queued, 5, "one reply per 4 KiB");
+    // A full ring: nothing leaves, nothing is lost.
+    let sent = engine.transmit_into(|_| Ok::<usize, ()>(0), |_| panic!("no error"));
+    assert_eq!((sent, engine.pending_transmits()), (0, queued));
+    // The first send fails before a slot, the second after writing it; the rest leave.
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    let mut errors = 0;
+    let mut call = 0;
+    let sent = engine.transmit_into(
+        |fill| {
+            call += 1;
+            if call == 1 {
+                return Err("no slot");
+            }
+            let mut slot = vec![0u8; 9014];
+            let len = fill(&mut slot);
+            if call == 2 {
+                return Err("written, then lost");
+            }
+            slot.truncate(len);
+            frames.push(slot);
+            Ok(len)
+        },
+        |_| errors += 1,
+    );
+    assert_eq!((sent, errors, engine.pending_transmits()), (3, 2, 0));
+    for f in &frames {
+        let repr = xmx_wire::mxoe::FrameRepr::parse(f).expect("a whole frame");
+        assert!(matches!(repr.packet, PacketRepr::PullReply(_)));
+    }
+}

@@ -776,7 +776,6 @@ impl Backend {
     }
 
     fn transmit(&mut self) -> bool {
-        let mut sent = 0u64;
         let Some(link) = &mut self.link else {
             while let Some(t) = self.engine.poll_transmit() {
                 self.counters.tx_without_link += 1;
@@ -786,29 +785,14 @@ impl Backend {
         };
         // Each frame is written straight into the NIC's transmit ring: a PULL_REPLY's
         // data goes from the guest's granted pages to the ring in one copy.
-        let engine = &mut self.engine;
-        while engine.pending_transmits() > 0 {
-            let mut taken = false;
-            let mut fill = |slot: &mut [u8]| {
-                taken = true;
-                engine.poll_transmit_into(slot).unwrap_or(0)
-            };
-            match link.send_with(&mut fill) {
-                Ok(0) => break,
-                Ok(_) => sent += 1,
-                Err(e) => {
-                    self.counters.nic_tx_errors += 1;
-                    tracing::debug!(error = %e, "frame refused by the NIC");
-                    if !taken {
-                        // No slot came (the ring stalled): the frame is lost all the
-                        // same, or this loop would not end.
-                        if let Some(t) = engine.poll_transmit() {
-                            engine.recycle(t);
-                        }
-                    }
-                }
-            }
-        }
+        let counters = &mut self.counters;
+        let sent = self.engine.transmit_into(
+            |fill| link.send_with(fill),
+            |e| {
+                counters.nic_tx_errors += 1;
+                tracing::debug!(error = %e, "frame refused by the NIC");
+            },
+        ) as u64;
         if sent > 0 {
             if let Some(link) = &mut self.link {
                 match link.flush() {

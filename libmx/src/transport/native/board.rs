@@ -742,7 +742,6 @@ impl Board {
 
     /// Puts the engine's frames on the link, then makes it send them.
     fn send_transmits(&mut self) {
-        let mut sent = false;
         let Board {
             engine,
             wire,
@@ -752,28 +751,13 @@ impl Board {
         // Each frame is written straight into the link's transmit ring: a
         // PULL_REPLY's data goes from the application's buffer to the ring in
         // one copy.
-        while engine.pending_transmits() > 0 {
-            let mut taken = false;
-            let mut fill = |slot: &mut [u8]| {
-                taken = true;
-                engine.poll_transmit_into(slot).unwrap_or(0)
-            };
-            match wire.send_with(&mut fill) {
-                Ok(0) => break,
-                Ok(_) => sent = true,
-                Err(e) => {
-                    counters.tx_errors += 1;
-                    tracing::debug!(%e, "frame lost on the link");
-                    if !taken {
-                        // The link failed before it had a slot: the frame is lost
-                        // all the same, or this loop would never end.
-                        if let Some(t) = engine.poll_transmit() {
-                            engine.recycle(t);
-                        }
-                    }
-                }
-            }
-        }
+        let sent = engine.transmit_into(
+            |fill| wire.send_with(fill),
+            |e| {
+                counters.tx_errors += 1;
+                tracing::debug!(%e, "frame lost on the link");
+            },
+        ) > 0;
         if sent {
             if let Err(e) = self.wire.flush() {
                 self.counters.tx_errors += 1;
