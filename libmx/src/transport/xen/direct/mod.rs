@@ -283,6 +283,7 @@ impl EndpointDirect {
     fn idle(&self) -> bool {
         self.jobs.is_empty()
             && self.sinks.is_empty()
+            && self.to_fill.is_empty()
             && self.slots.values().all(|s| match s {
                 DirectSlot::Open(ch) => ch.lanes.rx.is_empty(),
                 DirectSlot::Checked(_) => true,
@@ -978,10 +979,10 @@ impl Hub {
         mailbox: &Mailbox,
         link: &mut dyn LinkAccess,
     ) -> usize {
-        d.fill_ended(link);
         if d.idle() {
             return 0;
         }
+        d.fill_ended(link);
         let mut frames = Vec::new();
         let mut done = Vec::new();
         let mut broken = Vec::new();
