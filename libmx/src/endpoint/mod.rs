@@ -568,7 +568,18 @@ impl AppEndpoint {
     /// [`Self::progress`] at `now`, a clock reading the caller made.
     fn progress_at(&self, st: &mut EndpointState, now: xmx_mx::Instant) -> bool {
         self.doorbell.clear_deferred();
+        // What the caller queued since the last progress (a send) leaves
+        // before the port is polled: the pass below takes in and handles
+        // whatever arrived first, and a ping-pong's message waited for a
+        // whole look of every ring before it went out.
         let mut moved = false;
+        while let Some(frame) = st.core.poll_queued_transmit() {
+            counters::add(Counter::FramesSent, 1);
+            if let Some(port) = st.port.as_mut() {
+                port.transmit(frame);
+            }
+            moved = true;
+        }
         loop {
             let mut work = false;
             if let Some(port) = st.port.as_mut() {

@@ -755,6 +755,14 @@ impl Endpoint {
         self.transmits.pop_front()
     }
 
+    /// The next frame already queued, if any: [`poll_transmit`](Self::poll_transmit)
+    /// without making up the acks that are due (a driver that sends what a
+    /// call queued before it takes in arrivals, whose acks it would rather
+    /// send together after them).
+    pub fn poll_queued_transmit(&mut self) -> Option<Frame<Vec<u8>>> {
+        self.transmits.pop_front()
+    }
+
     /// The next completion, if any.
     pub fn poll_event(&mut self) -> Option<EndpointEvent> {
         self.events.pop_front()
