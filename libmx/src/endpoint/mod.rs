@@ -582,9 +582,14 @@ impl AppEndpoint {
         }
         loop {
             let mut work = false;
+            let mut drained = true;
             if let Some(port) = st.port.as_mut() {
+                drained = false;
                 for _ in 0..FRAMES_PER_ROUND {
-                    let Some(f) = port.receive() else { break };
+                    let Some(f) = port.receive() else {
+                        drained = true;
+                        break;
+                    };
                     counters::add(Counter::FramesReceived, 1);
                     st.core.handle_frame(now, f.as_borrowed());
                     work = true;
@@ -641,6 +646,19 @@ impl AppEndpoint {
                 break;
             }
             moved = true;
+            // Another pass only for what this one left: frames beyond the
+            // round, completions the sends above made, a timer already due,
+            // input the port's own work queued. Looking at every ring again
+            // for arrivals cost a whole look per progress that moved
+            // anything (twice in a ping-pong's half round trip); the next
+            // look sees them.
+            let left = !drained
+                || st.core.has_events()
+                || st.core.next_timeout().is_some_and(|t| t <= now)
+                || st.port.as_ref().is_some_and(|p| p.queued());
+            if !left {
+                break;
+            }
         }
         let next = st.core.next_timeout();
         self.deadline

@@ -50,6 +50,11 @@ impl Mailbox {
         lock(&self.pulls).extend(pulls);
     }
 
+    /// Whether frames or finished pulls are kept.
+    pub(crate) fn is_empty(&self) -> bool {
+        lock(&self.frames).is_empty() && lock(&self.pulls).is_empty()
+    }
+
     /// Forgets everything kept (the endpoint closed).
     pub(crate) fn clear(&self) {
         lock(&self.frames).clear();

@@ -763,6 +763,11 @@ impl Endpoint {
         self.transmits.pop_front()
     }
 
+    /// Whether a completion waits for [`poll_event`](Self::poll_event).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next completion, if any.
     pub fn poll_event(&mut self) -> Option<EndpointEvent> {
         self.events.pop_front()

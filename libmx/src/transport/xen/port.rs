@@ -164,6 +164,12 @@ impl TransportPort for XenPort {
         self.ep.mailbox.next_frame()
     }
 
+    fn queued(&self) -> bool {
+        // The driver thread's take-ins land here too; one that lands after
+        // this look is the next look's (it rings the doorbell).
+        !self.ep.mailbox.is_empty()
+    }
+
     fn before_sleep(&mut self) -> bool {
         if let Some(hub) = self.shared.hub() {
             let mut d = lock(&self.ep.direct);
