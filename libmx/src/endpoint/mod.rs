@@ -661,8 +661,12 @@ impl AppEndpoint {
             }
         }
         let next = st.core.next_timeout();
-        self.deadline
-            .store(next.map_or(u64::MAX, |t| t.as_nanos()), Ordering::SeqCst);
+        // Stored only when it moved: most progress leaves it where it was,
+        // and a SeqCst store costs an exchange.
+        let next_ns = next.map_or(u64::MAX, |t| t.as_nanos());
+        if self.deadline.load(Ordering::SeqCst) != next_ns {
+            self.deadline.store(next_ns, Ordering::SeqCst);
+        }
         if let Some(t) = next {
             self.background.nudge(t);
         }

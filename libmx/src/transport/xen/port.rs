@@ -134,21 +134,25 @@ impl TransportPort for XenPort {
         if let Some(f) = self.ep.mailbox.next_frame() {
             return Some(f);
         }
-        if let Some(hub) = self.shared.hub() {
-            if let Ok(mut d) = self.ep.direct.try_lock() {
-                let n = hub.take_in(
+        if let Ok(mut d) = self.ep.direct.try_lock() {
+            // A look that finds the lanes empty and no pull under way (a
+            // polling wait's usual look) needs no hub, and takes no reference
+            // to it.
+            let hub = if d.idle() { None } else { self.shared.hub() };
+            let n = hub.map_or(0, |hub| {
+                hub.take_in(
                     self.ep.index,
                     &mut d,
                     &self.ep.mailbox,
                     &mut LinkRef(&self.ep.link),
-                );
-                let orphans = d.take_orphans();
-                drop(d);
-                self.shared.resume_pulls(&self.ep, orphans);
-                if n > 0 {
-                    if let Some(f) = self.ep.mailbox.next_frame() {
-                        return Some(f);
-                    }
+                )
+            });
+            let orphans = d.take_orphans();
+            drop(d);
+            self.shared.resume_pulls(&self.ep, orphans);
+            if n > 0 {
+                if let Some(f) = self.ep.mailbox.next_frame() {
+                    return Some(f);
                 }
             }
         }
@@ -201,8 +205,10 @@ impl TransportPort for XenPort {
 
     fn take_path_restored(&mut self) -> bool {
         // Relaxed would do for the flag alone; SeqCst keeps it simple to reason
-        // about beside the mailbox's ring that follows the store.
-        self.ep.restored.swap(false, Ordering::SeqCst)
+        // about beside the mailbox's ring that follows the store. Every
+        // progress pass asks, and the answer is almost always no: a load
+        // then, not a swap.
+        self.ep.restored.load(Ordering::SeqCst) && self.ep.restored.swap(false, Ordering::SeqCst)
     }
 }
 

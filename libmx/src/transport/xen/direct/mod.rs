@@ -273,7 +273,7 @@ impl EndpointDirect {
     /// A producer waiting for room needs no look here: it asked only while
     /// records were in the lane, and the take-in that took them saw its
     /// request (`room_wanted` after `advance`, ring.h's check).
-    fn idle(&self) -> bool {
+    pub(crate) fn idle(&self) -> bool {
         self.jobs.is_empty()
             && self.sinks.is_empty()
             && self.slots.values().all(|s| match s {
