@@ -69,6 +69,8 @@ const TOKEN: &str = "xmx-libmx:direct";
 /// Records taken off one channel per call, so one busy peer cannot starve
 /// the others.
 const TAKE_BATCH: usize = 256;
+/// The most frames a take-in's list keeps room for between take-ins.
+const KEPT_FRAMES: usize = 16;
 /// How long a direct pull may go without data before it is finished
 /// through the backend (the peer stopped serving it, or is gone).
 pub(crate) const PULL_STALL: Duration = Duration::from_secs(1);
@@ -234,6 +236,11 @@ pub(crate) trait LinkAccess {
 pub(crate) struct EndpointDirect {
     slots: FxHashMap<PeerAddr, DirectSlot>,
     scratch: Vec<u8>,
+    /// The channels a take-in goes through and the frames it took, kept
+    /// between take-ins: a ping-pong takes one frame at a time, and
+    /// allocating both lists cost it two allocations and frees per frame.
+    take_peers: Vec<PeerAddr>,
+    take_frames: Vec<Frame<Vec<u8>>>,
     sinks: FxHashMap<u32, DirectSink>,
     next_tag: u32,
     jobs: VecDeque<Job>,
@@ -956,11 +963,18 @@ impl Hub {
         if d.idle() {
             return 0;
         }
-        let mut frames = Vec::new();
+        let mut frames = std::mem::take(&mut d.take_frames);
         let mut done = Vec::new();
         let mut broken = Vec::new();
-        let peers = d.open_peers();
-        for addr in peers {
+        let mut peers = std::mem::take(&mut d.take_peers);
+        peers.clear();
+        peers.extend(
+            d.slots
+                .iter()
+                .filter(|(_, s)| matches!(s, DirectSlot::Open(_)))
+                .map(|(a, _)| *a),
+        );
+        for &addr in &peers {
             for _ in 0..TAKE_BATCH {
                 let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) else {
                     break;
@@ -1009,6 +1023,7 @@ impl Hub {
                 }
             }
         }
+        d.take_peers = peers;
         for (addr, why) in broken {
             self.broken(d, addr, why);
         }
@@ -1035,7 +1050,11 @@ impl Hub {
         let n = frames.len() + done.len();
         if !frames.is_empty() {
             counters::add(Counter::DirectFramesReceived, frames.len() as u64);
-            mailbox.put_frames(frames);
+            mailbox.put_frames(frames.drain(..));
+        }
+        // A burst's list is not kept: a few frames' worth is.
+        if frames.capacity() <= KEPT_FRAMES {
+            d.take_frames = frames;
         }
         if !done.is_empty() {
             counters::add(Counter::DirectPulls, done.len() as u64);
