@@ -564,7 +564,12 @@ impl Hub {
                 match pushed {
                     Ok(Pushed::Full) => return false,
                     Ok(Pushed::Sent { notify }) => {
-                        let sent = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
+                        // Counted only for a faulty side: the count is shared
+                        // by every endpoint of the process.
+                        let sent = match self.fault {
+                            Some(_) => self.sent.fetch_add(1, Ordering::Relaxed) + 1,
+                            None => 0,
+                        };
                         match self.fault {
                             Some(Fault::GarbageIndex) if sent >= FAULT_AFTER => {
                                 ch.lanes.tx.publish_garbage_index()
