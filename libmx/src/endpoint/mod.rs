@@ -819,7 +819,7 @@ impl AppEndpoint {
             if let Some(data) = r.data.take() {
                 st.waiting_large.pop_front();
                 let (dest, match_info) = (r.dest, r.match_info);
-                match dest.map(|d| st.core.send(now, d, match_info, &data)) {
+                match dest.map(|d| st.core.send_owned(now, d, match_info, data)) {
                     Some(Ok(id)) => self.eager_sent(st, seq, id),
                     _ => {
                         if let Some(r) = st.requests.get_mut(&seq) {

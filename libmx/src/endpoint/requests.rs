@@ -155,9 +155,11 @@ impl AppEndpoint {
                     st.waiting_large.push_back(seq);
                     return Ok(ep.token(seq));
                 }
+                // The gathered copy is the core's to keep: a second one
+                // cost an allocation and a copy per message.
                 let id = st
                     .core
-                    .send(now, peer, match_info, &data)
+                    .send_owned(now, peer, match_info, data)
                     .map_err(not_connected)?;
                 let seq = ep.new_request(st, r);
                 ep.eager_sent(st, seq, id);

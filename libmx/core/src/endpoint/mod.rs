@@ -440,6 +440,21 @@ impl Endpoint {
         self.submit_send(now, dest, match_info, SendPayload::Eager(data.to_vec()))
     }
 
+    /// [`send`](Self::send) of data the caller gives away: the core keeps
+    /// it (for resends) without copying it first.
+    pub fn send_owned(
+        &mut self,
+        now: Instant,
+        dest: PeerAddr,
+        match_info: u64,
+        data: Vec<u8>,
+    ) -> Result<RequestId, Error> {
+        if MessageClass::of(data.len()) == MessageClass::Large {
+            return Err(Error::NeedsRendezvous(data.len()));
+        }
+        self.submit_send(now, dest, match_info, SendPayload::Eager(data))
+    }
+
     /// Announces a LARGE message of `msg_length` bytes held in the registered
     /// `window`; the receiver pulls it. Completes with [`EndpointEvent::SendDone`]
     /// once the receiver has notified the end of its pull.
