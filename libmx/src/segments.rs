@@ -42,12 +42,15 @@ impl Segments {
                 format!("NULL segment list with {count} segments"),
             ));
         }
-        // SAFETY: the caller guarantees `count` readable entries; they are
-        // copied once so a concurrent change cannot make us read twice.
-        let entries = unsafe { std::slice::from_raw_parts(list, count as usize) }.to_vec();
-        let mut parts = Vec::with_capacity(entries.len());
+        // No list is made for a single empty segment (a 0-byte message's),
+        // and the entries are not gathered into one first: each is copied
+        // once, below, before it is looked at.
+        let mut parts = Vec::new();
         let mut total: u64 = 0;
-        for (i, s) in entries.iter().enumerate() {
+        for i in 0..count as usize {
+            // SAFETY: the caller guarantees `count` readable entries; each is
+            // copied once so a concurrent change cannot make us read twice.
+            let s = unsafe { std::ptr::read(list.add(i)) };
             let len = s.segment_length as usize;
             if len == 0 {
                 continue;

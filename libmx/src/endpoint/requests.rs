@@ -129,7 +129,7 @@ impl AppEndpoint {
         let len = segs.len() as u32;
         counters::add(Counter::Sends, 1);
         self.with_state(|ep, st| {
-            let now = runtime::now();
+            let now = st.now;
             let eager = !sync && MessageClass::of(segs.len()) != MessageClass::Large;
             let mut r = AppRequest::new(RequestKind::Send { eager }, context);
             r.source = Addr {
@@ -190,7 +190,7 @@ impl AppEndpoint {
         self.check_match(match_info, match_mask)?;
         counters::add(Counter::Recvs, 1);
         self.with_state(|ep, st| {
-            let now = runtime::now();
+            let now = st.now;
             let mut r = AppRequest::new(RequestKind::Recv, context);
             r.segs = segs;
             r.match_info = match_info;
