@@ -61,6 +61,11 @@ impl Mailbox {
         put(&self.pulls, &self.pulls_len, pulls);
     }
 
+    /// Whether frames are kept.
+    pub(crate) fn has_frames(&self) -> bool {
+        self.frames_len.load(Ordering::Acquire) != 0
+    }
+
     /// Whether frames or finished pulls are kept.
     pub(crate) fn is_empty(&self) -> bool {
         self.frames_len.load(Ordering::Acquire) == 0 && self.pulls_len.load(Ordering::Acquire) == 0

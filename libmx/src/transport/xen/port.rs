@@ -139,17 +139,21 @@ impl TransportPort for XenPort {
             // polling wait's usual look) needs no hub, and takes no reference
             // to it.
             let hub = if d.idle() { None } else { self.shared.hub() };
-            let n = hub.map_or(0, |hub| {
-                hub.take_in(
+            let (n, first) = hub.map_or((0, None), |hub| {
+                hub.take_in_first(
                     self.ep.index,
                     &mut d,
                     &self.ep.mailbox,
                     &mut LinkRef(&self.ep.link),
+                    true,
                 )
             });
             let orphans = d.take_orphans();
             drop(d);
             self.shared.resume_pulls(&self.ep, orphans);
+            if first.is_some() {
+                return first;
+            }
             if n > 0 {
                 if let Some(f) = self.ep.mailbox.next_frame() {
                     return Some(f);

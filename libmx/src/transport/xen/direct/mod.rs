@@ -965,8 +965,25 @@ impl Hub {
         mailbox: &Mailbox,
         link: &mut dyn LinkAccess,
     ) -> usize {
+        self.take_in_first(endpoint, d, mailbox, link, false).0
+    }
+
+    /// [`take_in`](Self::take_in) for a caller that hands frames to the core
+    /// itself (`first`): the first frame taken comes back to it instead of
+    /// going through the mailbox, if the mailbox holds no frame (none then
+    /// came before it: the driver thread takes this endpoint's lanes in
+    /// under the same lock). A ping-pong's receiver took and released each
+    /// mailbox lock twice per message for nothing.
+    pub(crate) fn take_in_first(
+        &self,
+        endpoint: u8,
+        d: &mut EndpointDirect,
+        mailbox: &Mailbox,
+        link: &mut dyn LinkAccess,
+        first: bool,
+    ) -> (usize, Option<Frame<Vec<u8>>>) {
         if d.idle() {
-            return 0;
+            return (0, None);
         }
         let mut frames = std::mem::take(&mut d.take_frames);
         let mut done = Vec::new();
@@ -1053,9 +1070,16 @@ impl Hub {
         }
         self.pump(d, endpoint, link);
         let n = frames.len() + done.len();
+        let mut kept = None;
         if !frames.is_empty() {
             counters::add(Counter::DirectFramesReceived, frames.len() as u64);
-            mailbox.put_frames(frames.drain(..));
+            let mut rest = frames.drain(..);
+            if first && !mailbox.has_frames() {
+                kept = rest.next();
+            }
+            if rest.len() > 0 {
+                mailbox.put_frames(rest);
+            }
         }
         // A burst's list is not kept: a few frames' worth is.
         if frames.capacity() <= KEPT_FRAMES {
@@ -1065,7 +1089,7 @@ impl Hub {
             counters::add(Counter::DirectPulls, done.len() as u64);
             mailbox.put_pulls(done);
         }
-        n
+        (n, kept)
     }
 
     /// Asks every channel's peer to signal the next frame; true if one is
