@@ -160,8 +160,12 @@ impl Doorbell {
     /// The endpoint is being progressed: a deferred ring is served. Called
     /// before the arrivals are taken in, so a ring after it is deferred
     /// (or sent) again and never lost.
+    /// Every progress calls this and almost never finds a ring deferred:
+    /// a load then, not a store (a ring after the load is deferred again).
     pub(crate) fn clear_deferred(&self) {
-        self.deferred.store(false, Ordering::SeqCst);
+        if self.deferred.load(Ordering::SeqCst) {
+            self.deferred.store(false, Ordering::SeqCst);
+        }
     }
 
     /// When the background thread must look at the endpoint for a deferred

@@ -171,7 +171,13 @@ pub(crate) fn library() -> MxResult<Arc<Library>> {
 /// The open endpoint behind an `mx_endpoint_t` (never dereferenced: it is a
 /// handle number).
 pub(crate) fn endpoint(handle: usize) -> MxResult<Arc<AppEndpoint>> {
-    let lib = library()?;
+    // Every MX call on an endpoint starts here: the endpoint is looked up
+    // under the library's read lock, without a reference to the library
+    // (whose count two more atomic read-modify-writes per call moved).
+    let lib = LIBRARY.read().unwrap_or_else(|e| e.into_inner());
+    let lib = lib
+        .as_ref()
+        .ok_or_else(|| Failure::new(MxReturn::NotInitialized, "the library is not initialized"))?;
     let found = u32::try_from(handle)
         .ok()
         .and_then(|h| lib.endpoint_by_handle(h));

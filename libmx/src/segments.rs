@@ -12,9 +12,52 @@ use crate::errors::Failure;
 /// The memory of one send or receive: `(address, length)` pieces, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Segments {
-    parts: Vec<(usize, usize)>,
+    parts: Pieces,
     total: usize,
 }
+
+/// The pieces of a segment list. Almost every MX call names one segment:
+/// its piece is kept inline, as a list of it cost every send and receive an
+/// allocation and a free.
+#[derive(Clone, Debug, Default)]
+enum Pieces {
+    #[default]
+    None,
+    One((usize, usize)),
+    Many(Vec<(usize, usize)>),
+}
+
+impl Pieces {
+    fn push(&mut self, piece: (usize, usize)) {
+        *self = match std::mem::take(self) {
+            Pieces::None => Pieces::One(piece),
+            Pieces::One(first) => Pieces::Many(vec![first, piece]),
+            Pieces::Many(mut v) => {
+                v.push(piece);
+                Pieces::Many(v)
+            }
+        };
+    }
+}
+
+impl std::ops::Deref for Pieces {
+    type Target = [(usize, usize)];
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Pieces::None => &[],
+            Pieces::One(p) => std::slice::from_ref(p),
+            Pieces::Many(v) => v,
+        }
+    }
+}
+
+impl PartialEq for Pieces {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Pieces {}
 
 impl Segments {
     /// Validates and records a C segment list: at most `MX_MAX_SEGMENTS`
@@ -42,12 +85,14 @@ impl Segments {
                 format!("NULL segment list with {count} segments"),
             ));
         }
-        // SAFETY: the caller guarantees `count` readable entries; they are
-        // copied once so a concurrent change cannot make us read twice.
-        let entries = unsafe { std::slice::from_raw_parts(list, count as usize) }.to_vec();
-        let mut parts = Vec::with_capacity(entries.len());
+        // The entries are not gathered into a list first: each is copied
+        // once, below, before it is looked at.
+        let mut parts = Pieces::None;
         let mut total: u64 = 0;
-        for (i, s) in entries.iter().enumerate() {
+        for i in 0..count as usize {
+            // SAFETY: the caller guarantees `count` readable entries; each is
+            // copied once so a concurrent change cannot make us read twice.
+            let s = unsafe { std::ptr::read(list.add(i)) };
             let len = s.segment_length as usize;
             if len == 0 {
                 continue;
@@ -86,9 +131,15 @@ impl Segments {
     /// Same contract as [`from_c`](Self::from_c): every piece stays valid
     /// until the last copy through these segments.
     pub(crate) unsafe fn from_parts(parts: Vec<(usize, usize)>) -> Self {
-        let parts: Vec<(usize, usize)> = parts.into_iter().filter(|p| p.1 > 0).collect();
-        let total = parts.iter().map(|p| p.1).sum();
-        Segments { parts, total }
+        let mut pieces = Pieces::None;
+        for p in parts.into_iter().filter(|p| p.1 > 0) {
+            pieces.push(p);
+        }
+        let total = pieces.iter().map(|p| p.1).sum();
+        Segments {
+            parts: pieces,
+            total,
+        }
     }
 
     /// Total length in bytes.
@@ -109,7 +160,7 @@ impl Segments {
     /// A copy of the whole content (a send's data).
     pub(crate) fn gather(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.total);
-        for &(addr, len) in &self.parts {
+        for &(addr, len) in self.parts.iter() {
             // SAFETY: validated at construction; the application keeps the
             // buffer valid and unchanged while the send is pending.
             out.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
@@ -120,7 +171,7 @@ impl Segments {
     /// Writes `data` from the start, as much as fits; returns the bytes written.
     pub(crate) fn scatter(&self, data: &[u8]) -> usize {
         let mut done = 0;
-        for &(addr, len) in &self.parts {
+        for &(addr, len) in self.parts.iter() {
             if done == data.len() {
                 break;
             }
@@ -147,7 +198,7 @@ impl Segments {
     ) -> usize {
         let mut skip = offset;
         let mut left = n;
-        for &(addr, len) in &self.parts {
+        for &(addr, len) in self.parts.iter() {
             if left == 0 {
                 break;
             }

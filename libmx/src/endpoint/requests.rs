@@ -129,7 +129,7 @@ impl AppEndpoint {
         let len = segs.len() as u32;
         counters::add(Counter::Sends, 1);
         self.with_state(|ep, st| {
-            let now = runtime::now();
+            let now = st.now;
             let eager = !sync && MessageClass::of(segs.len()) != MessageClass::Large;
             let mut r = AppRequest::new(RequestKind::Send { eager }, context);
             r.source = Addr {
@@ -155,9 +155,11 @@ impl AppEndpoint {
                     st.waiting_large.push_back(seq);
                     return Ok(ep.token(seq));
                 }
+                // The gathered copy is the core's to keep: a second one
+                // cost an allocation and a copy per message.
                 let id = st
                     .core
-                    .send(now, peer, match_info, &data)
+                    .send_owned(now, peer, match_info, data)
                     .map_err(not_connected)?;
                 let seq = ep.new_request(st, r);
                 ep.eager_sent(st, seq, id);
@@ -188,7 +190,7 @@ impl AppEndpoint {
         self.check_match(match_info, match_mask)?;
         counters::add(Counter::Recvs, 1);
         self.with_state(|ep, st| {
-            let now = runtime::now();
+            let now = st.now;
             let mut r = AppRequest::new(RequestKind::Recv, context);
             r.segs = segs;
             r.match_info = match_info;

@@ -143,6 +143,15 @@ pub(crate) trait TransportPort: Send {
     fn transmit(&mut self, frame: Frame<Vec<u8>>);
     /// The next frame that arrived (`peer_index` is the source).
     fn receive(&mut self) -> Option<Frame<Vec<u8>>>;
+    /// Whether the port holds input its own work put there (a transmit or
+    /// a pull that finished at once), which the next [`receive`](Self::receive)
+    /// or [`Regions::completed_pull`] returns without looking at the network.
+    /// A progress pass that drained the port looks at it again only then:
+    /// what arrives meanwhile is the next look's. True when the port cannot
+    /// tell (every pass that moved something is followed by another).
+    fn queued(&self) -> bool {
+        true
+    }
     /// This endpoint's LARGE regions.
     fn regions(&self) -> Arc<dyn Regions>;
     /// A waiting thread stopped polling and is about to sleep on the

@@ -30,12 +30,14 @@ impl Endpoint {
     /// An acked LARGE send now waits for the receiver's pull, for at most the
     /// rendezvous timeout (a receiver that died after the ack never notifies).
     fn start_notify_wait(&mut self, now: Instant, id: RequestId) {
-        let limit = self
-            .config
-            .rendezvous_timeout
-            .unwrap_or_else(|| self.config.retry_budget());
+        // The limit only for a LARGE send: every acked eager send passes
+        // here, and the retry budget is a sum over the retries.
+        let config = &self.config;
         if let Some(CoreRequest::Send(s)) = self.requests.get_mut(&id) {
             if matches!(s.payload, SendPayload::Large { .. }) && s.notified.is_none() {
+                let limit = config
+                    .rendezvous_timeout
+                    .unwrap_or_else(|| config.retry_budget());
                 let wait_end = now + limit;
                 s.deadline = Some(s.deadline.map_or(wait_end, |d| d.min(wait_end)));
             }

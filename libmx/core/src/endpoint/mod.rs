@@ -20,8 +20,8 @@ mod recv;
 mod report;
 mod send;
 
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::OnceLock;
 
 use crate::class::{MessageClass, SMALL_MAX, TINY_MAX};
 use crate::config::Config;
@@ -295,8 +295,11 @@ pub struct Endpoint {
     /// timers (a send). Calls that move none (draining frames, posting or
     /// cancelling an unmatched receive) leave it. Drivers ask for it on
     /// each poll of a spin and after each input; scanning every pending
-    /// request each time showed in profiles.
-    timer_cache: OnceLock<Option<Instant>>,
+    /// request each time showed in profiles. A cell, not a lock: the
+    /// endpoint is driven by one thread at a time (its owner's lock), and
+    /// filling a `OnceLock` after each input took its atomics (a tenth of
+    /// a ping-pong message's time in the core).
+    timer_cache: OnceCell<Option<Instant>>,
     /// Full scans [`Endpoint::next_timeout`] made, for tests that check
     /// the hot calls keep the cache.
     #[cfg(test)]
@@ -331,7 +334,7 @@ impl Endpoint {
             events: VecDeque::new(),
             next_request: 1,
             next_inbound: 1,
-            timer_cache: OnceLock::new(),
+            timer_cache: OnceCell::new(),
             #[cfg(test)]
             scans: std::cell::Cell::new(0),
             closed: false,
@@ -437,6 +440,21 @@ impl Endpoint {
         self.submit_send(now, dest, match_info, SendPayload::Eager(data.to_vec()))
     }
 
+    /// [`send`](Self::send) of data the caller gives away: the core keeps
+    /// it (for resends) without copying it first.
+    pub fn send_owned(
+        &mut self,
+        now: Instant,
+        dest: PeerAddr,
+        match_info: u64,
+        data: Vec<u8>,
+    ) -> Result<RequestId, Error> {
+        if MessageClass::of(data.len()) == MessageClass::Large {
+            return Err(Error::NeedsRendezvous(data.len()));
+        }
+        self.submit_send(now, dest, match_info, SendPayload::Eager(data))
+    }
+
     /// Announces a LARGE message of `msg_length` bytes held in the registered
     /// `window`; the receiver pulls it. Completes with [`EndpointEvent::SendDone`]
     /// once the receiver has notified the end of its pull.
@@ -512,7 +530,7 @@ impl Endpoint {
                     .chain([prev, ack_after])
                     .flatten()
                     .min();
-                self.timer_cache = OnceLock::from(next);
+                self.timer_cache = OnceCell::from(next);
             }
         }
         Ok(id)
@@ -753,6 +771,19 @@ impl Endpoint {
             self.flush_immediate_acks();
         }
         self.transmits.pop_front()
+    }
+
+    /// The next frame already queued, if any: [`poll_transmit`](Self::poll_transmit)
+    /// without making up the acks that are due (a driver that sends what a
+    /// call queued before it takes in arrivals, whose acks it would rather
+    /// send together after them).
+    pub fn poll_queued_transmit(&mut self) -> Option<Frame<Vec<u8>>> {
+        self.transmits.pop_front()
+    }
+
+    /// Whether a completion waits for [`poll_event`](Self::poll_event).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// The next completion, if any.

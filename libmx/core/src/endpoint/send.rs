@@ -306,6 +306,18 @@ impl Endpoint {
     }
 
     pub(super) fn flush_immediate_acks(&mut self) {
+        // Drivers ask after every input, and a ping-pong's receiver owes a
+        // delayed ack until its reply carries it: those calls make no list.
+        let partners = &self.partners;
+        let delayed = |peer: &PeerAddr| {
+            matches!(
+                partners.get(peer).map(|p| p.ack),
+                Some(AckNeed::Delayed { .. })
+            )
+        };
+        if self.ack_pending.iter().all(delayed) {
+            return;
+        }
         let candidates: Vec<PeerAddr> = self.ack_pending.iter().copied().collect();
         for peer in candidates {
             match self.partners.get(&peer).map(|p| p.ack) {

@@ -146,21 +146,29 @@ impl TransportPort for XenPort {
         if let Some(f) = self.ep.mailbox.next_frame() {
             return Some(f);
         }
-        if let Some(hub) = self.shared.hub() {
-            if let Ok(mut d) = self.ep.direct.try_lock() {
-                let n = hub.take_in(
+        if let Ok(mut d) = self.ep.direct.try_lock() {
+            // A look that finds the lanes empty and no pull under way (a
+            // polling wait's usual look) needs no hub, and takes no reference
+            // to it.
+            let hub = if d.idle() { None } else { self.shared.hub() };
+            let (n, first) = hub.map_or((0, None), |hub| {
+                hub.take_in_first(
                     self.ep.index,
                     &mut d,
                     &self.ep.mailbox,
                     &mut LinkRef(&self.ep.link),
-                );
-                let orphans = d.take_orphans();
-                drop(d);
-                self.shared.resume_pulls(&self.ep, orphans);
-                if n > 0 {
-                    if let Some(f) = self.ep.mailbox.next_frame() {
-                        return Some(f);
-                    }
+                    true,
+                )
+            });
+            let orphans = d.take_orphans();
+            drop(d);
+            self.shared.resume_pulls(&self.ep, orphans);
+            if first.is_some() {
+                return first;
+            }
+            if n > 0 {
+                if let Some(f) = self.ep.mailbox.next_frame() {
+                    return Some(f);
                 }
             }
         }
@@ -174,6 +182,12 @@ impl TransportPort for XenPort {
         }
         drop(link);
         self.ep.mailbox.next_frame()
+    }
+
+    fn queued(&self) -> bool {
+        // The driver thread's take-ins land here too; one that lands after
+        // this look is the next look's (it rings the doorbell).
+        !self.ep.mailbox.is_empty()
     }
 
     fn before_sleep(&mut self) -> bool {
@@ -207,8 +221,10 @@ impl TransportPort for XenPort {
 
     fn take_path_restored(&mut self) -> bool {
         // Relaxed would do for the flag alone; SeqCst keeps it simple to reason
-        // about beside the mailbox's ring that follows the store.
-        self.ep.restored.swap(false, Ordering::SeqCst)
+        // about beside the mailbox's ring that follows the store. Every
+        // progress pass asks, and the answer is almost always no: a load
+        // then, not a swap.
+        self.ep.restored.load(Ordering::SeqCst) && self.ep.restored.swap(false, Ordering::SeqCst)
     }
 }
 

@@ -135,6 +135,13 @@ pub(crate) enum Pushed {
 pub(crate) struct Producer {
     end: End,
     prod: u32,
+    /// The consumer's index as last read (checked then). The consumer only
+    /// moves it forward, so room seen then is still there; the producer
+    /// reads the word again only when that room is short. Reading it at
+    /// every push pulled the consumer's cache line over once per record,
+    /// and the consumer then waited for it back at its next store (and
+    /// fence) of the index: a cache miss on each side of every message.
+    cons_seen: u32,
 }
 
 /// The consuming end of a lane.
@@ -167,9 +174,14 @@ impl Lanes {
         // Start from what the words say (zero on a fresh channel); a lying
         // peer only makes the first check fail.
         let prod = tx.word(tx.at.prod).load(Ordering::Acquire);
+        let cons_seen = tx.word(tx.at.cons).load(Ordering::Acquire);
         let cons = rx.word(rx.at.cons).load(Ordering::Acquire);
         Lanes {
-            tx: Producer { end: tx, prod },
+            tx: Producer {
+                end: tx,
+                prod,
+                cons_seen,
+            },
             rx: Consumer { end: rx, cons },
         }
     }
@@ -219,9 +231,11 @@ impl Producer {
         }
         let total = padded(len);
         let mut asked = false;
+        let mut fresh = false;
         let (pos, tail) = loop {
-            let cons = self.end.word(self.end.at.cons).load(Ordering::Acquire);
-            let used = self.prod.wrapping_sub(cons) as usize;
+            // Every value is checked, the cached one included: one the
+            // consumer lied with fails here whenever it was read.
+            let used = self.prod.wrapping_sub(self.cons_seen) as usize;
             if used > DATA_BYTES {
                 return Err(Broken("consumer index out of range"));
             }
@@ -231,14 +245,19 @@ impl Producer {
             if DATA_BYTES - used >= need {
                 break (pos, tail);
             }
-            if asked {
-                return Ok(Pushed::Full);
+            if fresh {
+                if asked {
+                    return Ok(Pushed::Full);
+                }
+                // Ask for a signal when room is made, then look once more
+                // (the consumer may have made room before it saw the
+                // request).
+                self.end.word(self.end.at.space).store(1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                asked = true;
             }
-            // Ask for a signal when room is made, then look once more (the
-            // consumer may have made room before it saw the request).
-            self.end.word(self.end.at.space).store(1, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
-            asked = true;
+            self.cons_seen = self.end.word(self.end.at.cons).load(Ordering::Acquire);
+            fresh = true;
         };
         let mut prod = self.prod;
         let mut pos = pos;
@@ -605,11 +624,19 @@ mod tests {
         *m.word(lane0.data + 4) = KIND_FRAME;
         *m.word(lane0.prod) = 16;
         assert!(b.rx.pop(&mut Vec::new()).is_err());
-        // A consumer index that runs ahead of the producer.
+        // A consumer index that runs ahead of the producer, read when the
+        // producer runs out of the room it last saw.
         let mut m = Mem::new();
         // SAFETY: `m` outlives the lanes.
         let mut a = unsafe { Lanes::new(m.base(), true) };
+        push_span(&mut a.tx, DATA_BYTES);
+        *m.word(lane0.cons) = DATA_BYTES as u32 + 4096;
+        assert!(a.tx.push(b"x").is_err());
+        // One read when the lane is created is checked at the first push.
+        let mut m = Mem::new();
         *m.word(lane0.cons) = 4096;
+        // SAFETY: `m` outlives the lanes.
+        let mut a = unsafe { Lanes::new(m.base(), true) };
         assert!(a.tx.push(b"x").is_err());
     }
 }

@@ -69,6 +69,8 @@ const TOKEN: &str = "xmx-libmx:direct";
 /// Records taken off one channel per call, so one busy peer cannot starve
 /// the others.
 const TAKE_BATCH: usize = 256;
+/// The most frames a take-in's list keeps room for between take-ins.
+const KEPT_FRAMES: usize = 16;
 /// How long a direct pull may go without data before it is finished
 /// through the backend (the peer stopped serving it, or is gone).
 pub(crate) const PULL_STALL: Duration = Duration::from_secs(1);
@@ -237,6 +239,11 @@ pub(crate) trait LinkAccess {
 pub(crate) struct EndpointDirect {
     slots: FxHashMap<PeerAddr, DirectSlot>,
     scratch: Vec<u8>,
+    /// The channels a take-in goes through and the frames it took, kept
+    /// between take-ins: a ping-pong takes one frame at a time, and
+    /// allocating both lists cost it two allocations and frees per frame.
+    take_peers: Vec<PeerAddr>,
+    take_frames: Vec<Frame<Vec<u8>>>,
     sinks: FxHashMap<u32, DirectSink>,
     next_tag: u32,
     jobs: VecDeque<Job>,
@@ -280,7 +287,7 @@ impl EndpointDirect {
     /// A producer waiting for room needs no look here: it asked only while
     /// records were in the lane, and the take-in that took them saw its
     /// request (`room_wanted` after `advance`, ring.h's check).
-    fn idle(&self) -> bool {
+    pub(crate) fn idle(&self) -> bool {
         self.jobs.is_empty()
             && self.sinks.is_empty()
             && self.to_fill.is_empty()
@@ -583,7 +590,12 @@ impl Hub {
                 match pushed {
                     Ok(Pushed::Full) => return false,
                     Ok(Pushed::Sent { notify }) => {
-                        let sent = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
+                        // Counted only for a faulty side: the count is shared
+                        // by every endpoint of the process.
+                        let sent = match self.fault {
+                            Some(_) => self.sent.fetch_add(1, Ordering::Relaxed) + 1,
+                            None => 0,
+                        };
                         match self.fault {
                             Some(Fault::GarbageIndex) if sent >= FAULT_AFTER => {
                                 ch.lanes.tx.publish_garbage_index()
@@ -979,15 +991,39 @@ impl Hub {
         mailbox: &Mailbox,
         link: &mut dyn LinkAccess,
     ) -> usize {
+        self.take_in_first(endpoint, d, mailbox, link, false).0
+    }
+
+    /// [`take_in`](Self::take_in) for a caller that hands frames to the core
+    /// itself (`first`): the first frame taken comes back to it instead of
+    /// going through the mailbox, if the mailbox holds no frame (none then
+    /// came before it: the driver thread takes this endpoint's lanes in
+    /// under the same lock). A ping-pong's receiver took and released each
+    /// mailbox lock twice per message for nothing.
+    pub(crate) fn take_in_first(
+        &self,
+        endpoint: u8,
+        d: &mut EndpointDirect,
+        mailbox: &Mailbox,
+        link: &mut dyn LinkAccess,
+        first: bool,
+    ) -> (usize, Option<Frame<Vec<u8>>>) {
         if d.idle() {
-            return 0;
+            return (0, None);
         }
         d.fill_ended(link);
-        let mut frames = Vec::new();
+        let mut frames = std::mem::take(&mut d.take_frames);
         let mut done = Vec::new();
         let mut broken = Vec::new();
-        let peers = d.open_peers();
-        for addr in peers {
+        let mut peers = std::mem::take(&mut d.take_peers);
+        peers.clear();
+        peers.extend(
+            d.slots
+                .iter()
+                .filter(|(_, s)| matches!(s, DirectSlot::Open(_)))
+                .map(|(a, _)| *a),
+        );
+        for &addr in &peers {
             for _ in 0..TAKE_BATCH {
                 let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) else {
                     break;
@@ -1036,6 +1072,7 @@ impl Hub {
                 }
             }
         }
+        d.take_peers = peers;
         for (addr, why) in broken {
             self.broken(d, addr, why);
         }
@@ -1061,15 +1098,26 @@ impl Hub {
         }
         self.pump(d, endpoint, link);
         let n = frames.len() + done.len();
+        let mut kept = None;
         if !frames.is_empty() {
             counters::add(Counter::DirectFramesReceived, frames.len() as u64);
-            mailbox.put_frames(frames);
+            let mut rest = frames.drain(..);
+            if first && !mailbox.has_frames() {
+                kept = rest.next();
+            }
+            if rest.len() > 0 {
+                mailbox.put_frames(rest);
+            }
+        }
+        // A burst's list is not kept: a few frames' worth is.
+        if frames.capacity() <= KEPT_FRAMES {
+            d.take_frames = frames;
         }
         if !done.is_empty() {
             counters::add(Counter::DirectPulls, done.len() as u64);
             mailbox.put_pulls(done);
         }
-        n
+        (n, kept)
     }
 
     /// Asks every channel's peer to signal the next frame; true if one is
