@@ -722,14 +722,10 @@ impl XenLink {
         }
         let (addr, len) = windows::key(data);
         let lease = self.acquire(reg, addr, len).ok()?;
-        let fits = self
-            .cache
-            .window(lease)
-            .is_some_and(|w| w.len() >= data.len());
         let Some(id) = self
             .cache
             .window(lease)
-            .filter(|_| fits)
+            .filter(|w| w.len() >= data.len())
             .map(|w| w.region_id())
         else {
             tracing::warn!(index = self.index, "no window holds the LARGE data");
