@@ -434,11 +434,12 @@ pub(crate) fn serve_pull(
         return refuse(ctx, link, NackType::BadRdmaWindow, DropReason::BadRegion);
     };
     let rid = pull.pulled_rdma_id;
-    let (word, bit) = (usize::from(rid / 64), 1u64 << (rid % 64));
+    let asked = &mut ep.fill_asked[usize::from(rid)];
     if !region_filled(nic.memory.as_ref(), pull.dst_endpoint, rid) {
         link.counters.drop(DropReason::RegionUnfilled);
-        if ep.fill_asked[word] & bit == 0 && ctx.out.has_event_room(link.id, pull.dst_endpoint) {
-            ep.fill_asked[word] |= bit;
+        let window = Some(pull.pulled_rdma_seqnum);
+        if *asked != window && ctx.out.has_event_room(link.id, pull.dst_endpoint) {
+            *asked = window;
             let tag = ep.next_tag();
             let body = EventBody::RegionWanted { region: rid };
             ctx.out
@@ -446,7 +447,7 @@ pub(crate) fn serve_pull(
         }
         return;
     }
-    ep.fill_asked[word] &= !bit;
+    *asked = None;
     // The block's place in the message, then in the region (all in 64 bits: the frame
     // index is the peer's to choose).
     let base = u64::from(pull.pulled_rdma_offset);

@@ -247,9 +247,12 @@ pub(crate) struct GuestEndpoint {
     /// guest registers its regions again under their ids first, so a PULL for a region
     /// not (yet) registered is dropped, not NACKed, and the peer asks again.
     pub regions_returning: bool,
-    /// Regions whose fill was asked of the guest (a REGION_WANTED event posted) since the
-    /// engine last saw their mark set: one event per region, whatever the pullers do.
-    pub fill_asked: [u64; 4],
+    /// By region, the window (its seqnum) whose fill was last asked of the guest (a
+    /// REGION_WANTED event posted) since the engine last saw the region's mark set: one
+    /// event per window, however often its pullers ask. Keyed by window, not region, so
+    /// that a stale PULL of a finished send cannot use up the request a later send of the
+    /// same region needs.
+    pub fill_asked: [Option<u8>; 256],
     next_event_tag: u32,
 }
 
@@ -262,7 +265,7 @@ impl GuestEndpoint {
             regions: FxHashMap::default(),
             pulls: PullSlots::default(),
             regions_returning: false,
-            fill_asked: [0; 4],
+            fill_asked: [None; 256],
             next_event_tag: 0,
         }
     }

@@ -10,6 +10,7 @@ use xmx_wire::msg::{
     fill_marks, DoneStatus, Event, EventBody, LibackSend, NotifySend, Pull, RndvSend, SendOp,
     SendRequest,
 };
+use xmx_wire::mxoe::pull::PullPacket;
 use xmx_wire::mxoe::{PacketRepr, PacketType, HEAD_LEN, PULL_LEN, PULL_REPLY_LEN};
 
 const SENDER_REGION: u8 = 1;
@@ -881,9 +882,21 @@ fn a_region_without_its_fill_mark_is_asked_for_once_and_served_once_marked() {
     // The puller asks again; the guest has not answered yet: dropped, not asked again.
     assert!(l.tb.fire_timers());
     l.tb.pump();
-    assert!(l.tb.take_events(1).is_empty(), "one request per region");
+    assert!(l.tb.take_events(1).is_empty(), "one request per window");
     assert!(counters(&l).drops(DropReason::RegionUnfilled) > c.drops(DropReason::RegionUnfilled));
     assert_eq!(l.pull_done(), None);
+    // A PULL of another window of the region (a stale one of an earlier send, or a later
+    // send's) is asked for on its own: an earlier request cannot use up a later one's.
+    let mut other = frames_of(&l.tb, PacketType::Pull)
+        .pop()
+        .expect("a PULL on the wire")
+        .bytes;
+    PullPacket::new_unchecked(&mut other[HEAD_LEN..]).set_pulled_rdma_seqnum(4);
+    let now = l.tb.now;
+    l.tb.engines[0].handle_frame(now, &other);
+    l.tb.collect_events();
+    let asked: Vec<EventBody> = l.tb.take_events(1).into_iter().map(|e| e.body).collect();
+    assert_eq!(asked, vec![wanted.body]);
     // The guest fills the region, then sets the mark (word 0, the region's bit).
     sender
         .mem
