@@ -161,11 +161,16 @@ pub(crate) fn finalize() -> MxResult<()> {
 
 /// The library, if initialized.
 pub(crate) fn library() -> MxResult<Arc<Library>> {
-    LIBRARY
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .ok_or_else(|| Failure::new(MxReturn::NotInitialized, "the library is not initialized"))
+    with_library(Arc::clone)
+}
+
+/// `f` of the library under its read lock, if initialized: no reference to it is taken.
+fn with_library<R>(f: impl FnOnce(&Arc<Library>) -> R) -> MxResult<R> {
+    let lib = LIBRARY.read().unwrap_or_else(|e| e.into_inner());
+    let lib = lib
+        .as_ref()
+        .ok_or_else(|| Failure::new(MxReturn::NotInitialized, "the library is not initialized"))?;
+    Ok(f(lib))
 }
 
 /// The open endpoint behind an `mx_endpoint_t` (never dereferenced: it is a
@@ -174,13 +179,11 @@ pub(crate) fn endpoint(handle: usize) -> MxResult<Arc<AppEndpoint>> {
     // Every MX call on an endpoint starts here: the endpoint is looked up
     // under the library's read lock, without a reference to the library
     // (whose count two more atomic read-modify-writes per call moved).
-    let lib = LIBRARY.read().unwrap_or_else(|e| e.into_inner());
-    let lib = lib
-        .as_ref()
-        .ok_or_else(|| Failure::new(MxReturn::NotInitialized, "the library is not initialized"))?;
-    let found = u32::try_from(handle)
-        .ok()
-        .and_then(|h| lib.endpoint_by_handle(h));
+    let found = with_library(|lib| {
+        u32::try_from(handle)
+            .ok()
+            .and_then(|h| lib.endpoint_by_handle(h))
+    })?;
     found.ok_or_else(|| {
         Failure::new(
             MxReturn::BadEndpoint,
