@@ -272,11 +272,14 @@ impl EndpointDirect {
 
     /// The remote endpoints this endpoint has a channel to.
     fn open_peers(&self) -> Vec<PeerAddr> {
+        self.open_peer_addrs().collect()
+    }
+
+    fn open_peer_addrs(&self) -> impl Iterator<Item = PeerAddr> + '_ {
         self.slots
             .iter()
             .filter(|(_, s)| matches!(s, DirectSlot::Open(_)))
             .map(|(a, _)| *a)
-            .collect()
     }
 
     /// Whether a take-in would find nothing to do: no record in any lane,
@@ -1017,12 +1020,7 @@ impl Hub {
         let mut broken = Vec::new();
         let mut peers = std::mem::take(&mut d.take_peers);
         peers.clear();
-        peers.extend(
-            d.slots
-                .iter()
-                .filter(|(_, s)| matches!(s, DirectSlot::Open(_)))
-                .map(|(a, _)| *a),
-        );
+        peers.extend(d.open_peer_addrs());
         for &addr in &peers {
             for _ in 0..TAKE_BATCH {
                 let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) else {
