@@ -353,6 +353,7 @@ impl Engine {
             .ok_or(EngineError::UnknownGuest(guest))?;
         self.local.remove(&nic.link.mac);
         self.out.purge_events(guest, None);
+        self.out.tx.retire(guest);
         let held: u32 = nic
             .endpoints
             .values()

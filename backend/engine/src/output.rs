@@ -176,6 +176,9 @@ struct GuestTx {
     frames: VecDeque<TxFrame>,
     deficit: u64,
     visited: bool,
+    /// The guest was removed while frames of it still waited: the queue goes
+    /// once they are sent.
+    retired: bool,
 }
 
 /// Frames waiting for the NIC, one queue per guest, taken by deficit round robin over
@@ -195,11 +198,23 @@ impl TxQueues {
 
     pub fn push(&mut self, guest: GuestId, frame: TxFrame) {
         let q = self.guests.entry(guest).or_default();
+        q.retired = false;
         if q.frames.is_empty() {
             self.round.push_back(guest);
         }
         q.frames.push_back(frame);
         self.len += 1;
+    }
+
+    /// A guest that left: its queue goes now if empty, else once its frames are sent.
+    pub fn retire(&mut self, guest: GuestId) {
+        match self.guests.get_mut(&guest) {
+            Some(q) if q.frames.is_empty() => {
+                self.guests.remove(&guest);
+            }
+            Some(q) => q.retired = true,
+            None => {}
+        }
     }
 
     /// The next frame in the weighted round.
@@ -210,7 +225,6 @@ impl TxQueues {
             let guest = *self.round.front()?;
             let q = self.guests.entry(guest).or_default();
             let Some(len) = q.frames.front().map(|f| f.len() as u64) else {
-                self.guests.remove(&guest);
                 self.round.pop_front();
                 continue;
             };
@@ -223,7 +237,14 @@ impl TxQueues {
                 let frame = q.frames.pop_front()?;
                 self.len -= 1;
                 if q.frames.is_empty() {
-                    self.guests.remove(&guest);
+                    // The queue stays (its next frame would allocate it again),
+                    // with the deficit an empty queue keeps in deficit round
+                    // robin: none.
+                    q.deficit = 0;
+                    q.visited = false;
+                    if q.retired {
+                        self.guests.remove(&guest);
+                    }
                     self.round.pop_front();
                 }
                 return Some((guest, frame));
@@ -410,6 +431,35 @@ mod tests {
         }
         assert_eq!((0..10).filter(|_| lone.pop(|_| 1).is_some()).count(), 10);
         assert!(lone.pop(|_| 1).is_none());
+    }
+
+    #[test]
+    fn an_emptied_queue_is_kept_without_credit_and_a_retired_one_goes_once_sent() {
+        let mut tx = TxQueues::default();
+        let (a, b) = (GuestId(1), GuestId(2));
+        tx.push(a, TxFrame::Built(vec![0; 100]));
+        assert!(tx.pop(|_| 1).is_some());
+        // Kept for its next frame, with no deficit left from the last turn: a guest
+        // that went idle gains nothing over one that kept sending.
+        assert_eq!(tx.guests[&a].deficit, 0);
+        assert!(!tx.guests[&a].visited);
+        assert!(tx.round.is_empty());
+        // Retired while empty: gone at once.
+        tx.retire(a);
+        assert!(!tx.guests.contains_key(&a));
+        // Retired with frames waiting: they still leave, in order, then the queue goes.
+        tx.push(b, TxFrame::Built(vec![1; 100]));
+        tx.push(b, TxFrame::Built(vec![2; 100]));
+        tx.retire(b);
+        for want in [1u8, 2] {
+            let (g, TxFrame::Built(f)) = tx.pop(|_| 1).unwrap() else {
+                unreachable!("only built frames were queued")
+            };
+            assert_eq!((g, f[0]), (b, want));
+        }
+        assert!(tx.pop(|_| 1).is_none());
+        assert!(tx.guests.is_empty());
+        assert_eq!(tx.len(), 0);
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl AppEndpoint {
         };
         let len = segs.len() as u32;
         counters::add(Counter::Sends, 1);
-        self.with_state(|ep, st| {
+        self.with_state_posting(|ep, st| {
             let now = st.now;
             let eager = !sync && MessageClass::of(segs.len()) != MessageClass::Large;
             let mut r = AppRequest::new(RequestKind::Send { eager }, context);
@@ -189,7 +189,7 @@ impl AppEndpoint {
     ) -> MxResult<usize> {
         self.check_match(match_info, match_mask)?;
         counters::add(Counter::Recvs, 1);
-        self.with_state(|ep, st| {
+        self.with_state_posting(|ep, st| {
             let now = st.now;
             let mut r = AppRequest::new(RequestKind::Recv, context);
             r.segs = segs;

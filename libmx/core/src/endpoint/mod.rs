@@ -23,6 +23,8 @@ mod send;
 use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use crate::class::{MessageClass, SMALL_MAX, TINY_MAX};
 use crate::config::Config;
 use crate::frame::{
@@ -278,8 +280,11 @@ pub struct Endpoint {
     session: u32,
     key: u32,
     partners: BTreeMap<PeerAddr, Partner>,
-    requests: BTreeMap<RequestId, CoreRequest>,
-    inbound: BTreeMap<InboundId, InboundMessage>,
+    /// Looked up by id only (never walked in order where order matters): a hash
+    /// map, where the ordered map's insert and remove were a tenth of the core's
+    /// time per message.
+    requests: FxHashMap<RequestId, CoreRequest>,
+    inbound: FxHashMap<InboundId, InboundMessage>,
     matcher: Matcher<RequestId, InboundId>,
     unexpected_bytes: usize,
     /// Whether arrivals into the unexpected queue are reported.
@@ -324,8 +329,8 @@ impl Endpoint {
             session,
             key,
             partners: BTreeMap::new(),
-            requests: BTreeMap::new(),
-            inbound: BTreeMap::new(),
+            requests: FxHashMap::default(),
+            inbound: FxHashMap::default(),
             matcher: Matcher::new(),
             unexpected_bytes: 0,
             report_unexpected: false,

@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use super::{CoreRequest, Endpoint, RecvState, Retx, SendPayload};
+use super::{CoreRequest, Endpoint, RecvState, RequestId, Retx, SendPayload};
 use crate::time::Instant;
 
 /// Requests listed one by one per state; the rest are counted.
@@ -89,7 +89,10 @@ impl Endpoint {
         let mut assembling = Vec::new();
         let mut pulling = Vec::new();
         let mut notifying = Vec::new();
-        for (id, r) in &self.requests {
+        // Oldest first, as a reader of the dump expects.
+        let mut ids: Vec<&RequestId> = self.requests.keys().collect();
+        ids.sort_unstable();
+        for (id, r) in ids.into_iter().map(|id| (id, &self.requests[id])) {
             match r {
                 CoreRequest::Connect(c) => connects.push(format!(
                     "connect {} to {}:{} sent {}x, {} ms old",

@@ -27,6 +27,11 @@ pub(super) struct NativePort {
     regions: Arc<NativeRegions>,
     outgoing: Outgoing,
     inbox: VecDeque<Frame<Vec<u8>>>,
+    /// The inbox holds what the last look at the link found, and the link held
+    /// no more then: when the inbox runs empty, the caller's round ends without
+    /// another look (which cost as much as handling the frame the first found;
+    /// the caller's next round looks again).
+    looked: bool,
     doorbell: Arc<Doorbell>,
 }
 
@@ -51,6 +56,7 @@ impl NativePort {
             regions,
             outgoing: Outgoing::default(),
             inbox: VecDeque::new(),
+            looked: false,
             doorbell,
         }
     }
@@ -106,11 +112,18 @@ impl TransportPort for NativePort {
         if let Some(f) = self.inbox.pop_front() {
             return Some(f);
         }
+        if std::mem::take(&mut self.looked) {
+            return None;
+        }
         // The polling thread moves the link itself (the mailbox's older
         // frames come first, see `Board::pump`), unless another thread
         // holds the board: then they wait in the mailbox.
         match self.poll_link() {
-            Some(_) => self.inbox.pop_front(),
+            Some(_) => {
+                let f = self.inbox.pop_front();
+                self.looked = f.is_some();
+                f
+            }
             None => self.mailbox.next_frame(),
         }
     }
