@@ -168,21 +168,30 @@ impl SharedMem {
         if !self.in_bounds(off, dst.len()) {
             return false;
         }
-        let mut i = 0;
-        while i < dst.len() {
-            let at = off + i;
-            if at & 7 == 0 && dst.len() - i >= 8 {
-                // SAFETY: at..at+8 is inside the region (the whole range was checked) and
-                // 8-aligned (8-aligned base, at & 7 == 0).
-                let cell = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at).cast::<u64>()) };
-                dst[i..i + 8].copy_from_slice(&cell.load(Ordering::Relaxed).to_ne_bytes());
-                i += 8;
-            } else {
-                // SAFETY: `at` is inside the region (checked range); a byte is always aligned.
-                let cell = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) };
-                dst[i] = cell.load(Ordering::Relaxed);
-                i += 1;
-            }
+        // Bytes up to the first 8-aligned offset, whole words in one tight loop, then the
+        // tail. A loop that tested alignment and length before each word copied 4 KiB
+        // frames at a quarter of this speed, and the payload copies are most of the
+        // guest path's CPU per byte.
+        let n = dst.len();
+        let head = off.next_multiple_of(8).saturating_sub(off).min(n);
+        let (head_dst, rest) = dst.split_at_mut(head);
+        for (i, b) in head_dst.iter_mut().enumerate() {
+            *b = self.byte_cell(off + i).load(Ordering::Relaxed);
+        }
+        let words = off + head;
+        let mut body = rest.chunks_exact_mut(8);
+        for (w, chunk) in body.by_ref().enumerate() {
+            chunk.copy_from_slice(
+                &self
+                    .word_cell(words + 8 * w)
+                    .load(Ordering::Relaxed)
+                    .to_ne_bytes(),
+            );
+        }
+        let tail_dst = body.into_remainder();
+        let tail = off + n - tail_dst.len();
+        for (i, b) in tail_dst.iter_mut().enumerate() {
+            *b = self.byte_cell(tail + i).load(Ordering::Relaxed);
         }
         true
     }
@@ -193,24 +202,43 @@ impl SharedMem {
         if !self.in_bounds(off, src.len()) {
             return false;
         }
-        let mut i = 0;
-        while i < src.len() {
-            let at = off + i;
-            if at & 7 == 0 && src.len() - i >= 8 {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(&src[i..i + 8]);
-                // SAFETY: as in read_bytes.
-                let cell = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at).cast::<u64>()) };
-                cell.store(u64::from_ne_bytes(word), Ordering::Relaxed);
-                i += 8;
-            } else {
-                // SAFETY: as in read_bytes.
-                let cell = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) };
-                cell.store(src[i], Ordering::Relaxed);
-                i += 1;
-            }
+        // Laid out as read_bytes.
+        let head = off.next_multiple_of(8).saturating_sub(off).min(src.len());
+        let (head_src, rest) = src.split_at(head);
+        for (i, b) in head_src.iter().enumerate() {
+            self.byte_cell(off + i).store(*b, Ordering::Relaxed);
+        }
+        let words = off + head;
+        let mut body = rest.chunks_exact(8);
+        for (w, chunk) in body.by_ref().enumerate() {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.word_cell(words + 8 * w)
+                .store(u64::from_ne_bytes(word), Ordering::Relaxed);
+        }
+        let tail_src = body.remainder();
+        let tail = off + src.len() - tail_src.len();
+        for (i, b) in tail_src.iter().enumerate() {
+            self.byte_cell(tail + i).store(*b, Ordering::Relaxed);
         }
         true
+    }
+
+    /// The byte at `at`, which the caller checked is inside the region.
+    fn byte_cell(&self, at: usize) -> &AtomicU8 {
+        debug_assert!(at < self.len);
+        // SAFETY: `at` is inside the region (the caller's bounds check covers it), a byte
+        // is always aligned, and the region is valid for the life of self.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) }
+    }
+
+    /// The word at `at`, which the caller checked is inside the region and 8-aligned.
+    fn word_cell(&self, at: usize) -> &AtomicU64 {
+        debug_assert!(at & 7 == 0 && at + 8 <= self.len);
+        // SAFETY: at..at+8 is inside the region (the caller's bounds check covers it) and
+        // 8-aligned (the base is 8-aligned, `at` a multiple of 8); the region is valid for
+        // the life of self.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at).cast::<u64>()) }
     }
 
     /// Set `n` bytes at `off` to zero; false if out of bounds (nothing is written).
@@ -245,17 +273,24 @@ mod tests {
 
     #[test]
     fn bytes_round_trip_at_any_alignment() {
-        let mem = SharedMem::new_owned(1);
-        let src: Vec<u8> = (0..100u8).collect();
+        let mem = SharedMem::new_owned(2);
+        let src: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8 + 1).collect();
+        // Every head length (offset), word boundaries around the tail, and a frame's size.
         for off in 0..17 {
-            assert!(mem.zero(0, 256));
-            assert!(mem.write_bytes(off, &src));
-            let mut back = vec![0u8; src.len()];
-            assert!(mem.read_bytes(off, &mut back));
-            assert_eq!(back, src);
-            let mut before = vec![0xffu8; off];
-            assert!(mem.read_bytes(0, &mut before));
-            assert!(before.iter().all(|&b| b == 0));
+            for len in [0, 1, 7, 8, 9, 15, 16, 17, 100, 4099] {
+                assert!(mem.zero(0, 2 * PAGE_SIZE));
+                assert!(mem.write_bytes(off, &src[..len]));
+                let mut back = vec![0u8; len];
+                assert!(mem.read_bytes(off, &mut back));
+                assert_eq!(back, src[..len], "offset {off}, length {len}");
+                // Nothing is written outside the range.
+                let mut around = vec![0xffu8; off];
+                assert!(mem.read_bytes(0, &mut around));
+                assert!(around.iter().all(|&b| b == 0));
+                let mut after = [0xffu8; 9];
+                assert!(mem.read_bytes(off + len, &mut after));
+                assert_eq!(after, [0; 9], "offset {off}, length {len}");
+            }
         }
     }
 
