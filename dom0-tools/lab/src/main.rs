@@ -59,6 +59,11 @@ enum SimCmd {
         /// MTU of every link; MXoE in MX wire-compatible mode needs at least 4130.
         #[arg(long, default_value_t = 9000, value_parser = clap::value_parser!(u32).range(4130..=65535))]
         mtu: u32,
+        /// Join the two hosts by one veth pair instead of a bridge (`--hosts 2` only): no
+        /// simulated switch on the path, as `xmx bench` measures; impairment relays need
+        /// the bridge.
+        #[arg(long)]
+        back_to_back: bool,
         /// Print the resulting cluster as JSON.
         #[arg(long)]
         json: bool,
@@ -149,6 +154,7 @@ fn sim(cmd: SimCmd) -> Result<i32> {
             hosts,
             guests,
             mtu,
+            back_to_back,
             json,
         } => {
             let opts = UpOptions {
@@ -158,6 +164,7 @@ fn sim(cmd: SimCmd) -> Result<i32> {
                 mtu,
                 bin_dir: bin_dir()?,
                 guest_clusters: Vec::new(),
+                back_to_back,
             };
             let state = cluster::up(&opts, &mut |step| eprintln!("sim up: {step}"))?;
             if json {

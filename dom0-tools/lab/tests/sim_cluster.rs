@@ -178,6 +178,64 @@ fn cluster_up_run_status_down_and_crash_cleanup() {
 }
 
 #[test]
+fn two_hosts_back_to_back_have_no_fabric_and_see_each_others_guests() {
+    ensure_sibling("xmx-simhv", "xmx-simhv");
+    let name = format!("b2b{}", std::process::id() % 100000);
+    let prefix = format!("xmx-{name}-");
+    let _ = run(&["sim", "down", "--name", &name]);
+    // Only two hosts can be joined by one cable.
+    let out = run(&[
+        "sim",
+        "up",
+        "--name",
+        &name,
+        "--hosts",
+        "3",
+        "--back-to-back",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exactly two hosts"), "{err}");
+    assert!(
+        namespaces(&prefix).is_empty(),
+        "a refused cluster leaves nothing"
+    );
+
+    let state: Value = serde_json::from_str(&ok(&[
+        "sim",
+        "up",
+        "--name",
+        &name,
+        "--hosts",
+        "2",
+        "--guests",
+        "1",
+        "--back-to-back",
+        "--json",
+    ]))
+    .unwrap();
+    let mut got_ns = namespaces(&prefix);
+    got_ns.sort();
+    assert_eq!(got_ns, [format!("{prefix}h0"), format!("{prefix}h1")]);
+    let hosts = state["hosts"].as_array().unwrap();
+    for h in hosts {
+        let eth = link(h["netns"].as_str().unwrap(), "eth0");
+        assert_eq!(eth["address"], h["mac"]);
+        assert_eq!(eth["mtu"], 9000);
+        assert!(eth.get("master").is_none(), "no bridge: {eth}");
+    }
+    // The dom0 services find each other over the cable: each guest's peer view lists
+    // both guests.
+    let loaded = xmx_lab::sim::cluster::ClusterState::load(&xmx_lab::sim::cluster::root_of(&name))
+        .unwrap()
+        .unwrap();
+    xmx_lab::bench::guests::wait_settled(&loaded, std::time::Duration::from_secs(30))
+        .expect("both guests see each other across the back-to-back link");
+    ok(&["sim", "down", "--name", &name]);
+    assert!(namespaces(&prefix).is_empty());
+}
+
+#[test]
 fn without_root_it_explains() {
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])

@@ -566,6 +566,7 @@ impl Demo {
             mtu: layout::MTU,
             bin_dir: self.bin_dir.clone(),
             guest_clusters: vclusters::guest_clusters(),
+            back_to_back: false,
         };
         // From here the cluster is ours; `up` removes what it built if it fails.
         self.owned = true;

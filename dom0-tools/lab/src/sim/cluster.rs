@@ -57,6 +57,11 @@ pub struct UpOptions {
     /// Attaching in the right cluster at once spares a re-attach, which would end the
     /// guest's xmx-frontd.
     pub guest_clusters: Vec<Vec<String>>,
+    /// Join the two hosts of a two-host cluster by one veth pair instead of the fabric's
+    /// bridge: no simulated switch on the path (whose forwarding costs these cores what
+    /// a real switch does not), as a back-to-back cable. Without the bridge there is no
+    /// port to relay through an impairment.
+    pub back_to_back: bool,
 }
 
 /// Locally administered MACs, "XM" in the second and third byte: 02:58:4d:00:00:<host+1>.
@@ -153,6 +158,9 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<ClusterSta
     if opts.hosts == 0 || opts.hosts > 250 {
         bail!("--hosts must be between 1 and 250");
     }
+    if opts.back_to_back && opts.hosts != 2 {
+        bail!("a back-to-back link joins exactly two hosts (--hosts 2)");
+    }
     let root = root_of(&opts.name);
     if ClusterState::load(&root)?.is_some() || !netns::list_ours(&opts.name)?.is_empty() {
         bail!(
@@ -178,23 +186,41 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<ClusterSta
 }
 
 fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&str)) -> Result<()> {
-    progress("fabric: bridge namespace");
+    let host_ns = |i: usize| format!("{}{}", netns::prefix(&opts.name), host_name(i));
     let fabric = netns::fabric_ns(&opts.name);
-    netns::create_fabric(&fabric, opts.mtu)?;
+    if opts.back_to_back {
+        progress(&format!(
+            "h0, h1: namespaces, one veth between them, MTU {}",
+            opts.mtu
+        ));
+        let (ns0, ns1) = (host_ns(0), host_ns(1));
+        let (mac0, mac1) = (host_mac(0), host_mac(1));
+        let (addr0, addr1) = (host_addr(0), host_addr(1));
+        netns::join_back_to_back(
+            [(&ns0, &mac0, &addr0), (&ns1, &mac1, &addr1)],
+            HOST_IFACE,
+            opts.mtu,
+        )?;
+    } else {
+        progress("fabric: bridge namespace");
+        netns::create_fabric(&fabric, opts.mtu)?;
+    }
     state.save()?;
     for i in 0..opts.hosts {
         let name = host_name(i);
-        let ns = format!("{}{name}", netns::prefix(&opts.name));
-        progress(&format!("{name}: namespace, veth, MTU {}", opts.mtu));
-        netns::attach_host(
-            &fabric,
-            &ns,
-            HOST_IFACE,
-            &format!("p{name}"),
-            &host_mac(i),
-            &host_addr(i),
-            opts.mtu,
-        )?;
+        let ns = host_ns(i);
+        if !opts.back_to_back {
+            progress(&format!("{name}: namespace, veth, MTU {}", opts.mtu));
+            netns::attach_host(
+                &fabric,
+                &ns,
+                HOST_IFACE,
+                &format!("p{name}"),
+                &host_mac(i),
+                &host_addr(i),
+                opts.mtu,
+            )?;
+        }
         let host_dir = state.root.join(&name);
         let simhv_dir = host_dir.join("simhv");
         fs::create_dir_all(host_dir.join("logs"))?;

@@ -95,6 +95,31 @@ pub fn create_fabric(fabric: &str, mtu: u32) -> Result<()> {
     Ok(())
 }
 
+/// Two host namespaces joined by one veth pair, with no fabric between them: each end is
+/// called `iface` in its namespace and gets the MAC and address given for it.
+pub fn join_back_to_back(ends: [(&str, &str, &str); 2], iface: &str, mtu: u32) -> Result<()> {
+    let mtu = mtu.to_string();
+    let [(ns_a, mac_a, addr_a), (ns_b, mac_b, addr_b)] = ends;
+    add(ns_a)?;
+    add(ns_b)?;
+    // Made in the first namespace under a temporary name (the second end's name is taken
+    // there), then moved and renamed.
+    let moving = "xmx-b2b";
+    ip_in(
+        ns_a,
+        &[
+            "link", "add", iface, "mtu", &mtu, "type", "veth", "peer", "name", moving, "mtu", &mtu,
+            "netns", ns_b,
+        ],
+    )?;
+    ip_in(ns_b, &["link", "set", moving, "name", iface])?;
+    for (ns, mac, addr) in [(ns_a, mac_a, addr_a), (ns_b, mac_b, addr_b)] {
+        ip_in(ns, &["link", "set", iface, "address", mac, "up"])?;
+        ip_in(ns, &["addr", "add", addr, "dev", iface])?;
+    }
+    Ok(())
+}
+
 /// A host namespace with interface `iface` (MAC `mac`, address `addr`) whose veth peer
 /// `port` is a port of the fabric bridge.
 pub fn attach_host(
