@@ -212,3 +212,58 @@ fn quick_run_measures_every_guest_setup() {
     let ns = String::from_utf8_lossy(&ns.stdout);
     assert!(!ns.contains(&format!("xmx-b{pid}-")), "{ns}");
 }
+
+#[test]
+fn a_reader_that_goes_away_leaves_no_cluster_behind() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (namespaces, a simulated cluster)");
+        return;
+    }
+    assert_built();
+    let dir = tempfile::tempdir().unwrap();
+    // Both output streams are pipes whose reader is gone before the run prints anything,
+    // as for `xmx bench ... 2>&1 | head -1` once head has exited.
+    let mut child = Command::new(xmx())
+        .args([
+            "bench",
+            "--quick",
+            "--setups",
+            "guest-local",
+            "--sizes",
+            "0",
+            "--out",
+        ])
+        .arg(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the run went on to its end without its readers: {status}"
+    );
+    let prefix = format!("xmx-b{pid}-");
+    let left: Vec<String> = String::from_utf8_lossy(
+        &Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .lines()
+    .filter(|l| l.starts_with(&prefix))
+    .map(str::to_owned)
+    .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert!(
+        !std::path::Path::new(&format!("/run/xmx/b{pid}")).exists(),
+        "the cluster's state directory is gone"
+    );
+    // The report was still written.
+    assert!(dir.path().join("bench.json").is_file());
+}

@@ -353,7 +353,7 @@ impl GuestBed {
 
 impl Drop for GuestBed {
     fn drop(&mut self) {
-        self.teardown(&mut |line| eprintln!("bench: {line}"));
+        self.teardown(&mut |line| super::say(line));
     }
 }
 

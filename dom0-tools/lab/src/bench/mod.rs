@@ -518,19 +518,25 @@ pub fn main(args: BenchArgs, bin_dir: PathBuf) -> anyhow::Result<i32> {
     };
     // A Ctrl-C stops the run between cells, which removes its namespaces and files.
     crate::interrupt::install().map_err(anyhow::Error::msg)?;
-    let report = match run(&opts, &mut |line| eprintln!("bench: {line}")) {
+    let report = match run(&opts, &mut |line| say(line)) {
         Err(BenchError::Interrupted(i)) => {
-            eprintln!("bench: {i}; the run's namespaces and files are removed");
+            say(&format!("{i}; the run's namespaces and files are removed"));
             return Ok(i.exit_code());
         }
         r => r?,
     };
     let text = table::render_all(&report);
     write_outputs(&report, &text, &args.out)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let printed = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
     } else {
-        print!("{text}");
+        text
+    };
+    // A reader that went away wanted no more of it; the files above hold the report.
+    if let Err(e) = std::io::Write::write_all(&mut std::io::stdout().lock(), printed.as_bytes()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("printing the report");
+        }
     }
     let failed = report
         .report
@@ -546,10 +552,18 @@ pub fn main(args: BenchArgs, bin_dir: PathBuf) -> anyhow::Result<i32> {
             .filter(|p| p.error.is_some())
             .count();
     if failed > 0 {
-        eprintln!("bench: {failed} cell(s) failed; see the table");
+        say(&format!("{failed} cell(s) failed; see the table"));
         return Ok(1);
     }
     Ok(0)
+}
+
+/// One progress line on stderr. A reader that went away (`xmx bench ... | head`) loses the
+/// lines but does not end the run: `eprintln!` would panic, and a second panic in the
+/// cluster's teardown would abort and leave the cluster's daemons and namespaces behind.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "bench: {line}");
 }
 
 fn write_outputs(report: &BenchReport, text: &str, out: &Path) -> anyhow::Result<()> {
@@ -567,16 +581,16 @@ fn write_outputs(report: &BenchReport, text: &str, out: &Path) -> anyhow::Result
         match written {
             Ok(files) => {
                 for f in files.files {
-                    eprintln!("bench: wrote {}", f.display());
+                    say(&format!("wrote {}", f.display()));
                 }
             }
             Err(e) => anyhow::bail!("plots: {e}"),
         }
     }
-    eprintln!(
-        "bench: wrote {} and {}",
+    say(&format!(
+        "wrote {} and {}",
         out.join("bench.json").display(),
         out.join("bench.txt").display()
-    );
+    ));
     Ok(())
 }
