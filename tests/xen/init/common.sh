@@ -82,10 +82,24 @@ xmx_watch_until() {
     return $ok
 }
 
+# xmx_xs_bounded COMMAND...: a xenstore tool bounded in time. xenstored has been seen to
+# stall for minutes under TCG load; an unbounded call then hangs the scenario silently
+# until its deadline, where a bounded one is logged and tried again (three tries of 20 s).
+xmx_xs_bounded() {
+    local try
+    for try in 1 2 3; do
+        timeout 20 "$@" && return 0
+        # Timed out: 143 from busybox (its child ended by SIGTERM), 124 from coreutils.
+        case $? in 124 | 143) ;; *) return 1 ;; esac
+        xmx_log "$1 ${2:-} took over 20 s (try $try of 3)"
+    done
+    return 1
+}
+
 # xmx_xs_has_prefix PATH PREFIX: PATH exists and its value starts with PREFIX.
 xmx_xs_has_prefix() {
     local v
-    v=$(xenstore-read "$1" 2>/dev/null) || return 1
+    v=$(xmx_xs_bounded xenstore-read "$1" 2>/dev/null) || return 1
     case $v in "$2"*) return 0 ;; esac
     return 1
 }

@@ -87,14 +87,14 @@ xmx_guest_ready() {
 xmx_job_start() {
     local domid=$1 id=$2
     shift 2
-    xenstore-write "/local/domain/$domid/data/xmx-job" "$id $*"
+    xmx_xs_bounded xenstore-write "/local/domain/$domid/data/xmx-job" "$id $*"
 }
 
 # xmx_job_wait DOMID ID SECONDS: print the job's exit status once the guest reports it.
 xmx_job_wait() {
     local path=/local/domain/$1/data/xmx-job-done
     xmx_watch_until "$path" "$3" xmx_xs_has_prefix "$path" "$2 " || { echo none; return 1; }
-    xenstore-read "$path" | cut -d' ' -f2
+    xmx_xs_bounded xenstore-read "$path" | cut -d' ' -f2
 }
 
 # xmx_guest_end DOMID: end the guest's job loop; prints its final status once it powered off.
