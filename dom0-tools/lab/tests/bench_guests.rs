@@ -40,22 +40,44 @@ fn assert_built() {
     );
 }
 
-#[test]
-fn quick_run_measures_every_guest_setup() {
+/// True when the machine can run a cluster (root, and everything built); says why not.
+fn can_run_a_cluster() -> bool {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root (namespaces, a simulated cluster)");
-        return;
+        return false;
     }
     assert_built();
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(xmx())
-        .args(["bench", "--quick", "--json", "--out"])
-        .arg(dir.path())
+    true
+}
+
+/// `xmx bench ARGS --out OUT` with both output streams piped.
+fn bench_child(args: &[&str], out: &std::path::Path) -> std::process::Child {
+    Command::new(xmx())
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(out)
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Whether the namespaces of run `pid`'s cluster are all gone.
+fn cluster_gone(pid: u32) -> bool {
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    !String::from_utf8_lossy(&ns.stdout).contains(&format!("xmx-b{pid}-"))
+        && !PathBuf::from(format!("/run/xmx/b{pid}")).exists()
+}
+
+#[test]
+fn quick_run_measures_every_guest_setup() {
+    if !can_run_a_cluster() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let child = bench_child(&["--quick", "--json"], dir.path());
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -207,38 +229,24 @@ fn quick_run_measures_every_guest_setup() {
     }
 
     // The run's cluster is gone: state directory and namespaces.
-    assert!(!PathBuf::from(format!("/run/xmx/b{pid}")).exists());
-    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    let ns = String::from_utf8_lossy(&ns.stdout);
-    assert!(!ns.contains(&format!("xmx-b{pid}-")), "{ns}");
+    assert!(
+        cluster_gone(pid),
+        "the cluster of run {pid} was left behind"
+    );
 }
 
 #[test]
 fn a_reader_that_goes_away_leaves_no_cluster_behind() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root (namespaces, a simulated cluster)");
+    if !can_run_a_cluster() {
         return;
     }
-    assert_built();
     let dir = tempfile::tempdir().unwrap();
     // Both output streams are pipes whose reader is gone before the run prints anything,
     // as for `xmx bench ... 2>&1 | head -1` once head has exited.
-    let mut child = Command::new(xmx())
-        .args([
-            "bench",
-            "--quick",
-            "--setups",
-            "guest-local",
-            "--sizes",
-            "0",
-            "--out",
-        ])
-        .arg(dir.path())
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = bench_child(
+        &["--quick", "--setups", "guest-local", "--sizes", "0"],
+        dir.path(),
+    );
     let pid = child.id();
     drop(child.stdout.take());
     drop(child.stderr.take());
@@ -247,22 +255,9 @@ fn a_reader_that_goes_away_leaves_no_cluster_behind() {
         status.success(),
         "the run went on to its end without its readers: {status}"
     );
-    let prefix = format!("xmx-b{pid}-");
-    let left: Vec<String> = String::from_utf8_lossy(
-        &Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .lines()
-    .filter(|l| l.starts_with(&prefix))
-    .map(str::to_owned)
-    .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
     assert!(
-        !std::path::Path::new(&format!("/run/xmx/b{pid}")).exists(),
-        "the cluster's state directory is gone"
+        cluster_gone(pid),
+        "the cluster of run {pid} was left behind"
     );
     // The report was still written.
     assert!(dir.path().join("bench.json").is_file());
