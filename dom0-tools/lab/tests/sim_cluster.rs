@@ -66,6 +66,19 @@ fn alive(pid: i64) -> bool {
     xmx_lab::sim::wait::alive(pid as i32)
 }
 
+/// The command name and nice level of process `pid` (from /proc/PID/stat: the name in
+/// parentheses, then the fields, nice the 19th).
+fn comm_and_nice(pid: i64) -> (String, i64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let open = stat.find('(').unwrap();
+    let close = stat.rfind(')').unwrap();
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    (
+        stat[open + 1..close].to_owned(),
+        fields[16].parse().unwrap(),
+    )
+}
+
 #[test]
 fn cluster_up_run_status_down_and_crash_cleanup() {
     ensure_sibling("xmx-simhv", "xmx-simhv");
@@ -155,6 +168,44 @@ fn cluster_up_run_status_down_and_crash_cleanup() {
             .collect();
         assert!(domains.contains(&1) && domains.contains(&2), "{domains:?}");
     }
+    // dom0's data path (the backend, the hypervisor) runs with dom0's weight, also under
+    // its supervisor; dom0's service and the guests' daemons keep the default.
+    let mut weighted = Vec::new();
+    for h in status["hosts"].as_array().unwrap() {
+        for d in h["daemons"].as_array().unwrap() {
+            let (comm, nice) = comm_and_nice(d["daemon_pid"].as_i64().unwrap());
+            let want = if xmx_lab::sim::cluster::DOM0_DAEMONS.contains(&comm.as_str()) {
+                weighted.push(comm.clone());
+                i64::from(xmx_lab::sim::cluster::DOM0_NICE)
+            } else {
+                0
+            };
+            assert_eq!(nice, want, "{} runs as {comm} at nice {nice}", d["name"]);
+        }
+    }
+    weighted.sort();
+    assert_eq!(
+        weighted,
+        ["xmx-backd", "xmx-backd", "xmx-simhv", "xmx-simhv"]
+    );
+    let guest_nice = ok(&[
+        "sim",
+        "run",
+        "--name",
+        &name,
+        "h0",
+        "g0",
+        "--",
+        "sh",
+        "-c",
+        "cut -d' ' -f19 /proc/self/stat",
+    ]);
+    assert_eq!(
+        guest_nice.trim(),
+        "0",
+        "a guest's program runs at the default weight"
+    );
+
     // A second cluster of the same name is refused.
     assert!(!run(&["sim", "up", "--name", &name]).status.success());
 

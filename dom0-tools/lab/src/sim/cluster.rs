@@ -94,8 +94,6 @@ pub fn require_root() -> Result<()> {
     Ok(())
 }
 
-/// Start `bin args` inside namespace `ns` with `env` added, detached in its own process
-/// group, output to `log`.
 /// Daemons that stand for dom0 and the hypervisor, and the nice level they run at.
 ///
 /// On real Xen, dom0's vCPUs carry a scheduler weight above the guests': the backend
@@ -103,12 +101,24 @@ pub fn require_root() -> Result<()> {
 /// guests poll. On one Linux host all processes compete in one scheduler, so the
 /// simulated cluster gives these daemons a higher CFS weight (nice -5: about three times
 /// a nice-0 guest program's share). The guests' own programs and frontends keep nice 0.
-const DOM0_DAEMONS: &[&str] = &["xmx-backd", "xmx-simhv"];
-const DOM0_NICE: libc::c_int = -5;
+pub const DOM0_DAEMONS: &[&str] = &["xmx-backd", "xmx-simhv"];
+/// The nice level of [`DOM0_DAEMONS`].
+pub const DOM0_NICE: libc::c_int = -5;
 
+fn is_dom0_daemon(program: &Path) -> bool {
+    program
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| DOM0_DAEMONS.contains(&n))
+}
+
+/// Start `bin args` inside namespace `ns` with `env` added, detached in its own process
+/// group, output to `log`. `program` is the daemon it runs (`bin` itself, or the program
+/// a supervisor shell starts), which decides its scheduler weight.
 fn spawn_in_ns(
     ns: &str,
     bin: &Path,
+    program: &Path,
     args: &[String],
     env: &[(String, String)],
     log: &Path,
@@ -121,13 +131,10 @@ fn spawn_in_ns(
     }
     let out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new("ip");
-    let is_dom0 = bin
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| DOM0_DAEMONS.contains(&n));
-    if is_dom0 {
+    if is_dom0_daemon(program) {
         // SAFETY: setpriority is async-signal-safe and touches only the forked child (before
-        // exec); every thread the daemon starts inherits the level. Failing (no privilege)
+        // exec); every thread and child process it starts (a supervisor's daemon) inherits
+        // the level. Failing (no privilege)
         // leaves the default weight, which only costs latency.
         unsafe {
             cmd.pre_exec(|| {
@@ -237,9 +244,11 @@ fn build(opts: &UpOptions, state: &mut ClusterState, progress: &mut dyn FnMut(&s
         progress(&format!("{name}: xmx-simhv"));
         fs::create_dir_all(&simhv_dir)?;
         let log = host_dir.join("logs/simhv.log");
+        let simhv = opts.bin_dir.join("xmx-simhv");
         let pid = spawn_in_ns(
             &ns,
-            &opts.bin_dir.join("xmx-simhv"),
+            &simhv,
+            &simhv,
             &[
                 "--foreground".into(),
                 "--dir".into(),
@@ -363,7 +372,16 @@ fn start_daemon(
         bin.display().to_string(),
     ];
     supervised.extend_from_slice(args);
-    let pid = spawn_in_ns(&host.netns, Path::new("/bin/sh"), &supervised, env, &log)?;
+    // The supervisor shell gets the daemon's weight, which the daemon inherits (the shell
+    // itself only sleeps).
+    let pid = spawn_in_ns(
+        &host.netns,
+        Path::new("/bin/sh"),
+        bin,
+        &supervised,
+        env,
+        &log,
+    )?;
     state.hosts[i].daemons.push(DaemonState {
         name: daemon.into(),
         pid,
