@@ -2,7 +2,7 @@
 
 mod backd_util;
 
-use backd_util::{small_endpoint, BackdTestHost};
+use backd_util::{guest_report, small_endpoint, BackdTestHost};
 use xmx_backend::service::GuestQuotas;
 use xmx_hv::DOM0;
 use xmx_wire::msg::{
@@ -196,7 +196,8 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
     );
     assert_eq!(host.dom0_mappings(), base + 3);
 
-    // Deregistering unmaps it; a second time is refused.
+    // Deregistering retires the id (a second time is refused); the mapping is kept for the
+    // next window over these grants.
     let done = EventBody::SendDone {
         status: DoneStatus::Success,
         length: 0,
@@ -205,27 +206,34 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
         region_op(&g, &mut ep, 5, SendOp::Deregister { region_id: 4 }),
         done
     );
-    assert_eq!(host.dom0_mappings(), base);
     assert_eq!(
         region_op(&g, &mut ep, 6, SendOp::Deregister { region_id: 4 }),
         EventBody::Error {
             code: ErrorCode::BadRegion
         }
     );
-    // The grants end at once: nothing of them is mapped any more.
+    assert_eq!(host.dom0_mappings(), base + 3);
+    // The guest ends the grants: the pages wait for the backend to let go, which it does
+    // when the endpoint closes.
     drop((data, info));
-    assert_eq!(host.mapped_by_others(d), base);
+    assert_eq!(host.mapped_by_others(d), base + 3);
+    assert_eq!(host.state(d).grants_deferred, 3);
+    let rsp = g.call(CtrlOp::EndpointClose { endpoint: 2 });
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(host.mapped_by_others(d), 1, "only the control ring is left");
+    assert_eq!(host.state(d).grants_deferred, 0);
     assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
 }
 
 /// What the library's grant pool relies on (`xmx_frontend::own_grants::GrantPool`): grants
 /// a guest keeps after a DEREGISTER and registers again under another id, listing fewer
-/// pages, are mapped exactly as the new list says, and the old id no longer names them;
-/// between the two, the backend maps none of them although they stay granted.
+/// pages, serve only the new id; the backend keeps its mapping of them in between
+/// (blkback's persistent grants), so the second registration maps and the deregistrations
+/// unmap nothing, and the endpoint's close lets them go.
 #[test]
 fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_under() {
     let host = BackdTestHost::start();
-    let _backend = host.start_backend(GuestQuotas::default());
+    let backend = host.start_backend(GuestQuotas::default());
     let mut g = host.guest("g1", 1, 1);
     g.connect();
     let d = g.domid;
@@ -253,8 +261,11 @@ fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_un
         region_op(&g, &mut ep, 2, SendOp::Deregister { region_id: 4 }),
         done(0)
     );
-    // Still granted, no longer mapped.
-    assert_eq!(host.mapped_by_others(d), base);
+    // Still granted, still mapped and counted against the guest, named by no id.
+    assert_eq!(host.mapped_by_others(d), base + 3);
+    let r = guest_report(&backend, d);
+    assert_eq!((r.regions, r.kept_pages, r.kept_reuses), (0, 3, 0));
+    assert_eq!(r.mapped_pages, host.mapped_by_others(d));
 
     // The same grants as a window of two pages: the info page lists only those (the pool
     // rewrites it, zeroing what follows).
@@ -268,19 +279,91 @@ fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_un
         region_op(&g, &mut ep, 3, SendOp::Register(second)),
         done(len2)
     );
-    assert_eq!(host.dom0_mappings(), base + 2);
-    assert_eq!(host.mapped_by_others(d), base + 2);
+    // Served from the kept mapping of three pages (a fresh one would map two).
+    assert_eq!(host.dom0_mappings(), base + 3);
+    let r = guest_report(&backend, d);
+    assert_eq!((r.regions, r.kept_pages, r.kept_reuses), (1, 0, 1));
     // The old id is gone for good; the new one holds the pages until its DEREGISTER.
     assert_eq!(
         region_op(&g, &mut ep, 4, SendOp::Deregister { region_id: 4 }),
         refused
     );
-    assert_eq!(host.dom0_mappings(), base + 2);
     assert_eq!(
         region_op(&g, &mut ep, 5, SendOp::Deregister { region_id: 5 }),
         done(0)
     );
-    assert_eq!(host.mapped_by_others(d), base);
+    assert_eq!(
+        region_op(&g, &mut ep, 6, SendOp::Deregister { region_id: 5 }),
+        refused
+    );
+    assert_eq!(host.mapped_by_others(d), base + 3);
+    let rsp = g.call(CtrlOp::EndpointClose { endpoint: 2 });
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    assert_eq!(host.mapped_by_others(d), 1);
+    assert_eq!(guest_report(&backend, d).mapped_pages, 1);
     drop((data, info));
+    assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
+}
+
+/// Kept mappings give way: a registration the guest's mapping quota could not take
+/// otherwise unmaps them first, and one that fits nowhere is refused as before.
+#[test]
+fn kept_mappings_give_way_to_a_registration_that_needs_their_pages() {
+    let host = BackdTestHost::start();
+    // The control ring, the endpoint, one info page and four region pages.
+    let endpoint_pages = {
+        let p = small_endpoint(1);
+        usize::from(p.send_ring)
+            + usize::from(p.event_ring)
+            + usize::from(p.send_queue)
+            + usize::from(p.recv_queue)
+    };
+    let quotas = GuestQuotas {
+        max_mapped_pages: 1 + endpoint_pages + 1 + 4,
+        ..GuestQuotas::default()
+    };
+    let backend = host.start_backend(quotas);
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let d = g.domid;
+    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    let mut ep = ep.unwrap();
+    let base = host.mapped_by_others(d);
+    assert_eq!(base, 1 + endpoint_pages);
+    let reg = |id, len, refs: &[u32]| SendOp::Register(DirectRegister::new(id, len, refs).unwrap());
+    let done = |length| EventBody::SendDone {
+        status: DoneStatus::Success,
+        length,
+    };
+
+    let (_a, a_info) = grant_direct(&g, 3, None);
+    assert_eq!(
+        region_op(&g, &mut ep, 1, reg(1, 3 * 4096, a_info.refs())),
+        done(3 * 4096)
+    );
+    assert_eq!(
+        region_op(&g, &mut ep, 2, SendOp::Deregister { region_id: 1 }),
+        done(0)
+    );
+    assert_eq!(guest_report(&backend, d).kept_pages, 3);
+    // Three other pages: with the kept three they would pass the quota, so those go.
+    let (_b, b_info) = grant_direct(&g, 3, None);
+    assert_eq!(
+        region_op(&g, &mut ep, 3, reg(2, 3 * 4096, b_info.refs())),
+        done(3 * 4096)
+    );
+    let r = guest_report(&backend, d);
+    assert_eq!((r.kept_pages, r.mapped_pages), (0, base + 3));
+    assert_eq!(host.mapped_by_others(d), base + 3);
+    // Five pages fit nowhere while region 2 holds three: refused, nothing mapped.
+    let (_c, c_info) = grant_direct(&g, 5, None);
+    assert_eq!(
+        region_op(&g, &mut ep, 4, reg(3, 5 * 4096, c_info.refs())),
+        EventBody::Error {
+            code: ErrorCode::NoResources
+        }
+    );
+    assert_eq!(host.mapped_by_others(d), base + 3);
     assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
 }

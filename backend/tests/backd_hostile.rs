@@ -6,9 +6,9 @@ mod backd_util;
 use std::sync::atomic::Ordering;
 
 use backd_util::{
-    set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
+    guest_report, set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
 };
-use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
+use xmx_backend::admin::{BackdRequest, CountersReport};
 use xmx_backend::service::{BackendThread, GuestQuotas};
 use xmx_hv::{DomId, DOM0};
 use xmx_wire::msg::{
@@ -92,18 +92,6 @@ fn assert_released(host: &BackdTestHost, offender: DomId) {
     assert_eq!(host.state(DOM0).ports_open, BYSTANDER_PORTS);
 }
 
-fn report(backend: &BackendThread, domid: DomId) -> GuestReport {
-    let guests: Vec<GuestReport> = serde_json::from_value(
-        backend
-            .control()
-            .call(BackdRequest::Guests)
-            .into_result()
-            .unwrap(),
-    )
-    .unwrap();
-    guests.into_iter().find(|g| g.domid == domid).unwrap()
-}
-
 #[test]
 fn garbage_on_the_control_ring_disconnects_only_the_offender() {
     let (host, backend, mut bystander, mut h) = setup(GuestQuotas::default());
@@ -118,7 +106,7 @@ fn garbage_on_the_control_ring_disconnects_only_the_offender() {
     h.push_raw_ctrl(&slot);
     h.wait_backend_state(XenbusState::Closed);
     assert_released(&host, h.domid);
-    let r = report(&backend, h.domid);
+    let r = guest_report(&backend, h.domid);
     assert!(!r.connected);
     assert!(r.last_error.unwrap().contains("control ring"));
     assert!(h.read_backend("error").unwrap().contains("control ring"));
@@ -147,7 +135,7 @@ fn a_send_ring_index_past_the_ring_disconnects_only_the_offender() {
     h.evtchn.notify(ep.port).unwrap();
     h.wait_backend_state(XenbusState::Closed);
     assert_released(&host, h.domid);
-    assert!(report(&backend, h.domid)
+    assert!(guest_report(&backend, h.domid)
         .last_error
         .unwrap()
         .contains("send ring"));
@@ -260,7 +248,7 @@ fn grant_refs_that_are_invalid_or_granted_elsewhere_are_refused_without_mapping(
     assert_eq!(h.backend_state(), Some(XenbusState::Connected));
     assert_eq!(host.dom0_mappings(), before + 4);
     assert_eq!(host.mapped_by_others(bystander.g.domid), BYSTANDER_PAGES);
-    assert!(report(&backend, h.domid).connected);
+    assert!(guest_report(&backend, h.domid).connected);
     bystander.exchange();
     h.close();
     assert_released(&host, h.domid);
@@ -393,7 +381,7 @@ fn slots_rewritten_while_the_backend_reads_them_disconnect_only_the_offender() {
     assert!(rounds > 0 && pushed > 0);
 
     assert_released(&host, h.domid);
-    let last_error = report(&backend, h.domid).last_error.unwrap();
+    let last_error = guest_report(&backend, h.domid).last_error.unwrap();
     assert!(!last_error.is_empty());
     bystander.exchange();
     let counters: CountersReport = serde_json::from_value(

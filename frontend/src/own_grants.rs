@@ -14,11 +14,13 @@
 //! window that fits, as blkfront's persistent grants do: a grant call, fresh frames (the
 //! kernel's allocation and zeroing on real Xen's gntalloc as on the simulator) and the
 //! application's map and unmap of them were the cost of every registration without the
-//! cache. What the pool does not keep is the registration: the backend still maps a
-//! window at REGISTER and unmaps it at DEREGISTER, and refuses the old id afterwards.
-//! Pooled pages stay granted to the one backend domain they were granted to (which saw
-//! their contents already) and are never handed to another domain or process; dropping
-//! the pool ends their grants, and a page the backend still maps is freed when it unmaps.
+//! cache. The backend keeps its mapping of them as blkback keeps persistent grants, so a
+//! window over pooled grants costs it neither a map nor an unmap (xmx-backend's
+//! `service::kept`). What neither keeps is the registration: a DEREGISTER retires the id,
+//! which the backend refuses afterwards. Pooled pages stay granted to the one backend
+//! domain they were granted to (which saw their contents already) and are never handed to
+//! another domain or process; dropping the pool ends their grants, and a page the backend
+//! still maps is freed when it lets go (at the endpoint's close at the latest).
 //!
 //! A pooled window's new data is written only after its REGISTER completed: the send ring
 //! is in order, so the backend has then handled the DEREGISTER of its previous use and
@@ -32,9 +34,6 @@ use xmx_wire::msg::{info_pages_for, pack_info_pages, DirectRegister, REGION_PAGE
 use crate::channel::RegionWindow;
 use crate::error::{Error, Result};
 use crate::shared::granted_mem;
-
-/// Pages the pool keeps by default: two 16 MiB windows and their info pages.
-pub const DEFAULT_POOL_PAGES: usize = 2 * (4096 + info_pages_for(4096));
 
 /// The grants behind one window: room for `capacity` data pages, then the info pages that
 /// can list them all.
@@ -220,7 +219,7 @@ mod tests {
                 0
             }
         }
-        let mut pool = GrantPool::new(DEFAULT_POOL_PAGES);
+        let mut pool = GrantPool::new(xmx_wire::msg::KEPT_WINDOW_PAGES);
         assert!(grant_region(&NoGrants, &mut pool, 0, 0, 0, 0).is_err());
         let too_big = ((REGION_PAGES_MAX + 1) * PAGE_SIZE) as u32;
         assert!(grant_region(&NoGrants, &mut pool, 0, 0, 0, too_big).is_err());

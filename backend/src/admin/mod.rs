@@ -38,7 +38,8 @@
 //!   requested again; `drops` keys are snake_case drop reasons such as `cross_cluster`).
 //! - `guests`: R = list of [`GuestReport`]:
 //!   `[{"domid","devid","state","state_name","mac","cluster","hostname","connected",
-//!      "endpoints":[N...],"regions","mapped_pages","last_error"}]`.
+//!      "endpoints":[N...],"regions","mapped_pages","kept_pages","kept_reuses",
+//!      "last_error"}]`.
 //! - `set-peers`: R = `{"peers":N}` (entries in the new table).
 //! - `attach`, `detach`: R = `null`.
 
@@ -275,6 +276,13 @@ pub struct GuestReport {
     pub regions: usize,
     /// Guest pages the backend has mapped for the device's endpoints and regions.
     pub mapped_pages: usize,
+    /// Of those, pages of deregistered windows kept mapped for the next windows over the
+    /// same grants.
+    #[serde(default)]
+    pub kept_pages: usize,
+    /// Registrations served from a kept mapping (no map, no unmap).
+    #[serde(default)]
+    pub kept_reuses: u64,
     /// Why the device was last closed by the backend, if it was.
     pub last_error: Option<String>,
 }

@@ -170,6 +170,8 @@ impl Backend {
                         .unwrap_or_default(),
                     regions: conn.map_or(0, |c| c.regions.len()),
                     mapped_pages: conn.map_or(0, |c| c.usage.mapped_pages),
+                    kept_pages: conn.map_or(0, |c| c.kept.pages()),
+                    kept_reuses: conn.map_or(0, |c| c.kept.reused()),
                     last_error: d.last_error.clone(),
                 }
             })

@@ -19,7 +19,8 @@ use xmx_wire::msg::{
 use xmx_wire::ring::SharedMem;
 
 use super::guest::{Connection, EndpointConn, EndpointCounters, RegionConn};
-use super::quota::GuestQuotas;
+use super::kept::KeptMapping;
+use super::quota::{GuestQuotas, GuestUsage};
 use xmx_engine::{EndpointConfig, Engine, EngineError, MemoryArea, RegionHandle};
 
 /// Session ids for new endpoints: unpredictable, never 0.
@@ -67,7 +68,7 @@ pub(crate) fn serve(
     let result = match &req.op {
         CtrlOp::EndpointOpen(open) => open_endpoint(ctx, conn, open).map(|s| session_id = s),
         CtrlOp::EndpointClose { endpoint } => close_endpoint(ctx, conn, *endpoint),
-        CtrlOp::RegionRegister(reg) => register_region(ctx, conn, reg),
+        CtrlOp::RegionRegister(reg) => register_region(ctx, conn, reg, RegionMapping::Once),
         CtrlOp::RegionDeregister {
             endpoint,
             region_id,
@@ -275,8 +276,13 @@ fn open_endpoint(
 /// Forget a region on our side (the engine's side is the caller's business).
 fn drop_region(conn: &mut Connection, key: (u8, u8)) -> Option<RegionHandle> {
     let region = conn.regions.remove(&key)?;
+    // The engine's view goes first: a kept mapping must have no other holder.
     conn.memory.remove(MemoryArea::Region(region.handle));
-    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(region.pages);
+    let unmapped = match region.keep {
+        Some(kept) => conn.kept.put(kept),
+        None => region.pages,
+    };
+    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
     conn.usage.regions = conn.usage.regions.saturating_sub(1);
     Some(region.handle)
 }
@@ -302,6 +308,8 @@ pub(crate) fn teardown_endpoint(
     for key in keys {
         drop_region(conn, key);
     }
+    let kept = conn.kept.drop_endpoint(ep);
+    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(kept);
     conn.memory.remove(MemoryArea::SendQueue { endpoint: ep });
     conn.memory.remove(MemoryArea::RecvQueue { endpoint: ep });
     conn.memory.remove(MemoryArea::FillMarks { endpoint: ep });
@@ -328,10 +336,23 @@ fn close_endpoint(
     }
 }
 
+/// How a region's pages are mapped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RegionMapping {
+    /// Mapped at registration, unmapped at deregistration (pages the guest daemon granted,
+    /// whose grants it ends once the region is gone).
+    Once,
+    /// From a mapping kept since an earlier window over the same grants if there is one,
+    /// kept for the next when deregistered (pages the application granted itself and
+    /// pools; see [`super::kept`]).
+    Kept,
+}
+
 fn register_region(
     ctx: &mut ControlCtx<'_>,
     conn: &mut Connection,
     reg: &RegionRegister,
+    how: RegionMapping,
 ) -> Result<(), CtrlStatus> {
     let key = (reg.endpoint, reg.region_id);
     if !conn.endpoints.contains_key(&reg.endpoint) {
@@ -343,20 +364,71 @@ fn register_region(
     // Parsing bounded the page count by REGION_PAGES_MAX, so this fits a usize.
     let nr_pages = usize::try_from(reg.nr_pages()).map_err(|_| CtrlStatus::Malformed)?;
     let nr_info = reg.info_refs.len();
+    // Kept mappings give way to a registration that needs their pages.
+    let without_kept = GuestUsage {
+        mapped_pages: conn.usage.mapped_pages.saturating_sub(conn.kept.pages()),
+        ..conn.usage
+    };
     if conn.regions_of(reg.endpoint) >= ctx.quotas.max_regions_per_endpoint
-        || !conn.usage.may_map(ctx.quotas, nr_pages + nr_info)
+        || !without_kept.may_map(ctx.quotas, nr_pages + nr_info)
     {
         return Err(CtrlStatus::Quota);
     }
     let info = read_info_pages(ctx, conn, &reg.info_refs)?;
     let refs = unpack_info_pages(&info, nr_pages).map_err(|_| CtrlStatus::Malformed)?;
     drop(info);
-    let mapping = Arc::new(
-        ctx.gnttab
-            .map(conn.domu, &refs, true)
-            .map_err(|e| grant_status(&e))?,
-    );
-    let mem = window(&mapping, 0, nr_pages * PAGE_SIZE)?;
+    // Pages of a kept mapping taken out count again once the region is registered.
+    let reused = match how {
+        RegionMapping::Once => None,
+        RegionMapping::Kept => match conn.kept.take(reg.endpoint, &refs) {
+            Ok(kept) => Some(kept),
+            Err(unmapped) => {
+                conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+                None
+            }
+        },
+    };
+    let keep = match reused {
+        Some(kept) => {
+            conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(kept.pages());
+            kept
+        }
+        None => {
+            while !conn.usage.may_map(ctx.quotas, nr_pages + nr_info) {
+                match conn.kept.drop_oldest() {
+                    0 => return Err(CtrlStatus::Quota),
+                    unmapped => {
+                        conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped)
+                    }
+                }
+            }
+            let mapping = Arc::new(
+                ctx.gnttab
+                    .map(conn.domu, &refs, true)
+                    .map_err(|e| grant_status(&e))?,
+            );
+            if how == RegionMapping::Once {
+                let mem = window(&mapping, 0, nr_pages * PAGE_SIZE)?;
+                return add_region(ctx, conn, reg, mem, nr_pages, None);
+            }
+            KeptMapping::new(reg.endpoint, refs, mapping)
+        }
+    };
+    let mem = window(keep.mapping(), 0, nr_pages * PAGE_SIZE)?;
+    let pages = keep.pages();
+    add_region(ctx, conn, reg, mem, pages, Some(keep))
+}
+
+/// Registers `mem` as region `reg` with the engine and the connection, counting `pages`.
+fn add_region(
+    ctx: &mut ControlCtx<'_>,
+    conn: &mut Connection,
+    reg: &RegionRegister,
+    mem: SharedMem,
+    pages: usize,
+    keep: Option<KeptMapping>,
+) -> Result<(), CtrlStatus> {
+    let key = (reg.endpoint, reg.region_id);
     let handle = RegionHandle(*ctx.next_region);
     *ctx.next_region += 1;
     let area = MemoryArea::Region(handle);
@@ -377,20 +449,23 @@ fn register_region(
         conn.memory.remove(area);
         return Err(engine_status(&e));
     }
+    let kept = keep.is_some();
     conn.regions.insert(
         key,
         RegionConn {
             handle,
-            pages: nr_pages,
+            pages,
+            keep,
         },
     );
-    conn.usage.mapped_pages += nr_pages;
+    conn.usage.mapped_pages += pages;
     conn.usage.regions += 1;
     tracing::debug!(
         domu = conn.domu,
         endpoint = reg.endpoint,
         region = reg.region_id,
-        pages = nr_pages,
+        pages,
+        kept,
         "region registered"
     );
     Ok(())
@@ -417,7 +492,7 @@ pub(crate) fn region_request(
                 length: r.length,
                 info_refs: r.info_refs().to_vec(),
             };
-            register_region(ctx, conn, &reg).map(|()| r.length)
+            register_region(ctx, conn, &reg, RegionMapping::Kept).map(|()| r.length)
         }
         SendOp::Deregister { region_id } => {
             deregister_region(ctx, conn, ep, *region_id).map(|()| 0)

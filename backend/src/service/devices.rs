@@ -540,6 +540,7 @@ impl Backend {
             memory,
             endpoints: Default::default(),
             regions: Default::default(),
+            kept: Default::default(),
             usage,
             resumable,
             failure: None,

@@ -8,6 +8,7 @@ use xmx_hv::{DomId, Port, PortNotifier};
 use xmx_wire::msg::{CtrlBack, Event, EventBody, EventFront, SendBack};
 use xmx_wire::ring::RingError;
 
+use super::kept::{KeptMapping, KeptMappings};
 use super::memory::GrantMemory;
 use super::quota::GuestUsage;
 use crate::admin::EndpointCountersReport;
@@ -154,7 +155,11 @@ impl EndpointConn {
 /// A registered region.
 pub(crate) struct RegionConn {
     pub handle: RegionHandle,
+    /// Pages it counts in the guest's mapped pages.
     pub pages: usize,
+    /// Its mapping, kept for the next window when the region is deregistered (a window
+    /// the application granted itself; see [`super::kept`]).
+    pub keep: Option<KeptMapping>,
 }
 
 /// A connected guest.
@@ -170,6 +175,8 @@ pub(crate) struct Connection {
     pub endpoints: BTreeMap<u8, EndpointConn>,
     /// By (endpoint, region id).
     pub regions: BTreeMap<(u8, u8), RegionConn>,
+    /// Mappings of deregistered windows, for the windows that follow.
+    pub kept: KeptMappings,
     pub usage: GuestUsage,
     /// Sessions this device's endpoints had under a previous run of the backend, as
     /// recorded in xenstore: an endpoint re-opened with its own keeps it.

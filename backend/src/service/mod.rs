@@ -45,6 +45,7 @@ mod commands;
 mod control;
 mod devices;
 mod guest;
+mod kept;
 mod link;
 mod memory;
 mod quota;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xmx_backend::admin::{BackdRequest, CountersReport, PeerSpec};
+use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread, FrameLink, GuestQuotas};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::sim::SimPlatform;
@@ -119,6 +119,19 @@ pub fn counters(backend: &BackendThread) -> CountersReport {
             .unwrap(),
     )
     .unwrap()
+}
+
+/// What `backend` reports of guest `domid`.
+pub fn guest_report(backend: &BackendThread, domid: DomId) -> GuestReport {
+    let guests: Vec<GuestReport> = serde_json::from_value(
+        backend
+            .control()
+            .call(BackdRequest::Guests)
+            .into_result()
+            .unwrap(),
+    )
+    .unwrap();
+    guests.into_iter().find(|g| g.domid == domid).unwrap()
 }
 
 /// Ring memory over pages this guest granted.

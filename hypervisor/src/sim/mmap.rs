@@ -16,6 +16,14 @@ fn populate() -> libc::c_int {
     })
 }
 
+fn prot_of(writable: bool) -> libc::c_int {
+    if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    }
+}
+
 /// A mapping owned by this process; unmapped on drop.
 #[derive(Debug)]
 pub struct Region {
@@ -41,6 +49,12 @@ impl Region {
             .checked_mul(PAGE_SIZE)
             .filter(|l| *l > 0)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no frames to map"))?;
+        if frames.windows(2).all(|w| w[0].checked_add(1) == Some(w[1])) {
+            // One run (a window of pages granted together): one call, no reservation.
+            let offset = libc::off_t::try_from(u64::from(frames[0]) * PAGE_SIZE as u64)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame out of range"))?;
+            return Self::map_fresh(fd, len, offset, prot_of(writable), populate());
+        }
         let region = Self::reserve(len)?;
         // Dropping `region` on an error unmaps the whole range, runs already mapped
         // included.
@@ -68,11 +82,7 @@ impl Region {
     }
 
     fn map_runs(&self, fd: BorrowedFd<'_>, frames: &[u32], writable: bool) -> io::Result<()> {
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
+        let prot = prot_of(writable);
         let mut i = 0usize;
         while i < frames.len() {
             let mut run = 1usize;
@@ -110,11 +120,17 @@ impl Region {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
         }
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
+        Self::map_fresh(fd, len, 0, prot_of(writable), 0)
+    }
+
+    /// `len` bytes of `fd` from `offset`, shared, at an address the kernel picks.
+    fn map_fresh(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        offset: libc::off_t,
+        prot: libc::c_int,
+        flags: libc::c_int,
+    ) -> io::Result<Region> {
         // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED), so no existing
         // memory is affected; the fd is valid for the call.
         let addr = unsafe {
@@ -122,9 +138,9 @@ impl Region {
                 std::ptr::null_mut(),
                 len,
                 prot,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | flags,
                 fd.as_raw_fd(),
-                0,
+                offset,
             )
         };
         if addr == libc::MAP_FAILED {
@@ -227,6 +243,20 @@ mod tests {
             let b = unsafe { *r.as_ptr().add(i * PAGE_SIZE + 17) };
             assert_eq!(b, *fr as u8 + 1);
         }
+    }
+
+    #[test]
+    fn one_run_of_frames_maps_in_place_and_can_be_remapped() {
+        let f = file_with_pages(6);
+        let r = Region::map_frames(f.as_fd(), &[1, 2, 3], false).unwrap();
+        let byte = |r: &Region, page: usize| {
+            // SAFETY: the region maps 3 readable pages.
+            unsafe { *r.as_ptr().add(page * PAGE_SIZE + 9) }
+        };
+        assert_eq!([byte(&r, 0), byte(&r, 1), byte(&r, 2)], [2, 3, 4]);
+        // Pages of another run then replace them at the same addresses.
+        r.remap_frames(f.as_fd(), &[5, 0, 4], false).unwrap();
+        assert_eq!([byte(&r, 0), byte(&r, 1), byte(&r, 2)], [6, 1, 5]);
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub use info::{
 pub use send::{
     fill_marks, medium_frags, DirectRegister, InlineMsg, LibackSend, MediumSend, NotifySend, Pull,
     QueueSlots, RingConnectReply, RingConnectRequest, RndvSend, SendKind, SendOp, SendRequest,
-    SEND_SLOT_SIZE,
+    KEPT_WINDOW_PAGES, SEND_SLOT_SIZE,
 };
 
 use crate::ring::{BackRing, FrontRing};

@@ -546,6 +546,11 @@ impl Pull {
     }
 }
 
+/// Pages of one endpoint's deregistered windows kept for its next windows, by default: the
+/// library's grant pool keeps their grants and the backend its mappings of them (two
+/// 16 MiB windows and their info pages), as blkfront and blkback keep persistent grants.
+pub const KEPT_WINDOW_PAGES: usize = 2 * (4096 + super::info_pages_for(4096));
+
 /// Register a region whose pages the application granted itself: the grant refs of the
 /// info pages that list them. Completed by SEND_DONE (the region is mapped) or ERROR.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -93,7 +93,7 @@ pub(crate) const OWN_GRANTS_ENV: &str = "XMX_OWN_GRANTS";
 
 /// `XMX_GRANT_POOL_PAGES`: granted pages an endpoint registering its own windows keeps
 /// from deregistered windows for the next ones (`0`: none, every window is granted afresh;
-/// unset or not a number: [`xmx_frontend::own_grants::DEFAULT_POOL_PAGES`]).
+/// unset or not a number: [`xmx_wire::msg::KEPT_WINDOW_PAGES`]).
 pub(crate) const GRANT_POOL_ENV: &str = "XMX_GRANT_POOL_PAGES";
 
 /// The bound of an endpoint's grant pool (see [`GRANT_POOL_ENV`]).
@@ -101,7 +101,7 @@ pub(crate) fn pool_pages() -> usize {
     std::env::var(GRANT_POOL_ENV)
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(xmx_frontend::own_grants::DEFAULT_POOL_PAGES)
+        .unwrap_or(xmx_wire::msg::KEPT_WINDOW_PAGES)
 }
 
 /// What registering without the daemon needs: this process's grant table and the domain
