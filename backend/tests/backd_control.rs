@@ -161,7 +161,8 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
     let mut ep = ep.unwrap();
     let base = host.dom0_mappings();
 
-    // Three data pages: mapped in one batch; the info page is copied, never mapped.
+    // Three data pages, mapped in one batch, and the info page, mapped and kept to read the
+    // lists of the next windows over these grants without a copy.
     let (data, info) = grant_direct(&g, 3, None);
     let len = 2 * 4096 + 10;
     let reg = |id, refs: &[u32]| SendOp::Register(DirectRegister::new(id, len, refs).unwrap());
@@ -170,8 +171,8 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
         length: len,
     };
     assert_eq!(region_op(&g, &mut ep, 1, reg(4, info.refs())), ok);
-    assert_eq!(host.dom0_mappings(), base + 3);
-    assert_eq!(host.mapped_by_others(d), base + 3);
+    assert_eq!(host.dom0_mappings(), base + 4);
+    assert_eq!(host.mapped_by_others(d), base + 4);
 
     // The same id again: refused, nothing more mapped, the guest stays connected.
     assert_eq!(
@@ -194,7 +195,8 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
             code: ErrorCode::Malformed
         }
     );
-    assert_eq!(host.dom0_mappings(), base + 3);
+    // Only that info page is mapped (and kept, within the endpoint's bound).
+    assert_eq!(host.dom0_mappings(), base + 5);
 
     // Deregistering retires the id (a second time is refused); the mapping is kept for the
     // next window over these grants.
@@ -212,12 +214,12 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
             code: ErrorCode::BadRegion
         }
     );
-    assert_eq!(host.dom0_mappings(), base + 3);
+    assert_eq!(host.dom0_mappings(), base + 5);
     // The guest ends the grants: the pages wait for the backend to let go, which it does
     // when the endpoint closes.
     drop((data, info));
-    assert_eq!(host.mapped_by_others(d), base + 3);
-    assert_eq!(host.state(d).grants_deferred, 3);
+    assert_eq!(host.mapped_by_others(d), base + 5);
+    assert_eq!(host.state(d).grants_deferred, 4);
     let rsp = g.call(CtrlOp::EndpointClose { endpoint: 2 });
     assert_eq!(rsp.status, CtrlStatus::Ok);
     assert_eq!(host.mapped_by_others(d), 1, "only the control ring is left");
@@ -256,15 +258,16 @@ fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_un
         region_op(&g, &mut ep, 1, SendOp::Register(first)),
         done(len)
     );
-    assert_eq!(host.dom0_mappings(), base + 3);
+    // The data pages and the info page.
+    assert_eq!(host.dom0_mappings(), base + 4);
     assert_eq!(
         region_op(&g, &mut ep, 2, SendOp::Deregister { region_id: 4 }),
         done(0)
     );
     // Still granted, still mapped and counted against the guest, named by no id.
-    assert_eq!(host.mapped_by_others(d), base + 3);
+    assert_eq!(host.mapped_by_others(d), base + 4);
     let r = guest_report(&backend, d);
-    assert_eq!((r.regions, r.kept_pages, r.kept_reuses), (0, 3, 0));
+    assert_eq!((r.regions, r.kept_pages, r.kept_reuses), (0, 4, 0));
     assert_eq!(r.mapped_pages, host.mapped_by_others(d));
 
     // The same grants as a window of two pages: the info page lists only those (the pool
@@ -279,10 +282,11 @@ fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_un
         region_op(&g, &mut ep, 3, SendOp::Register(second)),
         done(len2)
     );
-    // Served from the kept mapping of three pages (a fresh one would map two).
-    assert_eq!(host.dom0_mappings(), base + 3);
+    // Served from the kept mappings: the info page's, read again, and the data pages' of
+    // three pages (a fresh one would map two).
+    assert_eq!(host.dom0_mappings(), base + 4);
     let r = guest_report(&backend, d);
-    assert_eq!((r.regions, r.kept_pages, r.kept_reuses), (1, 0, 1));
+    assert_eq!((r.regions, r.kept_pages, r.kept_reuses), (1, 1, 2));
     // The old id is gone for good; the new one holds the pages until its DEREGISTER.
     assert_eq!(
         region_op(&g, &mut ep, 4, SendOp::Deregister { region_id: 4 }),
@@ -296,7 +300,7 @@ fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_un
         region_op(&g, &mut ep, 6, SendOp::Deregister { region_id: 5 }),
         refused
     );
-    assert_eq!(host.mapped_by_others(d), base + 3);
+    assert_eq!(host.mapped_by_others(d), base + 4);
     let rsp = g.call(CtrlOp::EndpointClose { endpoint: 2 });
     assert_eq!(rsp.status, CtrlStatus::Ok);
     assert_eq!(host.mapped_by_others(d), 1);
@@ -346,16 +350,17 @@ fn kept_mappings_give_way_to_a_registration_that_needs_their_pages() {
         region_op(&g, &mut ep, 2, SendOp::Deregister { region_id: 1 }),
         done(0)
     );
-    assert_eq!(guest_report(&backend, d).kept_pages, 3);
-    // Three other pages: with the kept three they would pass the quota, so those go.
+    assert_eq!(guest_report(&backend, d).kept_pages, 4);
+    // Three other pages and their info page: with the kept four they would pass the
+    // quota, so those go, oldest first.
     let (_b, b_info) = grant_direct(&g, 3, None);
     assert_eq!(
         region_op(&g, &mut ep, 3, reg(2, 3 * 4096, b_info.refs())),
         done(3 * 4096)
     );
     let r = guest_report(&backend, d);
-    assert_eq!((r.kept_pages, r.mapped_pages), (0, base + 3));
-    assert_eq!(host.mapped_by_others(d), base + 3);
+    assert_eq!((r.kept_pages, r.mapped_pages), (1, base + 4));
+    assert_eq!(host.mapped_by_others(d), base + 4);
     // Five pages fit nowhere while region 2 holds three: refused, nothing mapped.
     let (_c, c_info) = grant_direct(&g, 5, None);
     assert_eq!(
@@ -364,6 +369,6 @@ fn kept_mappings_give_way_to_a_registration_that_needs_their_pages() {
             code: ErrorCode::NoResources
         }
     );
-    assert_eq!(host.mapped_by_others(d), base + 3);
+    assert_eq!(host.mapped_by_others(d), base + 4);
     assert!(g.backend_state() == Some(xmx_wire::xenbus::XenbusState::Connected));
 }

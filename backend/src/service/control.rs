@@ -144,6 +144,50 @@ fn read_info_pages(
     Ok(pages)
 }
 
+/// The info pages `refs` of a window the application granted itself, read from a mapping
+/// of them kept since the first window over these grants (the library's pool lists each
+/// next window in the same info pages): later registrations read them with no hypervisor
+/// call. Copied into private memory as [`read_info_pages`] does, so the guest changes
+/// nothing read; a kept mapping whose refs begin with `refs` maps exactly those grants,
+/// whatever it was kept for. Without room in the guest's quota, a grant copy reads them.
+fn read_kept_info_pages(
+    ctx: &ControlCtx<'_>,
+    conn: &mut Connection,
+    endpoint: u8,
+    refs: &[u32],
+) -> Result<Vec<[u8; INFO_PAGE_SIZE]>, CtrlStatus> {
+    let kept = match conn.kept.take(endpoint, refs) {
+        Ok(kept) => kept,
+        Err(unmapped) => {
+            conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+            if !conn.usage.may_map(ctx.quotas, refs.len()) {
+                return read_info_pages(ctx, conn, refs);
+            }
+            let mapping = Arc::new(
+                ctx.gnttab
+                    .map(conn.domu, refs, true)
+                    .map_err(|e| grant_status(&e))?,
+            );
+            conn.usage.mapped_pages += refs.len();
+            KeptMapping::new(endpoint, refs.to_vec(), mapping)
+        }
+    };
+    let mut pages = vec![[0u8; INFO_PAGE_SIZE]; refs.len()];
+    let read = window(kept.mapping(), 0, refs.len() * INFO_PAGE_SIZE).map(|mem| {
+        pages
+            .iter_mut()
+            .enumerate()
+            .all(|(i, page)| mem.read_bytes(i * INFO_PAGE_SIZE, page))
+    });
+    // The view is gone: the mapping has no other holder and can be kept.
+    let unmapped = conn.kept.put(kept);
+    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+    match read {
+        Ok(true) => Ok(pages),
+        Ok(false) | Err(_) => Err(CtrlStatus::Malformed),
+    }
+}
+
 /// `len` bytes at `offset` of a mapping, as ring memory that keeps the mapping alive.
 fn window(mapping: &Arc<MappedPages>, offset: usize, len: usize) -> Result<SharedMem, CtrlStatus> {
     let fits = offset
@@ -374,7 +418,10 @@ fn register_region(
     {
         return Err(CtrlStatus::Quota);
     }
-    let info = read_info_pages(ctx, conn, &reg.info_refs)?;
+    let info = match how {
+        RegionMapping::Once => read_info_pages(ctx, conn, &reg.info_refs)?,
+        RegionMapping::Kept => read_kept_info_pages(ctx, conn, reg.endpoint, &reg.info_refs)?,
+    };
     let refs = unpack_info_pages(&info, nr_pages).map_err(|_| CtrlStatus::Malformed)?;
     drop(info);
     // Pages of a kept mapping taken out count again once the region is registered.

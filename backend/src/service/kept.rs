@@ -6,7 +6,9 @@
 //! Mapping those pages at every REGISTER and unmapping them at every DEREGISTER was the
 //! whole cost of a registration without the cache: two hypercalls and a page-table build
 //! and teardown per window, hundreds of microseconds for a megabyte. The backend keeps the
-//! mapping instead and serves the next REGISTER that lists the same refs from it.
+//! mapping instead and serves the next REGISTER that lists the same refs from it. The
+//! window's info pages (the pool lists each next window in the same ones) are kept mapped
+//! too, and read from there instead of through a grant copy.
 //!
 //! Why a kept mapping still maps what the refs name: a grant ref cannot be handed out
 //! again while a remote maps it (Xen's grant table defers the end of a mapped grant, and
