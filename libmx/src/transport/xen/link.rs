@@ -150,6 +150,9 @@ pub(crate) struct OwnGrants {
     /// Grants of deregistered windows, for the next windows (see
     /// [`xmx_frontend::own_grants::GrantPool`]).
     pool: GrantPool,
+    /// How long a registration polls for its completion before it sleeps (the endpoint's
+    /// `XMX_SPIN_US`).
+    spin: Duration,
 }
 
 /// A region the link registered itself.
@@ -213,7 +216,13 @@ impl XenLink {
     /// From now on, register windows without the guest daemon: grant their pages through
     /// `gnttab` to `backend` and register them on the send ring. For an endpoint with no
     /// window registered yet (the ids are the link's to choose).
-    pub(crate) fn register_with_own_grants(&mut self, gnttab: Arc<dyn GrantTable>, backend: DomId) {
+    /// A registration polls for its completion for `spin` before it sleeps.
+    pub(crate) fn register_with_own_grants(
+        &mut self,
+        gnttab: Arc<dyn GrantTable>,
+        backend: DomId,
+        spin: Duration,
+    ) {
         self.own_grants = Some(OwnGrants {
             gnttab,
             backend,
@@ -221,6 +230,7 @@ impl XenLink {
             stash: Vec::new(),
             registered: Default::default(),
             pool: GrantPool::new(pool_pages()),
+            spin,
         });
     }
 
@@ -1306,7 +1316,9 @@ impl OwnGrantsRegistrar<'_> {
     /// Takes events in until the completion of `tag` arrives (what else arrives is kept for
     /// the link's next take-in), or `REGISTER_WAIT` passes.
     fn completion(&mut self, tag: u32) -> Option<Result<u32, Status>> {
-        let deadline = Instant::now() + REGISTER_WAIT;
+        let start = Instant::now();
+        let deadline = start + REGISTER_WAIT;
+        let spin_until = start + self.d.spin;
         loop {
             let mut found = None;
             loop {
@@ -1340,9 +1352,15 @@ impl OwnGrantsRegistrar<'_> {
             if Instant::now() >= deadline || self.channel.is_disconnected() {
                 return None;
             }
-            // Sleep until the backend signals (it maps for us meanwhile): spinning here would
-            // take the core it needs. Armed first, so the next event rings; the driver thread
-            // may take that notification, hence the short bound.
+            // The backend answers in microseconds when it reuses a kept mapping (no
+            // hypervisor call): poll as a wait does, yielding the core each round, then
+            // sleep until it signals (a fresh mapping takes it a hypervisor call, whose
+            // core the poll would take). Armed first, so the next event rings; the driver
+            // thread may take that notification, hence the short bound.
+            if Instant::now() < spin_until {
+                std::thread::yield_now();
+                continue;
+            }
             match self.channel.arm_events() {
                 Ok(true) => continue,
                 Ok(false) => {}

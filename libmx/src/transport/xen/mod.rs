@@ -680,7 +680,7 @@ impl Transport for Xen {
         let index = channel.endpoint();
         let mut link = XenLink::new(channel, self.shared.board.max_regions, rcache);
         if let (false, Some((gnttab, backend))) = (rcache, &self.shared.own_grants) {
-            link.register_with_own_grants(gnttab.clone(), *backend);
+            link.register_with_own_grants(gnttab.clone(), *backend, doorbell.spin());
         }
         let ep = Arc::new(EndpointShared {
             index,
