@@ -512,7 +512,11 @@ fn mx_between_guests_of_two_hosts() {
 
     let mut problems = Vec::new();
     for (host, r, side) in [("host-a", &a, "a"), ("host-b", &b, "b")] {
-        for step in [format!("link-pair-{side}"), format!("empty-{side}")] {
+        for step in [
+            format!("link-pair-{side}"),
+            format!("nocache-pair-{side}"),
+            format!("empty-{side}"),
+        ] {
             if !r.passed(&step) {
                 problems.push(format!("{host}: step {step} did not pass"));
             }
@@ -527,6 +531,14 @@ fn mx_between_guests_of_two_hosts() {
         .is_empty()
     {
         problems.push("b1 did not receive 16 MiB byte-checked".into());
+    }
+    // The run without the registration cache: eight rounds, each byte-checked on both sides.
+    for (r, guest) in [(&a, "a1"), (&b, "b1")] {
+        if r.lines_of(guest, "8 rounds each way, every byte checked")
+            .is_empty()
+        {
+            problems.push(format!("{guest}: no byte-checked rounds without the cache"));
+        }
     }
     let latency = b
         .lines_of("b1", "half-RTT")

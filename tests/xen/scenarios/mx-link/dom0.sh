@@ -3,7 +3,11 @@
 # other over MXoE and share one peer table) and creates one guest through the xl
 # integration: a1 on host A (xmx.side=a), b1 on host B (xmx.side=b). a1 runs mxcheck's
 # passive side, b1 the active side against a1, across the link: the backends exchange MXoE
-# frames. Then the guest ends, and its host's backend must hold what it held before.
+# frames. Then the pair runs again with the registration cache off (MX_RCACHE=0): each LARGE
+# buffer is registered for its message with the application's own grants, the backend
+# keeping its mappings of them between messages; eight rounds of 1 MiB each way, each with
+# its own contents, every byte checked. Then the guest ends, and its host's backend must
+# hold what it held before (kept mappings included).
 # Each host prints `xmx-result` lines and ends with its own verdict.
 #
 # Kernel arguments: xmx.side= a or b, xmx.nic= (default eth0), xmx.mtu= (default 9000),
@@ -49,6 +53,21 @@ scenario_dom0() {
         xmx_summary "link-pair-$side pass $name=$domid"
     else
         xmx_summary "link-pair-$side fail"
+        rc=$XMX_FAIL
+    fi
+
+    # Another endpoint id: the first pair's passive side may still be closing its own.
+    case $side in
+        a) job="env MX_RCACHE=0 mxcheck -l 3 -n 10 -s 1048576 -r 8" ;;
+        b) job="env MX_RCACHE=0 mxcheck -d a1 -e 3 -n 10 -s 1048576 -r 8 -w 120" ;;
+    esac
+    xmx_job_start "$domid" 2 "$job" || return $XMX_SETUP
+    status=$(xmx_job_wait "$domid" 2 $((jt + 10)))
+    xmx_log "mxcheck without the registration cache in $name: status $status"
+    if [ "$status" = 0 ]; then
+        xmx_summary "nocache-pair-$side pass $name=$domid"
+    else
+        xmx_summary "nocache-pair-$side fail"
         rc=$XMX_FAIL
     fi
 
