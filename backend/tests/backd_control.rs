@@ -149,16 +149,28 @@ fn region_op(
     ev.body
 }
 
+/// A backend with `quotas` and guest g1 (domain 1) connected, its endpoint 2 open.
+fn guest_with_endpoint(
+    host: &BackdTestHost,
+    quotas: GuestQuotas,
+) -> (
+    xmx_backend::service::BackendThread,
+    backd_util::FakeGuest,
+    backd_util::FakeGuestEndpoint,
+) {
+    let backend = host.start_backend(quotas);
+    let mut g = host.guest("g1", 1, 1);
+    g.connect();
+    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
+    assert_eq!(rsp.status, CtrlStatus::Ok);
+    (backend, g, ep.unwrap())
+}
+
 #[test]
 fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_are_refused() {
     let host = BackdTestHost::start();
-    let _backend = host.start_backend(GuestQuotas::default());
-    let mut g = host.guest("g1", 1, 1);
-    g.connect();
+    let (_backend, mut g, mut ep) = guest_with_endpoint(&host, GuestQuotas::default());
     let d = g.domid;
-    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
-    assert_eq!(rsp.status, CtrlStatus::Ok);
-    let mut ep = ep.unwrap();
     let base = host.dom0_mappings();
 
     // Three data pages, mapped in one batch, and the info page, mapped and kept to read the
@@ -235,13 +247,8 @@ fn regions_registered_on_the_send_ring_map_exactly_their_pages_and_hostile_ones_
 #[test]
 fn grants_kept_after_a_deregister_serve_only_the_id_they_are_registered_again_under() {
     let host = BackdTestHost::start();
-    let backend = host.start_backend(GuestQuotas::default());
-    let mut g = host.guest("g1", 1, 1);
-    g.connect();
+    let (backend, mut g, mut ep) = guest_with_endpoint(&host, GuestQuotas::default());
     let d = g.domid;
-    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
-    assert_eq!(rsp.status, CtrlStatus::Ok);
-    let mut ep = ep.unwrap();
     let base = host.dom0_mappings();
     let done = |length| EventBody::SendDone {
         status: DoneStatus::Success,
@@ -326,13 +333,8 @@ fn kept_mappings_give_way_to_a_registration_that_needs_their_pages() {
         max_mapped_pages: 1 + endpoint_pages + 1 + 4,
         ..GuestQuotas::default()
     };
-    let backend = host.start_backend(quotas);
-    let mut g = host.guest("g1", 1, 1);
-    g.connect();
+    let (backend, g, mut ep) = guest_with_endpoint(&host, quotas);
     let d = g.domid;
-    let (rsp, ep) = g.open_endpoint(2, small_endpoint(1));
-    assert_eq!(rsp.status, CtrlStatus::Ok);
-    let mut ep = ep.unwrap();
     let base = host.mapped_by_others(d);
     assert_eq!(base, 1 + endpoint_pages);
     let reg = |id, len, refs: &[u32]| SendOp::Register(DirectRegister::new(id, len, refs).unwrap());

@@ -6,7 +6,7 @@ mod backd_util;
 use backd_util::{
     set_two_guest_peers, small_endpoint, BackdTestHost, FakeGuest, FakeGuestEndpoint,
 };
-use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport};
+use xmx_backend::admin::{BackdRequest, CountersReport};
 use xmx_backend::service::GuestQuotas;
 use xmx_hv::{Platform, DOM0};
 use xmx_wire::msg::{
@@ -121,14 +121,7 @@ fn a_destroyed_guest_is_released_and_the_other_one_carries_on() {
     );
     assert_eq!(host.dom0_mappings(), a_pages);
     assert_eq!(host.state(DOM0).ports_open, 1 + 2);
-    let guests: Vec<GuestReport> = serde_json::from_value(
-        backend
-            .control()
-            .call(BackdRequest::Guests)
-            .into_result()
-            .unwrap(),
-    )
-    .unwrap();
+    let guests = backd_util::guest_reports(&backend);
     assert!(guests.iter().all(|g| g.domid != bdom));
 
     // A carries on: between its own endpoints, and towards B's now-unreachable address

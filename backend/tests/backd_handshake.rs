@@ -3,7 +3,6 @@
 mod backd_util;
 
 use backd_util::{small_endpoint, BackdTestHost};
-use xmx_backend::admin::{BackdRequest, GuestReport};
 use xmx_backend::service::GuestQuotas;
 use xmx_backend::xenbus::toolstack;
 use xmx_hv::{Platform, XsAccess, XsPerm, DOM0};
@@ -30,14 +29,7 @@ fn states_go_initwait_connected_closed_and_back() {
     assert_eq!(host.dom0_mappings(), 1, "the control ring");
     assert_eq!(host.mapped_by_others(g.domid), 1);
     assert_eq!(host.state(DOM0).ports_open, 1);
-    let guests: Vec<GuestReport> = serde_json::from_value(
-        backend
-            .control()
-            .call(BackdRequest::Guests)
-            .into_result()
-            .unwrap(),
-    )
-    .unwrap();
+    let guests = backd_util::guest_reports(&backend);
     assert_eq!(guests.len(), 1);
     assert_eq!(guests[0].domid, g.domid);
     assert_eq!(guests[0].state_name, "Connected");
@@ -94,12 +86,7 @@ fn detaching_the_device_releases_the_guest() {
         host.dom0_mappings() == 0 && host.state(DOM0).ports_open == 0
     });
     assert_eq!(host.mapped_by_others(g.domid), 0);
-    let guests = backend
-        .control()
-        .call(BackdRequest::Guests)
-        .into_result()
-        .unwrap();
-    assert_eq!(guests, serde_json::json!([]));
+    assert!(backd_util::guest_reports(&backend).is_empty());
     // Neither half was re-created behind the toolstack's back.
     assert_eq!(g.backend_state(), None);
 }
@@ -172,14 +159,7 @@ fn a_device_with_refused_values_stays_closed_until_the_toolstack_fixes_them() {
     let mut g2 = backd_util::FakeGuest::new(&host, d2, 0);
     g2.wait_backend_state(XenbusState::Closed);
     assert!(g2.read_backend("error").unwrap().contains("MAC"));
-    let guests: Vec<GuestReport> = serde_json::from_value(
-        backend
-            .control()
-            .call(BackdRequest::Guests)
-            .into_result()
-            .unwrap(),
-    )
-    .unwrap();
+    let guests = backd_util::guest_reports(&backend);
     let r = guests.iter().find(|r| r.domid == d2).unwrap();
     assert_eq!(r.state_name, "Closed");
     assert!(!r.connected);

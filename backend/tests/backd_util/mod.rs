@@ -121,17 +121,24 @@ pub fn counters(backend: &BackendThread) -> CountersReport {
     .unwrap()
 }
 
-/// What `backend` reports of guest `domid`.
-pub fn guest_report(backend: &BackendThread, domid: DomId) -> GuestReport {
-    let guests: Vec<GuestReport> = serde_json::from_value(
+/// What `backend` reports of its guests.
+pub fn guest_reports(backend: &BackendThread) -> Vec<GuestReport> {
+    serde_json::from_value(
         backend
             .control()
             .call(BackdRequest::Guests)
             .into_result()
             .unwrap(),
     )
-    .unwrap();
-    guests.into_iter().find(|g| g.domid == domid).unwrap()
+    .unwrap()
+}
+
+/// What `backend` reports of guest `domid`.
+pub fn guest_report(backend: &BackendThread, domid: DomId) -> GuestReport {
+    guest_reports(backend)
+        .into_iter()
+        .find(|g| g.domid == domid)
+        .unwrap()
 }
 
 /// Ring memory over pages this guest granted.
