@@ -159,7 +159,7 @@ fn read_kept_info_pages(
     let kept = match conn.kept.take(endpoint, refs) {
         Ok(kept) => kept,
         Err(unmapped) => {
-            conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+            conn.usage.unmapped(unmapped);
             if !conn.usage.may_map(ctx.quotas, refs.len()) {
                 return read_info_pages(ctx, conn, refs);
             }
@@ -181,7 +181,7 @@ fn read_kept_info_pages(
     });
     // The view is gone: the mapping has no other holder and can be kept.
     let unmapped = conn.kept.put(kept);
-    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+    conn.usage.unmapped(unmapped);
     match read {
         Ok(true) => Ok(pages),
         Ok(false) | Err(_) => Err(CtrlStatus::Malformed),
@@ -326,7 +326,7 @@ fn drop_region(conn: &mut Connection, key: (u8, u8)) -> Option<RegionHandle> {
         Some(kept) => conn.kept.put(kept),
         None => region.pages,
     };
-    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+    conn.usage.unmapped(unmapped);
     conn.usage.regions = conn.usage.regions.saturating_sub(1);
     Some(region.handle)
 }
@@ -353,14 +353,14 @@ pub(crate) fn teardown_endpoint(
         drop_region(conn, key);
     }
     let kept = conn.kept.drop_endpoint(ep);
-    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(kept);
+    conn.usage.unmapped(kept);
     conn.memory.remove(MemoryArea::SendQueue { endpoint: ep });
     conn.memory.remove(MemoryArea::RecvQueue { endpoint: ep });
     conn.memory.remove(MemoryArea::FillMarks { endpoint: ep });
     if let Err(e) = evtchn.close(endpoint.port) {
         tracing::debug!(port = endpoint.port, error = %e, "closing an endpoint port");
     }
-    conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(endpoint.pages);
+    conn.usage.unmapped(endpoint.pages);
     conn.usage.endpoints = conn.usage.endpoints.saturating_sub(1);
     // The rings' memory is unmapped here, when the last handle on the mapping goes.
     drop(endpoint);
@@ -430,23 +430,21 @@ fn register_region(
         RegionMapping::Kept => match conn.kept.take(reg.endpoint, &refs) {
             Ok(kept) => Some(kept),
             Err(unmapped) => {
-                conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped);
+                conn.usage.unmapped(unmapped);
                 None
             }
         },
     };
     let keep = match reused {
         Some(kept) => {
-            conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(kept.pages());
+            conn.usage.unmapped(kept.pages());
             kept
         }
         None => {
             while !conn.usage.may_map(ctx.quotas, nr_pages + nr_info) {
                 match conn.kept.drop_oldest() {
                     0 => return Err(CtrlStatus::Quota),
-                    unmapped => {
-                        conn.usage.mapped_pages = conn.usage.mapped_pages.saturating_sub(unmapped)
-                    }
+                    unmapped => conn.usage.unmapped(unmapped),
                 }
             }
             let mapping = Arc::new(

@@ -47,6 +47,11 @@ pub struct GuestUsage {
 }
 
 impl GuestUsage {
+    /// `pages` mapped for the guest are no longer.
+    pub fn unmapped(&mut self, pages: usize) {
+        self.mapped_pages = self.mapped_pages.saturating_sub(pages);
+    }
+
     /// True if `more` pages may be mapped on top of what is mapped.
     pub fn may_map(&self, quotas: &GuestQuotas, more: usize) -> bool {
         self.mapped_pages
