@@ -137,6 +137,37 @@ fn c_programs_between_guests() {
     wakeup(&c, dir.path(), &[]);
 }
 
+/// Guests that may hold 5000 grants, two 8 MiB windows' worth: `deep_posted` has 24 LARGE
+/// receives of 8 MiB pulled at once, so most find no room to register when their
+/// rendezvous arrives. Each waits for an earlier pull to give its room back; none fails
+/// with `MX_STATUS_NO_RESOURCES`, and every byte lands in its own buffer.
+#[test]
+fn receives_short_of_grants_are_pulled_in_turn() {
+    if skipped("receives_short_of_grants_are_pulled_in_turn") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("sgrants", &[("XMX_SIMHV_MAX_GRANTS", "5000")]);
+    let dir = tempfile::tempdir().unwrap();
+    let bin = cprog::build("deep_posted", dir.path());
+    let env = with_app_log(&[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for (place, passive, active) in PLACEMENTS {
+        let (p, a) = c.run_pair(&bin, passive, active, &env);
+        let out = both_passed(&p, &a);
+        assert!(
+            out.contains("24 sends of 8388608 bytes outstanding at once"),
+            "{place}: {out}"
+        );
+        assert!(
+            p.stdout
+                .contains("24 receives of 8388608 bytes posted at once"),
+            "{place}: {}",
+            p.stdout
+        );
+    }
+}
+
 #[test]
 fn c_programs_on_impaired_links() {
     if skipped("c_programs_on_impaired_links") {

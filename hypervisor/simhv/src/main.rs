@@ -32,8 +32,9 @@ struct SimhvArgs {
     /// Memory a domain may grant from, in MiB.
     #[arg(long, default_value_t = 1024)]
     mem_limit_mib: u64,
-    /// Grants a domain may have in use (default: the grant-table size).
-    #[arg(long)]
+    /// Grants a domain may have in use (default: the grant-table size). The variable lets
+    /// a cluster started by `xmx sim up` give its guests fewer.
+    #[arg(long, env = "XMX_SIMHV_MAX_GRANTS")]
     max_grants: Option<usize>,
     /// Foreign pages a domain may map at once.
     #[arg(long, default_value_t = DEFAULT_MAX_MAPPINGS)]

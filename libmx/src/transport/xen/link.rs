@@ -59,9 +59,10 @@ struct LinkSink {
     held_since: Option<Instant>,
 }
 
-/// A pull asked while the link was down whose destination had no window then (the
-/// daemon registers nothing for an endpoint its device is not connected for): it gets
-/// one, and is issued, once the endpoint is re-opened ([`XenLink::remap`]).
+/// A pull whose destination has no window yet: asked while the link was down (the
+/// daemon registers nothing for an endpoint its device is not connected for; it gets one
+/// once the endpoint is re-opened, [`XenLink::remap`]), or when no room was left to
+/// register it (it gets one as room is given back, [`XenLink::feed_starved`]).
 struct WaitingPull {
     id: RequestId,
     dest: Segments,
@@ -69,6 +70,22 @@ struct WaitingPull {
     source: PeerAddr,
     session: u32,
     window: RdmaWindow,
+}
+
+impl WaitingPull {
+    /// The pull into `lease`, the window registered for its destination.
+    fn into_sink(self, lease: Lease) -> LinkSink {
+        LinkSink {
+            id: self.id,
+            lease,
+            dest: self.dest,
+            length: self.length,
+            source: self.source,
+            session: self.session,
+            window: self.window,
+            held_since: None,
+        }
+    }
 }
 
 /// How a pull request fared on the send ring.
@@ -120,6 +137,13 @@ pub(crate) struct XenLink {
     deferred: VecDeque<LinkSink>,
     /// Pulls asked while down that could not get a window yet, in order.
     waiting: VecDeque<WaitingPull>,
+    /// Pulls that found no room to register their destination (the guest's grants or
+    /// the backend's quota all held by windows in use), in order, with when they first
+    /// did: each gets its window as an earlier pull or a lent send gives room back.
+    starved: VecDeque<(WaitingPull, Instant)>,
+    /// A window was given back since the starved pulls last tried to register: they
+    /// try again only then (a registration that fails costs a request to the daemon).
+    room_freed: bool,
     generations: [u8; 256],
     max_send_windows: usize,
     /// Send-ring slots when nothing is in flight.
@@ -204,6 +228,8 @@ impl XenLink {
             sinks: FxHashMap::default(),
             deferred: VecDeque::new(),
             waiting: VecDeque::new(),
+            starved: VecDeque::new(),
+            room_freed: false,
             generations: [0; 256],
             max_send_windows: max_regions.saturating_sub(PULL_RESERVE).max(1),
             ring_slots,
@@ -487,6 +513,7 @@ impl XenLink {
     /// things were delivered to the mailbox.
     pub(crate) fn take_in(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) -> usize {
         self.post_deferred(mailbox, reg);
+        self.feed_starved(mailbox, reg);
         // What a registration took in while it waited came first.
         let mut inbound = match self.own_grants.as_mut() {
             Some(d) => std::mem::take(&mut d.stash),
@@ -569,6 +596,8 @@ impl XenLink {
         }
         if !pulls.is_empty() {
             mailbox.put_pulls(pulls);
+            // Their windows are back: a starved pull may register now.
+            self.feed_starved(mailbox, reg);
         }
         delivered
     }
@@ -642,6 +671,7 @@ impl XenLink {
         if let Err(e) = cache.release(&mut via, sink.lease) {
             tracing::warn!(index = self.index, %e, "releasing a pull window");
         }
+        self.room_freed = true;
         (sink.id, outcome)
     }
 
@@ -667,7 +697,7 @@ impl XenLink {
             tracing::warn!(index, %e, "dropping cached windows");
         }
         cache.acquire(&mut via, index, addr, len).inspect_err(|e| {
-            tracing::warn!(index = self.index, %e, len, "no window for a LARGE message");
+            tracing::debug!(index = self.index, %e, len, "no window for a LARGE message");
         })
     }
 
@@ -834,6 +864,7 @@ impl XenLink {
             if let Err(e) = cache.release(&mut via, lease) {
                 tracing::warn!(index = self.index, %e, "releasing a send window");
             }
+            self.room_freed = true;
         }
     }
 
@@ -871,6 +902,19 @@ impl XenLink {
             );
             return PullProgress::Done(Err(Status::EndpointUnreachable));
         };
+        let waiting = WaitingPull {
+            id,
+            dest: dest.clone(),
+            length,
+            source,
+            session,
+            window,
+        };
+        // Behind pulls already starved: the room given back goes to them first.
+        if !self.starved.is_empty() && !self.down {
+            self.starved.push_back((waiting, Instant::now()));
+            return PullProgress::Started;
+        }
         let acquired = self.acquire(reg, windows::key(dest).0, length as usize);
         let Ok(lease) = acquired else {
             // Not connected while the link is not down yet: the device is going away (a
@@ -880,29 +924,29 @@ impl XenLink {
             if self.down || going {
                 // A suspend, a migration or a backend restart: the receive completes once
                 // the endpoint is back, as MX completes it once the peer is reachable.
-                self.waiting.push_back(WaitingPull {
-                    id,
-                    dest: dest.clone(),
-                    length,
-                    source,
-                    session,
-                    window,
-                });
+                self.waiting.push_back(waiting);
                 return PullProgress::Started;
             }
+            if self.room_will_free() {
+                // MX registers any number of receives at once; a guest's grants run out
+                // (an MPI window of 16 MiB receives): this one waits for room.
+                tracing::debug!(
+                    index = self.index,
+                    len = length,
+                    "a pull waits for room to register"
+                );
+                self.room_freed = false;
+                self.starved.push_back((waiting, Instant::now()));
+                return PullProgress::Started;
+            }
+            tracing::warn!(
+                index = self.index,
+                len = length,
+                "no room to register a LARGE receive, and none in use to wait for"
+            );
             return PullProgress::Done(Err(Status::NoResources));
         };
-        let sink = LinkSink {
-            id,
-            lease,
-            dest: dest.clone(),
-            length,
-            source,
-            session,
-            window,
-            held_since: None,
-        };
-        match self.issue(sink, mailbox, reg) {
+        match self.issue(waiting.into_sink(lease), mailbox, reg) {
             Ok(()) => PullProgress::Started,
             Err(sink) => {
                 let (cache, mut via) = self.split(reg);
@@ -1017,10 +1061,61 @@ impl XenLink {
         }
     }
 
-    /// Whether pulls wait for room in the send ring: whoever drives the link looks at it
-    /// again soon rather than sleeping until an event.
+    /// Whether pulls wait for room in the send ring or to register: whoever drives the
+    /// link looks at it again soon rather than sleeping until an event.
     pub(crate) fn has_deferred_pulls(&self) -> bool {
-        !self.deferred.is_empty() && !self.down
+        (!self.deferred.is_empty() || !self.starved.is_empty()) && !self.down
+    }
+
+    /// Windows in use that will be given back without the application's help: pulls in
+    /// flight or held back, and sends lent to peers (they end with their NOTIFY, or
+    /// with their partner).
+    fn room_will_free(&self) -> bool {
+        !self.sinks.is_empty() || !self.deferred.is_empty() || !self.lent.is_empty()
+    }
+
+    /// Registers the starved pulls' destinations, in order, as room was given back, and
+    /// issues their pulls. One that still finds no room fails once nothing in use is
+    /// left to give any back, or after [`PULL_HELD_MAX`]: a peer that never pulls the
+    /// sends lent to it must not leave the receive waiting without a bound.
+    fn feed_starved(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) {
+        if self.down || self.starved.is_empty() {
+            return;
+        }
+        let expired = self
+            .starved
+            .front()
+            .is_some_and(|(_, since)| since.elapsed() >= PULL_HELD_MAX);
+        if !self.room_freed && !expired && self.room_will_free() {
+            return;
+        }
+        self.room_freed = false;
+        let mut failed = Vec::new();
+        while let Some((w, since)) = self.starved.pop_front() {
+            let (addr, len) = (windows::key(&w.dest).0, w.length as usize);
+            let Ok(lease) = self.acquire(reg, addr, len) else {
+                if self.room_will_free() && since.elapsed() < PULL_HELD_MAX {
+                    self.starved.push_front((w, since));
+                    break;
+                }
+                tracing::warn!(
+                    index = self.index,
+                    len,
+                    "a LARGE receive found no room to register in time; it fails"
+                );
+                failed.push((w.id, Err(Status::NoResources)));
+                continue;
+            };
+            let sink = w.into_sink(lease);
+            if let Err(sink) = self.issue(sink, mailbox, reg) {
+                let (cache, mut via) = self.split(reg);
+                let _ = cache.release(&mut via, sink.lease);
+                failed.push((sink.id, Err(Status::Aborted)));
+            }
+        }
+        if !failed.is_empty() {
+            mailbox.put_pulls(failed);
+        }
     }
 
     /// Takes the endpoint re-opened after a reconnection: remaps the channel,
@@ -1116,22 +1211,18 @@ impl XenLink {
             });
         }
         again.extend(self.waiting.drain(..));
+        again.extend(self.starved.drain(..).map(|(w, _)| w));
         for w in again {
             let (addr, len) = (windows::key(&w.dest).0, w.length as usize);
             let Ok(lease) = self.acquire(client, addr, len) else {
-                mailbox.put_pulls([(w.id, Err(Status::NoResources))]);
+                if self.room_will_free() {
+                    self.starved.push_back((w, Instant::now()));
+                } else {
+                    mailbox.put_pulls([(w.id, Err(Status::NoResources))]);
+                }
                 continue;
             };
-            let sink = LinkSink {
-                id: w.id,
-                lease,
-                dest: w.dest,
-                length: w.length,
-                source: w.source,
-                session: w.session,
-                window: w.window,
-                held_since: None,
-            };
+            let sink = w.into_sink(lease);
             if let Err(sink) = self.issue(sink, mailbox, client) {
                 let (cache, mut via) = self.split(client);
                 let _ = cache.release(&mut via, sink.lease);
@@ -1212,6 +1303,7 @@ impl XenLink {
         self.sinks.clear();
         self.deferred.clear();
         self.waiting.clear();
+        self.starved.clear();
         self.lent.clear();
         self.lent_data.clear();
         self.unfilled.clear();
