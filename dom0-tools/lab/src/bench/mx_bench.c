@@ -12,7 +12,11 @@
  *                                        then wait for end-of-file on the FIFO DIR/gate
  *
  * TEST is pingpong or stream. The server prints "ready" once its endpoint is
- * open. Streams keep up to STREAM_WINDOW sends in flight; every wait spins and
+ * open. Streams keep up to STREAM_WINDOW sends in flight, and the server keeps
+ * RECV_WINDOW receives posted (as MX's own mx_stream keeps eight), fewer where
+ * their buffers would pass RECV_WINDOW_BYTES; MX_BENCH_RECV_WINDOW=N in the
+ * server's environment keeps N posted instead (1: one receive at a time, the
+ * method of the bench's first rounds). Every wait spins and
  * blocks inside the library as its settings say, or, with MX_BENCH_POLL=1 in
  * the environment, polls with mx_test in a loop as MPI progress engines do.
  */
@@ -33,6 +37,10 @@
 #define CLIENT_EID 1
 #define SERVER_EID 2
 #define STREAM_WINDOW 16
+#define RECV_WINDOW 8
+/* A guest registers every posted receive of a LARGE message while it is pulled: a
+ * window of 64 MiB keeps that within half of its grant table. */
+#define RECV_WINDOW_BYTES (64u << 20)
 
 struct opts {
   const char *host;
@@ -111,6 +119,51 @@ static uint32_t recv_msg(mx_endpoint_t ep, void *buf, uint32_t len, mx_status_t 
     exit(1);
   }
   return s->xfer_length;
+}
+
+/* How many receives the server of a stream keeps posted. */
+static uint32_t recv_window(uint32_t size) {
+  const char *env = getenv("MX_BENCH_RECV_WINDOW");
+  if (env && atoi(env) > 0) return (uint32_t)atoi(env);
+  uint32_t n = size ? RECV_WINDOW_BYTES / size : RECV_WINDOW;
+  return n < 1 ? 1 : n > RECV_WINDOW ? RECV_WINDOW : n;
+}
+
+/* Receives `iters` messages of `len` bytes with `window` receives posted at once,
+ * each into a buffer of its own, telling `peer` to start (an empty message from
+ * `go`) once the first are posted; returns the bytes received. */
+static uint64_t recv_stream(mx_endpoint_t ep, uint32_t len, uint64_t iters, uint32_t window,
+                            mx_endpoint_addr_t peer, void *go) {
+  mx_request_t *reqs = calloc(window, sizeof(*reqs));
+  unsigned char *bufs = malloc((size_t)window * len + 1);
+  if (!reqs || !bufs) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
+  uint64_t posted = 0, bytes = 0;
+  for (; posted < iters && posted < window; posted++) {
+    mx_segment_t seg = {bufs + (size_t)posted * len, len};
+    CHECK(mx_irecv(ep, &seg, 1, 0, 0, NULL, &reqs[posted]));
+  }
+  send_msg(ep, peer, go, 0);
+  for (uint64_t done = 0; done < iters; done++) {
+    mx_status_t s;
+    uint32_t slot = (uint32_t)(done % window);
+    wait_done(ep, &reqs[slot], &s);
+    if (s.msg_length != len) {
+      fprintf(stderr, "received %u bytes, expected %u\n", s.msg_length, len);
+      exit(1);
+    }
+    bytes += s.xfer_length;
+    if (posted < iters) {
+      mx_segment_t seg = {bufs + (size_t)slot * len, len};
+      CHECK(mx_irecv(ep, &seg, 1, 0, 0, NULL, &reqs[slot]));
+      posted++;
+    }
+  }
+  free(bufs);
+  free(reqs);
+  return bytes;
 }
 
 static void report(const uint64_t *rt, uint64_t nrt, uint64_t messages, uint64_t bytes,
@@ -232,9 +285,7 @@ static void server(mx_endpoint_t ep, const struct opts *o) {
     if (o->gate) pass_gate(o->gate);
     cpu0 = cpu_ns();
     uint64_t t0 = now_ns();
-    send_msg(ep, peer, out, 0);
-    uint64_t bytes = 0;
-    for (uint64_t i = 0; i < o->iters; i++) bytes += recv_msg(ep, in, o->size, &s);
+    uint64_t bytes = recv_stream(ep, o->size, o->iters, recv_window(o->size), peer, out);
     uint64_t elapsed = now_ns() - t0;
     send_msg(ep, peer, out, 0);
     report(NULL, 0, o->iters, bytes, elapsed, cpu_ns() - cpu0, t0);
