@@ -12,11 +12,10 @@
  *                                        then wait for end-of-file on the FIFO DIR/gate
  *
  * TEST is pingpong or stream. The server prints "ready" once its endpoint is
- * open. Streams keep up to STREAM_WINDOW sends in flight, and the server keeps
- * RECV_WINDOW receives posted (as MX's own mx_stream keeps eight), fewer where
- * their buffers would pass RECV_WINDOW_BYTES; MX_BENCH_RECV_WINDOW=N in the
- * server's environment keeps N posted instead (1: one receive at a time, the
- * method of the bench's first rounds). Every wait spins and
+ * open. Streams keep up to STREAM_WINDOW sends in flight; the server posts one
+ * receive at a time, or keeps N posted with MX_BENCH_RECV_WINDOW=N in its
+ * environment (MX's own mx_stream keeps eight; docs/performance.md compares the
+ * two). Every wait spins and
  * blocks inside the library as its settings say, or, with MX_BENCH_POLL=1 in
  * the environment, polls with mx_test in a loop as MPI progress engines do.
  */
@@ -37,10 +36,6 @@
 #define CLIENT_EID 1
 #define SERVER_EID 2
 #define STREAM_WINDOW 16
-#define RECV_WINDOW 8
-/* A guest registers every posted receive of a LARGE message while it is pulled: a
- * window of 64 MiB keeps that within half of its grant table. */
-#define RECV_WINDOW_BYTES (64u << 20)
 
 struct opts {
   const char *host;
@@ -122,11 +117,9 @@ static uint32_t recv_msg(mx_endpoint_t ep, void *buf, uint32_t len, mx_status_t 
 }
 
 /* How many receives the server of a stream keeps posted. */
-static uint32_t recv_window(uint32_t size) {
+static uint32_t recv_window(void) {
   const char *env = getenv("MX_BENCH_RECV_WINDOW");
-  if (env && atoi(env) > 0) return (uint32_t)atoi(env);
-  uint32_t n = size ? RECV_WINDOW_BYTES / size : RECV_WINDOW;
-  return n < 1 ? 1 : n > RECV_WINDOW ? RECV_WINDOW : n;
+  return env && atoi(env) > 0 ? (uint32_t)atoi(env) : 1;
 }
 
 /* Receives `iters` messages of `len` bytes with `window` receives posted at once,
@@ -285,7 +278,7 @@ static void server(mx_endpoint_t ep, const struct opts *o) {
     if (o->gate) pass_gate(o->gate);
     cpu0 = cpu_ns();
     uint64_t t0 = now_ns();
-    uint64_t bytes = recv_stream(ep, o->size, o->iters, recv_window(o->size), peer, out);
+    uint64_t bytes = recv_stream(ep, o->size, o->iters, recv_window(), peer, out);
     uint64_t elapsed = now_ns() - t0;
     send_msg(ep, peer, out, 0);
     report(NULL, 0, o->iters, bytes, elapsed, cpu_ns() - cpu0, t0);
