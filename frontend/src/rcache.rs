@@ -7,7 +7,10 @@
 //!
 //! - `MX_RCACHE=1` (the default): a window stays registered after its message; the next
 //!   message from or to the same buffer finds it (a hit) and pays no grant operation.
-//!   Unused windows are evicted least-recently-used beyond the cache's capacity.
+//!   Unused windows are evicted least-recently-used beyond the cache's capacity, beyond
+//!   [`IDLE_BYTES_MAX`] of them, and once unused for [`IDLE_FOR_MAX`]: a guest's grants are
+//!   shared by all its processes, and windows one process keeps but does not use must not
+//!   leave another unable to register (several MPI ranks in one guest).
 //! - `MX_RCACHE=0`: every message registers its window and deregisters it when done.
 //!
 //! [`RegionCache::invalidate`] drops windows of a buffer range the application freed or
@@ -15,9 +18,17 @@
 //! at the same address never inherits a stale registration.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use crate::channel::RegionWindow;
 use crate::error::Result;
+
+/// Bytes of unused windows a cache keeps registered at most: the windows of a 16 MiB
+/// ping-pong (a send's and a receive's) and some smaller ones, under a third of a guest's
+/// default grant table (128 MiB of pages).
+pub const IDLE_BYTES_MAX: usize = 40 << 20;
+/// How long a cache keeps a window nothing uses.
+pub const IDLE_FOR_MAX: Duration = Duration::from_secs(1);
 
 /// Registers and deregisters windows for the cache: the daemon client, or a fake in tests.
 pub trait Registrar {
@@ -65,6 +76,8 @@ struct Entry {
     /// Invalidated while in use: dropped at the last release, never handed out again.
     stale: bool,
     last_use: u64,
+    /// Since when no message uses it (none while one does).
+    idle_since: Option<Instant>,
 }
 
 /// The registration cache; see the module documentation.
@@ -143,6 +156,7 @@ impl RegionCache {
             {
                 e.users += 1;
                 e.last_use = clock;
+                e.idle_since = None;
                 self.stats.hits += 1;
                 return Ok(Lease { id: *id });
             }
@@ -163,6 +177,7 @@ impl RegionCache {
                 users: 1,
                 stale: false,
                 last_use: self.clock,
+                idle_since: None,
             },
         );
         Ok(Lease { id })
@@ -207,10 +222,58 @@ impl RegionCache {
             return Ok(());
         };
         e.users = e.users.saturating_sub(1);
-        if e.users == 0 && (!self.enabled || e.stale) {
-            self.drop_entry(reg, lease.id)?;
+        if e.users > 0 {
+            return Ok(());
         }
-        Ok(())
+        if !self.enabled || e.stale {
+            return self.drop_entry(reg, lease.id);
+        }
+        e.idle_since = Some(Instant::now());
+        self.trim_idle(reg)
+    }
+
+    /// Deregisters least-recently-used unused windows while they hold more than
+    /// [`IDLE_BYTES_MAX`].
+    fn trim_idle(&mut self, reg: &mut dyn Registrar) -> Result<()> {
+        loop {
+            let idle = self.entries.values().filter(|e| e.users == 0);
+            if idle.map(|e| e.key.len).sum::<usize>() <= IDLE_BYTES_MAX {
+                return Ok(());
+            }
+            let victim = self
+                .entries
+                .iter()
+                .filter(|(_, e)| e.users == 0)
+                .min_by_key(|(_, e)| e.last_use)
+                .map(|(id, _)| *id);
+            let Some(id) = victim else { return Ok(()) };
+            self.stats.evictions += 1;
+            self.drop_entry(reg, id)?;
+        }
+    }
+
+    /// Deregisters the windows unused for [`IDLE_FOR_MAX`] at `now`; returns how many.
+    pub fn expire_idle(&mut self, reg: &mut dyn Registrar, now: Instant) -> Result<usize> {
+        let old: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.idle_since.is_some_and(|t| now >= t + IDLE_FOR_MAX))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &old {
+            self.stats.evictions += 1;
+            self.drop_entry(reg, *id)?;
+        }
+        Ok(old.len())
+    }
+
+    /// When the next unused window is due to expire, if any is unused.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .filter_map(|e| e.idle_since)
+            .min()
+            .map(|t| t + IDLE_FOR_MAX)
     }
 
     /// The application buffer range `[addr, addr + len)` changed (freed, remapped):
@@ -399,6 +462,43 @@ mod tests {
         assert_eq!(c.flush(&mut reg).unwrap(), 2);
         assert_eq!(reg.live, 0);
         assert_eq!(c.stats().invalidations, 4);
+    }
+
+    #[test]
+    fn unused_windows_are_kept_within_a_byte_bound_and_a_time() {
+        let mut reg = Fake::default();
+        let mut c = RegionCache::new(true, 32);
+        let big = IDLE_BYTES_MAX / 2;
+        let a = c.acquire(&mut reg, 0, 0x1000_0000, big).unwrap();
+        let b = c.acquire(&mut reg, 0, 0x2000_0000, big).unwrap();
+        let d = c.acquire(&mut reg, 0, 0x3000_0000, big).unwrap();
+        c.release(&mut reg, a).unwrap();
+        c.release(&mut reg, b).unwrap();
+        assert_eq!(reg.live, 3, "in use or within the bound: all kept");
+        assert!(c.next_expiry().is_some());
+        // A third unused one passes the bound: the least recently used goes.
+        c.release(&mut reg, d).unwrap();
+        assert_eq!((reg.live, c.stats().evictions), (2, 1));
+        assert!(c.window(a).is_none() && c.window(b).is_some());
+        // A hit makes a window used again: it does not expire while in use.
+        let b2 = c.acquire(&mut reg, 0, 0x2000_0000, big).unwrap();
+        let later = Instant::now() + IDLE_FOR_MAX;
+        assert_eq!(
+            c.expire_idle(&mut reg, later).unwrap(),
+            1,
+            "only d was unused"
+        );
+        assert_eq!(reg.live, 1);
+        c.release(&mut reg, b2).unwrap();
+        assert_eq!(
+            c.expire_idle(&mut reg, Instant::now()).unwrap(),
+            0,
+            "not yet"
+        );
+        let due = c.next_expiry().unwrap();
+        assert_eq!(c.expire_idle(&mut reg, due).unwrap(), 1);
+        assert_eq!((reg.live, c.next_expiry()), (0, None));
+        assert!(c.is_empty());
     }
 
     #[test]

@@ -129,6 +129,13 @@ pub(super) fn run(shared: Arc<XenShared>) {
                 if link.has_deferred_pulls() {
                     timeout_ms = if timeout_ms < 0 { 1 } else { timeout_ms.min(1) };
                 }
+                // Unused windows are given back on time even while the application
+                // computes: another process of the guest may wait for their grants.
+                if let Some(due) = link.expire_idle_windows(&mut reg) {
+                    let left = due.saturating_duration_since(std::time::Instant::now());
+                    let t = (left.as_millis() as libc::c_int).saturating_add(1);
+                    timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
+                }
                 (n, link.port_fd())
             };
             let delivered = delivered + take_in_direct(&shared, &ep, now_ns);

@@ -46,6 +46,11 @@ pub(crate) const CACHE_CAPACITY: usize = 32;
 /// not leave the receive waiting without a bound.
 const PULL_HELD_MAX: Duration = Duration::from_secs(10);
 
+/// How often a pull that found no room to register tries again when nothing of its own
+/// endpoint gave room back: the room may come from another process of the guest (its
+/// pulls ending, its unused windows expiring).
+const STARVED_RETRY: Duration = Duration::from_millis(5);
+
 /// A pull in progress: the receive's buffer and the window the data lands in.
 struct LinkSink {
     id: RequestId,
@@ -142,8 +147,10 @@ pub(crate) struct XenLink {
     /// did: each gets its window as an earlier pull or a lent send gives room back.
     starved: VecDeque<(WaitingPull, Instant)>,
     /// A window was given back since the starved pulls last tried to register: they
-    /// try again only then (a registration that fails costs a request to the daemon).
+    /// try again then, or at `starved_retry_at` (a registration that fails costs a
+    /// request to the daemon).
     room_freed: bool,
+    starved_retry_at: Option<Instant>,
     generations: [u8; 256],
     max_send_windows: usize,
     /// Send-ring slots when nothing is in flight.
@@ -230,6 +237,7 @@ impl XenLink {
             waiting: VecDeque::new(),
             starved: VecDeque::new(),
             room_freed: false,
+            starved_retry_at: None,
             generations: [0; 256],
             max_send_windows: max_regions.saturating_sub(PULL_RESERVE).max(1),
             ring_slots,
@@ -927,24 +935,16 @@ impl XenLink {
                 self.waiting.push_back(waiting);
                 return PullProgress::Started;
             }
-            if self.room_will_free() {
-                // MX registers any number of receives at once; a guest's grants run out
-                // (an MPI window of 16 MiB receives): this one waits for room.
-                tracing::debug!(
-                    index = self.index,
-                    len = length,
-                    "a pull waits for room to register"
-                );
-                self.room_freed = false;
-                self.starved.push_back((waiting, Instant::now()));
-                return PullProgress::Started;
-            }
-            tracing::warn!(
+            // MX registers any number of receives at once; a guest's grants run out (an
+            // MPI window of 16 MiB receives, or several ranks in one guest): this one
+            // waits for room, for a bounded time.
+            tracing::debug!(
                 index = self.index,
                 len = length,
-                "no room to register a LARGE receive, and none in use to wait for"
+                "a pull waits for room to register"
             );
-            return PullProgress::Done(Err(Status::NoResources));
+            self.starve(waiting, Instant::now());
+            return PullProgress::Started;
         };
         match self.issue(waiting.into_sink(lease), mailbox, reg) {
             Ok(()) => PullProgress::Started,
@@ -1061,32 +1061,54 @@ impl XenLink {
         }
     }
 
+    /// Deregisters the cached windows nothing has used for a while (so other processes of
+    /// the guest find grants to register with); returns when the next one is due.
+    pub(crate) fn expire_idle_windows(&mut self, reg: &mut dyn Registrar) -> Option<Instant> {
+        let now = Instant::now();
+        if self.cache.next_expiry().is_some_and(|t| now >= t) {
+            let (cache, mut via) = self.split(reg);
+            match cache.expire_idle(&mut via, now) {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(index = self.index, n, "unused windows expired");
+                    self.room_freed = true;
+                }
+                Err(e) => tracing::warn!(index = self.index, %e, "expiring unused windows"),
+            }
+        }
+        self.cache.next_expiry()
+    }
+
     /// Whether pulls wait for room in the send ring or to register: whoever drives the
     /// link looks at it again soon rather than sleeping until an event.
     pub(crate) fn has_deferred_pulls(&self) -> bool {
         (!self.deferred.is_empty() || !self.starved.is_empty()) && !self.down
     }
 
-    /// Windows in use that will be given back without the application's help: pulls in
-    /// flight or held back, and sends lent to peers (they end with their NOTIFY, or
-    /// with their partner).
-    fn room_will_free(&self) -> bool {
-        !self.sinks.is_empty() || !self.deferred.is_empty() || !self.lent.is_empty()
+    /// Queues a pull whose destination found no room to register (first refused at
+    /// `since`); it tries again when room is given back or after [`STARVED_RETRY`].
+    fn starve(&mut self, pull: WaitingPull, since: Instant) {
+        self.room_freed = false;
+        self.starved_retry_at = Some(Instant::now() + STARVED_RETRY);
+        self.starved.push_back((pull, since));
     }
 
-    /// Registers the starved pulls' destinations, in order, as room was given back, and
-    /// issues their pulls. One that still finds no room fails once nothing in use is
-    /// left to give any back, or after [`PULL_HELD_MAX`]: a peer that never pulls the
-    /// sends lent to it must not leave the receive waiting without a bound.
+    /// Registers the starved pulls' destinations, in order, as room is given back (by
+    /// this endpoint's pulls and sends, or by other processes of the guest), and issues
+    /// their pulls. One that still finds no room after [`PULL_HELD_MAX`] fails with
+    /// `MX_STATUS_NO_RESOURCES`: room that never comes must not leave the receive
+    /// waiting without a bound.
     fn feed_starved(&mut self, mailbox: &Mailbox, reg: &mut dyn Registrar) {
         if self.down || self.starved.is_empty() {
             return;
         }
+        let now = Instant::now();
         let expired = self
             .starved
             .front()
-            .is_some_and(|(_, since)| since.elapsed() >= PULL_HELD_MAX);
-        if !self.room_freed && !expired && self.room_will_free() {
+            .is_some_and(|(_, since)| now.duration_since(*since) >= PULL_HELD_MAX);
+        let retry_due = self.starved_retry_at.is_none_or(|t| now >= t);
+        if !self.room_freed && !expired && !retry_due {
             return;
         }
         self.room_freed = false;
@@ -1094,8 +1116,9 @@ impl XenLink {
         while let Some((w, since)) = self.starved.pop_front() {
             let (addr, len) = (windows::key(&w.dest).0, w.length as usize);
             let Ok(lease) = self.acquire(reg, addr, len) else {
-                if self.room_will_free() && since.elapsed() < PULL_HELD_MAX {
+                if since.elapsed() < PULL_HELD_MAX {
                     self.starved.push_front((w, since));
+                    self.starved_retry_at = Some(Instant::now() + STARVED_RETRY);
                     break;
                 }
                 tracing::warn!(
@@ -1215,11 +1238,7 @@ impl XenLink {
         for w in again {
             let (addr, len) = (windows::key(&w.dest).0, w.length as usize);
             let Ok(lease) = self.acquire(client, addr, len) else {
-                if self.room_will_free() {
-                    self.starved.push_back((w, Instant::now()));
-                } else {
-                    mailbox.put_pulls([(w.id, Err(Status::NoResources))]);
-                }
+                self.starve(w, Instant::now());
                 continue;
             };
             let sink = w.into_sink(lease);
