@@ -186,20 +186,26 @@ impl RegionCache {
     /// Deregister least-recently-used unused windows until one more fits.
     fn make_room(&mut self, reg: &mut dyn Registrar) -> Result<()> {
         while self.entries.len() >= self.capacity {
-            let victim = self
-                .entries
-                .iter()
-                .filter(|(_, e)| e.users == 0)
-                .min_by_key(|(_, e)| e.last_use)
-                .map(|(id, _)| *id);
-            let Some(id) = victim else {
-                // Every window is in use: grow past capacity rather than fail the message.
+            // Every window in use: grow past capacity rather than fail the message.
+            if !self.evict_least_recently_used(reg)? {
                 return Ok(());
-            };
-            self.stats.evictions += 1;
-            self.drop_entry(reg, id)?;
+            }
         }
         Ok(())
+    }
+
+    /// Deregisters the least recently used unused window; false if every one is in use.
+    fn evict_least_recently_used(&mut self, reg: &mut dyn Registrar) -> Result<bool> {
+        let victim = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.users == 0)
+            .min_by_key(|(_, e)| e.last_use)
+            .map(|(id, _)| *id);
+        let Some(id) = victim else { return Ok(false) };
+        self.stats.evictions += 1;
+        self.drop_entry(reg, id)?;
+        Ok(true)
     }
 
     fn drop_entry(&mut self, reg: &mut dyn Registrar, id: u64) -> Result<()> {
@@ -237,18 +243,11 @@ impl RegionCache {
     fn trim_idle(&mut self, reg: &mut dyn Registrar) -> Result<()> {
         loop {
             let idle = self.entries.values().filter(|e| e.users == 0);
-            if idle.map(|e| e.key.len).sum::<usize>() <= IDLE_BYTES_MAX {
+            if idle.map(|e| e.key.len).sum::<usize>() <= IDLE_BYTES_MAX
+                || !self.evict_least_recently_used(reg)?
+            {
                 return Ok(());
             }
-            let victim = self
-                .entries
-                .iter()
-                .filter(|(_, e)| e.users == 0)
-                .min_by_key(|(_, e)| e.last_use)
-                .map(|(id, _)| *id);
-            let Some(id) = victim else { return Ok(()) };
-            self.stats.evictions += 1;
-            self.drop_entry(reg, id)?;
         }
     }
 
