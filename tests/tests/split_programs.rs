@@ -135,6 +135,50 @@ fn c_programs_between_guests() {
     let programs = build_all(dir.path());
     run_all(&c, &programs, &[]);
     wakeup(&c, dir.path(), &[]);
+    ranks_exchanging_large_messages(&c, dir.path());
+}
+
+/// Three pairs of `ranks_large` at once between h1/g0 (endpoints 2, 3, 4) and h0/g0: each
+/// pair exchanges eight 16 MiB messages both ways from and into distinct buffers, so the
+/// two guests' processes want six times the grants each guest has. Every exchange
+/// completes, byte-exact: receives wait for room, sends lend at most a bounded share of
+/// the grants and wait for a window without hanging.
+fn ranks_exchanging_large_messages(c: &SimCluster, dir: &Path) {
+    let bin = cprog::build("ranks_large", dir);
+    let env = with_app_log(&[("XMX_STALL_REPORT_MS", "15000")]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let eids = ["2", "3", "4"];
+    let mut passives = Vec::new();
+    for eid in eids {
+        let mut p = App::spawn(
+            &format!("ranks_large -l {eid} in h1-g0"),
+            c.app(1, 0, &bin, &["-l", eid], &env),
+        );
+        c.wait_listening(1, 0, eid.parse().unwrap(), Duration::from_secs(30), &mut p);
+        passives.push(p);
+    }
+    let peer = c.hostname(1, 0);
+    let actives: Vec<App> = eids
+        .iter()
+        .map(|eid| {
+            App::spawn(
+                &format!("ranks_large -d {peer} -e {eid} in h0-g0"),
+                c.app(0, 0, &bin, &["-d", &peer, "-e", eid], &env),
+            )
+        })
+        .collect();
+    let actives: Vec<Finished> = actives.into_iter().map(App::finish).collect();
+    let passives: Vec<Finished> = passives.into_iter().map(App::finish).collect();
+    for (p, a) in passives.iter().zip(&actives) {
+        let out = both_passed(p, a);
+        assert!(out.contains("active: 8 x 16777216 bytes each way"), "{out}");
+        assert!(
+            p.stdout.contains("passive: 8 x 16777216 bytes each way"),
+            "{}",
+            p.stdout
+        );
+    }
+    println!("three pairs of ranks exchanged 16 MiB messages both ways");
 }
 
 /// Guests that may hold 5000 grants, two 8 MiB windows' worth. `deep_posted` has 24 LARGE

@@ -37,6 +37,15 @@ pub(crate) use unexp::UnexpHandler;
 const SEQ_BITS: u32 = 40;
 /// Frames taken in per progress round, so timers and sends keep their turn.
 const FRAMES_PER_ROUND: usize = 256;
+/// How often a LARGE send waiting for a window tries to register one again when nothing
+/// of its own endpoint moved: the room may come from another process of the guest, which
+/// signals nothing here. Slower than a starved pull's retry on purpose: room given back
+/// goes to receives first, since a send's window holds its grants until a peer pulls it,
+/// and sends that took all of two guests' grants would leave neither able to pull.
+const WINDOW_RETRY: Duration = Duration::from_millis(100);
+/// How long a LARGE send waits for a window before it fails with
+/// `MX_STATUS_NO_RESOURCES` (as long as a pull waits for room to register).
+const WINDOW_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// The protocol core's time ([`runtime::now`]) at the wall-clock instant
 /// `t`, so one clock reading serves both clocks.
@@ -89,6 +98,8 @@ pub(crate) struct EndpointState {
     /// LARGE sends waiting for a free window, and the sends posted after
     /// them, in posting order.
     waiting_large: VecDeque<u64>,
+    /// Since when the first of `waiting_large` has found no window.
+    window_wait_since: Option<xmx_mx::Instant>,
     addr_contexts: FxHashMap<(u64, u8), usize>,
     pub(crate) unexp: unexp::Unexp,
     completed: bool,
@@ -234,6 +245,7 @@ impl AppEndpoint {
                 next_done: 1,
                 zombies: 0,
                 waiting_large: VecDeque::new(),
+                window_wait_since: None,
                 addr_contexts: FxHashMap::default(),
                 unexp: unexp::Unexp::default(),
                 completed: false,
@@ -690,7 +702,12 @@ impl AppEndpoint {
                 break;
             }
         }
-        let next = st.core.next_timeout();
+        let mut next = st.core.next_timeout();
+        if !st.waiting_large.is_empty() {
+            // Nothing signals room to register: look again soon.
+            let retry = now + WINDOW_RETRY;
+            next = Some(next.map_or(retry, |t| t.min(retry)));
+        }
         // Stored only when it moved: most progress leaves it where it was,
         // and a SeqCst store costs an exchange.
         let next_ns = next.map_or(u64::MAX, |t| t.as_nanos());
@@ -861,8 +878,23 @@ impl AppEndpoint {
                 continue;
             }
             let Some(window) = self.window_for(st, seq) else {
-                return;
+                let since = *st.window_wait_since.get_or_insert(now);
+                if now.saturating_since(since) < WINDOW_WAIT_MAX {
+                    return;
+                }
+                tracing::warn!(
+                    index = self.index,
+                    "a LARGE send found no window to register in time; it fails"
+                );
+                st.window_wait_since = None;
+                st.waiting_large.pop_front();
+                if let Some(r) = st.requests.get_mut(&seq) {
+                    r.code = Status::NoResources;
+                }
+                self.complete(st, seq);
+                continue;
             };
+            st.window_wait_since = None;
             st.waiting_large.pop_front();
             self.launch_large(st, now, seq, window);
         }

@@ -46,6 +46,12 @@ pub(crate) const CACHE_CAPACITY: usize = 32;
 /// not leave the receive waiting without a bound.
 const PULL_HELD_MAX: Duration = Duration::from_secs(10);
 
+/// Bytes of windows an endpoint lends to peers at once (a send's window holds its grants
+/// until a peer pulls it), beyond the first: the rest of the guest's grants stay for
+/// receives. Without a bound, two guests exchanging many large messages could each fill
+/// their grants with sends the other cannot pull, having no room left to pull into.
+const LENT_BYTES_MAX: usize = 32 << 20;
+
 /// How often a pull that found no room to register tries again when nothing of its own
 /// endpoint gave room back: the room may come from another process of the guest (its
 /// pulls ending, its unused windows expiring).
@@ -769,6 +775,7 @@ impl XenLink {
             return None;
         }
         let (addr, len) = windows::key(data);
+        let over = !self.lent.is_empty() && self.lent_bytes().saturating_add(len) > LENT_BYTES_MAX;
         let lease = self.acquire(reg, addr, len).ok()?;
         let Some(id) = self
             .cache
@@ -781,6 +788,12 @@ impl XenLink {
             let _ = cache.release(&mut via, lease);
             return None;
         };
+        if over && !self.lent.keys().any(|k| k.0 == id) {
+            // Past the bound, only a window lent already (the same buffer) is lent again.
+            let (cache, mut via) = self.split(reg);
+            let _ = cache.release(&mut via, lease);
+            return None;
+        }
         let seqnum = self.generations[usize::from(id)].wrapping_add(1);
         self.generations[usize::from(id)] = seqnum;
         self.lent.insert((id, seqnum), lease);
@@ -792,6 +805,18 @@ impl XenLink {
             seqnum,
             offset: 0,
         })
+    }
+
+    /// Bytes of the windows lent now, each region once.
+    fn lent_bytes(&self) -> usize {
+        let mut regions: Vec<(u8, usize)> = self
+            .lent
+            .iter()
+            .filter_map(|(&(id, _), l)| self.cache.window(*l).map(|w| (id, w.len())))
+            .collect();
+        regions.sort_unstable();
+        regions.dedup_by_key(|r| r.0);
+        regions.iter().map(|r| r.1).sum()
     }
 
     /// Copies the data `window` lends into its region (if it is not there
