@@ -16,15 +16,10 @@
 #define M_HELLO 0xb1b00000ull
 #define M_DATA 0xb1b10000ull
 
-static uint32_t env_or(const char *name, uint32_t dflt) {
-  const char *v = getenv(name);
-  return v && *v ? (uint32_t)strtoul(v, NULL, 0) : dflt;
-}
-
 static void exchange(mx_endpoint_t ep, mx_endpoint_addr_t peer, uint32_t my_seed,
                      uint32_t peer_seed, const char *side) {
-  uint32_t len = env_or("BIBW_LEN", 512u << 10), window = env_or("BIBW_WINDOW", 64),
-           rounds = env_or("BIBW_ROUNDS", 2);
+  uint32_t len = test_env_or("BIBW_LEN", 512u << 10), window = test_env_or("BIBW_WINDOW", 64),
+           rounds = test_env_or("BIBW_ROUNDS", 2);
   unsigned char *sbuf = malloc(len), *rbuf = malloc(len);
   mx_request_t *sr = calloc(window, sizeof(*sr)), *rr = calloc(window, sizeof(*rr));
   EXPECT(sbuf && rbuf && sr && rr, "memory");

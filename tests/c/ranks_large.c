@@ -14,14 +14,9 @@
 #define M_HELLO 0xfffeull
 #define M_GO 0xfff0ull
 
-static uint32_t env_or(const char *name, uint32_t dflt) {
-  const char *v = getenv(name);
-  return v && *v ? (uint32_t)strtoul(v, NULL, 0) : dflt;
-}
-
 static void exchange(mx_endpoint_t ep, mx_endpoint_addr_t peer, uint32_t seed_out,
                      uint32_t seed_in, const char *side) {
-  uint32_t n = env_or("RANKS_N", 8), len = env_or("RANKS_LEN", 16u << 20);
+  uint32_t n = test_env_or("RANKS_N", 8), len = test_env_or("RANKS_LEN", 16u << 20);
   unsigned char *out = malloc((size_t)n * len), *in = calloc(n, len);
   mx_request_t *sends = calloc(n, sizeof(*sends)), *recvs = calloc(n, sizeof(*recvs));
   EXPECT(out && in && sends && recvs, "memory");

@@ -125,6 +125,12 @@ static inline mx_status_t test_wait(mx_endpoint_t ep, mx_request_t *req) {
   return s;
 }
 
+/* The number in environment variable `name` (decimal, or hex with 0x), else `dflt`. */
+static inline uint32_t test_env_or(const char *name, uint32_t dflt) {
+  const char *v = getenv(name);
+  return v && *v ? (uint32_t)strtoul(v, NULL, 0) : dflt;
+}
+
 /* mx_get_info counter by label. */
 static inline uint32_t test_counter(const char *label) {
   uint32_t n = 0;
