@@ -70,6 +70,11 @@ fn with_app_log(env: &[(&'static str, &'static str)]) -> Vec<(&'static str, Stri
     all
 }
 
+/// `env` as the applications take it.
+fn borrowed<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 /// Both sides of a pair ended cleanly with `PASS`; else a failure showing
 /// both (one side's failure often starts with the other's). Returns the
 /// active side's output.
@@ -88,12 +93,23 @@ fn both_passed<'a>(passive: &Finished, active: &'a Finished) -> &'a str {
     &active.stdout
 }
 
+/// [`both_passed`], and each side said what it checked.
+fn both_said(passive: &Finished, active: &Finished, passive_says: &str, active_says: &str) {
+    let out = both_passed(passive, active);
+    assert!(out.contains(active_says), "{}: {out}", active.what);
+    assert!(
+        passive.stdout.contains(passive_says),
+        "{}: {}",
+        passive.what,
+        passive.stdout
+    );
+}
+
 /// Every pair in every placement, then `wakeup` (one process, two
 /// endpoints of one guest).
 fn run_all(c: &SimCluster, programs: &[(PathBuf, &str)], env: &[(&'static str, &'static str)]) {
     let env = with_app_log(env);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let env = &env[..];
+    let env = &borrowed(&env)[..];
     for (place, passive, active) in PLACEMENTS {
         for (bin, line) in programs {
             let started = std::time::Instant::now();
@@ -146,7 +162,7 @@ fn c_programs_between_guests() {
 fn ranks_exchanging_large_messages(c: &SimCluster, dir: &Path) {
     let bin = cprog::build("ranks_large", dir);
     let env = with_app_log(&[("XMX_STALL_REPORT_MS", "15000")]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = borrowed(&env);
     let eids = ["2", "3", "4"];
     let mut passives = Vec::new();
     for eid in eids {
@@ -170,12 +186,11 @@ fn ranks_exchanging_large_messages(c: &SimCluster, dir: &Path) {
     let actives: Vec<Finished> = actives.into_iter().map(App::finish).collect();
     let passives: Vec<Finished> = passives.into_iter().map(App::finish).collect();
     for (p, a) in passives.iter().zip(&actives) {
-        let out = both_passed(p, a);
-        assert!(out.contains("active: 8 x 16777216 bytes each way"), "{out}");
-        assert!(
-            p.stdout.contains("passive: 8 x 16777216 bytes each way"),
-            "{}",
-            p.stdout
+        both_said(
+            p,
+            a,
+            "passive: 8 x 16777216 bytes each way",
+            "active: 8 x 16777216 bytes each way",
         );
     }
     println!("three pairs of ranks exchanged 16 MiB messages both ways");
@@ -187,40 +202,44 @@ fn ranks_exchanging_large_messages(c: &SimCluster, dir: &Path) {
 /// `idle_windows` one endpoint's registration cache keeps two 8 MiB windows it no longer
 /// uses while another endpoint of the guest receives: that receive waits for them to be
 /// given back. No receive fails with `MX_STATUS_NO_RESOURCES`, and every byte lands in
-/// its own buffer.
+/// its own buffer. `too_large` sends 32 MiB, more than a guest can ever register: the
+/// send ends with `MX_STATUS_NO_RESOURCES` after its bounded wait, not never.
 #[test]
-fn receives_short_of_grants_wait_for_room() {
-    if skipped("receives_short_of_grants_wait_for_room") {
+fn messages_short_of_grants_wait_for_room() {
+    if skipped("messages_short_of_grants_wait_for_room") {
         return;
     }
     let _one = exclusive();
     let c = SimCluster::up("sgrants", &[("XMX_SIMHV_MAX_GRANTS", "5000")]);
     let dir = tempfile::tempdir().unwrap();
     let env = with_app_log(&[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = borrowed(&env);
     let programs = [
         (
             "deep_posted",
-            "24 sends of 8388608 bytes outstanding at once",
             "24 receives of 8388608 bytes posted at once",
+            "24 sends of 8388608 bytes outstanding at once",
+            &PLACEMENTS[..],
         ),
         (
             "idle_windows",
-            "2 messages of 8388608 bytes to one endpoint, then one to another",
             "the second endpoint received while the first kept its windows",
+            "2 messages of 8388608 bytes to one endpoint, then one to another",
+            &PLACEMENTS[..],
+        ),
+        (
+            "too_large",
+            "the message after the oversized one arrived",
+            "a 33554432-byte send failed with Out of resources, and the next one went",
+            // The wait is the same in either placement (ten seconds): one is enough.
+            &PLACEMENTS[..1],
         ),
     ];
-    for (name, active_says, passive_says) in programs {
+    for (name, passive_says, active_says, placements) in programs {
         let bin = cprog::build(name, dir.path());
-        for (place, passive, active) in PLACEMENTS {
+        for &(_, passive, active) in placements {
             let (p, a) = c.run_pair(&bin, passive, active, &env);
-            let out = both_passed(&p, &a);
-            assert!(out.contains(active_says), "{place}: {name}: {out}");
-            assert!(
-                p.stdout.contains(passive_says),
-                "{place}: {name}: {}",
-                p.stdout
-            );
+            both_said(&p, &a, passive_says, active_says);
         }
     }
 }

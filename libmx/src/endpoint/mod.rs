@@ -96,10 +96,8 @@ pub(crate) struct EndpointState {
     next_done: u64,
     zombies: usize,
     /// LARGE sends waiting for a free window, and the sends posted after
-    /// them, in posting order.
-    waiting_large: VecDeque<u64>,
-    /// Since when the first of `waiting_large` has found no window.
-    window_wait_since: Option<xmx_mx::Instant>,
+    /// them, in posting order, each with when it was queued.
+    waiting_large: VecDeque<(u64, xmx_mx::Instant)>,
     addr_contexts: FxHashMap<(u64, u8), usize>,
     pub(crate) unexp: unexp::Unexp,
     completed: bool,
@@ -245,7 +243,6 @@ impl AppEndpoint {
                 next_done: 1,
                 zombies: 0,
                 waiting_large: VecDeque::new(),
-                window_wait_since: None,
                 addr_contexts: FxHashMap::default(),
                 unexp: unexp::Unexp::default(),
                 completed: false,
@@ -659,7 +656,7 @@ impl AppEndpoint {
                 // LARGE sends still waiting for a window never reached the
                 // core, and no window will come (registering needs the lost
                 // daemon or backend): they fail too, or their waiters hang.
-                while let Some(seq) = st.waiting_large.pop_front() {
+                while let Some((seq, _)) = st.waiting_large.pop_front() {
                     let Some(r) = st.requests.get_mut(&seq) else {
                         continue;
                     };
@@ -858,7 +855,7 @@ impl AppEndpoint {
     }
 
     fn start_waiting_large(&self, st: &mut EndpointState, now: xmx_mx::Instant) {
-        while let Some(&seq) = st.waiting_large.front() {
+        while let Some(&(seq, queued)) = st.waiting_large.front() {
             let Some(r) = st.requests.get_mut(&seq) else {
                 st.waiting_large.pop_front();
                 continue;
@@ -878,15 +875,13 @@ impl AppEndpoint {
                 continue;
             }
             let Some(window) = self.window_for(st, seq) else {
-                let since = *st.window_wait_since.get_or_insert(now);
-                if now.saturating_since(since) < WINDOW_WAIT_MAX {
+                if now.saturating_since(queued) < WINDOW_WAIT_MAX {
                     return;
                 }
                 tracing::warn!(
                     index = self.index,
                     "a LARGE send found no window to register in time; it fails"
                 );
-                st.window_wait_since = None;
                 st.waiting_large.pop_front();
                 if let Some(r) = st.requests.get_mut(&seq) {
                     r.code = Status::NoResources;
@@ -894,7 +889,6 @@ impl AppEndpoint {
                 self.complete(st, seq);
                 continue;
             };
-            st.window_wait_since = None;
             st.waiting_large.pop_front();
             self.launch_large(st, now, seq, window);
         }

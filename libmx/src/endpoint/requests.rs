@@ -152,7 +152,7 @@ impl AppEndpoint {
                     // after it, so messages keep their posting order.
                     r.data = Some(data);
                     let seq = ep.new_request(st, r);
-                    st.waiting_large.push_back(seq);
+                    st.waiting_large.push_back((seq, now));
                     return Ok(ep.token(seq));
                 }
                 // The gathered copy is the core's to keep: a second one
@@ -173,7 +173,7 @@ impl AppEndpoint {
                         return Ok(ep.token(seq));
                     }
                 }
-                st.waiting_large.push_back(seq);
+                st.waiting_large.push_back((seq, now));
                 Ok(ep.token(seq))
             }
         })

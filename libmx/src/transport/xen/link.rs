@@ -807,16 +807,17 @@ impl XenLink {
         })
     }
 
-    /// Bytes of the windows lent now, each region once.
+    /// Bytes of the windows lent now, each region once (without allocating: it is
+    /// asked at every LARGE send).
     fn lent_bytes(&self) -> usize {
-        let mut regions: Vec<(u8, usize)> = self
-            .lent
-            .iter()
-            .filter_map(|(&(id, _), l)| self.cache.window(*l).map(|w| (id, w.len())))
-            .collect();
-        regions.sort_unstable();
-        regions.dedup_by_key(|r| r.0);
-        regions.iter().map(|r| r.1).sum()
+        let mut counted = [false; 256];
+        let mut bytes = 0;
+        for (&(id, _), lease) in &self.lent {
+            if !std::mem::replace(&mut counted[usize::from(id)], true) {
+                bytes += self.cache.window(*lease).map_or(0, |w| w.len());
+            }
+        }
+        bytes
     }
 
     /// Copies the data `window` lends into its region (if it is not there
@@ -1127,13 +1128,8 @@ impl XenLink {
         if self.down || self.starved.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let expired = self
-            .starved
-            .front()
-            .is_some_and(|(_, since)| now.duration_since(*since) >= PULL_HELD_MAX);
-        let retry_due = self.starved_retry_at.is_none_or(|t| now >= t);
-        if !self.room_freed && !expired && !retry_due {
+        let retry_due = self.starved_retry_at.is_none_or(|t| Instant::now() >= t);
+        if !self.room_freed && !retry_due {
             return;
         }
         self.room_freed = false;
