@@ -77,7 +77,7 @@ fn take_in_direct(shared: &XenShared, ep: &EndpointShared, now_ns: u64) -> usize
     }
     let mut link = LinkRef(&ep.link);
     let mut n = hub.take_in(ep.index, &mut d, &ep.mailbox, &mut link);
-    if ep.mailbox.driven_until(now_ns).is_none() && hub.arm(&d) {
+    if ep.mailbox.driven_until(now_ns).is_none() && hub.arm(&mut d) {
         n += hub.take_in(ep.index, &mut d, &ep.mailbox, &mut link);
     }
     let orphans = d.take_orphans();

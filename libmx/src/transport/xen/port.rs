@@ -200,7 +200,7 @@ impl TransportPort for XenPort {
                 &mut LinkRef(&self.ep.link),
             );
             let orphans = d.take_orphans();
-            let ready = n > 0 || !orphans.is_empty() || hub.arm(&d);
+            let ready = n > 0 || !orphans.is_empty() || hub.arm(&mut d);
             drop(d);
             self.shared.resume_pulls(&self.ep, orphans);
             if ready {

@@ -287,9 +287,10 @@ impl EndpointDirect {
     /// microsecond and almost always finds this; it then costs a load per
     /// channel instead of a list of the peers and a hash per lookup.
     ///
-    /// A producer waiting for room needs no look here: it asked only while
-    /// records were in the lane, and the take-in that took them saw its
-    /// request (`room_wanted` after `advance`, ring.h's check).
+    /// A producer waiting for room needs no look here: it asked (before it
+    /// slept, `arm_room`) only while records were in the lane, and the
+    /// take-in that took them saw its request (`advance`, then
+    /// `room_wanted`: ring.h's check).
     pub(crate) fn idle(&self) -> bool {
         self.jobs.is_empty()
             && self.sinks.is_empty()
@@ -1061,10 +1062,12 @@ impl Hub {
                     }
                 }
                 if let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) {
-                    ch.lanes.rx.advance(rec);
+                    if ch.lanes.rx.advance(rec) {
+                        let _ = self.evtchn.notify(ch.port);
+                    }
                 }
             }
-            if let Some(DirectSlot::Open(ch)) = d.slots.get(&addr) {
+            if let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&addr) {
                 if ch.lanes.rx.room_wanted() {
                     let _ = self.evtchn.notify(ch.port);
                 }
@@ -1118,9 +1121,10 @@ impl Hub {
         (n, kept)
     }
 
-    /// Asks every channel's peer to signal the next frame; true if one is
-    /// there already.
-    pub(crate) fn arm(&self, d: &EndpointDirect) -> bool {
+    /// Asks every channel's peer to signal the next frame, and the peer of
+    /// a pull this side serves to signal room for its next record if the
+    /// lane was full; true if either is there already.
+    pub(crate) fn arm(&self, d: &mut EndpointDirect) -> bool {
         if self.fault == Some(Fault::Unarmed) {
             return false;
         }
@@ -1128,6 +1132,14 @@ impl Hub {
         for s in d.slots.values() {
             if let DirectSlot::Open(ch) = s {
                 ready |= ch.lanes.rx.arm();
+            }
+        }
+        // Jobs are served in order: only the first can be waiting for room.
+        if let Some(job) = d.jobs.front() {
+            let next =
+                PULL_HEAD + job.length.saturating_sub(job.sent).min(MAX_DATA as u32) as usize;
+            if let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&job.peer) {
+                ready |= ch.lanes.tx.arm_room(next);
             }
         }
         ready
