@@ -7,10 +7,15 @@
 //!
 //! - `MX_RCACHE=1` (the default): a window stays registered after its message; the next
 //!   message from or to the same buffer finds it (a hit) and pays no grant operation.
-//!   Unused windows are evicted least-recently-used beyond the cache's capacity, beyond
-//!   [`IDLE_BYTES_MAX`] of them, and once unused for [`IDLE_FOR_MAX`]: a guest's grants are
-//!   shared by all its processes, and windows one process keeps but does not use must not
-//!   leave another unable to register (several MPI ranks in one guest).
+//!   Unused windows are evicted least-recently-used beyond the cache's capacity, once
+//!   unused for [`IDLE_FOR_MAX`], and all at once ([`RegionCache::drop_unused`]) when the
+//!   guest runs short of grants: a guest's grants are shared by all its processes, and
+//!   windows one process keeps but does not use must not leave another unable to
+//!   register (several MPI ranks in one guest). The guest daemon says when a
+//!   registration failed for want of grants (`Notice::GrantsShort`), so no byte bound is
+//!   needed while grants are plenty: a bound below what a stream cycles through (eight
+//!   posted receives of 16 MiB, each into its own buffer) evicted, least recently used,
+//!   exactly the window needed next, and every message paid a registration.
 //! - `MX_RCACHE=0`: every message registers its window and deregisters it when done.
 //!
 //! [`RegionCache::invalidate`] drops windows of a buffer range the application freed or
@@ -23,10 +28,6 @@ use std::time::{Duration, Instant};
 use crate::channel::RegionWindow;
 use crate::error::Result;
 
-/// Bytes of unused windows a cache keeps registered at most: the windows of a 16 MiB
-/// ping-pong (a send's and a receive's) and some smaller ones, under a third of a guest's
-/// default grant table (128 MiB of pages).
-pub const IDLE_BYTES_MAX: usize = 40 << 20;
 /// How long a cache keeps a window nothing uses.
 pub const IDLE_FOR_MAX: Duration = Duration::from_secs(1);
 
@@ -235,20 +236,7 @@ impl RegionCache {
             return self.drop_entry(reg, lease.id);
         }
         e.idle_since = Some(Instant::now());
-        self.trim_idle(reg)
-    }
-
-    /// Deregisters least-recently-used unused windows while they hold more than
-    /// [`IDLE_BYTES_MAX`].
-    fn trim_idle(&mut self, reg: &mut dyn Registrar) -> Result<()> {
-        loop {
-            let idle = self.entries.values().filter(|e| e.users == 0);
-            if idle.map(|e| e.key.len).sum::<usize>() <= IDLE_BYTES_MAX
-                || !self.evict_least_recently_used(reg)?
-            {
-                return Ok(());
-            }
-        }
+        Ok(())
     }
 
     /// Deregisters the windows unused for [`IDLE_FOR_MAX`] at `now`; returns how many.
@@ -293,6 +281,28 @@ impl RegionCache {
             .map(|(id, _)| *id)
             .collect();
         self.retire(reg, &hit)
+    }
+
+    /// Deregisters every window nothing uses now (the guest is short of grants); returns
+    /// how many. Windows in use stay, and stay cached.
+    pub fn drop_unused(&mut self, reg: &mut dyn Registrar) -> Result<usize> {
+        let unused: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.users == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut first_err = None;
+        for id in &unused {
+            self.stats.evictions += 1;
+            if let Err(e) = self.drop_entry(reg, *id) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(unused.len()),
+        }
     }
 
     /// Drop every window (those in use at their release).
@@ -464,28 +474,54 @@ mod tests {
     }
 
     #[test]
-    fn unused_windows_are_kept_within_a_byte_bound_and_a_time() {
+    fn buffers_used_in_turn_stay_cached_until_the_guest_is_short_of_grants() {
         let mut reg = Fake::default();
         let mut c = RegionCache::new(true, 32);
-        let big = IDLE_BYTES_MAX / 2;
+        let big = 16 << 20;
+        let bufs = [0x1000_0000, 0x2000_0000, 0x3000_0000, 0x4000_0000];
+        // A stream with four receives posted, each into its own buffer, one pulled at a
+        // time: after the first round every window is a hit.
+        for round in 0..3 {
+            for &addr in &bufs {
+                let l = c.acquire(&mut reg, 0, addr, big).unwrap();
+                c.release(&mut reg, l).unwrap();
+            }
+            assert_eq!(c.stats().registrations, 4, "round {round}");
+        }
+        assert_eq!((c.stats().hits, c.stats().evictions), (8, 0));
+        // Short of grants: what nothing uses goes, what is in use stays cached.
+        let busy = c.acquire(&mut reg, 0, bufs[1], big).unwrap();
+        assert_eq!(c.drop_unused(&mut reg).unwrap(), 3);
+        assert_eq!(reg.live, 1);
+        assert!(c.window(busy).is_some());
+        c.release(&mut reg, busy).unwrap();
+        let again = c.acquire(&mut reg, 0, bufs[1], big).unwrap();
+        assert_eq!((c.stats().hits, c.stats().registrations), (10, 4));
+        c.release(&mut reg, again).unwrap();
+        assert_eq!(c.drop_unused(&mut reg).unwrap(), 1);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn unused_windows_expire() {
+        let mut reg = Fake::default();
+        let mut c = RegionCache::new(true, 32);
+        let big = 16 << 20;
         let a = c.acquire(&mut reg, 0, 0x1000_0000, big).unwrap();
         let b = c.acquire(&mut reg, 0, 0x2000_0000, big).unwrap();
         let d = c.acquire(&mut reg, 0, 0x3000_0000, big).unwrap();
         c.release(&mut reg, a).unwrap();
         c.release(&mut reg, b).unwrap();
-        assert_eq!(reg.live, 3, "in use or within the bound: all kept");
-        assert!(c.next_expiry().is_some());
-        // A third unused one passes the bound: the least recently used goes.
         c.release(&mut reg, d).unwrap();
-        assert_eq!((reg.live, c.stats().evictions), (2, 1));
-        assert!(c.window(a).is_none() && c.window(b).is_some());
+        assert_eq!(reg.live, 3, "all kept");
+        assert!(c.next_expiry().is_some());
         // A hit makes a window used again: it does not expire while in use.
         let b2 = c.acquire(&mut reg, 0, 0x2000_0000, big).unwrap();
         let later = Instant::now() + IDLE_FOR_MAX;
         assert_eq!(
             c.expire_idle(&mut reg, later).unwrap(),
-            1,
-            "only d was unused"
+            2,
+            "a and d were unused"
         );
         assert_eq!(reg.live, 1);
         c.release(&mut reg, b2).unwrap();

@@ -15,6 +15,10 @@
 //!   virtual cluster): applications see the disconnection, and once the device is back
 //!   their endpoints are re-opened and handed over again, as after a resume. The daemon
 //!   stops only when told to (or when the frontend gives the device up for good).
+//! - The guest's grants are shared by its applications: a registration that fails for
+//!   want of them is answered with the error, and every application is told
+//!   ([`Notice::GrantsShort`]) to give back the windows its registration caches keep
+//!   unused; the library that failed tries again (a receive waits for room).
 //! - Stopping: applications are told ([`Notice::Shutdown`]) and given `drain` to
 //!   disconnect, then the device goes Closing, waits for the backend to let go, ends every
 //!   grant and goes Closed.
@@ -553,7 +557,22 @@ fn handle(
             if !owns(endpoint) {
                 return Err(not_yours(endpoint));
             }
-            let h = fe.register_region(endpoint, length)?;
+            let h = match fe.register_region(endpoint, length) {
+                Ok(h) => h,
+                Err(e) => {
+                    drop(fe);
+                    if matches!(e, Error::Platform(_)) {
+                        // The guest's grants ran out (the platform refused to grant the
+                        // window's pages): every application, the asking one included
+                        // (its other endpoints), gives back the windows its caches keep
+                        // unused. The registration that failed is tried again by its
+                        // library (a receive waits for room, a send retries).
+                        tracing::debug!(client = client.id, %e, "grants short; asking for unused windows");
+                        shared.broadcast(Notice::GrantsShort);
+                    }
+                    return Err(e);
+                }
+            };
             lock(&client.owned).regions.insert((endpoint, h.region_id));
             Ok(FrontdReply::Region(h))
         }

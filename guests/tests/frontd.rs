@@ -218,6 +218,56 @@ fn an_application_gets_endpoints_and_cached_regions_through_the_daemon() {
 }
 
 /// Run as a child process by `a_killed_application_has_its_endpoints_closed`.
+/// A registration that fails for want of grants makes the daemon tell every application,
+/// the asking one included (its other endpoints may hold unused windows): each gives back
+/// what its registration caches keep unused. The asker reads the notice while it waits
+/// for its reply; the client's queued-notice descriptor then says so to whoever watches.
+#[test]
+fn a_guest_short_of_grants_asks_every_application_for_unused_windows() {
+    // Enough grants for the device, two endpoints and one window of 1 MiB (257 pages),
+    // not two.
+    let host = GuestsTestHost::start_with(SimhvConfig {
+        max_grants: 700,
+        ..SimhvConfig::default()
+    });
+    let g = host.guest("g1", 1);
+    let frontd = host.frontd(g, &[]);
+    let mut asker = FrontdClient::connect(&frontd.socket).unwrap();
+    let mut other = FrontdClient::connect(&frontd.socket).unwrap();
+    let a = asker.open_endpoint(None, Some(geometry())).unwrap();
+    let _b = other.open_endpoint(None, Some(geometry())).unwrap();
+    let readable = |fd: std::os::fd::BorrowedFd<'_>| {
+        let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap() == 1
+    };
+    let mut windows = Vec::new();
+    let failed = loop {
+        match asker.register_region(a.endpoint(), 1 << 20) {
+            Ok(w) => windows.push(w),
+            Err(e) => break e,
+        }
+        assert!(windows.len() < 8, "the grant table never ran out");
+    };
+    // The platform's refusal, named across the socket.
+    assert!(failed.to_string().contains("quota exceeded"), "{failed}");
+    assert!(!windows.is_empty());
+    // The asker's notice came before its reply: queued, and said so.
+    assert!(readable(asker.queued_fd()));
+    let got = asker.poll_notices().unwrap();
+    assert!(matches!(got[..], [Notice::GrantsShort]), "{got:?}");
+    assert!(!readable(asker.queued_fd()));
+    match other.wait_notice(WAIT).unwrap() {
+        Some(Notice::GrantsShort) => {}
+        n => panic!("the other application was told {n:?}"),
+    }
+    // Room given back serves the next registration.
+    asker.deregister_region(windows.pop().unwrap()).unwrap();
+    windows.push(asker.register_region(a.endpoint(), 1 << 20).unwrap());
+    for w in windows {
+        asker.deregister_region(w).unwrap();
+    }
+}
+
 #[test]
 fn child_application() {
     let Ok(socket) = std::env::var(CHILD_ENV) else {

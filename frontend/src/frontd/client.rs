@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use xmx_hv::handoff::{recv_message, send_message};
 use xmx_wire::msg::EndpointPages;
 
@@ -28,6 +29,10 @@ pub struct FrontdClient {
     sock: UnixStream,
     seq: u32,
     notices: VecDeque<Notice>,
+    /// Readable while `notices` holds notices a request's wait read off the socket:
+    /// whoever watches [`fd`](Self::fd) for notices watches this too, or a notice
+    /// that came just before a reply would wait for the next one.
+    queued: EventFd,
     timeout: Duration,
 }
 
@@ -40,10 +45,14 @@ impl FrontdClient {
                 path.display()
             ))
         })?;
+        let queued =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| Error::Io(e.into()))?;
         Ok(FrontdClient {
             sock,
             seq: 0,
             notices: VecDeque::new(),
+            queued,
             timeout: DEFAULT_TIMEOUT,
         })
     }
@@ -61,6 +70,12 @@ impl FrontdClient {
     /// A descriptor that polls readable when the daemon sent something (a notice).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.sock.as_fd()
+    }
+
+    /// Readable while notices wait in the client (read off the socket by a request's
+    /// wait for its reply); [`poll_notices`](Self::poll_notices) takes them.
+    pub fn queued_fd(&self) -> BorrowedFd<'_> {
+        self.queued.as_fd()
     }
 
     fn recv(&mut self, timeout: Option<Duration>) -> Result<Option<FrontdMessage>> {
@@ -108,7 +123,11 @@ impl FrontdClient {
                 FrontdMessage::Reply { seq: s, .. } => {
                     return Err(Error::Protocol(format!("reply {s} to request {seq}")))
                 }
-                FrontdMessage::Notice(n) => self.notices.push_back(n),
+                FrontdMessage::Notice(n) => {
+                    self.notices.push_back(n);
+                    // The counter cannot overflow: it is reset at every poll.
+                    let _ = self.queued.write(1);
+                }
                 FrontdMessage::Request { .. } => {
                     return Err(Error::Protocol("the daemon sent a request".into()))
                 }
@@ -211,6 +230,8 @@ impl FrontdClient {
 
     /// Notices received so far and any waiting on the socket, without blocking.
     pub fn poll_notices(&mut self) -> Result<Vec<Notice>> {
+        // Nonblocking: fails with EAGAIN when nothing was queued.
+        let _ = self.queued.read();
         while let Some(msg) = self.recv(Some(Duration::ZERO))? {
             match msg {
                 FrontdMessage::Notice(n) => self.notices.push_back(n),

@@ -65,6 +65,7 @@ const NOTICE_LOST: u8 = 2;
 const NOTICE_DISCONNECTED: u8 = 3;
 const NOTICE_CONNECTED: u8 = 4;
 const NOTICE_SHUTDOWN: u8 = 5;
+const NOTICE_GRANTS_SHORT: u8 = 6;
 
 const ANY_ENDPOINT: u8 = u8::MAX;
 
@@ -245,6 +246,10 @@ pub enum Notice {
     Connected,
     /// The daemon is stopping: unmap everything and close the connection.
     Shutdown,
+    /// A registration of the guest failed for want of grants: give back the windows
+    /// your registration caches keep unused (another process, or another endpoint of
+    /// yours, waits for their room).
+    GrantsShort,
 }
 
 /// One message either way.
@@ -369,6 +374,7 @@ impl FrontdMessage {
                 Notice::Disconnected => header(&mut out, KIND_NOTICE, NOTICE_DISCONNECTED, 0),
                 Notice::Connected => header(&mut out, KIND_NOTICE, NOTICE_CONNECTED, 0),
                 Notice::Shutdown => header(&mut out, KIND_NOTICE, NOTICE_SHUTDOWN, 0),
+                Notice::GrantsShort => header(&mut out, KIND_NOTICE, NOTICE_GRANTS_SHORT, 0),
             },
         }
         (out, fds)
@@ -481,6 +487,7 @@ impl FrontdMessage {
                 NOTICE_DISCONNECTED => Notice::Disconnected,
                 NOTICE_CONNECTED => Notice::Connected,
                 NOTICE_SHUTDOWN => Notice::Shutdown,
+                NOTICE_GRANTS_SHORT => Notice::GrantsShort,
                 other => return Err(Error::Protocol(format!("unknown notice {other}"))),
             }),
             other => return Err(Error::Protocol(format!("unknown message kind {other}"))),
@@ -644,6 +651,10 @@ mod tests {
         assert!(matches!(
             round_trip(&FrontdMessage::Notice(Notice::Shutdown)),
             FrontdMessage::Notice(Notice::Shutdown)
+        ));
+        assert!(matches!(
+            round_trip(&FrontdMessage::Notice(Notice::GrantsShort)),
+            FrontdMessage::Notice(Notice::GrantsShort)
         ));
     }
 

@@ -12,6 +12,7 @@ use xmx_backend::admin::{BackdRequest, CountersReport, GuestReport, PeerSpec};
 use xmx_backend::service::{Backend, BackendConfig, BackendThread};
 use xmx_backend::xenbus::toolstack::{self, DeviceSpec};
 use xmx_hv::{DomId, DOM0};
+pub use xmx_simhv::SimhvConfig;
 use xmx_wire::xenbus::XenbusState;
 
 #[allow(unused_imports)] // each test binary uses its part
@@ -33,7 +34,12 @@ impl std::ops::Deref for GuestsTestHost {
 impl GuestsTestHost {
     /// A simulated host with the backend running in dom0.
     pub fn start() -> GuestsTestHost {
-        let sim = SimHost::start();
+        GuestsTestHost::start_with(SimhvConfig::default())
+    }
+
+    /// [`GuestsTestHost::start`] with a hypervisor configuration.
+    pub fn start_with(config: SimhvConfig) -> GuestsTestHost {
+        let sim = SimHost::start_with(config);
         let cfg = BackendConfig {
             host_name: "testhost".into(),
             ..BackendConfig::default()

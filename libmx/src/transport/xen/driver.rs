@@ -97,6 +97,7 @@ pub(super) fn run(shared: Arc<XenShared>) {
         let mut sources = vec![(shared.wake_fd(), Source::Wake)];
         if !shared.daemon_gone.load(Ordering::SeqCst) {
             sources.push((shared.client_fd, Source::Daemon));
+            sources.push((shared.notice_fd, Source::Daemon));
         }
         if let Some(xs) = shared.xs() {
             sources.push((xs.watch_fd(), Source::PeerView));

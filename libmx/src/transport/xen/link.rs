@@ -1105,6 +1105,20 @@ impl XenLink {
         self.cache.next_expiry()
     }
 
+    /// The guest is short of grants (its daemon says so): gives back every window the
+    /// cache keeps unused, for whoever waits for their room.
+    pub(crate) fn give_back_unused_windows(&mut self, reg: &mut dyn Registrar) {
+        let (cache, mut via) = self.split(reg);
+        match cache.drop_unused(&mut via) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::debug!(index = self.index, n, "unused windows given back");
+                self.room_freed = true;
+            }
+            Err(e) => tracing::warn!(index = self.index, %e, "giving back unused windows"),
+        }
+    }
+
     /// Whether pulls wait for room in the send ring or to register: whoever drives the
     /// link looks at it again soon rather than sleeping until an event.
     pub(crate) fn has_deferred_pulls(&self) -> bool {

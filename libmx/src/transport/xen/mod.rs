@@ -187,6 +187,8 @@ fn attached<'a>(
 pub(crate) struct XenShared {
     client: Mutex<FrontdClient>,
     client_fd: RawFd,
+    /// The client's [`FrontdClient::queued_fd`]: notices a request's wait took in.
+    notice_fd: RawFd,
     daemon_gone: AtomicBool,
     board: FrontdBoardInfo,
     view: PeerView,
@@ -316,6 +318,13 @@ impl XenShared {
                 Notice::Connected => {
                     tracing::info!("device connected again");
                     self.follow_move();
+                }
+                Notice::GrantsShort => {
+                    // Lock order: link, then client (the registrar takes it).
+                    for ep in self.endpoints() {
+                        let mut reg = FrontdRegistrar(&self.client);
+                        lock(&ep.link).give_back_unused_windows(&mut reg);
+                    }
                 }
                 Notice::EndpointLost { endpoint, reason } => {
                     tracing::warn!(endpoint, %reason, "endpoint lost");
@@ -544,6 +553,7 @@ impl Xen {
         let mut client = FrontdClient::connect(&config.socket).map_err(|e| e.to_string())?;
         let board = connected_board(&mut client, config.connect_timeout)?;
         let client_fd = client.fd().as_raw_fd();
+        let notice_fd = client.queued_fd().as_raw_fd();
         let view = PeerView::default();
         let view_dir = peers::view_dir(config.toolstack, board.domid);
         let platform = xmx_hv::platform::from_env().ok();
@@ -589,6 +599,7 @@ impl Xen {
         let shared = Arc::new(XenShared {
             client: Mutex::new(client),
             client_fd,
+            notice_fd,
             daemon_gone: AtomicBool::new(false),
             board,
             view,
