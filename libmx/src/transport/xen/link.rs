@@ -1108,6 +1108,11 @@ impl XenLink {
     /// The guest is short of grants (its daemon says so): gives back every window the
     /// cache keeps unused, for whoever waits for their room.
     pub(crate) fn give_back_unused_windows(&mut self, reg: &mut dyn Registrar) {
+        // Grants kept for windows not registered yet (registration without the cache) go
+        // too: ending them returns their room at once.
+        if let Some(d) = self.own_grants.as_mut() {
+            d.pool.clear();
+        }
         let (cache, mut via) = self.split(reg);
         match cache.drop_unused(&mut via) {
             Ok(0) => {}
