@@ -250,6 +250,10 @@ pub enum Notice {
     /// your registration caches keep unused (another process, or another endpoint of
     /// yours, waits for their room).
     GrantsShort,
+    /// A notice of a kind this side does not know (from a newer daemon), its body and
+    /// descriptors dropped: nothing asks for an answer to a notice, so an application
+    /// ignores it rather than taking the daemon for broken.
+    Unknown(u8),
 }
 
 /// One message either way.
@@ -375,6 +379,7 @@ impl FrontdMessage {
                 Notice::Connected => header(&mut out, KIND_NOTICE, NOTICE_CONNECTED, 0),
                 Notice::Shutdown => header(&mut out, KIND_NOTICE, NOTICE_SHUTDOWN, 0),
                 Notice::GrantsShort => header(&mut out, KIND_NOTICE, NOTICE_GRANTS_SHORT, 0),
+                Notice::Unknown(kind) => header(&mut out, KIND_NOTICE, *kind, 0),
             },
         }
         (out, fds)
@@ -488,7 +493,11 @@ impl FrontdMessage {
                 NOTICE_CONNECTED => Notice::Connected,
                 NOTICE_SHUTDOWN => Notice::Shutdown,
                 NOTICE_GRANTS_SHORT => Notice::GrantsShort,
-                other => return Err(Error::Protocol(format!("unknown notice {other}"))),
+                other => {
+                    f.0 = &[];
+                    fds.clear();
+                    Notice::Unknown(other)
+                }
             }),
             other => return Err(Error::Protocol(format!("unknown message kind {other}"))),
         };
@@ -655,6 +664,14 @@ mod tests {
         assert!(matches!(
             round_trip(&FrontdMessage::Notice(Notice::GrantsShort)),
             FrontdMessage::Notice(Notice::GrantsShort)
+        ));
+        // A newer daemon's notice, with a body this side cannot read: known as unknown.
+        let mut body = Vec::new();
+        header(&mut body, KIND_NOTICE, 200, 0);
+        body.extend_from_slice(b"a body of some newer kind");
+        assert!(matches!(
+            FrontdMessage::parse(&body, Vec::new()).unwrap(),
+            FrontdMessage::Notice(Notice::Unknown(200))
         ));
     }
 

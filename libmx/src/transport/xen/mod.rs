@@ -319,6 +319,12 @@ impl XenShared {
                     tracing::info!("device connected again");
                     self.follow_move();
                 }
+                Notice::Unknown(kind) => {
+                    tracing::debug!(
+                        kind,
+                        "a notice of a kind this library does not know, ignored"
+                    );
+                }
                 Notice::GrantsShort => {
                     // Lock order: link, then client (the registrar takes it).
                     for ep in self.endpoints() {
