@@ -103,7 +103,16 @@ struct FrontdShared {
     clients: Mutex<BTreeMap<u64, Arc<Client>>>,
     /// Signalled when a client leaves (for the drain at stop).
     left: Condvar,
+    /// When applications were last told the guest is short of grants.
+    grants_short_told: Mutex<Option<Instant>>,
 }
+
+/// The shortest time between two [`Notice::GrantsShort`]: a receive waiting for room asks
+/// again every few milliseconds, and an application that does not read its socket (one
+/// stopped in a debugger) must not fill it with notices, which would block the daemon's
+/// writes to it. A window given back after one notice serves the next try; one that goes
+/// unused later waits at most this long for the next notice.
+const GRANTS_SHORT_EVERY: Duration = Duration::from_millis(50);
 
 impl FrontdShared {
     /// The client owning `endpoint`, if any.
@@ -112,6 +121,20 @@ impl FrontdShared {
             .values()
             .find(|c| lock(&c.owned).endpoints.contains(&endpoint))
             .cloned()
+    }
+
+    /// Tells every application the guest is short of grants, unless it was told less
+    /// than [`GRANTS_SHORT_EVERY`] ago.
+    fn grants_short(&self) {
+        let now = Instant::now();
+        {
+            let mut told = lock(&self.grants_short_told);
+            if told.is_some_and(|t| now.duration_since(t) < GRANTS_SHORT_EVERY) {
+                return;
+            }
+            *told = Some(now);
+        }
+        self.broadcast(Notice::GrantsShort);
     }
 
     fn broadcast(&self, notice: Notice) {
@@ -226,6 +249,7 @@ impl Server {
                 toolstack,
                 clients: Mutex::new(BTreeMap::new()),
                 left: Condvar::new(),
+                grants_short_told: Mutex::new(None),
             }),
             listener,
             threads: Vec::new(),
@@ -568,7 +592,7 @@ fn handle(
                         // unused. The registration that failed is tried again by its
                         // library (a receive waits for room, a send retries).
                         tracing::debug!(client = client.id, %e, "grants short; asking for unused windows");
-                        shared.broadcast(Notice::GrantsShort);
+                        shared.grants_short();
                     }
                     return Err(e);
                 }
