@@ -195,6 +195,13 @@ struct Job {
     sent: u32,
 }
 
+impl Job {
+    /// Bytes of data the next DATA record carries.
+    fn next_chunk(&self) -> u32 {
+        self.length.saturating_sub(self.sent).min(MAX_DATA as u32)
+    }
+}
+
 /// Pulls one endpoint serves at once; more asked are refused (the peer
 /// then pulls through the backend).
 const MAX_JOBS: usize = 64;
@@ -928,7 +935,7 @@ impl Hub {
             let mut broken = None;
             let mut notify = false;
             while job.sent < job.length {
-                let n = (job.length - job.sent).min(MAX_DATA as u32);
+                let n = job.next_chunk();
                 let head = PullHead {
                     kind: DATA,
                     dst_endpoint: job.peer.endpoint,
@@ -1136,8 +1143,7 @@ impl Hub {
         }
         // Jobs are served in order: only the first can be waiting for room.
         if let Some(job) = d.jobs.front() {
-            let next =
-                PULL_HEAD + job.length.saturating_sub(job.sent).min(MAX_DATA as u32) as usize;
+            let next = PULL_HEAD + job.next_chunk() as usize;
             if let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&job.peer) {
                 ready |= ch.lanes.tx.arm_room(next);
             }
