@@ -91,6 +91,9 @@ pub(crate) enum Fault {
     /// `unarmed`: this side never asks its peers to signal a frame (a
     /// consumer that only looks when something else wakes it).
     Unarmed,
+    /// `busy`: every pull asked of this side finds its list of pulls to
+    /// serve full (and is refused: the peer pulls through the backends).
+    Busy,
 }
 
 impl Fault {
@@ -100,6 +103,7 @@ impl Fault {
             "rewritten-slot" => Some(Fault::RewrittenSlot),
             "stop-large" => Some(Fault::StopLarge),
             "unarmed" => Some(Fault::Unarmed),
+            "busy" => Some(Fault::Busy),
             _ => None,
         }
     }
@@ -252,6 +256,14 @@ pub(crate) struct EndpointDirect {
     take_peers: Vec<PeerAddr>,
     take_frames: Vec<Frame<Vec<u8>>>,
     sinks: FxHashMap<u32, DirectSink>,
+    /// Pulls whose request found the lane full (of the data this side
+    /// serves the same peer, when both pull at once), by tag, oldest first:
+    /// asked as soon as there is room. Through the backend instead, the
+    /// peer's window would not yet hold its data there, and the pull would
+    /// wait for the backend's retry.
+    unasked: VecDeque<u32>,
+    /// Pulls a take-in finished, for the mailbox.
+    finished: Vec<(RequestId, Result<(), Status>)>,
     next_tag: u32,
     jobs: VecDeque<Job>,
     /// Pulls whose channel ended before they finished: the caller pulls
@@ -800,28 +812,57 @@ impl Hub {
         }
         d.next_tag = d.next_tag.wrapping_add(1);
         let tag = d.next_tag;
-        let head = PullHead {
-            kind: PULL,
-            dst_endpoint: sink.source.endpoint,
-            src_endpoint: endpoint,
-            tag,
-            window: sink.window,
-            a: sink.length,
-            b: 0,
-        };
-        match ch.lanes.tx.push(&head.encode()) {
-            Ok(Pushed::Sent { notify }) => {
-                if notify {
-                    let _ = self.evtchn.notify(ch.port);
-                }
-                d.sinks.insert(tag, sink);
-                Some(PullProgress::Started)
+        d.sinks.insert(tag, sink);
+        d.unasked.push_back(tag);
+        self.ask(d, endpoint);
+        Some(PullProgress::Started)
+    }
+
+    /// Sends the requests of the pulls not asked yet, in order, while their
+    /// lanes have room. A lane stays full only while its peer does not take
+    /// from it; a pull that waits that long stalls and goes to the backend
+    /// (`take_in`).
+    fn ask(&self, d: &mut EndpointDirect, endpoint: u8) {
+        // Peers whose lane is full: their later pulls wait too (in order),
+        // the others' go on.
+        let mut full: Vec<PeerAddr> = Vec::new();
+        let mut i = 0;
+        while let Some(&tag) = d.unasked.get(i) {
+            let Some(sink) = d.sinks.get(&tag) else {
+                // Its channel ended: it is an orphan now.
+                d.unasked.remove(i);
+                continue;
+            };
+            if full.contains(&sink.source) {
+                i += 1;
+                continue;
             }
-            Ok(Pushed::Full) => None,
-            Err(Broken(why)) => {
-                let source = sink.source;
-                self.broken(d, source, why);
-                None
+            let head = PullHead {
+                kind: PULL,
+                dst_endpoint: sink.source.endpoint,
+                src_endpoint: endpoint,
+                tag,
+                window: sink.window,
+                a: sink.length,
+                b: 0,
+            };
+            let source = sink.source;
+            let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&source) else {
+                d.unasked.remove(i);
+                continue;
+            };
+            match ch.lanes.tx.push(&head.encode()) {
+                Ok(Pushed::Sent { notify }) => {
+                    if notify {
+                        let _ = self.evtchn.notify(ch.port);
+                    }
+                    d.unasked.remove(i);
+                }
+                Ok(Pushed::Full) => {
+                    full.push(source);
+                    i += 1;
+                }
+                Err(Broken(why)) => self.broken(d, source, why),
             }
         }
     }
@@ -835,7 +876,7 @@ impl Hub {
         peer: PeerAddr,
         head: PullHead,
         rec: lane::LaneRecord,
-        done: &mut Vec<(RequestId, Result<(), Status>)>,
+        link: &mut dyn LinkAccess,
     ) {
         if head.dst_endpoint != endpoint || head.src_endpoint != peer.endpoint {
             return;
@@ -847,7 +888,7 @@ impl Hub {
                 let window = (head.window.id, head.window.seqnum);
                 if d.announced.get(&window) != Some(&peer) {
                     self.refuse(d, endpoint, peer, head.tag);
-                } else if d.jobs.len() < MAX_JOBS {
+                } else if d.jobs.len() < MAX_JOBS && self.fault != Some(Fault::Busy) {
                     d.jobs.push_back(Job {
                         peer,
                         tag: head.tag,
@@ -856,6 +897,9 @@ impl Hub {
                         sent: 0,
                     });
                 } else {
+                    // The peer pulls it through the backends now: the
+                    // window's data must be there before its pull is.
+                    link.fill(head.window);
                     self.refuse(d, endpoint, peer, head.tag);
                 }
             }
@@ -890,7 +934,7 @@ impl Hub {
                 sink.progress = std::time::Instant::now();
                 if sink.got >= u64::from(sink.length) {
                     if let Some(s) = d.sinks.remove(&head.tag) {
-                        done.push((s.id, Ok(())));
+                        d.finished.push((s.id, Ok(())));
                     }
                 }
             }
@@ -923,6 +967,9 @@ impl Hub {
 
     /// Sends what the jobs can send until a lane is full.
     fn pump(&self, d: &mut EndpointDirect, endpoint: u8, link: &mut dyn LinkAccess) {
+        // Requests first: a few bytes that start the peer's data flowing
+        // this way, ahead of the data this side sends it.
+        self.ask(d, endpoint);
         if self.fault == Some(Fault::StopLarge) {
             return;
         }
@@ -1024,7 +1071,6 @@ impl Hub {
         }
         d.fill_ended(link);
         let mut frames = std::mem::take(&mut d.take_frames);
-        let mut done = Vec::new();
         let mut broken = Vec::new();
         let mut peers = std::mem::take(&mut d.take_peers);
         peers.clear();
@@ -1047,7 +1093,7 @@ impl Hub {
                 let got = unsafe { ch.lanes.rx.copy_out(rec, 0, head.as_mut_ptr(), PULL_HEAD) };
                 if got == PULL_HEAD && matches!(head[0], PULL | DATA | PULL_ERR) {
                     if let Some(h) = PullHead::decode(&head, rec.len) {
-                        self.pull_record(d, endpoint, addr, h, rec, &mut done);
+                        self.pull_record(d, endpoint, addr, h, rec, link);
                     }
                 } else {
                     let scratch = &mut d.scratch;
@@ -1105,6 +1151,7 @@ impl Hub {
             }
         }
         self.pump(d, endpoint, link);
+        let done = std::mem::take(&mut d.finished);
         let n = frames.len() + done.len();
         let mut kept = None;
         if !frames.is_empty() {
@@ -1139,6 +1186,20 @@ impl Hub {
         for s in d.slots.values() {
             if let DirectSlot::Open(ch) = s {
                 ready |= ch.lanes.rx.arm();
+            }
+        }
+        // A pull not asked yet waits for room in its peer's lane.
+        let mut armed: Vec<PeerAddr> = Vec::new();
+        for tag in &d.unasked {
+            let Some(source) = d.sinks.get(tag).map(|s| s.source) else {
+                continue;
+            };
+            if armed.contains(&source) {
+                continue;
+            }
+            armed.push(source);
+            if let Some(DirectSlot::Open(ch)) = d.slots.get_mut(&source) {
+                ready |= ch.lanes.tx.arm_room(PULL_HEAD);
             }
         }
         // Jobs are served in order: only the first can be waiting for room.
