@@ -88,10 +88,32 @@ struct Client {
     owned: Mutex<Owned>,
 }
 
+/// How long a write to an application may wait for room in its socket. An application
+/// that reads nothing for that long while its socket is full (one stopped in a debugger,
+/// flooded with notices) loses its connection, as if it had closed it: the daemon's loop
+/// and its other applications, whom a notice reaches in turn, wait no longer than this.
+const CLIENT_WRITE_LIMIT: Duration = Duration::from_secs(5);
+
 impl Client {
+    /// Sends `msg`; an application that took none of it within the socket's write
+    /// limit is disconnected (a write cut short would leave its stream mid-message).
     fn send(&self, msg: &FrontdMessage) -> io::Result<()> {
         let (body, fds) = msg.emit();
-        send_message(&lock(&self.writer), &body, &fds)
+        let writer = lock(&self.writer);
+        let sent = send_message(&writer, &body, &fds);
+        if let Err(e) = &sent {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                tracing::warn!(
+                    client = self.id,
+                    "an application took nothing from its socket for {CLIENT_WRITE_LIMIT:?}; disconnecting it"
+                );
+                let _ = writer.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        sent
     }
 }
 
@@ -139,7 +161,9 @@ impl FrontdShared {
 
     fn broadcast(&self, notice: Notice) {
         let msg = FrontdMessage::Notice(notice);
-        for c in lock(&self.clients).values() {
+        // Not under the clients' lock: a slow application holds up only the notice.
+        let clients: Vec<Arc<Client>> = lock(&self.clients).values().cloned().collect();
+        for c in &clients {
             if let Err(e) = c.send(&msg) {
                 tracing::debug!(client = c.id, error = %e, "notice not delivered");
             }
@@ -406,6 +430,7 @@ impl Server {
 
     fn start_client(&mut self, sock: UnixStream) -> io::Result<()> {
         sock.set_nonblocking(false)?;
+        sock.set_write_timeout(Some(CLIENT_WRITE_LIMIT))?;
         let id = self.next_client;
         self.next_client += 1;
         let client = Arc::new(Client {
@@ -663,4 +688,59 @@ fn release_client(shared: &FrontdShared, client: &Client) {
     }
     lock(&shared.clients).remove(&client.id);
     shared.left.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// An application that reads nothing while notices pile up is disconnected once its
+    /// socket stays full past the write limit; the write returns, it does not hang.
+    #[test]
+    fn an_application_that_reads_nothing_is_disconnected_once_its_socket_stays_full() {
+        let (daemon_end, mut app_end) = UnixStream::pair().expect("socketpair");
+        daemon_end
+            .set_write_timeout(Some(Duration::from_millis(20)))
+            .expect("write limit");
+        let client = Client {
+            id: 7,
+            writer: Mutex::new(daemon_end),
+            owned: Mutex::new(Owned::default()),
+        };
+        let notice = FrontdMessage::Notice(Notice::GrantsShort);
+        let mut sent = 0u32;
+        let err = loop {
+            match client.send(&notice) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            assert!(sent < 10_000_000, "the socket never filled");
+        };
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+            "{err}"
+        );
+        assert!(sent > 0, "notices went out before the socket filled");
+        // The application reads what was sent, then the end of the stream: it was cut off
+        // between messages, not in the middle of one.
+        let mut got = Vec::new();
+        app_end.read_to_end(&mut got).expect("reading the notices");
+        let (body, _) = notice.emit();
+        let one = 4 + body.len();
+        assert_eq!(
+            got.len() % one,
+            0,
+            "whole messages only: {} bytes",
+            got.len()
+        );
+        assert_eq!(got.len() / one, sent as usize);
+        assert!(
+            client.send(&notice).is_err(),
+            "a disconnected application gets nothing more"
+        );
+    }
 }
