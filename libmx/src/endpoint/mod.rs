@@ -11,6 +11,8 @@
 mod requests;
 mod unexp;
 
+use unexp::Caller;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -275,9 +277,17 @@ impl AppEndpoint {
         self.progression_disabled.load(Ordering::SeqCst)
     }
 
-    /// `mx_disable_progression` / `mx_reenable_progression`.
+    /// `mx_disable_progression` / `mx_reenable_progression`. Disabling
+    /// returns once no handler runs on the progression thread: one it began
+    /// before the switch ends first (the next sees the switch, see
+    /// [`Self::run_handlers_from`]). An application refills what its
+    /// handler takes (MPI's MX transport: a free list of requests) in such
+    /// a section, trusting MX that no handler runs meanwhile.
     pub(crate) fn set_progression(&self, enabled: bool) {
         self.progression_disabled.store(!enabled, Ordering::SeqCst);
+        if !enabled && !Self::in_handler() {
+            drop(self.handlers.lock().unwrap_or_else(|e| e.into_inner()));
+        }
     }
 
     /// The next protocol timer, or the end of the application's lease if
@@ -594,7 +604,7 @@ impl AppEndpoint {
         };
         self.progress(&mut st);
         drop(st);
-        self.run_handlers();
+        self.run_handlers_from(Caller::ProgressionThread);
         true
     }
 

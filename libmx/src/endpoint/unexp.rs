@@ -18,6 +18,15 @@ use std::ffi::{c_int, c_void};
 use xmx_mx::{InboundId, UnexpectedArrival};
 
 use super::{AppEndpoint, CoreRequestOwner, EndpointState, IN_HANDLER};
+
+/// Who shows arrivals to the handler.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Caller {
+    /// The application, inside one of its MX calls.
+    Application,
+    /// The library's progression thread.
+    ProgressionThread,
+}
 use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
 use crate::counters::{self, Counter};
 use crate::errors::{Failure, MxResult};
@@ -78,12 +87,25 @@ impl AppEndpoint {
     }
 
     /// Shows pending unexpected arrivals to the handler, in arrival order,
-    /// with the endpoint unlocked; one thread at a time.
+    /// with the endpoint unlocked; one thread at a time. For the
+    /// application's own MX calls.
     pub(super) fn run_handlers(&self) {
+        self.run_handlers_from(Caller::Application);
+    }
+
+    /// [`Self::run_handlers`] for `caller`: the progression thread shows
+    /// nothing while progression is disabled, and looks again before each
+    /// arrival under the lock `mx_disable_progression` waits for, so none
+    /// begins after the switch (it looked before its progress began, which
+    /// the application's section may have begun during).
+    pub(super) fn run_handlers_from(&self, caller: Caller) {
         let Ok(_one_at_a_time) = self.handlers.try_lock() else {
             return;
         };
         loop {
+            if caller == Caller::ProgressionThread && self.progression_disabled() {
+                return;
+            }
             let call = {
                 let Ok(mut st) = self.lock() else { return };
                 let Some(arrival) = st.unexp.calls.pop_front() else {
