@@ -10,7 +10,9 @@
  * BIBW_LEN (bytes, default 512 KiB), BIBW_WINDOW (default 64) and
  * BIBW_ROUNDS (default 2) size the exchange; OSU runs it at 4 MiB. Each side
  * then prints how many of its pulls went over a direct channel between
- * co-located guests ("direct-pulls=N").
+ * co-located guests ("direct-pulls=N"); with XMX_EXPECT_DIRECT=1 each side
+ * first waits (bounded) until its channel to the other is open, so that
+ * every pull of the rounds can take it.
  */
 
 #include "xmx_test.h"
@@ -29,6 +31,9 @@ static void exchange(mx_endpoint_t ep, mx_endpoint_addr_t peer, uint32_t my_seed
   uint64_t peer_nic;
   uint32_t peer_eid;
   CHECK(mx_decompose_endpoint_addr(peer, &peer_nic, &peer_eid));
+  const char *expect_direct = getenv("XMX_EXPECT_DIRECT");
+  if (expect_direct && strcmp(expect_direct, "1") == 0)
+    test_wait_counter(ep, "Direct channels opened", 1);
   for (uint32_t round = 0; round < rounds; round++) {
     memset(rbuf, 0, len);
     for (uint32_t i = 0; i < window; i++) {

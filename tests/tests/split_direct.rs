@@ -648,6 +648,7 @@ fn bibw(
         ("BIBW_WINDOW", window.as_str()),
         ("BIBW_ROUNDS", rounds.as_str()),
         ("XMX_LINGER_MS", "0"),
+        ("XMX_EXPECT_DIRECT", "1"),
     ];
     let mut penv = env.to_vec();
     penv.extend_from_slice(passive_env);
