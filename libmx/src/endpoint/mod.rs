@@ -11,8 +11,6 @@
 mod requests;
 mod unexp;
 
-use unexp::Caller;
-
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +20,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use xmx_mx::{EndpointEvent, PeerAddr, RdmaWindow, RequestId, Status};
 
+use self::unexp::Caller;
 use crate::abi::{MxEndpointAddr, MxErrorHandler, MxReturn, MxStatus, MX_INFINITE};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};

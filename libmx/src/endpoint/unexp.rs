@@ -18,6 +18,10 @@ use std::ffi::{c_int, c_void};
 use xmx_mx::{InboundId, UnexpectedArrival};
 
 use super::{AppEndpoint, CoreRequestOwner, EndpointState, IN_HANDLER};
+use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
+use crate::counters::{self, Counter};
+use crate::errors::{Failure, MxResult};
+use crate::runtime;
 
 /// Who shows arrivals to the handler.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -27,10 +31,6 @@ pub(super) enum Caller {
     /// The library's progression thread.
     ProgressionThread,
 }
-use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED};
-use crate::counters::{self, Counter};
-use crate::errors::{Failure, MxResult};
-use crate::runtime;
 
 /// A registered handler.
 #[derive(Clone, Copy, Debug)]
