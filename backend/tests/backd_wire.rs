@@ -157,7 +157,18 @@ fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
             }),
         },
     );
-    let ev = b.next_event(&mut eb);
+    // The backend tells how much has landed as the pull goes (each step, in order),
+    // then that it is done.
+    let mut told = 0;
+    let ev = loop {
+        let ev = b.next_event(&mut eb);
+        let EventBody::PullProgress { length } = ev.body else {
+            break ev;
+        };
+        assert_eq!(ev.tag, 4);
+        assert!(told < length && length < len, "{length} after {told} of {len}");
+        told = length;
+    };
     assert_eq!(ev.tag, 4);
     assert_eq!(
         ev.body,

@@ -1150,6 +1150,19 @@ fn completion_nack_and_error_events() {
             body: EventBody::RegionWanted { region: 200 },
         },
     );
+    check_event(
+        &slot(
+            EVENT_SLOT_SIZE,
+            &[
+                (0, &[0x4d, 0x01, 0, 0, 5, 0, 0, 0]),
+                (12, &[0x00, 0x00, 0x04, 0x00]),
+            ],
+        ),
+        &Event {
+            tag: 5,
+            body: EventBody::PullProgress { length: 0x40000 },
+        },
+    );
     let mut bad_code = error;
     bad_code[8] = 0;
     assert_eq!(

@@ -268,6 +268,7 @@ fn event() -> impl Strategy<Value = Event> {
             .prop_map(|(from, kind, seqnum)| EventBody::RecvNack { from, kind, seqnum }),
         proptest::sample::select(ErrorCode::ALL).prop_map(|code| EventBody::Error { code }),
         any::<u8>().prop_map(|region| EventBody::RegionWanted { region }),
+        any::<u32>().prop_map(|length| EventBody::PullProgress { length }),
     ];
     (any::<u32>(), body).prop_map(|(tag, body)| Event { tag, body })
 }

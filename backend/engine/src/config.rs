@@ -50,6 +50,11 @@ pub struct EngineConfig {
     /// its endpoint is closed instead of resending into it until their retry budget
     /// runs out.
     pub reopen_grace: Duration,
+    /// Bytes of a pull landed in order after which the guest is told so
+    /// (`EventBody::PullProgress`), so that it copies them out of its window while the
+    /// rest arrives; 0 tells nothing. Only a guest that copies out of a window after the
+    /// pull needs it (not an in-process engine whose sink is the application's buffer).
+    pub pull_progress_step: u32,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +82,9 @@ impl Default for EngineConfig {
             // The guest's daemon re-opens its endpoints as soon as its device is
             // connected, in milliseconds; its own control requests give up after 10 s.
             reopen_grace: Duration::from_secs(20),
+            // A quarter of a MiB: a 1 MiB message is told three times, so the
+            // guest's last copy is a quarter of it; each telling is one event.
+            pull_progress_step: 256 << 10,
         }
     }
 }

@@ -354,6 +354,12 @@ impl EngineOutput {
         self.pending.get(&(guest, endpoint)).copied().unwrap_or(0) < self.max_pending
     }
 
+    /// True if an advisory event (pull progress) for the endpoint may be queued: only
+    /// while its queue is a quarter full, so that advice never crowds out a receive.
+    pub fn has_room_for_advice(&self, guest: GuestId, endpoint: u8) -> bool {
+        self.pending.get(&(guest, endpoint)).copied().unwrap_or(0) < self.max_pending / 4
+    }
+
     /// Queue an unsolicited event (check [`EngineOutput::has_event_room`] first).
     pub fn unsolicited(&mut self, guest: GuestId, endpoint: u8, event: Event) {
         self.completion(guest, endpoint, event);
@@ -479,5 +485,19 @@ mod tests {
         out.purge_events(g, Some(0));
         assert_eq!(out.pop_event().unwrap().endpoint, 1);
         assert!(out.pop_event().is_none());
+    }
+
+    #[test]
+    fn advice_waits_while_an_endpoints_events_are_a_quarter_of_their_bound() {
+        let mut out = EngineOutput::new(4, 4, 8, 4);
+        let g = GuestId(1);
+        out.unsolicited(g, 0, done(0));
+        assert!(out.has_room_for_advice(g, 0));
+        out.unsolicited(g, 0, done(1));
+        assert!(!out.has_room_for_advice(g, 0), "2 of 8 waiting");
+        assert!(out.has_event_room(g, 0), "a receive still passes");
+        assert!(out.has_room_for_advice(g, 1));
+        out.pop_event();
+        assert!(out.has_room_for_advice(g, 0));
     }
 }

@@ -138,6 +138,11 @@ pub(crate) struct OutstandingPull {
     rerequested: usize,
     retries: u32,
     received: u64,
+    /// Bytes of the retired blocks: the message's first `landed` bytes are all in the
+    /// sink, and no later reply writes there again.
+    landed: u64,
+    /// `landed` as last told to the guest (see [`OutstandingPull::progress_due`]).
+    told: u64,
 }
 
 impl OutstandingPull {
@@ -170,6 +175,8 @@ impl OutstandingPull {
             rerequested: 0,
             retries: 0,
             received: 0,
+            landed: 0,
+            told: 0,
         }
     }
 
@@ -181,6 +188,18 @@ impl OutstandingPull {
     /// Bytes written so far.
     pub fn received(&self) -> u64 {
         self.received
+    }
+
+    /// If at least `step` bytes landed since the guest was last told, and the pull is not
+    /// complete (its completion says it all): how many bytes have landed, now counted as
+    /// told. `step` 0 tells nothing.
+    pub fn progress_due(&mut self, step: u32) -> Option<u32> {
+        if step == 0 || self.is_complete() || self.landed < self.told + u64::from(step) {
+            return None;
+        }
+        self.told = self.landed;
+        // At most the message's length, a u32.
+        u32::try_from(self.landed).ok()
     }
 
     /// True once every byte arrived.
@@ -351,6 +370,7 @@ impl OutstandingPull {
         let mut released_frames = 0;
         while self.blocks.front().is_some_and(|b| b.missing == 0) {
             if let Some(b) = self.blocks.pop_front() {
+                self.landed += u64::from(b.length);
                 self.frame_index += b.frames;
                 self.requested_frames -= b.frames;
                 released_frames += b.frames;
@@ -546,6 +566,47 @@ mod tests {
     fn deliver(p: &mut OutstandingPull, r: (u8, u32, usize)) -> Result<u32, ReplyRefusal> {
         let a = p.check_reply(r.0, r.1, r.2)?;
         Ok(p.record_reply(a, r.2, Instant::now(), TIMEOUT).blocks)
+    }
+
+    /// The guest is told of what landed in order, once a step's worth more did, and never
+    /// of what landed past a missing frame, nor once the pull is complete.
+    #[test]
+    fn progress_is_told_of_what_landed_in_order_a_step_at_a_time() {
+        let mut p = pull(4 * 32768 + 100, 1000, 8);
+        let step = 30_000;
+        assert_eq!(p.progress_due(step), None);
+        // Block 1 lands before block 0: nothing is in order yet.
+        for r in replies(&p, 1) {
+            deliver(&mut p, r).unwrap();
+        }
+        assert_eq!(p.progress_due(step), None);
+        // Block 0 (shortened by the remote offset) lands: blocks 0 and 1 retire.
+        for r in replies(&p, 0) {
+            deliver(&mut p, r).unwrap();
+        }
+        let two = 31768 + 32768;
+        assert_eq!(p.progress_due(step), Some(two));
+        assert_eq!(p.progress_due(step), None, "told once");
+        // Block 2 (now the oldest, at position 0) but its last frame: nothing more is in
+        // order.
+        let mut third = replies(&p, 0);
+        let last = third.pop().unwrap();
+        for r in third {
+            deliver(&mut p, r).unwrap();
+        }
+        assert_eq!(p.progress_due(step), None);
+        deliver(&mut p, last).unwrap();
+        assert_eq!(p.progress_due(step), Some(two + 32768));
+        // The rest, oldest block first (positions count from the oldest left): complete,
+        // so its completion tells it.
+        while !p.is_complete() {
+            for r in replies(&p, 0) {
+                deliver(&mut p, r).unwrap();
+            }
+        }
+        assert!(p.is_complete());
+        assert_eq!(p.progress_due(step), None);
+        assert_eq!(p.progress_due(0), None);
     }
 
     #[test]

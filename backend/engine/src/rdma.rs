@@ -270,6 +270,13 @@ pub(crate) fn on_pull_reply(
         let timeout = ctx.config.pull_retransmit_timeout;
         let next = pull.record_reply(accepted, part.len(), now, timeout);
         ctx.budget.release(next.released_frames);
+        if next.released_frames > 0 && ctx.out.has_room_for_advice(link.id, endpoint) {
+            if let Some(length) = pull.progress_due(ctx.config.pull_progress_step) {
+                let body = EventBody::PullProgress { length };
+                let tag = pull.tag;
+                ctx.out.unsolicited(link.id, endpoint, Event { tag, body });
+            }
+        }
         if next.released_frames > 0 && pull.wants_block() && !pull.queued {
             pull.queued = true;
             ctx.budget.enqueue(PullKey {

@@ -23,6 +23,8 @@ struct Large {
     to: u32,
     data: Vec<u8>,
     local_offset: u32,
+    /// The lengths the pull's progress events told, in order.
+    told: Vec<u32>,
 }
 
 impl Large {
@@ -115,6 +117,7 @@ impl Large {
             to,
             data,
             local_offset,
+            told: Vec::new(),
         }
     }
 
@@ -122,8 +125,37 @@ impl Large {
     fn pull_done(&mut self) -> Option<Event> {
         self.tb.collect_events();
         let id = self.tb.guest(self.to).id;
-        let pos = self.tb.events.iter().position(|e| e.guest == id)?;
-        Some(self.tb.events.remove(pos).event)
+        loop {
+            let pos = self.tb.events.iter().position(|e| e.guest == id)?;
+            let event = self.tb.events.remove(pos).event;
+            let EventBody::PullProgress { length } = event.body else {
+                return Some(event);
+            };
+            self.check_progress(event.tag, length);
+        }
+    }
+
+    /// A progress event of the pull: for its tag, beyond the one before, short of the
+    /// whole (its completion tells that), and the bytes it counts are there.
+    fn check_progress(&mut self, tag: u32, length: u32) {
+        assert_eq!(tag, 2, "progress of the pull");
+        let before = self.told.last().copied().unwrap_or(0);
+        assert!(
+            length > before,
+            "progress only grows: {length} after {before}"
+        );
+        assert!(
+            (length as usize) < self.data.len(),
+            "{length} of {}",
+            self.data.len()
+        );
+        let got = self.tb.region_bytes(self.to, 200);
+        let start = self.local_offset as usize;
+        assert!(
+            got[start..][..length as usize] == self.data[..length as usize],
+            "the {length} bytes told of are the message's"
+        );
+        self.told.push(length);
     }
 
     /// Check the received bytes, then NOTIFY the sender.
@@ -958,4 +990,62 @@ fn transmit_into_fills_the_links_slots_and_loses_only_what_the_link_failed() {
         let repr = xmx_wire::mxoe::FrameRepr::parse(f).expect("a whole frame");
         assert!(matches!(repr.packet, PacketRepr::PullReply(_)));
     }
+}
+
+/// The puller's guest is told, a step at a time, how much of its pull has landed in
+/// order, so its library can copy that out while the rest is on the way: never past a
+/// frame still missing, those bytes in its region when it is told, and never the whole
+/// (the completion says that).
+#[test]
+fn a_pull_tells_its_guest_what_landed_in_order_while_the_rest_is_on_the_way() {
+    let length = 1 << 20;
+    let step = 64 << 10;
+    let config = EngineConfig {
+        pull_progress_step: step,
+        ..EngineConfig::default()
+    };
+    let mut l = Large::start(config, 3, length, 0, 0);
+    // The reply for the frame at the middle of the message is lost, each time it is
+    // sent for now: everything after it may land, but nothing past it is in order.
+    let half = (length / 2) as u32;
+    l.tb.pump_with(|f| matches!(packet(f), PacketRepr::PullReply(r) if r.msg_offset == half));
+    assert!(!l.tb.lost.is_empty(), "the reply at the middle was sent");
+    assert_eq!(l.pull_done(), None, "the pull waits for the lost reply");
+    let told = l.told.clone();
+    assert!(told.len() >= (half / step) as usize - 1, "told {told:?}");
+    assert!(
+        *told.last().unwrap() <= half,
+        "told {told:?}: past the lost frame"
+    );
+    // The puller asks again after its timeout; the rest lands, the completion says so.
+    while l
+        .pull_done()
+        .is_none_or(|e| panic!("{e:?} before the pull ended"))
+    {
+        assert!(l.tb.fire_timers(), "the pull goes on");
+        l.tb.pump();
+        if let Some(done) = l.pull_done() {
+            assert_eq!(done, success(length));
+            break;
+        }
+    }
+    // Every block but the lost frame's had landed: the gap filled completes the pull,
+    // and the completion alone tells the rest.
+    assert_eq!(l.told, told);
+    l.finish();
+}
+
+/// An engine told a step of 0 (an in-process engine, whose pulls land in the
+/// application's buffers) tells nothing but the completion.
+#[test]
+fn a_pull_with_no_progress_step_tells_only_its_completion() {
+    let config = EngineConfig {
+        pull_progress_step: 0,
+        ..EngineConfig::default()
+    };
+    let mut l = Large::start(config, 3, 4 << 20, 0, 0);
+    l.tb.pump();
+    assert_eq!(l.pull_done(), Some(success(4 << 20)));
+    assert!(l.told.is_empty(), "told {:?}", l.told);
+    l.finish();
 }

@@ -65,6 +65,10 @@ struct BackdArgs {
     /// and Open-MX peers are never asked for more than one, nor sent more.
     #[arg(long, env = "XMX_PULL_REPLY_FRAMES", value_parser = clap::value_parser!(u8).range(1..=8))]
     pull_reply_frames: Option<u8>,
+    /// KiB of a guest's pull landed in order after which its library is told, so that it
+    /// copies them out of its window while the rest arrives (0: only at the end).
+    #[arg(long, env = "XMX_PULL_PROGRESS_KIB", default_value_t = EngineConfig::default().pull_progress_step >> 10, value_parser = clap::value_parser!(u32).range(0..=1 << 22))]
+    pull_progress_kib: u32,
 }
 
 fn default_control_socket() -> PathBuf {
@@ -129,6 +133,7 @@ fn run(args: BackdArgs) -> Result<(), String> {
             pull_retries_max: args.pull_retries,
             pull_frame_budget,
             pull_reply_frames: args.pull_reply_frames.unwrap_or(pull_reply_frames),
+            pull_progress_step: args.pull_progress_kib << 10,
             ..EngineConfig::default()
         },
     };

@@ -311,6 +311,13 @@ pub(crate) enum Inbound {
         /// The region.
         region: u8,
     },
+    /// The first `length` bytes of the pull tagged `tag` are in its window.
+    PullProgress {
+        /// The pull request's tag.
+        tag: u32,
+        /// Bytes landed from the pull's start.
+        length: u32,
+    },
 }
 
 /// Why an event could not be turned into a frame.
@@ -446,6 +453,10 @@ pub(crate) fn incoming(
             result: Err(error_status(*code)),
         },
         EventBody::RegionWanted { region } => Inbound::RegionWanted { region: *region },
+        EventBody::PullProgress { length } => Inbound::PullProgress {
+            tag,
+            length: *length,
+        },
     })
 }
 

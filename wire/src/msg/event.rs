@@ -64,6 +64,8 @@ wire_enum! {
         Error = 0x4b,
         /// A peer pulls from a region whose fill mark is clear.
         RegionWanted = 0x4c,
+        /// Part of a pull's data has landed.
+        PullProgress = 0x4d,
     }
 }
 
@@ -302,6 +304,14 @@ pub enum EventBody {
         /// The region.
         region: u8,
     },
+    /// The first `length` bytes of the pull tagged as this event are in its region and
+    /// stay as they are until the pull ends: the application may copy them out while the
+    /// rest is still on the way, instead of all of them after [`EventBody::PullDone`].
+    /// Advisory: a backend may post none, and `length` only grows for one pull.
+    PullProgress {
+        /// Bytes landed, counted from the pull's start.
+        length: u32,
+    },
 }
 
 impl EventBody {
@@ -321,6 +331,7 @@ impl EventBody {
             EventBody::RecvNack { .. } => EventKind::RecvNack,
             EventBody::Error { .. } => EventKind::Error,
             EventBody::RegionWanted { .. } => EventKind::RegionWanted,
+            EventBody::PullProgress { .. } => EventKind::PullProgress,
         }
     }
 }
@@ -392,6 +403,9 @@ impl Event {
             EventKind::RegionWanted => EventBody::RegionWanted {
                 region: u8(buf, at::WANTED_REGION),
             },
+            EventKind::PullProgress => EventBody::PullProgress {
+                length: u32(buf, at::DONE_LENGTH),
+            },
         };
         Ok(Event { tag, body })
     }
@@ -459,6 +473,7 @@ impl Event {
             }
             EventBody::Error { code } => set_u32(buf, at::ERROR_CODE, (*code).into()),
             EventBody::RegionWanted { region } => set_u8(buf, at::WANTED_REGION, *region),
+            EventBody::PullProgress { length } => set_u32(buf, at::DONE_LENGTH, *length),
         }
         Ok(())
     }

@@ -814,8 +814,9 @@ impl Board {
             return;
         }
         match converted {
-            // Native regions have no fill marks: the engine never asks.
-            Ok(Inbound::RegionWanted { .. }) => {}
+            // Native regions have no fill marks (the engine never asks), and
+            // pulls land in the application's buffers (it is told no progress).
+            Ok(Inbound::RegionWanted { .. } | Inbound::PullProgress { .. }) => {}
             Ok(Inbound::Frame(f)) => {
                 slot.sessions.observe(&f);
                 match inbox {

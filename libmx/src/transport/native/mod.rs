@@ -172,6 +172,9 @@ impl NativeConfig {
             pull_reply_frames: self
                 .pull_reply_frames
                 .unwrap_or_else(|| pull_reply_frames_for(max_frame_len)),
+            // A pull lands straight in the application's buffer: nothing to copy
+            // out while it goes on.
+            pull_progress_step: 0,
             ..EngineConfig::default()
         };
         if let Some(t) = self.pull_timeout {

@@ -68,6 +68,8 @@ struct LinkSink {
     window: RdmaWindow,
     /// When it was first held back (ring full, or refused for lack of room), if it was.
     held_since: Option<Instant>,
+    /// Bytes already copied from the window to `dest` (see `Inbound::PullProgress`).
+    drained: u32,
 }
 
 /// A pull whose destination has no window yet: asked while the link was down (the
@@ -95,6 +97,7 @@ impl WaitingPull {
             session: self.session,
             window: self.window,
             held_since: None,
+            drained: 0,
         }
     }
 }
@@ -143,6 +146,9 @@ pub(crate) struct XenLink {
     /// over, and an RNDV naming one is still posted (the backend refuses it loudly).
     lost_in_reconnection: FxHashSet<(u8, u8)>,
     sinks: FxHashMap<u32, LinkSink>,
+    /// Bytes of finished pulls copied out of their windows, and how many of them were
+    /// copied while the rest was on the way (logged when the endpoint closes).
+    pulled_out: (u64, u64),
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
     deferred: VecDeque<LinkSink>,
@@ -239,6 +245,7 @@ impl XenLink {
             unfilled: FxHashSet::default(),
             lost_in_reconnection: FxHashSet::default(),
             sinks: FxHashMap::default(),
+            pulled_out: (0, 0),
             deferred: VecDeque::new(),
             waiting: VecDeque::new(),
             starved: VecDeque::new(),
@@ -582,6 +589,7 @@ impl XenLink {
                     frames.push(f);
                 }
                 Inbound::RegionWanted { region } => self.region_wanted(region),
+                Inbound::PullProgress { tag, length } => self.pulled_so_far(tag, length),
                 Inbound::Completed { tag, result } => {
                     if let Some(mut sink) = self.sinks.remove(&tag) {
                         // The backend's pull quota is full: the pull is asked again as
@@ -589,6 +597,7 @@ impl XenLink {
                         if result == Err(Status::NoResources) {
                             let since = *sink.held_since.get_or_insert_with(Instant::now);
                             if since.elapsed() < PULL_HELD_MAX {
+                                sink.drained = 0;
                                 self.deferred.push_back(sink);
                                 continue;
                             }
@@ -660,6 +669,26 @@ impl XenLink {
         self.down = true;
     }
 
+    /// The backend says the first `length` bytes of the pull tagged `tag` are in its
+    /// window: copied out now, while the rest is on the way, so that little is left to
+    /// copy once the pull is done. A length beyond the pull's, or not beyond what was
+    /// copied, is ignored (the copy at the end takes whatever is left).
+    fn pulled_so_far(&mut self, tag: u32, length: u32) {
+        let Some(sink) = self.sinks.get_mut(&tag) else {
+            return;
+        };
+        if length <= sink.drained || length > sink.length {
+            return;
+        }
+        let copied = self
+            .cache
+            .window(sink.lease)
+            .is_some_and(|w| windows::drain(w, &sink.dest, sink.drained as usize, length as usize));
+        if copied {
+            sink.drained = length;
+        }
+    }
+
     fn finish_pull(
         &mut self,
         sink: LinkSink,
@@ -668,11 +697,13 @@ impl XenLink {
     ) -> (RequestId, Result<(), Status>) {
         let outcome = match result {
             Ok(_) => {
-                let copied = self
-                    .cache
-                    .window(sink.lease)
-                    .is_some_and(|w| windows::drain(w, &sink.dest, sink.length as usize));
+                let copied = self.cache.window(sink.lease).is_some_and(|w| {
+                    let (from, to) = (sink.drained as usize, sink.length as usize);
+                    windows::drain(w, &sink.dest, from, to)
+                });
                 if copied {
+                    self.pulled_out.0 += u64::from(sink.length);
+                    self.pulled_out.1 += u64::from(sink.drained);
                     Ok(())
                 } else {
                     tracing::warn!(index = self.index, "pulled data could not be copied out");
@@ -1358,6 +1389,12 @@ impl XenLink {
             misses = s.misses,
             registrations = s.registrations,
             "registration cache"
+        );
+        tracing::info!(
+            index = self.index,
+            bytes = self.pulled_out.0,
+            early = self.pulled_out.1,
+            "LARGE receives copied out of their windows"
         );
         self.sinks.clear();
         self.deferred.clear();

@@ -33,27 +33,34 @@ pub(crate) fn fill(window: &RegionWindow, data: &Segments) -> bool {
     true
 }
 
-/// Copies the first `length` bytes of `window` into `dest`; false if they do
-/// not fit or the window refuses.
-pub(crate) fn drain(window: &RegionWindow, dest: &Segments, length: usize) -> bool {
-    if length > dest.len() || length > window.len() {
+/// Copies bytes `from..to` of `window` to the same place of `dest` (a message's
+/// bytes sit at the same offset in both); false if they do not fit or the window
+/// refuses. A pull's landed part is copied out while the rest is on the way, the
+/// remainder once it is done.
+pub(crate) fn drain(window: &RegionWindow, dest: &Segments, from: usize, to: usize) -> bool {
+    if from > to || to > dest.len() || to > window.len() {
         return false;
     }
     let mut at = 0;
     for &(addr, len) in dest.parts() {
-        if at == length {
+        if at >= to {
             break;
         }
-        let n = len.min(length - at);
-        // SAFETY: the segments were validated when the receive was posted and
-        // MX requires the application to keep a receive buffer valid and
-        // untouched until the receive completes, which is after this copy; the
-        // window is shared memory, never part of the application's buffer.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, n) };
-        if window.read(at, bytes).is_err() {
-            return false;
+        let (start, end) = (at.max(from), (at + len).min(to));
+        if start < end {
+            // SAFETY: the segments were validated when the receive was posted and
+            // MX requires the application to keep a receive buffer valid and
+            // untouched until the receive completes, which is after this copy;
+            // `start - at .. end - at` lies inside this segment, and the window is
+            // shared memory, never part of the application's buffer.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut((addr + (start - at)) as *mut u8, end - start)
+            };
+            if window.read(start, bytes).is_err() {
+                return false;
+            }
         }
-        at += n;
+        at += len;
     }
     true
 }
@@ -158,12 +165,40 @@ mod tests {
         assert!(fill(&w, &src));
         let (mut x, mut y, mut z) = (vec![0u8; 10], vec![0u8; 7000], vec![0u8; 100]);
         let dst = segs(&mut [&mut x[..], &mut y[..], &mut z[..]]);
-        assert!(drain(&w, &dst, 7010));
+        assert!(drain(&w, &dst, 0, 7010));
         let got: Vec<u8> = x.iter().chain(&y).copied().collect();
         let sent: Vec<u8> = a.iter().chain(&b).copied().collect();
         assert_eq!(&got[..7010], &sent[..7010]);
         // Only `length` bytes land: the third segment is untouched.
         assert_eq!(z, vec![0u8; 100]);
+    }
+
+    /// A pull's data copied out in the parts the backend tells of (some inside a
+    /// segment, some across two), then the rest: every byte in its place once, the
+    /// bytes past the message untouched.
+    #[test]
+    fn a_window_drained_in_parts_lands_as_drained_whole() {
+        let len = 9000;
+        let w = RegionWindow::in_memory(0, 1, 10_000);
+        let mut src = (0..len as u32).map(|i| (i * 7) as u8).collect::<Vec<_>>();
+        assert!(fill(&w, &segs(&mut [&mut src[..]])));
+        let (mut x, mut y, mut z) = (vec![0u8; 4096], vec![0u8; 10], vec![0u8; 5000]);
+        let dst = segs(&mut [&mut x[..], &mut y[..], &mut z[..]]);
+        for (from, to) in [
+            (0, 1000),
+            (1000, 4100),
+            (4100, 4101),
+            (4101, 8000),
+            (8000, len),
+        ] {
+            assert!(drain(&w, &dst, from, to), "{from}..{to}");
+        }
+        let got: Vec<u8> = x.iter().chain(&y).chain(&z).copied().collect();
+        assert_eq!(&got[..len], &src[..]);
+        assert!(
+            got[len..].iter().all(|&b| b == 0),
+            "nothing past the message"
+        );
     }
 
     #[test]
@@ -173,10 +208,14 @@ mod tests {
         assert!(!fill(&w, &segs(&mut [&mut big[..]])));
         let mut small = [0u8; 50];
         let dst = segs(&mut [&mut small[..]]);
-        assert!(!drain(&w, &dst, 51), "more than the destination holds");
+        assert!(!drain(&w, &dst, 0, 51), "more than the destination holds");
+        assert!(
+            !drain(&w, &dst, 20, 10),
+            "a range that ends before it starts"
+        );
         let mut room = vec![0u8; 500];
         assert!(
-            !drain(&w, &segs(&mut [&mut room[..]]), 101),
+            !drain(&w, &segs(&mut [&mut room[..]]), 0, 101),
             "more than the window holds"
         );
         assert_eq!(key(&dst), (small.as_ptr() as usize, 50));
