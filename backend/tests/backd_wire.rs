@@ -166,7 +166,10 @@ fn guests_on_two_hosts_exchange_tiny_medium_and_large_over_the_wire() {
             break ev;
         };
         assert_eq!(ev.tag, 4);
-        assert!(told < length && length < len, "{length} after {told} of {len}");
+        assert!(
+            told < length && length < len,
+            "{length} after {told} of {len}"
+        );
         told = length;
     };
     assert_eq!(ev.tag, 4);

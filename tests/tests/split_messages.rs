@@ -8,6 +8,9 @@
 //!   off, then between co-located guests on their direct channel; prints
 //!   latency and bandwidth. Through the backends, most of a LARGE receive is
 //!   copied out of its window while the rest is still being pulled.
+//! - `sends_of_one_buffer_in_flight_at_once_copy_it_once`: eight LARGE sends
+//!   of one buffer in flight copy it into its window once; changed after
+//!   they completed, the next ones carry the new bytes.
 //! - `frames_on_the_link_are_mxoe`: what a host sends during a ping-pong,
 //!   captured on its veth, decodes as MXoE of every expected type and size.
 //!
@@ -120,6 +123,35 @@ fn every_class_byte_exact_between_guests() {
             .collect();
         println!("  {name}: {}", cells.join(" | "));
     }
+}
+
+/// Sends of one buffer with several in flight (a stream, a broadcast tree) copy it
+/// into its window once, since MX keeps a pending send's buffer unchanged; once they
+/// have all completed the application may change it, and the next send copies the new
+/// bytes. `same_buffer` checks every copy's bytes on the receiving side; the sender's
+/// log counts its copies: one per round, not one per send.
+#[test]
+fn sends_of_one_buffer_in_flight_at_once_copy_it_once() {
+    if skipped("sends_of_one_buffer_in_flight_at_once_copy_it_once") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("ssb", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let bin = cprog::build("same_buffer", dir.path());
+    let env = [("MX_VERBOSE", "1")];
+    let (p, a) = c.run_pair(&bin, (1, 0), (0, 0), &env);
+    assert!(p.passed().contains("received 16 copies, each as sent"));
+    let out = a.passed();
+    assert!(out.contains("2 rounds of 8 sends of one buffer"), "{out}");
+    let copied = "LARGE sends copied into their windows";
+    let copies = log_field(&a.stderr, copied, "copies").expect("copies are logged");
+    let bytes = log_field(&a.stderr, copied, "bytes").expect("copies are logged");
+    assert_eq!(
+        (copies, bytes),
+        (2, 2 << 20),
+        "one copy per round of 8 sends"
+    );
 }
 
 #[test]

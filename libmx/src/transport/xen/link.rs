@@ -149,6 +149,9 @@ pub(crate) struct XenLink {
     /// Bytes of finished pulls copied out of their windows, and how many of them were
     /// copied while the rest was on the way (logged when the endpoint closes).
     pulled_out: (u64, u64),
+    /// Sends' data copied into windows: copies and bytes (logged when the endpoint
+    /// closes).
+    filled_in: (u64, u64),
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
     deferred: VecDeque<LinkSink>,
@@ -246,6 +249,7 @@ impl XenLink {
             lost_in_reconnection: FxHashSet::default(),
             sinks: FxHashMap::default(),
             pulled_out: (0, 0),
+            filled_in: (0, 0),
             deferred: VecDeque::new(),
             waiting: VecDeque::new(),
             starved: VecDeque::new(),
@@ -825,11 +829,20 @@ impl XenLink {
             let _ = cache.release(&mut via, lease);
             return None;
         }
+        // A send of the same buffer still lent with its data in the region: MX keeps a
+        // send's buffer unchanged while the send is pending, so these bytes are there
+        // already (a stream of sends from one buffer copies it once, not per message).
+        let filled = self
+            .lent_data
+            .iter()
+            .any(|(k, d)| k.0 == id && !self.unfilled.contains(k) && d.parts() == data.parts());
         let seqnum = self.generations[usize::from(id)].wrapping_add(1);
         self.generations[usize::from(id)] = seqnum;
         self.lent.insert((id, seqnum), lease);
         self.lent_data.insert((id, seqnum), data.clone());
-        self.unfilled.insert((id, seqnum));
+        if !filled {
+            self.unfilled.insert((id, seqnum));
+        }
         self.publish_fill_mark(id);
         Some(RdmaWindow {
             id,
@@ -874,6 +887,8 @@ impl XenLink {
                 );
                 return false;
             }
+            self.filled_in.0 += 1;
+            self.filled_in.1 += data.len() as u64;
             // Windows share a region only for one buffer (the cache's key),
             // so every send lending this region lends these bytes.
             self.unfilled.retain(|&(id, _)| id != window.id);
@@ -1395,6 +1410,12 @@ impl XenLink {
             bytes = self.pulled_out.0,
             early = self.pulled_out.1,
             "LARGE receives copied out of their windows"
+        );
+        tracing::info!(
+            index = self.index,
+            copies = self.filled_in.0,
+            bytes = self.filled_in.1,
+            "LARGE sends copied into their windows"
         );
         self.sinks.clear();
         self.deferred.clear();
