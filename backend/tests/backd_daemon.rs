@@ -26,6 +26,22 @@ fn help_lists_the_options() {
     assert!(!out.status.success(), "--iface is required");
 }
 
+/// A progress step whose bytes do not fit the engine's 32 bits is refused with a clear
+/// error before anything starts (it overflowed the KiB-to-bytes conversion).
+#[test]
+fn a_pull_progress_step_beyond_two_gib_is_refused() {
+    let out = Command::new(BIN)
+        .args(["--iface", "lo", "--pull-progress-kib", "4194304"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--pull-progress-kib") && err.contains("0..=2097152"),
+        "{err}"
+    );
+}
+
 /// Wait for the child to exit, at most [`WAIT`]; kill it and fail otherwise.
 fn wait_exit(mut child: Child) -> std::process::ExitStatus {
     let pid = child.id();

@@ -67,7 +67,7 @@ struct BackdArgs {
     pull_reply_frames: Option<u8>,
     /// KiB of a guest's pull landed in order after which its library is told, so that it
     /// copies them out of its window while the rest arrives (0: only at the end).
-    #[arg(long, env = "XMX_PULL_PROGRESS_KIB", default_value_t = EngineConfig::default().pull_progress_step >> 10, value_parser = clap::value_parser!(u32).range(0..=1 << 22))]
+    #[arg(long, env = "XMX_PULL_PROGRESS_KIB", default_value_t = EngineConfig::default().pull_progress_step >> 10, value_parser = clap::value_parser!(u32).range(0..=1 << 21))]
     pull_progress_kib: u32,
 }
 
