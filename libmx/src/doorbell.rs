@@ -6,9 +6,12 @@
 //! check and the sleep is never lost. Waits spin briefly before sleeping:
 //! with two cores, a reply often arrives within microseconds.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 /// How long a wait polls before it sleeps when `XMX_SPIN_US` does not say.
 ///
@@ -45,6 +48,22 @@ const LEASE_NS: u64 = LEASE.as_nanos() as u64;
 /// nap at once; the bound only caps how late an event nobody rings for (a
 /// completion made by another thread's progress) is seen.
 pub(crate) const POLL_NAP: Duration = Duration::from_micros(200);
+
+/// The longest one sleep on a transport's arrival descriptor lasts
+/// ([`Doorbell::sleep_on`]) before the sleeper looks again: the descriptor is
+/// read under the endpoint's lock and polled after it is released, so a port
+/// re-opened meanwhile (a backend restart, a move) leaves the sleeper on a
+/// descriptor that will never signal. The bound makes that a late look,
+/// never a hang.
+pub(crate) const ARRIVAL_SLEEP_MAX: Duration = Duration::from_millis(50);
+
+/// How long after it saw a thread sleeping on an endpoint's arrival
+/// descriptor a driver looks at that endpoint again ([`Doorbell::driven_until`]).
+/// Between its looks an application that left its wait to compute has its
+/// arrivals taken in that much later (within MX's ack delay, 1/64 s), instead
+/// of a lease later.
+pub(crate) const ARRIVAL_REWATCH: Duration = Duration::from_millis(10);
+const ARRIVAL_REWATCH_NS: u64 = ARRIVAL_REWATCH.as_nanos() as u64;
 
 /// What a nonblocking call that found nothing does before it returns
 /// ([`Doorbell::idle_poll`]).
@@ -90,6 +109,12 @@ pub(crate) struct Doorbell {
     /// Since when (runtime nanoseconds) nonblocking calls on the endpoint
     /// have found nothing and moved nothing; 0 while things move.
     idle_since: AtomicU64,
+    /// A thread sleeps on its transport's arrival descriptor
+    /// ([`Doorbell::sleep_on`]); at most one does, the others on `cond`.
+    arrival_sleeper: AtomicBool,
+    /// Made readable by a ring while `arrival_sleeper` is set (`None`: no
+    /// eventfd could be made; every sleeper then sleeps on `cond`).
+    ring_fd: Option<EventFd>,
     lock: Mutex<()>,
     cond: Condvar,
     spin: Duration,
@@ -118,6 +143,13 @@ impl Doorbell {
             leased_until: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
+            arrival_sleeper: AtomicBool::new(false),
+            ring_fd: EventFd::from_value_and_flags(
+                0,
+                EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
+            )
+            .map_err(|e| tracing::debug!(%e, "no eventfd: waits sleep on the condition"))
+            .ok(),
             lock: Mutex::new(()),
             cond: Condvar::new(),
             spin,
@@ -186,6 +218,14 @@ impl Doorbell {
         if self.pollers.load(Ordering::SeqCst) > 0 {
             return Some(now_ns.saturating_add(LEASE_NS));
         }
+        // A thread that sleeps on the transport's arrival descriptor is woken
+        // by the arrival itself. Looked at again a while later, not a lease:
+        // the driver would wake a thousand times a second for each sleeping
+        // endpoint (with 80 blocked applications, more wake-ups than the
+        // arrivals it no longer relays).
+        if self.arrival_sleeper.load(Ordering::SeqCst) {
+            return Some(now_ns.saturating_add(ARRIVAL_REWATCH_NS));
+        }
         if self.attended.load(Ordering::SeqCst) > 0 {
             return None;
         }
@@ -198,6 +238,12 @@ impl Doorbell {
     /// waiting thread may be interested in).
     pub(crate) fn ring_local(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
+        if self.arrival_sleeper.load(Ordering::SeqCst) {
+            if let Some(fd) = &self.ring_fd {
+                // Fails only when the counter would overflow: it is readable then.
+                let _ = fd.write(1);
+            }
+        }
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cond.notify_all();
@@ -316,6 +362,70 @@ impl Doorbell {
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
+
+    /// As [`Doorbell::sleep`], on `arrival` as well: a descriptor the
+    /// transport makes readable at the endpoint's next arrival (an event
+    /// channel's port, armed by [`crate::transport::TransportPort::before_sleep`]).
+    /// The arrival wakes this thread itself: without it, a driver thread woke
+    /// for the arrival, took it in and rang the doorbell, two wake-ups and a
+    /// second thread's pass for each (a third of the machine with 80 blocked
+    /// applications on two cores). Sleeps at most [`ARRIVAL_SLEEP_MAX`].
+    ///
+    /// `None` when another thread already sleeps so, or no eventfd exists
+    /// (the caller sleeps on the doorbell); else whether `arrival` turned
+    /// readable, whose signal the caller then consumes.
+    pub(crate) fn sleep_on(
+        &self,
+        arrival: RawFd,
+        seen: u64,
+        deadline: Option<Instant>,
+    ) -> Option<bool> {
+        let ring_fd = self.ring_fd.as_ref()?;
+        if self
+            .arrival_sleeper
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return None;
+        }
+        // A ring from before this sleep is in the generation: drain it, then
+        // read the generation (a ring after the drain leaves the eventfd
+        // readable, one before it moved the generation).
+        let _ = ring_fd.read();
+        let mut arrived = false;
+        let now = Instant::now();
+        let mut left = ARRIVAL_SLEEP_MAX;
+        if let Some(d) = deadline {
+            left = left.min(d.saturating_duration_since(now));
+        }
+        if self.generation() == seen && !left.is_zero() {
+            let mut fds = [
+                libc::pollfd {
+                    fd: arrival,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: ring_fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+            // SAFETY: `fds` holds two initialised entries for the whole call. A
+            // descriptor closed meanwhile (the port re-opened) is reported as
+            // POLLNVAL or never signals; the sleep's bound covers the latter.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            arrived = rc > 0 && fds[0].revents != 0;
+        }
+        self.arrival_sleeper.store(false, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            // A thread sleeping on the condition would not see the next
+            // arrival: let it look, and sleep on the descriptor itself.
+            self.ring_local();
+        }
+        Some(arrived)
+    }
 }
 
 /// An application thread polling its endpoint (see [`Doorbell::polling`]).
@@ -375,6 +485,89 @@ mod tests {
         }
         d.ring();
         t.join().expect("waiter thread");
+    }
+
+    fn arrival() -> EventFd {
+        EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .expect("eventfd")
+    }
+
+    /// Spawns a thread sleeping on `fd` as its arrival descriptor; returns once it sleeps.
+    fn arrival_sleeper(d: &Arc<Doorbell>, fd: RawFd) -> std::thread::JoinHandle<Option<bool>> {
+        let seen = d.generation();
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || {
+            d2.sleep_on(fd, seen, Some(Instant::now() + Duration::from_secs(60)))
+        });
+        while !d.arrival_sleeper.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        t
+    }
+
+    #[test]
+    fn an_arrival_wakes_the_thread_sleeping_on_its_descriptor() {
+        let d = Arc::new(Doorbell::new(Duration::ZERO, 0, None));
+        let port = arrival();
+        let t = arrival_sleeper(&d, port.as_raw_fd());
+        // While it sleeps there the driver need not watch the port.
+        let now = crate::runtime::now().as_nanos();
+        assert_eq!(d.driven_until(now), Some(now + ARRIVAL_REWATCH_NS));
+        port.write(1).expect("signal");
+        assert_eq!(t.join().expect("sleeper"), Some(true));
+        assert!(!d.arrival_sleeper.load(Ordering::SeqCst));
+        assert_eq!(
+            d.driven_until(now),
+            None,
+            "nobody attends: the driver watches"
+        );
+    }
+
+    #[test]
+    fn a_ring_wakes_the_thread_sleeping_on_an_arrival_descriptor() {
+        let d = Arc::new(Doorbell::new(Duration::ZERO, 0, None));
+        let port = arrival();
+        let t = arrival_sleeper(&d, port.as_raw_fd());
+        d.ring_local();
+        assert_eq!(t.join().expect("sleeper"), Some(false), "woken by the ring");
+        // The ring is drained by the next sleep, which sees the generation moved.
+        let seen = d.generation();
+        d.ring_local();
+        assert_eq!(d.sleep_on(port.as_raw_fd(), seen, None), Some(false));
+    }
+
+    #[test]
+    fn one_thread_sleeps_on_the_arrival_descriptor_the_others_on_the_doorbell() {
+        let d = Arc::new(Doorbell::new(Duration::ZERO, 0, None));
+        let port = arrival();
+        let first = arrival_sleeper(&d, port.as_raw_fd());
+        let seen = d.generation();
+        assert_eq!(d.sleep_on(port.as_raw_fd(), seen, None), None);
+        // A thread asleep on the doorbell is woken when the first leaves, so it
+        // takes the descriptor over.
+        let d2 = d.clone();
+        let second = std::thread::spawn(move || d2.sleep(seen, None));
+        while d.sleepers.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        port.write(1).expect("signal");
+        assert_eq!(first.join().expect("first sleeper"), Some(true));
+        second.join().expect("second sleeper");
+        assert!(d.generation() > seen);
+    }
+
+    #[test]
+    fn a_sleep_on_an_arrival_descriptor_ends_at_its_deadline() {
+        let d = Doorbell::new(Duration::ZERO, 0, None);
+        let port = arrival();
+        let seen = d.generation();
+        let deadline = Instant::now() + Duration::from_millis(5);
+        assert_eq!(
+            d.sleep_on(port.as_raw_fd(), seen, Some(deadline)),
+            Some(false)
+        );
+        assert!(Instant::now() >= deadline);
+        assert_eq!(d.generation(), seen);
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! - `sends_of_one_buffer_in_flight_at_once_copy_it_once`: eight LARGE sends
 //!   of one buffer in flight copy it into its window once; changed after
 //!   they completed, the next ones carry the new bytes.
+//! - `a_blocked_wait_is_woken_by_its_port_not_by_a_relay`: with every wait
+//!   asleep, the backend's notifications wake the waiting application thread
+//!   itself, not the library's driver thread.
 //! - `frames_on_the_link_are_mxoe`: what a host sends during a ping-pong,
 //!   captured on its veth, decodes as MXoE of every expected type and size.
 //!
@@ -152,6 +155,42 @@ fn sends_of_one_buffer_in_flight_at_once_copy_it_once() {
         (2, 2 << 20),
         "one copy per round of 8 sends"
     );
+}
+
+/// An application blocked in `mx_wait` sleeps on its endpoint's event-channel port
+/// itself: the backend's signal wakes it, not the library's driver thread, which would
+/// take the events in and wake it in turn (two wake-ups per arrival). With every wait
+/// sleeping at once (`XMX_SPIN_US=0`), a ping-pong of every class between guests on
+/// different hosts passes, and each side's log counts the port's notifications: nearly
+/// all taken by the thread that slept on the port.
+#[test]
+fn a_blocked_wait_is_woken_by_its_port_not_by_a_relay() {
+    if skipped("a_blocked_wait_is_woken_by_its_port_not_by_a_relay") {
+        return;
+    }
+    let _one = exclusive();
+    let c = SimCluster::up("swake", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let bin = cprog::build("pingpong", dir.path());
+    let env = [("MX_VERBOSE", "1"), ("XMX_SPIN_US", "0")];
+    let (p, a) = c.run_pair(&bin, (1, 0), (0, 0), &env);
+    p.passed();
+    let table = parse_pingpong(a.passed());
+    assert!(table.iter().any(|l| l.bytes == 16 << 20), "{}", a.stdout);
+    let taken = "port notifications taken";
+    for (side, log) in [("passive", &p.stderr), ("active", &a.stderr)] {
+        let by_waiter = log_field(log, taken, "by_waiter").expect("notifications are logged");
+        let by_driver = log_field(log, taken, "by_driver").expect("notifications are logged");
+        println!(
+            "{side}: port notifications taken by the waiter {by_waiter}, by the driver {by_driver}"
+        );
+        // 23 sizes, 3 to 20 round trips each: every reply is waited for asleep.
+        assert!(by_waiter >= 200, "{side}: {by_waiter} taken by the waiter");
+        assert!(
+            by_driver * 4 <= by_waiter,
+            "{side}: {by_driver} taken by the driver, {by_waiter} by the waiter"
+        );
+    }
 }
 
 #[test]

@@ -29,7 +29,7 @@ struct BackdArgs {
     domid: u16,
     /// Microseconds an idle service loop keeps polling (yielding the core between
     /// rounds) before it sleeps.
-    #[arg(long = "spin-us", default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    #[arg(long = "spin-us", env = "XMX_BACKD_SPIN_US", default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     spin_us: u64,
     /// This host's name (guests without a hostname are named after it).
     #[arg(long)]

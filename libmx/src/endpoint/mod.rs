@@ -578,18 +578,52 @@ impl AppEndpoint {
     /// with the transport asked to ring it at the next arrival.
     fn nap(&self, seen: u64) -> MxResult<()> {
         let _attending = self.doorbell.attend();
-        let arrived = {
-            let mut st = self.lock()?;
-            st.port.as_mut().is_some_and(|p| p.before_sleep())
-        };
+        let (arrived, arrival) = self.prepare_sleep()?;
         if !arrived {
             let mut until = std::time::Instant::now() + POLL_NAP;
             if let Some(timer) = self.next_deadline().map(runtime::to_std) {
                 until = until.min(timer);
             }
-            self.doorbell.sleep(seen, Some(until));
+            self.sleep_for_arrival(arrival, seen, Some(until));
         }
         Ok(())
+    }
+
+    /// Asks the port to signal the next arrival ([`TransportPort::before_sleep`]);
+    /// true if something arrived meanwhile, and the descriptor the signal
+    /// comes on, if the port has one.
+    fn prepare_sleep(&self) -> MxResult<(bool, Option<std::os::fd::RawFd>)> {
+        let mut st = self.lock()?;
+        Ok(match st.port.as_mut() {
+            Some(p) => (p.before_sleep(), p.arrival_fd()),
+            None => (false, None),
+        })
+    }
+
+    /// Sleeps while the doorbell's generation is `seen`, at most until
+    /// `until`: on the port's `arrival` descriptor if it has one, so the
+    /// arrival wakes this thread itself ([`Doorbell::sleep_on`]), else on the
+    /// doorbell alone.
+    fn sleep_for_arrival(
+        &self,
+        arrival: Option<std::os::fd::RawFd>,
+        seen: u64,
+        until: Option<std::time::Instant>,
+    ) {
+        if let Some(fd) = arrival {
+            match self.doorbell.sleep_on(fd, seen, until) {
+                Some(true) => {
+                    let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(p) = st.port.as_mut() {
+                        p.take_arrival_signal();
+                    }
+                    return;
+                }
+                Some(false) => return,
+                None => {}
+            }
+        }
+        self.doorbell.sleep(seen, until);
     }
 
     /// `mx_progress` and the background thread: progress if the endpoint
@@ -1011,17 +1045,14 @@ impl AppEndpoint {
                 continue;
             }
             drop(polling.take());
-            let arrived = {
-                let mut st = self.lock()?;
-                st.port.as_mut().is_some_and(|p| p.before_sleep())
-            };
+            let (arrived, arrival) = self.prepare_sleep()?;
             if !arrived {
                 let timer = self.next_deadline().map(runtime::to_std);
                 let until = match (deadline, timer) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                self.doorbell.sleep(seen, until);
+                self.sleep_for_arrival(arrival, seen, until);
             }
             polling.get_or_insert_with(|| self.doorbell.polling());
             poll_until = std::time::Instant::now() + spin;

@@ -160,6 +160,16 @@ pub(crate) trait TransportPort: Send {
     fn before_sleep(&mut self) -> bool {
         false
     }
+    /// A descriptor that turns readable when the next arrival is signalled
+    /// (after [`before_sleep`](Self::before_sleep) asked for the signal), for
+    /// the waiting thread to sleep on itself; `None`: arrivals ring the
+    /// doorbell.
+    fn arrival_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Consumes the signal a sleeping thread saw on
+    /// [`arrival_fd`](Self::arrival_fd).
+    fn take_arrival_signal(&mut self) {}
     /// Where the port stands (pulls in progress, rings), as lines of text
     /// for a stall report; empty when it has nothing to say.
     fn describe(&self) -> String {

@@ -118,7 +118,8 @@ pub(super) fn run(shared: Arc<XenShared>) {
                 // before it sleeps; arming it here would have the backend
                 // signal every event. The ring is looked at again when the
                 // lease ends (the thread may have gone back to computing).
-                let n = if let Some(until) = ep.mailbox.driven_until(now_ns) {
+                let driven = ep.mailbox.driven_until(now_ns);
+                let n = if let Some(until) = driven {
                     let t = timeout_until(until, now_ns);
                     timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
                     link.take_in(&ep.mailbox, &mut reg)
@@ -137,7 +138,18 @@ pub(super) fn run(shared: Arc<XenShared>) {
                     let t = (left.as_millis() as libc::c_int).saturating_add(1);
                     timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
                 }
-                (n, link.port_fd())
+                // The port is watched only while no application thread is
+                // on it: one that polls sees arrivals itself, and one that
+                // sleeps sleeps on the port (`Doorbell::sleep_on`); watching
+                // it too would wake this thread for every arrival as well.
+                (
+                    n,
+                    if driven.is_none() {
+                        link.port_fd()
+                    } else {
+                        None
+                    },
+                )
             };
             let delivered = delivered + take_in_direct(&shared, &ep, now_ns);
             if ep
@@ -178,7 +190,7 @@ pub(super) fn run(shared: Arc<XenShared>) {
                     if rev & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
                         link.set_down();
                     } else {
-                        link.take_notification();
+                        link.take_notification(false);
                     }
                 }
             }

@@ -152,6 +152,9 @@ pub(crate) struct XenLink {
     /// Sends' data copied into windows: copies and bytes (logged when the endpoint
     /// closes).
     filled_in: (u64, u64),
+    /// The port's notifications taken by the application thread that slept on the
+    /// port, and by the driver thread (logged when the endpoint closes).
+    signals_taken: (u64, u64),
     /// Pulls waiting for room in the send ring (or to be asked again after a refusal for
     /// lack of room), in the order their receives took them.
     deferred: VecDeque<LinkSink>,
@@ -250,6 +253,7 @@ impl XenLink {
             sinks: FxHashMap::default(),
             pulled_out: (0, 0),
             filled_in: (0, 0),
+            signals_taken: (0, 0),
             deferred: VecDeque::new(),
             waiting: VecDeque::new(),
             starved: VecDeque::new(),
@@ -649,12 +653,16 @@ impl XenLink {
         }
     }
 
-    /// Consumes the port's notification after the driver's poll saw it.
-    pub(crate) fn take_notification(&mut self) {
+    /// Consumes the port's notification after a poll saw it: the driver's, or
+    /// (`by_waiter`) that of the application thread sleeping on the port.
+    pub(crate) fn take_notification(&mut self, by_waiter: bool) {
         let closed = match &self.channel {
             Some(c) => {
-                if let Err(e) = c.take_notification() {
-                    tracing::debug!(index = self.index, %e, "taking a notification");
+                match c.take_notification() {
+                    Ok(true) if by_waiter => self.signals_taken.0 += 1,
+                    Ok(true) => self.signals_taken.1 += 1,
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(index = self.index, %e, "taking a notification"),
                 }
                 c.is_disconnected()
             }
@@ -1416,6 +1424,12 @@ impl XenLink {
             copies = self.filled_in.0,
             bytes = self.filled_in.1,
             "LARGE sends copied into their windows"
+        );
+        tracing::info!(
+            index = self.index,
+            by_waiter = self.signals_taken.0,
+            by_driver = self.signals_taken.1,
+            "port notifications taken"
         );
         self.sinks.clear();
         self.deferred.clear();

@@ -211,6 +211,14 @@ impl TransportPort for XenPort {
         lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
 
+    fn arrival_fd(&self) -> Option<std::os::fd::RawFd> {
+        lock(&self.ep.link).port_fd()
+    }
+
+    fn take_arrival_signal(&mut self) {
+        lock(&self.ep.link).take_notification(true);
+    }
+
     fn regions(&self) -> Arc<dyn Regions> {
         self.regions.clone()
     }
