@@ -299,6 +299,7 @@ fn open_endpoint(
             send,
             events,
             backlog: VecDeque::new(),
+            unsignalled: None,
             in_ring: VecDeque::new(),
             pages: total,
             counters: EndpointCounters::default(),
