@@ -37,10 +37,13 @@ pub(crate) enum Counter {
     DirectPulls,
     /// Direct pulls the peer stopped serving, finished through the backend.
     DirectPullsStalled,
+    /// Frames the transport gave up posting because the backend made no room
+    /// in time (the protocol core resends them).
+    SendsDroppedForRoom,
 }
 
 /// Every counter, in `mx_get_info` order, with its label.
-pub(crate) const ALL: [(Counter, &str); 16] = [
+pub(crate) const ALL: [(Counter, &str); 17] = [
     (Counter::FramesSent, "Frames sent"),
     (Counter::FramesReceived, "Frames received"),
     (Counter::Sends, "Sends posted"),
@@ -60,9 +63,13 @@ pub(crate) const ALL: [(Counter, &str); 16] = [
     ),
     (Counter::DirectPulls, "Direct LARGE pulls"),
     (Counter::DirectPullsStalled, "Direct LARGE pulls stalled"),
+    (
+        Counter::SendsDroppedForRoom,
+        "Sends dropped for lack of room",
+    ),
 ];
 
-static VALUES: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
+static VALUES: [AtomicU64; 17] = [const { AtomicU64::new(0) }; 17];
 
 /// Adds `n` to a counter.
 pub(crate) fn add(c: Counter, n: u64) {

@@ -23,6 +23,13 @@ static mx_status_t wait_bounded(mx_endpoint_t ep, mx_request_t *req, const char 
   mx_status_t s;
   uint32_t result = 0;
   CHECK(mx_wait(ep, req, WAIT_MS, &s, &result));
+  if (!result) {
+    /* Which path lost the message: the lane, the backend, or a post that found no room. */
+    const char *labels[] = {"Frames sent", "Frames received", "Direct frames sent",
+                            "Direct frames received", "Sends dropped for lack of room"};
+    for (size_t k = 0; k < sizeof(labels) / sizeof(labels[0]); k++)
+      fprintf(stderr, "%s: %u\n", labels[k], test_counter(labels[k]));
+  }
   EXPECT(result, "%s %u not done within %d ms", what, i, WAIT_MS);
   EXPECT(s.code == MX_STATUS_SUCCESS, "%s %u: %s", what, i, mx_strstatus(s.code));
   return s;

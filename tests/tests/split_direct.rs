@@ -612,7 +612,13 @@ fn a_stream_that_fills_the_ring_mid_message_needs_no_retransmission() {
     let (p, a) = start(&c, &bin, &env);
     let a = a.finish();
     let p = p.finish();
-    assert!(passed(&p) && passed(&a), "{}\n{}", show(&p), show(&a));
+    assert!(
+        passed(&p) && passed(&a),
+        "{}\n{}\nthe backend's counters: {}",
+        show(&p),
+        show(&a),
+        c.admin(0, &["counters"])
+    );
     let line = p
         .stdout
         .lines()

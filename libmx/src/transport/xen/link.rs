@@ -28,6 +28,7 @@ use xmx_wire::ring::RingError;
 
 use super::slots::SendSlots;
 use super::windows::{self, pool_pages};
+use crate::counters::{self, Counter};
 use crate::segments::Segments;
 use crate::transport::engine_msgs::{self, Inbound, Outbound, PeerSessions};
 use crate::transport::mailbox::Mailbox;
@@ -447,6 +448,7 @@ impl XenLink {
                         index = self.index,
                         "no send-queue slot in time; MEDIUM dropped"
                     );
+                    counters::add(Counter::SendsDroppedForRoom, 1);
                     return;
                 };
                 let written = self.channel.as_ref().is_some_and(|channel| {
@@ -521,6 +523,8 @@ impl XenLink {
                     // Publish what waits, so the backend makes room.
                     let _ = channel.flush();
                     if self.down || Instant::now() >= deadline {
+                        tracing::debug!(index = self.index, "no send-ring room in time; dropped");
+                        counters::add(Counter::SendsDroppedForRoom, 1);
                         break;
                     }
                     if self.take_in(mailbox, reg) == 0 {
