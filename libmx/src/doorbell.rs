@@ -218,19 +218,27 @@ impl Doorbell {
         if self.pollers.load(Ordering::SeqCst) > 0 {
             return Some(now_ns.saturating_add(LEASE_NS));
         }
-        // A thread that sleeps on the transport's arrival descriptor is woken
-        // by the arrival itself. Looked at again a while later, not a lease:
-        // the driver would wake a thousand times a second for each sleeping
-        // endpoint (with 80 blocked applications, more wake-ups than the
-        // arrivals it no longer relays).
-        if self.arrival_sleeper.load(Ordering::SeqCst) {
-            return Some(now_ns.saturating_add(ARRIVAL_REWATCH_NS));
-        }
         if self.attended.load(Ordering::SeqCst) > 0 {
             return None;
         }
         let until = self.leased_until.load(Ordering::SeqCst);
         (until > now_ns).then_some(until)
+    }
+
+    /// As [`driven_until`](Self::driven_until), for the transport's arrival
+    /// descriptor alone: a thread asleep on it ([`sleep_on`](Self::sleep_on))
+    /// is woken by the arrival itself, so a driver need not watch it either.
+    /// Everything else the endpoint can hear from (a direct channel's lanes)
+    /// is still the driver's to watch while that thread sleeps. Looked at
+    /// again a while later, not a lease: the driver would wake a thousand
+    /// times a second for each sleeping endpoint (with 80 blocked
+    /// applications, more wake-ups than the arrivals it no longer relays).
+    pub(crate) fn port_taken_until(&self, now_ns: u64) -> Option<u64> {
+        self.driven_until(now_ns).or_else(|| {
+            self.arrival_sleeper
+                .load(Ordering::SeqCst)
+                .then(|| now_ns.saturating_add(ARRIVAL_REWATCH_NS))
+        })
     }
 
     /// Wakes every waiter, but not the background thread: for events the
@@ -510,9 +518,12 @@ mod tests {
         let d = Arc::new(Doorbell::new(Duration::ZERO, 0, None));
         let port = arrival();
         let t = arrival_sleeper(&d, port.as_raw_fd());
-        // While it sleeps there the driver need not watch the port.
+        // While it sleeps there the driver need not watch the port, but it
+        // watches everything else (a direct channel's lanes): the thread
+        // asleep on the port does not look at them.
         let now = crate::runtime::now().as_nanos();
-        assert_eq!(d.driven_until(now), Some(now + ARRIVAL_REWATCH_NS));
+        assert_eq!(d.port_taken_until(now), Some(now + ARRIVAL_REWATCH_NS));
+        assert_eq!(d.driven_until(now), None, "the lanes are the driver's");
         port.write(1).expect("signal");
         assert_eq!(t.join().expect("sleeper"), Some(true));
         assert!(!d.arrival_sleeper.load(Ordering::SeqCst));

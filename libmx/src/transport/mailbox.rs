@@ -93,6 +93,12 @@ impl Mailbox {
     pub(crate) fn driven_until(&self, now_ns: u64) -> Option<u64> {
         self.doorbell.driven_until(now_ns)
     }
+
+    /// Until when the transport's arrival descriptor needs no driver; see
+    /// [`Doorbell::port_taken_until`].
+    pub(crate) fn port_taken_until(&self, now_ns: u64) -> Option<u64> {
+        self.doorbell.port_taken_until(now_ns)
+    }
 }
 
 fn take<T>(queue: &Mutex<VecDeque<T>>, len: &AtomicUsize) -> Option<T> {

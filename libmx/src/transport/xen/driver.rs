@@ -64,7 +64,8 @@ fn wait(fds: &[RawFd], timeout_ms: libc::c_int) -> Vec<libc::c_short> {
 
 /// Takes in what an endpoint's direct channels hold and, unless an
 /// application thread polls the endpoint, asks the peers to signal the next
-/// frame. Returns how many frames it took.
+/// frame: also while a thread sleeps on the endpoint's port, which wakes it
+/// for the backend's arrivals only. Returns how many frames it took.
 fn take_in_direct(shared: &XenShared, ep: &EndpointShared, now_ns: u64) -> usize {
     let Some(hub) = shared.hub() else { return 0 };
     let mut d = ep.direct.lock().unwrap_or_else(|e| e.into_inner());
@@ -118,7 +119,7 @@ pub(super) fn run(shared: Arc<XenShared>) {
                 // before it sleeps; arming it here would have the backend
                 // signal every event. The ring is looked at again when the
                 // lease ends (the thread may have gone back to computing).
-                let driven = ep.mailbox.driven_until(now_ns);
+                let driven = ep.mailbox.port_taken_until(now_ns);
                 let n = if let Some(until) = driven {
                     let t = timeout_until(until, now_ns);
                     timeout_ms = if timeout_ms < 0 { t } else { timeout_ms.min(t) };
