@@ -299,7 +299,6 @@ fn open_endpoint(
             send,
             events,
             backlog: VecDeque::new(),
-            unsignalled: None,
             in_ring: VecDeque::new(),
             pages: total,
             counters: EndpointCounters::default(),

@@ -638,7 +638,6 @@ mod tests {
                 guest,
                 endpoint,
                 event,
-                ..
             } in events
             {
                 if guest != B {
