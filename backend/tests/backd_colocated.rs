@@ -245,3 +245,78 @@ fn a_large_message_is_pulled_between_registered_regions() {
     // The sender's RNDV completes once sent.
     expect_done(&a, &mut ea, 20, None);
 }
+
+/// An application that opened its endpoint with quiet send completions is not woken by
+/// its TINY's completion: it lands in the ring unnotified, and the reply's notification
+/// covers it. A MEDIUM's completion (which gives send-queue slots back) still wakes it,
+/// and a guest that did not ask is woken by each of its completions.
+#[test]
+fn quiet_send_completions_are_covered_by_the_next_notified_event() {
+    let host = BackdTestHost::start();
+    let backend = host.start_backend(GuestQuotas::default());
+    peers(&backend, &[(0, 1, 1), (1, 2, 1)]);
+    let mut a = host.guest("a", 1, 1);
+    a.quiet_send_done = true;
+    let mut b = host.guest("b", 2, 1);
+    a.connect();
+    b.connect();
+    let mut ea = a.open_endpoint(0, small_endpoint(8)).1.unwrap();
+    let mut eb = b.open_endpoint(0, small_endpoint(8)).1.unwrap();
+    let route = |peer_index, session_id| Route {
+        peer_index,
+        endpoint: 0,
+        session_id,
+    };
+    let (to_a, to_b) = (route(0, ea.session), route(1, eb.session));
+    let tiny = |tag: u32, to: Route, data: &[u8]| SendRequest {
+        tag,
+        route: to,
+        op: SendOp::Tiny(InlineMsg {
+            info: info(tag as u16, u64::from(tag)),
+            data: InlineData::new(data).unwrap(),
+        }),
+    };
+
+    a.send(&mut ea, tiny(1, to_b, b"ping"));
+    let ev = b.next_event(&mut eb);
+    assert!(matches!(ev.body, EventBody::RecvTiny { .. }), "{ev:?}");
+    b.retire_events(&mut eb);
+    // b asked for nothing: it sleeps until its own TINY is done, and is told.
+    b.send(&mut eb, tiny(2, to_a, b"pong"));
+    expect_done(&b, &mut eb, 2, Some(4));
+    // a's completion came before the reply, in the order the backend wrote them.
+    expect_done(&a, &mut ea, 1, Some(4));
+    let ev = a.next_event(&mut ea);
+    match ev.body {
+        EventBody::RecvTiny { msg, .. } => assert_eq!(msg.data.as_slice(), b"pong"),
+        other => panic!("expected the reply, got {other:?}"),
+    }
+    a.retire_events(&mut ea);
+
+    // A MEDIUM's completion wakes a quiet endpoint by itself.
+    assert!(ea.sendq.write_bytes(0, &[7u8; 100]));
+    a.send(
+        &mut ea,
+        SendRequest {
+            tag: 3,
+            route: to_b,
+            op: SendOp::Medium(MediumSend {
+                info: info(3, 3),
+                length: 100,
+                sendq_slots: QueueSlots::new(&[0]).unwrap(),
+            }),
+        },
+    );
+    expect_done(&a, &mut ea, 3, Some(100));
+
+    let report = backd_util::counters(&backend);
+    let endpoint = |domid| {
+        let g = report.guests.iter().find(|g| g.domid == domid).unwrap();
+        g.endpoints[0].clone()
+    };
+    let (qa, qb) = (endpoint(a.domid), endpoint(b.domid));
+    assert!(qa.quiet_send_done);
+    assert_eq!(qa.quiet_events, 1, "the TINY's completion only");
+    assert!(!qb.quiet_send_done);
+    assert_eq!(qb.quiet_events, 0);
+}

@@ -214,6 +214,7 @@ fn grant_refs_that_are_invalid_or_granted_elsewhere_are_refused_without_mapping(
             info_ref,
             pages: small_endpoint(1),
             resume_session: 0,
+            quiet_send_done: false,
         })
     };
     // No such grant.

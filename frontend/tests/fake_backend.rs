@@ -328,6 +328,7 @@ fn a_backend_that_stops_answering_is_dropped_and_keeps_what_it_was_given_until_t
     let h = fe.open_endpoint(Some(1), Some(small_geometry())).unwrap();
     assert_eq!(h.session_id, 0x5e55_0001);
     assert_eq!(fake.lock().endpoints[&1].refs, h.pages.refs);
+    assert!(!fake.lock().endpoints[&1].quiet_send_done, "not asked for");
     assert_eq!(fake.lock().count(CtrlKind::EndpointOpen), 1);
     drop(h);
     // The frontend closes while its backend still runs.
@@ -386,7 +387,10 @@ fn a_request_waiting_on_a_backend_that_leaves_ends_when_it_leaves() {
 fn a_closing_backend_is_followed_and_endpoints_come_back_over_new_grants() {
     let host = FrontendTestHost::start();
     let (domu, fake, mut fe) = connected(&host, "g1", 1, FrontendConfig::default());
-    let h = fe.open_endpoint(Some(0), Some(small_geometry())).unwrap();
+    let h = fe
+        .open_endpoint_with(Some(0), Some(small_geometry()), true)
+        .unwrap();
+    assert!(fake.lock().endpoints[&0].quiet_send_done);
     let old_refs = h.pages.refs.clone();
     let mut ch = channel(h);
     fe.take_events();
@@ -419,6 +423,10 @@ fn a_closing_backend_is_followed_and_endpoints_come_back_over_new_grants() {
     assert_eq!((h.endpoint, h.generation), (0, 1));
     assert_ne!(h.pages.refs, old_refs, "new grants");
     assert_eq!(fake.lock().endpoints[&0].refs, h.pages.refs);
+    assert!(
+        fake.lock().endpoints[&0].quiet_send_done,
+        "re-opened as the application opened it"
+    );
     assert_eq!(
         fe.retired_count(),
         1,

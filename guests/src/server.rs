@@ -584,8 +584,12 @@ fn handle(
                 local_delivery: info.local_delivery,
             }))
         }
-        FrontdRequest::OpenEndpoint { endpoint, geometry } => {
-            let h = fe.open_endpoint(endpoint, geometry)?;
+        FrontdRequest::OpenEndpoint {
+            endpoint,
+            geometry,
+            quiet_send_done,
+        } => {
+            let h = fe.open_endpoint_with(endpoint, geometry, quiet_send_done)?;
             lock(&client.owned).endpoints.insert(h.endpoint);
             Ok(FrontdReply::Endpoint(h))
         }

@@ -100,9 +100,27 @@ fn endpoint_open() {
                 recv_queue: 32,
             },
             resume_session: 0,
+            quiet_send_done: false,
         }),
     };
     check_ctrl_request(&bytes, &value);
+    // Byte 11 holds the flags: bit 0 asks for quiet send completions, the others are
+    // refused.
+    let mut quiet_bytes = bytes.clone();
+    quiet_bytes[11] = 0x01;
+    let mut quiet = value.clone();
+    if let CtrlOp::EndpointOpen(o) = &mut quiet.op {
+        o.quiet_send_done = true;
+    }
+    check_ctrl_request(&quiet_bytes, &quiet);
+    for bit in 1..8 {
+        let mut unknown = bytes.clone();
+        unknown[11] = 1 << bit;
+        assert!(
+            CtrlRequest::parse(&unknown).is_err(),
+            "flag bit {bit} has no meaning yet"
+        );
+    }
     let CtrlOp::EndpointOpen(open) = value.op else {
         unreachable!()
     };

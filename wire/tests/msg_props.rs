@@ -160,6 +160,7 @@ fn ctrl_request() -> impl Strategy<Value = CtrlRequest> {
                         recv_queue,
                     },
                     resume_session: event_channel ^ info_ref,
+                    quiet_send_done: send_ring % 2 == 0,
                 })
             },
         );

@@ -142,6 +142,11 @@ pub struct GuestEvent {
     pub endpoint: u8,
     /// The event to write in the ring.
     pub event: Event,
+    /// Whether the application must be woken for it. False for the completion of a
+    /// send that held nothing the library waits to get back (every send but a
+    /// MEDIUM, whose completion frees its send-queue slots): an application that
+    /// sleeps waits for a reply, not for its own send to have left.
+    pub wakes: bool,
 }
 
 /// A HOST_REPLY received by one of our guests, for the peer service.
@@ -341,11 +346,22 @@ impl EngineOutput {
 
     /// Queue a completion: never refused, the library waits for it.
     pub fn completion(&mut self, guest: GuestId, endpoint: u8, event: Event) {
+        self.push_event(guest, endpoint, event, true);
+    }
+
+    /// Queue the completion of a send that held nothing in the guest: written like
+    /// any other, but no reason to wake a sleeping application ([`GuestEvent::wakes`]).
+    pub fn quiet_completion(&mut self, guest: GuestId, endpoint: u8, event: Event) {
+        self.push_event(guest, endpoint, event, false);
+    }
+
+    fn push_event(&mut self, guest: GuestId, endpoint: u8, event: Event, wakes: bool) {
         *self.pending.entry((guest, endpoint)).or_default() += 1;
         self.events.push_back(GuestEvent {
             guest,
             endpoint,
             event,
+            wakes,
         });
     }
 

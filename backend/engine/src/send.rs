@@ -46,12 +46,20 @@ impl Engine {
             }
         };
         let link = &mut nic.link;
+        // Only a MEDIUM's completion gives the guest something back (its send-queue
+        // slots); the others are quiet.
+        let wakes = matches!(request.op, SendOp::Medium(_));
         let done = |ctx: &mut Ctx, link: &GuestWire, length: u32| {
             let body = EventBody::SendDone {
                 status: DoneStatus::Success,
                 length,
             };
-            ctx.out.completion(link.id, endpoint, Event { tag, body });
+            let event = Event { tag, body };
+            if wakes {
+                ctx.out.completion(link.id, endpoint, event);
+            } else {
+                ctx.out.quiet_completion(link.id, endpoint, event);
+            }
         };
         match &request.op {
             SendOp::Tiny(m) => {

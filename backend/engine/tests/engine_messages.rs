@@ -51,6 +51,27 @@ fn tiny_to_a_remote_guest() {
     assert_eq!(msg.data.as_slice(), b"hello");
 }
 
+/// A sleeping application is woken for what it waits for, not for its own sends having
+/// left: only a MEDIUM's completion, which gives its send-queue slots back, wakes it.
+#[test]
+fn only_completions_that_give_something_back_wake_the_guest() {
+    let mut tb = Testbed::new();
+    let route = tb.route(3);
+    tb.send(1, tiny(1, route, 1, b"hi")).unwrap();
+    tb.send(1, small(2, route, 2, &pattern(100, 1))).unwrap();
+    tb.send(1, medium(3, route, 3, 5000, &[0, 1])).unwrap();
+    tb.pump();
+    let woken: Vec<(u32, bool)> = tb
+        .take_guest_events(1)
+        .iter()
+        .map(|e| (e.event.tag, e.wakes))
+        .collect();
+    assert_eq!(woken, vec![(1, false), (2, false), (3, true)]);
+    let received = tb.take_guest_events(3);
+    assert_eq!(received.len(), 4, "TINY, SMALL and two MEDIUM fragments");
+    assert!(received.iter().all(|e| e.wakes), "every arrival wakes");
+}
+
 #[test]
 fn small_remote_and_co_located_give_the_same_events() {
     let data: Vec<u8> = pattern(100, 3);

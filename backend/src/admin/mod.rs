@@ -33,7 +33,8 @@
 //!                       "retransmits","quota_refusals","total_drops","drops":{REASON:N},
 //!                       "weight","pull_frames_granted"},
 //!                "endpoints":[{"endpoint","send_requests","events","event_drops",
-//!                              "notifications","backlog"}]}]}`
+//!                              "notifications","quiet_send_done","quiet_events",
+//!                              "backlog"}]}]}`
 //!   (`nic` is null while the guest is not connected; `retransmits` counts PULL blocks
 //!   requested again; `drops` keys are snake_case drop reasons such as `cross_cluster`).
 //! - `guests`: R = list of [`GuestReport`]:
@@ -217,6 +218,14 @@ pub struct EndpointCountersReport {
     pub event_drops: u64,
     /// Event-channel notifications sent to the guest.
     pub notifications: u64,
+    /// The application opened the endpoint asking for quiet send completions
+    /// (`xmx_wire::msg::EndpointOpen::quiet_send_done`).
+    #[serde(default)]
+    pub quiet_send_done: bool,
+    /// Events written without a notification of their own (quiet send completions; the
+    /// next notified event covers them).
+    #[serde(default)]
+    pub quiet_events: u64,
     /// Events waiting for room in the event ring now.
     pub backlog: u64,
 }

@@ -299,6 +299,8 @@ fn open_endpoint(
             send,
             events,
             backlog: VecDeque::new(),
+            unsignalled: None,
+            quiet_send_done: open.quiet_send_done,
             in_ring: VecDeque::new(),
             pages: total,
             counters: EndpointCounters::default(),

@@ -46,6 +46,7 @@ pub(crate) struct EndpointCounters {
     pub events: u64,
     pub event_drops: u64,
     pub notifications: u64,
+    pub quiet_events: u64,
 }
 
 /// True for events the guest did not ask for (received packets); completions are never
@@ -74,8 +75,17 @@ pub(crate) struct EndpointConn {
     pub send: SendBack,
     /// Events for the application; we produce.
     pub events: EventFront,
-    /// Events waiting for room in the event ring.
-    pub backlog: VecDeque<Event>,
+    /// Events waiting for room in the event ring, each with whether it wakes the
+    /// application ([`xmx_engine::GuestEvent::wakes`]).
+    pub backlog: VecDeque<(Event, bool)>,
+    /// `req_prod` before the first of the events published since the last
+    /// notification check without one (all quiet): the next check covers them.
+    pub unsignalled: Option<u32>,
+    /// The application waits for no send's completion but a MEDIUM's
+    /// ([`xmx_wire::msg::EndpointOpen::quiet_send_done`]): the engine's quiet
+    /// completions are published without a notification. Otherwise every event is
+    /// notified as `io/ring.h` has it.
+    pub quiet_send_done: bool,
     /// One entry per event in the ring not yet returned by the application: the
     /// receive-queue slot it handed over. A slot goes back to the engine when the
     /// application returns the event's ring slot.
@@ -100,20 +110,37 @@ impl EndpointConn {
 
     /// Queue an event; an unsolicited one is refused when `limit` events already wait.
     pub fn queue_event(&mut self, event: Event, limit: usize) -> bool {
+        self.queue(event, true, limit)
+    }
+
+    /// As [`EndpointConn::queue_event`], for an event that wakes the application
+    /// only if `wakes` or the application did not open the endpoint with
+    /// `quiet_send_done`.
+    pub fn queue(&mut self, event: Event, wakes: bool, limit: usize) -> bool {
+        let wakes = wakes || !self.quiet_send_done;
         if self.backlog.len() >= limit && is_unsolicited(&event) {
             self.counters.event_drops += 1;
             return false;
         }
-        self.backlog.push_back(event);
+        self.backlog.push_back((event, wakes));
         true
     }
 
     /// Move waiting events into the event ring as far as it has room; true if the
     /// application asked to be notified.
+    ///
+    /// Events that do not wake the application (a send's completion) are published
+    /// without a notification: an application asleep waits for a reply, and woke for
+    /// each of its own sends (one wake-up in two of a blocking ping-pong). The next
+    /// event that wakes it is checked against all of them, so an application that
+    /// asked to be told of the ring's next entry is told then; a ring left full with
+    /// events still waiting is always told (only the application makes room).
     pub fn flush_events(&mut self) -> bool {
+        let before = self.events.published();
         let mut pushed = 0u32;
+        let mut wakes = false;
         while !self.events.is_full() {
-            let Some(event) = self.backlog.pop_front() else {
+            let Some((event, w)) = self.backlog.pop_front() else {
                 break;
             };
             match self.events.push_request(&event) {
@@ -121,6 +148,7 @@ impl EndpointConn {
                     self.in_ring.push_back(recvq_slot(&event));
                     self.counters.events += 1;
                     pushed += 1;
+                    wakes |= w;
                 }
                 Err(e) => {
                     // The engine only builds events that encode; keep going without it.
@@ -128,7 +156,17 @@ impl EndpointConn {
                 }
             }
         }
-        pushed > 0 && self.events.push_requests_and_check_notify()
+        if pushed == 0 {
+            return false;
+        }
+        if !wakes && self.backlog.is_empty() {
+            self.events.push_requests();
+            self.counters.quiet_events += u64::from(pushed);
+            self.unsignalled.get_or_insert(before);
+            return false;
+        }
+        let since = self.unsignalled.take().unwrap_or(before);
+        self.events.push_requests_and_check_notify_since(since)
     }
 
     /// Counters for the status socket.
@@ -139,6 +177,8 @@ impl EndpointConn {
             events: self.counters.events,
             event_drops: self.counters.event_drops,
             notifications: self.counters.notifications,
+            quiet_send_done: self.quiet_send_done,
+            quiet_events: self.counters.quiet_events,
             backlog: self.backlog.len() as u64,
         }
     }
@@ -227,6 +267,8 @@ mod tests {
             send: SendBack::new(send_mem).unwrap(),
             events: EventFront::attach(event_mem).unwrap(),
             backlog: VecDeque::new(),
+            unsignalled: None,
+            quiet_send_done: true,
             in_ring: VecDeque::new(),
             pages: 2,
             counters: EndpointCounters::default(),
@@ -272,6 +314,68 @@ mod tests {
                 length: 0,
             },
         }
+    }
+
+    #[test]
+    fn a_quiet_completion_is_not_signalled_but_the_next_event_covers_it() {
+        let (mut ep, mut app) = endpoint();
+        // Take the ring's first notification (req_event starts at 1).
+        ep.queue_event(tiny(0), usize::MAX);
+        assert!(ep.flush_events());
+        assert_eq!(app.next_request().unwrap(), Some(tiny(0)));
+        // The application sleeps: it asks to be told of the next entry.
+        assert!(!app.final_check_for_requests().unwrap());
+        // Its own send's completion lands in the ring without a signal.
+        assert!(ep.queue(done(1), false, usize::MAX));
+        assert!(!ep.flush_events(), "a send's completion wakes nobody");
+        assert_eq!(ep.unsignalled, Some(1));
+        assert_eq!(ep.counters.quiet_events, 1);
+        // The reply that follows is signalled, although the entry the application
+        // asked about was the quiet one.
+        ep.queue_event(tiny(2), usize::MAX);
+        assert!(ep.flush_events());
+        assert_eq!(ep.unsignalled, None);
+        assert_eq!(app.next_request().unwrap(), Some(done(1)));
+        assert_eq!(app.next_request().unwrap(), Some(tiny(2)));
+    }
+
+    /// A consumer that did not ask for quiet completions is told of each one: it may
+    /// be asleep until its TINY has left (`io/ring.h`'s contract).
+    #[test]
+    fn without_quiet_send_done_every_completion_is_signalled() {
+        let (mut ep, mut app) = endpoint();
+        ep.quiet_send_done = false;
+        ep.queue_event(tiny(0), usize::MAX);
+        assert!(ep.flush_events());
+        assert_eq!(app.next_request().unwrap(), Some(tiny(0)));
+        assert!(!app.final_check_for_requests().unwrap());
+        assert!(ep.queue(done(1), false, usize::MAX));
+        assert!(
+            ep.flush_events(),
+            "the completion it asked about is signalled"
+        );
+        assert_eq!(ep.unsignalled, None);
+        assert_eq!(ep.counters.quiet_events, 0);
+        assert_eq!(app.next_request().unwrap(), Some(done(1)));
+    }
+
+    #[test]
+    fn a_ring_full_of_quiet_completions_is_signalled() {
+        let (mut ep, mut app) = endpoint();
+        ep.queue_event(tiny(0), usize::MAX);
+        assert!(ep.flush_events());
+        assert_eq!(app.next_request().unwrap(), Some(tiny(0)));
+        app.retire_consumed();
+        app.push_responses();
+        ep.reclaim_events(&mut Vec::new()).unwrap();
+        assert!(!app.final_check_for_requests().unwrap());
+        let size = ep.events.size();
+        for tag in 0..=size {
+            ep.queue(done(tag), false, usize::MAX);
+        }
+        // Only the application makes room for the one left waiting: it is told.
+        assert!(ep.flush_events());
+        assert_eq!(ep.backlog.len(), 1);
     }
 
     #[test]

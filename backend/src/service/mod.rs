@@ -913,7 +913,7 @@ impl Backend {
             let Some(ep) = ep else {
                 continue;
             };
-            if !ep.queue_event(ge.event, limit) {
+            if !ep.queue(ge.event, ge.wakes, limit) {
                 // A dropped MEDIUM fragment gives its receive slot back at once.
                 if let Some(slot) = guest::recvq_slot(&ge.event) {
                     let _ = self.engine.release_recvq_slot(ge.guest, ge.endpoint, slot);

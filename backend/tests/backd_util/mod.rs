@@ -186,6 +186,9 @@ pub struct FakeGuest {
     pub gnttab: Arc<dyn GrantTable>,
     pub evtchn: Box<dyn EventChannels>,
     pub ctrl: Option<Ctrl>,
+    /// Open endpoints asking for quiet send completions (off: this guest sleeps until
+    /// its own sends are done, as any `io/ring.h` consumer may).
+    pub quiet_send_done: bool,
     next_tag: u32,
     next_watch: u32,
 }
@@ -204,6 +207,7 @@ impl FakeGuest {
             gnttab,
             evtchn,
             ctrl: None,
+            quiet_send_done: false,
             next_tag: 1,
             next_watch: 0,
         }
@@ -383,6 +387,7 @@ impl FakeGuest {
             info_ref: info.refs()[0],
             pages,
             resume_session,
+            quiet_send_done: self.quiet_send_done,
         }));
         if rsp.status != xmx_wire::msg::CtrlStatus::Ok {
             self.evtchn.close(port).unwrap();

@@ -107,6 +107,11 @@ pub(super) fn run(args: &CountersArgs) -> Result<i32> {
                     ep.events.to_string(),
                     ep.event_drops.to_string(),
                     ep.notifications.to_string(),
+                    if ep.quiet_send_done {
+                        ep.quiet_events.to_string()
+                    } else {
+                        "-".to_string()
+                    },
                     ep.backlog.to_string(),
                 ]
             })
@@ -118,6 +123,7 @@ pub(super) fn run(args: &CountersArgs) -> Result<i32> {
                 "EVENTS",
                 "EVENT_DROPS",
                 "NOTIFICATIONS",
+                "QUIET",
                 "BACKLOG",
             ],
             &rows,

@@ -16,11 +16,24 @@ use crate::shared::{end_grants, granted_mem, OwnedPort};
 
 impl Frontend {
     /// Open endpoint `endpoint` (the lowest free index if None) with `geometry` (the
-    /// configured one if None) and return what its application needs.
+    /// configured one if None) and return what its application needs. Every event of
+    /// its ring is notified as `io/ring.h` has it; see [`Frontend::open_endpoint_with`].
     pub fn open_endpoint(
         &mut self,
         endpoint: Option<u8>,
         geometry: Option<EndpointPages>,
+    ) -> Result<EndpointHandoff> {
+        self.open_endpoint_with(endpoint, geometry, false)
+    }
+
+    /// As [`Frontend::open_endpoint`], for an application that waits for no send's
+    /// completion but a MEDIUM's if `quiet_send_done` ([`EndpointOpen::quiet_send_done`]):
+    /// the backend then leaves the others unnotified. Kept across re-opens.
+    pub fn open_endpoint_with(
+        &mut self,
+        endpoint: Option<u8>,
+        geometry: Option<EndpointPages>,
+        quiet_send_done: bool,
     ) -> Result<EndpointHandoff> {
         let geometry = geometry.unwrap_or(self.cfg.endpoint_pages);
         check_geometry(&geometry)?;
@@ -48,7 +61,7 @@ impl Frontend {
                 .find(|i| !self.endpoints.contains_key(i))
                 .ok_or(Error::Exhausted("endpoint".into()))?,
         };
-        let share = self.share_endpoint(index, geometry, 0, 0)?;
+        let share = self.share_endpoint(index, geometry, 0, 0, quiet_send_done)?;
         self.endpoints.insert(index, share);
         match self.export_endpoint(index) {
             Ok(h) => Ok(h),
@@ -66,6 +79,7 @@ impl Frontend {
         geometry: EndpointPages,
         generation: u32,
         resume_session: u32,
+        quiet_send_done: bool,
     ) -> Result<EndpointShare> {
         let backend = self.backend_id;
         let pages = Arc::new(self.gnttab.grant_pages(backend, geometry.total(), true)?);
@@ -86,6 +100,7 @@ impl Frontend {
             info_ref: info.refs()[0],
             pages: geometry,
             resume_session,
+            quiet_send_done,
         });
         let result = self.call(op);
         // The backend copied the info page out and unmapped it before answering.
@@ -97,6 +112,7 @@ impl Frontend {
             session_id: 0,
             generation,
             open_in_backend: false,
+            quiet_send_done,
             regions: BTreeMap::new(),
         };
         match result {
@@ -229,7 +245,13 @@ impl Frontend {
             let generation = old.generation.wrapping_add(1);
             let regions = std::mem::take(&mut old.regions);
             let moved = self.grants_lost && !regions.is_empty();
-            match self.share_endpoint(index, old.geometry, generation, old.session_id) {
+            match self.share_endpoint(
+                index,
+                old.geometry,
+                generation,
+                old.session_id,
+                old.quiet_send_done,
+            ) {
                 Ok(mut new) => {
                     let kept = self.register_again(index, regions, &mut new);
                     self.endpoints.insert(index, new);

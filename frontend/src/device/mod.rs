@@ -178,6 +178,8 @@ struct EndpointShare {
     session_id: u32,
     generation: u32,
     open_in_backend: bool,
+    /// Asked for at its opening ([`xmx_wire::msg::EndpointOpen::quiet_send_done`]).
+    quiet_send_done: bool,
     regions: BTreeMap<u8, RegionShare>,
 }
 

@@ -150,13 +150,26 @@ impl FrontdClient {
         }
     }
 
-    /// Open endpoint `endpoint` (any free one if None) and map it.
+    /// Open endpoint `endpoint` (any free one if None) and map it; every event of its
+    /// ring is notified.
     pub fn open_endpoint(
         &mut self,
         endpoint: Option<u8>,
         geometry: Option<EndpointPages>,
     ) -> Result<EndpointChannel> {
-        let h = self.open_endpoint_handoff(endpoint, geometry)?;
+        self.open_endpoint_with(endpoint, geometry, false)
+    }
+
+    /// As [`FrontdClient::open_endpoint`], for an application that waits for no send's
+    /// completion but a MEDIUM's if `quiet_send_done`
+    /// ([`xmx_wire::msg::EndpointOpen::quiet_send_done`]).
+    pub fn open_endpoint_with(
+        &mut self,
+        endpoint: Option<u8>,
+        geometry: Option<EndpointPages>,
+        quiet_send_done: bool,
+    ) -> Result<EndpointChannel> {
+        let h = self.open_endpoint_handoff(endpoint, geometry, quiet_send_done)?;
         let index = h.endpoint;
         match EndpointChannel::from_handoff(h) {
             Ok(c) => Ok(c),
@@ -172,8 +185,13 @@ impl FrontdClient {
         &mut self,
         endpoint: Option<u8>,
         geometry: Option<EndpointPages>,
+        quiet_send_done: bool,
     ) -> Result<EndpointHandoff> {
-        match self.call(FrontdRequest::OpenEndpoint { endpoint, geometry })? {
+        match self.call(FrontdRequest::OpenEndpoint {
+            endpoint,
+            geometry,
+            quiet_send_done,
+        })? {
             FrontdReply::Endpoint(h) => Ok(h),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }

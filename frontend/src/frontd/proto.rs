@@ -68,6 +68,9 @@ const NOTICE_SHUTDOWN: u8 = 5;
 const NOTICE_GRANTS_SHORT: u8 = 6;
 
 const ANY_ENDPOINT: u8 = u8::MAX;
+/// OPEN_ENDPOINT's option bits: a geometry follows; quiet send completions.
+const OPEN_HAS_GEOMETRY: u8 = 0x01;
+const OPEN_QUIET_SEND_DONE: u8 = 0x02;
 
 /// The socket path from `XMX_FRONTD_SOCKET`, else [`DEFAULT_SOCKET`].
 pub fn default_socket_path() -> std::path::PathBuf {
@@ -87,6 +90,9 @@ pub enum FrontdRequest {
         endpoint: Option<u8>,
         /// How many pages of each kind; `None` for the daemon's default.
         geometry: Option<EndpointPages>,
+        /// The application waits for no send's completion but a MEDIUM's
+        /// (`xmx_wire::msg::EndpointOpen::quiet_send_done`).
+        quiet_send_done: bool,
     },
     /// Close an endpoint; the application has unmapped its pages.
     CloseEndpoint {
@@ -296,7 +302,11 @@ impl FrontdMessage {
                 header(&mut out, KIND_REQUEST, op, *seq);
                 match request {
                     FrontdRequest::Info => {}
-                    FrontdRequest::OpenEndpoint { endpoint, geometry } => {
+                    FrontdRequest::OpenEndpoint {
+                        endpoint,
+                        geometry,
+                        quiet_send_done,
+                    } => {
                         out.push(endpoint.unwrap_or(ANY_ENDPOINT));
                         let g = geometry.unwrap_or(EndpointPages {
                             send_ring: 0,
@@ -304,7 +314,14 @@ impl FrontdMessage {
                             send_queue: 0,
                             recv_queue: 0,
                         });
-                        out.push(u8::from(geometry.is_some()));
+                        let mut options = 0;
+                        if geometry.is_some() {
+                            options |= OPEN_HAS_GEOMETRY;
+                        }
+                        if *quiet_send_done {
+                            options |= OPEN_QUIET_SEND_DONE;
+                        }
+                        out.push(options);
                         out.push(g.send_ring);
                         out.push(g.event_ring);
                         out.extend_from_slice(&g.send_queue.to_le_bytes());
@@ -399,7 +416,13 @@ impl FrontdMessage {
                     OP_INFO => FrontdRequest::Info,
                     OP_OPEN_ENDPOINT => {
                         let endpoint = f.u8()?;
-                        let has = flag(f.u8()?)?;
+                        let options = f.u8()?;
+                        if options & !(OPEN_HAS_GEOMETRY | OPEN_QUIET_SEND_DONE) != 0 {
+                            return Err(Error::Protocol(format!(
+                                "endpoint open options {options:#x}"
+                            )));
+                        }
+                        let has = options & OPEN_HAS_GEOMETRY != 0;
                         let g = EndpointPages {
                             send_ring: f.u8()?,
                             event_ring: f.u8()?,
@@ -409,6 +432,7 @@ impl FrontdMessage {
                         FrontdRequest::OpenEndpoint {
                             endpoint: (endpoint != ANY_ENDPOINT).then_some(endpoint),
                             geometry: has.then_some(g),
+                            quiet_send_done: options & OPEN_QUIET_SEND_DONE != 0,
                         }
                     }
                     OP_CLOSE_ENDPOINT => FrontdRequest::CloseEndpoint { endpoint: f.u8()? },
@@ -545,9 +569,16 @@ mod tests {
             FrontdRequest::OpenEndpoint {
                 endpoint: None,
                 geometry: None,
+                quiet_send_done: false,
+            },
+            FrontdRequest::OpenEndpoint {
+                endpoint: None,
+                geometry: None,
+                quiet_send_done: true,
             },
             FrontdRequest::OpenEndpoint {
                 endpoint: Some(3),
+                quiet_send_done: true,
                 geometry: Some(EndpointPages {
                     send_ring: 1,
                     event_ring: 2,
@@ -715,10 +746,11 @@ mod tests {
             request: FrontdRequest::OpenEndpoint {
                 endpoint: None,
                 geometry: None,
+                quiet_send_done: false,
             },
         }
         .emit();
-        b[7] = 2;
+        b[7] = 4;
         assert!(FrontdMessage::parse(&b, Vec::new()).is_err());
     }
 

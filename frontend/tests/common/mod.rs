@@ -129,6 +129,8 @@ pub struct FakeBackendEndpoint {
     pub pages: EndpointPages,
     pub mapping: Arc<MappedPages>,
     pub port: Port,
+    /// As the open asked (`EndpointOpen::quiet_send_done`).
+    pub quiet_send_done: bool,
 }
 
 /// A region as the fake backend holds it.
@@ -348,6 +350,7 @@ fn serve(
                     pages: open.pages,
                     mapping,
                     port,
+                    quiet_send_done: open.quiet_send_done,
                 },
             );
             Ok(())

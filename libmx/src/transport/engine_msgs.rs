@@ -638,6 +638,7 @@ mod tests {
                 guest,
                 endpoint,
                 event,
+                ..
             } in events
             {
                 if guest != B {

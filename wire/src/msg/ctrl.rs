@@ -8,7 +8,7 @@
 //!  8 u8  endpoint                8 u8 endpoint
 //!  9 u8  send ring pages
 //! 10 u8  event ring pages       REGION_DEREGISTER (0x04)
-//! 11 u8  reserved                8 u8 endpoint
+//! 11 u8  flags                   8 u8 endpoint
 //! 12 u32 event-channel port      9 u8 region id
 //! 16 u32 info page grant ref
 //! 20 u16 send queue pages       REGION_REGISTER (0x03)
@@ -21,6 +21,9 @@
 //! 13 u8  region id              20 u8  number of info pages
 //! 16 u32 session id (OPEN)      24 u32 x 24: grant refs of the info pages
 //! ```
+//!
+//! ENDPOINT_OPEN's flags: bit 0 [`EndpointOpen::quiet_send_done`]; the other bits are zero
+//! (a request with any of them set is refused, so that a bit can be given a meaning later).
 //!
 //! The endpoint's info page lists the grant refs of its pages in this order: send ring,
 //! event ring, send queue, receive queue (see [`EndpointPages`]). A region's info pages list
@@ -162,7 +165,16 @@ pub struct EndpointOpen {
     /// endpoint. The backend keeps it only if it recorded that very session for
     /// this endpoint of this device: a guest cannot choose a session, only keep its own.
     pub resume_session: u32,
+    /// The event ring's consumer waits for no send's completion but a MEDIUM's (whose
+    /// completion gives back its send-queue slots): the completions of the others are
+    /// written to the ring without a notification, and the next event that is notified
+    /// covers them. Without it every event is notified as `io/ring.h` has it, for a
+    /// consumer that sleeps until its TINY has left.
+    pub quiet_send_done: bool,
 }
+
+/// ENDPOINT_OPEN's flag bit for [`EndpointOpen::quiet_send_done`].
+const OPEN_QUIET_SEND_DONE: u8 = 0x01;
 
 /// REGION_REGISTER: grant a memory region for LARGE transfers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,6 +281,7 @@ mod req {
     pub const ENDPOINT: usize = 8;
     pub const SEND_RING_PAGES: usize = 9;
     pub const EVENT_RING_PAGES: usize = 10;
+    pub const OPEN_FLAGS: usize = 11;
     pub const EVENT_CHANNEL: usize = 12;
     pub const INFO_REF: usize = 16;
     pub const SEND_QUEUE_PAGES: usize = 20;
@@ -289,6 +302,13 @@ impl CtrlRequest {
         let endpoint = u8(buf, req::ENDPOINT);
         let op = match CtrlKind::try_from(kind)? {
             CtrlKind::EndpointOpen => {
+                let flags = u8(buf, req::OPEN_FLAGS);
+                if flags & !OPEN_QUIET_SEND_DONE != 0 {
+                    return Err(Error::Invalid {
+                        field: "endpoint open flags",
+                        reason: "unknown bits set",
+                    });
+                }
                 let open = EndpointOpen {
                     endpoint,
                     event_channel: u32(buf, req::EVENT_CHANNEL),
@@ -300,6 +320,7 @@ impl CtrlRequest {
                         recv_queue: u16(buf, req::RECV_QUEUE_PAGES),
                     },
                     resume_session: u32(buf, req::RESUME_SESSION),
+                    quiet_send_done: flags & OPEN_QUIET_SEND_DONE != 0,
                 };
                 open.pages.validate()?;
                 CtrlOp::EndpointOpen(open)
@@ -360,6 +381,12 @@ impl CtrlRequest {
                 set_u16(buf, req::SEND_QUEUE_PAGES, open.pages.send_queue);
                 set_u16(buf, req::RECV_QUEUE_PAGES, open.pages.recv_queue);
                 set_u32(buf, req::RESUME_SESSION, open.resume_session);
+                let flags = if open.quiet_send_done {
+                    OPEN_QUIET_SEND_DONE
+                } else {
+                    0
+                };
+                set_u8(buf, req::OPEN_FLAGS, flags);
             }
             CtrlOp::EndpointClose { endpoint } => set_u8(buf, req::ENDPOINT, *endpoint),
             CtrlOp::RegionRegister(reg) => {

@@ -149,7 +149,21 @@ impl<Req: Slot, Rsp: Slot> FrontRing<Req, Rsp> {
     /// (`RING_PUSH_REQUESTS_AND_CHECK_NOTIFY`): true iff the new `req_prod` passed
     /// `req_event`.
     pub fn push_requests_and_check_notify(&mut self) -> bool {
-        let old = self.req_prod_published;
+        let since = self.req_prod_published;
+        self.push_requests_and_check_notify_since(since)
+    }
+
+    /// `req_prod` as last published.
+    pub fn published(&self) -> u32 {
+        self.req_prod_published
+    }
+
+    /// As [`FrontRing::push_requests_and_check_notify`], counting as new every request
+    /// after `since` (an earlier [`FrontRing::published`]): requests published meanwhile
+    /// without a notification are covered, so a back half that asked to be told of one
+    /// of them is told now.
+    pub fn push_requests_and_check_notify_since(&mut self, since: u32) -> bool {
+        let old = since;
         let new = self.req_prod_pvt;
         self.push_requests();
         // Full fence: the back half sees the new req_prod before we read its req_event, and

@@ -227,6 +227,15 @@ impl Testbed {
     }
 
     /// Events of guest `n`, removed from the log.
+    /// Guest `n`'s events as the engine gave them (with whether each wakes the guest).
+    pub fn take_guest_events(&mut self, n: u32) -> Vec<GuestEvent> {
+        self.collect_events();
+        let (mine, rest): (Vec<GuestEvent>, Vec<GuestEvent>) =
+            self.events.drain(..).partition(|e| e.guest == GuestId(n));
+        self.events = rest;
+        mine
+    }
+
     pub fn take_events(&mut self, n: u32) -> Vec<Event> {
         self.collect_events();
         let (mine, rest): (Vec<GuestEvent>, Vec<GuestEvent>) =

@@ -692,7 +692,10 @@ impl Transport for Xen {
                 return Err(OpenError::BadEndpointId(u32::from(i)));
             }
         }
-        let opened = lock(&self.shared.client).open_endpoint(endpoint, None);
+        // The library waits for no send's completion but a MEDIUM's (the others free
+        // nothing it needs: see `XenLink::deliver`), so the backend need not wake a
+        // sleeping application for them.
+        let opened = lock(&self.shared.client).open_endpoint_with(endpoint, None, true);
         let channel = opened.map_err(|e| open_refusal(e, endpoint))?;
         let index = channel.endpoint();
         let mut link = XenLink::new(channel, self.shared.board.max_regions, rcache);
