@@ -371,6 +371,12 @@ impl Doorbell {
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// Whether a waiting thread can sleep on a transport's arrival descriptor
+    /// ([`Doorbell::sleep_on`]): false when no eventfd could be made.
+    pub(crate) fn sleeps_on_arrivals(&self) -> bool {
+        self.ring_fd.is_some()
+    }
+
     /// As [`Doorbell::sleep`], on `arrival` as well: a descriptor the
     /// transport makes readable at the endpoint's next arrival (an event
     /// channel's port, armed by [`crate::transport::TransportPort::before_sleep`]).

@@ -39,6 +39,7 @@ use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::{EventBody, SendOp, SendRequest};
 use xmx_wire::mxoe::Mac;
 
+use super::claim::EndpointClaim;
 use super::memory::NativeMemory;
 use super::peers::{self, CLUSTER};
 use super::wire::Wire;
@@ -168,6 +169,9 @@ struct BoardEndpoint {
     last_acks: FxHashMap<PeerAddr, SendRequest>,
     /// Closed, answering resent frames until then.
     lingering: Option<Instant>,
+    /// The index, held against the other processes on the interface until
+    /// the endpoint closes for good.
+    claim: Option<EndpointClaim>,
 }
 
 impl BoardEndpoint {
@@ -335,13 +339,41 @@ impl Board {
         let busy = |slots: &FxHashMap<u8, BoardEndpoint>, i: &u8| {
             slots.get(i).is_some_and(|s| s.lingering.is_none())
         };
-        let index = match endpoint {
+        let scope = self.wire.claim_scope();
+        // The index must also be free in every other process on the
+        // interface; a lingering endpoint of ours still holds its claim.
+        let claim_for = |slots: &mut FxHashMap<u8, BoardEndpoint>, i: u8| {
+            if let Some(claim) = slots.get_mut(&i).and_then(|s| s.claim.take()) {
+                return Some(claim);
+            }
+            match EndpointClaim::take(&scope, i) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%e, index = i, "claiming a native endpoint");
+                    None
+                }
+            }
+        };
+        let (index, claim) = match endpoint {
             Some(i) if busy(&self.slots, &i) => return Err(OpenError::Busy(i)),
-            Some(i) => i,
-            None => (0..=255u8)
-                .find(|i| !self.slots.contains_key(i))
-                .or_else(|| (0..=255u8).find(|i| !busy(&self.slots, i)))
-                .ok_or(OpenError::NoResources)?,
+            Some(i) => match claim_for(&mut self.slots, i) {
+                Some(c) => (i, c),
+                None => {
+                    tracing::info!(index = i, "endpoint open in another process");
+                    return Err(OpenError::Busy(i));
+                }
+            },
+            None => {
+                // Indices never used first, lingering ones last.
+                let (fresh, lingering): (Vec<u8>, Vec<u8>) = (0..=255u8)
+                    .filter(|i| !busy(&self.slots, i))
+                    .partition(|i| !self.slots.contains_key(i));
+                fresh
+                    .into_iter()
+                    .chain(lingering)
+                    .find_map(|i| claim_for(&mut self.slots, i).map(|c| (i, c)))
+                    .ok_or(OpenError::NoResources)?
+            }
         };
         // A new endpoint on a lingering index ends the linger.
         self.finish_close(index);
@@ -374,6 +406,7 @@ impl Board {
                 cache: rcache.then(RegCache::default),
                 last_acks: FxHashMap::default(),
                 lingering: None,
+                claim: Some(claim),
             },
         );
         tracing::debug!(index, session, "native endpoint open");
@@ -863,9 +896,11 @@ impl Board {
     /// link's frames in itself (its polling takes in every endpoint's), so
     /// the driver need not watch the link; `None`: the driver watches.
     pub(super) fn driven_until(&self, now_ns: u64) -> Option<u64> {
+        // The link is every endpoint's only source of arrivals: a thread
+        // asleep on it takes them in as one polling it does.
         self.slots
             .values()
-            .filter_map(|s| s.mailbox.driven_until(now_ns))
+            .filter_map(|s| s.mailbox.port_taken_until(now_ns))
             .max()
     }
 

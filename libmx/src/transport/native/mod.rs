@@ -15,8 +15,13 @@
 //! then), which leaves them in the endpoints' mailboxes and rings their
 //! doorbells.
 //!
-//! One process per interface: the board owns the interface's MAC, and two
-//! boards with one MAC would both take every frame addressed to it.
+//! Several processes may share an interface, each with a board of its own:
+//! an endpoint index belongs to one process at a time ([`claim`]), so a
+//! second open of it is refused (`MX_BUSY`) and `MX_ANY_ENDPOINT` takes one
+//! no process holds. Every board still sees every frame of the interface;
+//! one for another process's endpoint is refused by this one as for a closed
+//! endpoint, which the sender's core confirms before it believes (its
+//! partner's ack wins), at the cost of a resend.
 //!
 //! Environment (read at `mx_init`; see libmx/README.md):
 //! `XMX_IFACE`, `XMX_HOSTNAME`, `XMX_PEERS`, `XMX_NIC_SPIN_US`,
@@ -24,6 +29,7 @@
 //! `XMX_PULL_TIMEOUT_MS`, `XMX_DISCOVERY_MS`, `XMX_LINGER_MS`.
 
 mod board;
+mod claim;
 mod driver;
 mod memory;
 mod peers;

@@ -133,16 +133,25 @@ impl TransportPort for NativePort {
     }
 
     fn before_sleep(&mut self) -> bool {
-        // The driver left the link alone while this thread polled it: have
-        // it watch the link again before this thread sleeps. (The polling
-        // mark is gone already; the driver reads it after it clears
-        // `watching`, so one of the two sees the other.)
-        if !self.shared.watching.load(Ordering::SeqCst) {
+        // A thread that can sleep on the link itself (`arrival_fd`) is woken
+        // by the next frame and takes it in: the driver keeps leaving the link
+        // alone (`Doorbell::port_taken_until`), or two threads would wake for
+        // each frame. Otherwise the driver left the link alone while this
+        // thread polled it: have it watch the link again before this thread
+        // sleeps. (The polling mark is gone already; the driver reads it after
+        // it clears `watching`, so one of the two sees the other.)
+        if !self.doorbell.sleeps_on_arrivals() && !self.shared.watching.load(Ordering::SeqCst) {
             self.shared.wake.notify();
         }
         // Frames in the inbox ring nobody: the caller must take them first.
         self.poll_link();
         !self.inbox.is_empty()
+    }
+
+    fn arrival_fd(&self) -> Option<std::os::fd::RawFd> {
+        // The link itself: readable at the next frame for any endpoint of the
+        // process, which the woken thread's progress takes in and hands out.
+        Some(self.shared.wire_fd)
     }
 }
 

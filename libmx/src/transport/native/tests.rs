@@ -655,3 +655,108 @@ fn frames_reach_the_port_in_order_whichever_thread_takes_them_in() {
     assert_eq!(got, sent, "frames came out of order or twice");
     assert_eq!(b.counters(), BoardCounters::default());
 }
+
+/// A blocked wait sleeps on the link itself: the frame wakes the waiting
+/// thread, which takes it in, and the driver leaves the link alone meanwhile
+/// (it would wake for the same frame and ring the thread, two wake-ups for
+/// one arrival).
+#[test]
+fn a_thread_asleep_on_the_link_takes_its_frame_and_the_driver_leaves_it() {
+    let (a, b) = boards(true);
+    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
+    let bell_b = bell();
+    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+    let session_b = pb.session();
+    let link = pb.arrival_fd().expect("the link is the arrival descriptor");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sleeper = {
+        let bell_b = bell_b.clone();
+        std::thread::spawn(move || {
+            let _waiting = bell_b.attend();
+            let seen = bell_b.generation();
+            let arrived = pb.before_sleep();
+            assert!(!arrived, "nothing was sent yet");
+            let woke = bell_b.sleep_on(link, seen, Some(deadline));
+            (woke, pb)
+        })
+    };
+    // The thread is asleep on the link once the doorbell says so.
+    while bell_b
+        .port_taken_until(crate::runtime::now().as_nanos())
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the thread never slept");
+        std::thread::yield_now();
+    }
+    let now = crate::runtime::now().as_nanos();
+    assert!(
+        b.shared.run(|board, _| board.driven_until(now)).is_some(),
+        "the driver must leave the link to the thread asleep on it"
+    );
+    // The driver watched the link before the thread slept (nothing told it
+    // since): have it look again, as its next timer or frame would.
+    b.shared.wake.notify();
+    while b.shared.watching.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the driver kept watching the link"
+        );
+        std::thread::yield_now();
+    }
+    pa.transmit(Frame {
+        peer_index: IDX_B,
+        dst_endpoint: 2,
+        src_endpoint: 1,
+        body: Body::Message(Message {
+            session: session_b,
+            seqnum: Seqnum::from_raw(0),
+            piggyack: Seqnum::from_raw(0),
+            match_info: 77,
+            kind: MessageKind::Tiny,
+            payload: b"wake".to_vec(),
+        }),
+    });
+    let (woke, mut pb) = sleeper.join().unwrap();
+    assert_eq!(woke, Some(true), "woken by the link, not by a ring");
+    let frame = loop {
+        if let Some(f) = pb.receive() {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "the frame never came");
+        std::thread::yield_now();
+    };
+    match frame.body {
+        Body::Message(m) => assert_eq!((m.match_info, m.payload), (77, b"wake".to_vec())),
+        other => panic!("not the message: {other:?}"),
+    }
+}
+
+/// Two processes on one interface (two boards whose links share their
+/// claims): an endpoint one holds is refused to the other (`MX_BUSY`), "any
+/// endpoint" skips what either holds, and an index comes free when its
+/// endpoint closes.
+#[test]
+fn boards_sharing_an_interface_never_open_the_same_endpoint() {
+    let (wa, _wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let (wc, _wd) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let wc = wc.sharing_claims_with(&wa);
+    let peers = || vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))];
+    let a = Native::start(config("ha", peers()), Box::new(wa)).expect("board A");
+    let c = Native::start(config("ha", peers()), Box::new(wc)).expect("board C");
+    let held = a.open(0, Some(3), bell(), false).unwrap();
+    assert_eq!(
+        c.open(0, Some(3), bell(), false).err(),
+        Some(OpenError::Busy(3)),
+        "open in the other process"
+    );
+    let first = a.open(0, None, bell(), false).unwrap();
+    assert_eq!(first.index(), 0);
+    let second = c.open(0, None, bell(), false).unwrap();
+    assert_eq!(second.index(), 1, "0 and 3 are the other board's");
+    let third = a.open(0, None, bell(), false).unwrap();
+    assert_eq!(third.index(), 2);
+    drop(held);
+    let reused = c.open(0, Some(3), bell(), false).unwrap();
+    assert_eq!(reused.index(), 3, "free once closed");
+    drop((first, second, third, reused));
+}

@@ -28,6 +28,13 @@ pub(crate) trait Wire: Send {
     fn flush(&mut self) -> Result<(), String>;
     /// The longest frame the link carries (MTU plus Ethernet header).
     fn max_frame_len(&self) -> usize;
+    /// What the boards of every process on this link have in common, under
+    /// which endpoint indices are claimed ([`super::claim`]): the interface's
+    /// address (abstract socket names are per network namespace, as
+    /// interfaces are).
+    fn claim_scope(&self) -> String {
+        self.mac().to_string()
+    }
 }
 
 impl Wire for PacketSocket {
@@ -87,6 +94,9 @@ pub(crate) struct SeqpacketWire {
     fd: OwnedFd,
     mac: Mac,
     buf: Vec<u8>,
+    /// Claims of this end's board: its own unless a test makes two boards
+    /// share an interface ([`SeqpacketWire::sharing_claims_with`]).
+    scope: String,
 }
 
 /// Largest frame a [`SeqpacketWire`] carries (a 9000-byte MTU).
@@ -138,8 +148,16 @@ impl SeqpacketWire {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             mac,
             buf: vec![0; SEQPACKET_FRAME_MAX],
+            scope: format!("test/{}/{fd}", std::process::id()),
         };
         Ok((end(fds[0], a), end(fds[1], b)))
+    }
+
+    /// This end, claiming endpoints as `other`'s board does: two processes'
+    /// boards on one interface.
+    pub(crate) fn sharing_claims_with(mut self, other: &SeqpacketWire) -> SeqpacketWire {
+        self.scope = other.scope.clone();
+        self
     }
 }
 
@@ -147,6 +165,10 @@ impl SeqpacketWire {
 impl Wire for SeqpacketWire {
     fn mac(&self) -> Mac {
         self.mac
+    }
+
+    fn claim_scope(&self) -> String {
+        self.scope.clone()
     }
 
     fn fd(&self) -> RawFd {
