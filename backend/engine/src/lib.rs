@@ -82,7 +82,7 @@ pub use memory::{
 };
 pub use output::{GuestEvent, HostReply, Transmit};
 pub use peers::{PeerEntry, PeerTable};
-pub use vnic::{DropReason, EndpointConfig, NicCounters, VirtualNic};
+pub use vnic::{DropReason, EndpointConfig, EndpointsElsewhere, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};
 use output::{EngineOutput, Path, ReplyWriteError, TxFrame};
@@ -334,6 +334,7 @@ impl Engine {
                     tx_bytes_queued: 0,
                     weight: 1,
                     reopening: Default::default(),
+                    elsewhere: None,
                 },
                 memory: guest.memory,
                 endpoints: FxHashMap::default(),
@@ -446,6 +447,23 @@ impl Engine {
                 nic.link.reopening.insert(endpoint, deadline);
             }
         }
+        Ok(())
+    }
+
+    /// Leave frames for the endpoints `elsewhere` says another board on the link holds
+    /// to that board: dropped (counted as [`DropReason::EndpointElsewhere`]) instead of
+    /// refused as closed. For a link several boards share (native mode, one board per
+    /// process on an interface); a backend owns its NIC and never sets it.
+    pub fn set_endpoints_elsewhere(
+        &mut self,
+        guest: GuestId,
+        elsewhere: Box<dyn EndpointsElsewhere>,
+    ) -> Result<(), EngineError> {
+        let nic = self
+            .guests
+            .get_mut(&guest)
+            .ok_or(EngineError::UnknownGuest(guest))?;
+        nic.link.elsewhere = Some(elsewhere);
         Ok(())
     }
 

@@ -54,11 +54,14 @@ pub enum DropReason {
     /// A PULL of a region whose fill mark the guest has not set (it lent the data another
     /// way): no NACK, the guest is asked to fill it and the peer asks again.
     RegionUnfilled,
+    /// For an endpoint another board on the same link holds ([`EndpointsElsewhere`]):
+    /// that board answers it, so no NACK.
+    EndpointElsewhere,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 19] = [
+    pub const ALL: [DropReason; 20] = [
         DropReason::Malformed,
         DropReason::UnknownSource,
         DropReason::CrossCluster,
@@ -78,6 +81,7 @@ impl DropReason {
         DropReason::EndpointReopening,
         DropReason::TxUnwritable,
         DropReason::RegionUnfilled,
+        DropReason::EndpointElsewhere,
     ];
 
     fn slot(self) -> usize {
@@ -147,6 +151,15 @@ pub struct EndpointConfig {
     pub recv_queue_slots: u16,
 }
 
+/// Which endpoint indices of a virtual NIC another board on the same link holds: in
+/// native mode every process on an interface is a board of its own on the interface's
+/// MAC and sees every frame, and only the process holding an endpoint must answer for
+/// it. Asked only for frames to an endpoint this NIC does not have open.
+pub trait EndpointsElsewhere: Send {
+    /// Whether another board holds endpoint `endpoint` now.
+    fn held_elsewhere(&mut self, endpoint: u8) -> bool;
+}
+
 /// The guest's identity on the wire, its counters and what it learnt from peers. Kept
 /// apart from the endpoints so frames can be sent while an endpoint is borrowed.
 pub(crate) struct GuestWire {
@@ -165,14 +178,29 @@ pub(crate) struct GuestWire {
     /// [`Engine::expect_reopen`](super::Engine::expect_reopen)), with the deadline of
     /// the mark: not open yet, but frames for them are not refused until then.
     pub reopening: FxHashMap<u8, Instant>,
+    /// Endpoints held by other boards on the link, whose frames are left to them
+    /// ([`Engine::set_endpoints_elsewhere`](super::Engine::set_endpoints_elsewhere)).
+    pub elsewhere: Option<Box<dyn EndpointsElsewhere>>,
 }
 
 impl GuestWire {
     /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
-    /// endpoint is coming back with its session, so the peer must resend, not fail.
+    /// endpoint is coming back with its session, so the peer must resend, not fail; or
+    /// another board on the link holds it and answers for it.
     pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType) -> bool {
-        if nack_type == NackType::EndpointClosed && self.reopening.contains_key(&endpoint) {
+        if nack_type != NackType::EndpointClosed {
+            return false;
+        }
+        if self.reopening.contains_key(&endpoint) {
             self.counters.drop(DropReason::EndpointReopening);
+            return true;
+        }
+        if self
+            .elsewhere
+            .as_mut()
+            .is_some_and(|e| e.held_elsewhere(endpoint))
+        {
+            self.counters.drop(DropReason::EndpointElsewhere);
             return true;
         }
         false

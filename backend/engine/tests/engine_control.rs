@@ -68,6 +68,48 @@ fn closed_endpoint_is_nacked() {
     nack_test(route, NackKind::EndpointClosed, NackType::EndpointClosed);
 }
 
+/// Endpoints 5 and 6 are held by another board on the link.
+struct HeldElsewhere;
+impl xmx_engine::EndpointsElsewhere for HeldElsewhere {
+    fn held_elsewhere(&mut self, endpoint: u8) -> bool {
+        matches!(endpoint, 5 | 6)
+    }
+}
+
+/// A link several boards share (native processes on one interface): frames for an
+/// endpoint another board holds are that board's to answer, not refused as closed; one
+/// for an endpoint nobody holds still is, and a message to a stale session of an open
+/// endpoint too.
+#[test]
+fn frames_for_an_endpoint_held_elsewhere_are_left_to_its_board() {
+    let mut tb = Testbed::with_config(EngineConfig {
+        endpoints_per_guest: 8,
+        ..EngineConfig::default()
+    });
+    let g3 = tb.guest(3);
+    tb.engines[1]
+        .set_endpoints_elsewhere(g3.id, Box::new(HeldElsewhere))
+        .unwrap();
+    let route = tb.route(3);
+    let to = |endpoint| Route { endpoint, ..route };
+    tb.send(1, tiny(1, to(5), 77, b"for the other board"))
+        .unwrap();
+    tb.send(1, tiny(2, to(6), 78, b"for it too")).unwrap();
+    tb.pump();
+    assert!(frames_of(&tb, PacketType::NackLib).is_empty());
+    let c = tb.engines[1].guest(g3.id).unwrap().counters().clone();
+    assert_eq!(c.drops(DropReason::EndpointElsewhere), 2);
+    assert_eq!(c.nacks_sent, 0);
+    tb.send(1, tiny(3, to(4), 79, b"nobody's")).unwrap();
+    tb.pump();
+    let nacks = frames_of(&tb, PacketType::NackLib);
+    assert_eq!(nacks.len(), 1);
+    let PacketRepr::NackLib(n) = packet(&nacks[0]) else {
+        unreachable!()
+    };
+    assert_eq!((n.nack_type, n.src_endpoint), (NackType::EndpointClosed, 4));
+}
+
 #[test]
 fn endpoint_beyond_the_limit_is_nacked_as_bad() {
     let tb = Testbed::new();

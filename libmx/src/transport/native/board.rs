@@ -39,7 +39,7 @@ use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::{EventBody, SendOp, SendRequest};
 use xmx_wire::mxoe::Mac;
 
-use super::claim::EndpointClaim;
+use super::claim::{ClaimsElsewhere, EndpointClaim};
 use super::memory::NativeMemory;
 use super::peers::{self, CLUSTER};
 use super::wire::Wire;
@@ -244,6 +244,10 @@ impl Board {
                 memory: Box::new(memory.clone()),
             })
             .map_err(|e| format!("board {}: {e}", wire.mac()))?;
+        // Other processes on the interface answer for the endpoints they hold.
+        engine
+            .set_endpoints_elsewhere(GUEST, Box::new(ClaimsElsewhere::new(wire.claim_scope())))
+            .map_err(|e| format!("board {}: {e}", wire.mac()))?;
         let mut board = Board {
             engine,
             wire,
@@ -270,6 +274,14 @@ impl Board {
     #[cfg(test)]
     pub(super) fn counters(&self) -> &BoardCounters {
         &self.counters
+    }
+
+    /// Frames the engine dropped for `reason`, and the NACKs it sent.
+    #[cfg(test)]
+    pub(super) fn engine_drops(&self, reason: xmx_engine::DropReason) -> (u64, u64) {
+        self.engine.guest(GUEST).map_or((0, 0), |g| {
+            (g.counters().drops(reason), g.counters().nacks_sent)
+        })
     }
 
     /// The link's descriptor.

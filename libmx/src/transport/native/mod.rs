@@ -18,10 +18,10 @@
 //! Several processes may share an interface, each with a board of its own:
 //! an endpoint index belongs to one process at a time ([`claim`]), so a
 //! second open of it is refused (`MX_BUSY`) and `MX_ANY_ENDPOINT` takes one
-//! no process holds. Every board still sees every frame of the interface;
-//! one for another process's endpoint is refused by this one as for a closed
-//! endpoint, which the sender's core confirms before it believes (its
-//! partner's ack wins), at the cost of a resend.
+//! no process holds. Every board sees every frame of the interface and
+//! leaves those for an endpoint another process holds to that process
+//! (`claim::ClaimsElsewhere`), refusing only those for an endpoint nobody
+//! holds.
 //!
 //! Environment (read at `mx_init`; see libmx/README.md):
 //! `XMX_IFACE`, `XMX_HOSTNAME`, `XMX_PEERS`, `XMX_NIC_SPIN_US`,
@@ -369,6 +369,12 @@ impl Native {
     #[cfg(test)]
     pub(crate) fn counters(&self) -> BoardCounters {
         lock(&self.shared.board).counters().clone()
+    }
+
+    /// Frames the engine dropped for `reason`, and the NACKs it sent.
+    #[cfg(test)]
+    pub(crate) fn engine_drops(&self, reason: xmx_engine::DropReason) -> (u64, u64) {
+        lock(&self.shared.board).engine_drops(reason)
     }
 
     /// Regions currently mapped for the engine.

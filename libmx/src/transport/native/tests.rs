@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use xmx_engine::DropReason;
 use xmx_mx::frame::{ConnectRequest, MediumFrag, Message, MessageKind};
 use xmx_mx::{Body, Frame, PeerAddr, RequestId, Seqnum, Status};
-use xmx_wire::mxoe::Mac;
+use xmx_wire::mxoe::{Mac, NackType};
 
 use super::*;
 use crate::segments::Segments;
@@ -759,4 +760,73 @@ fn boards_sharing_an_interface_never_open_the_same_endpoint() {
     let reused = c.open(0, Some(3), bell(), false).unwrap();
     assert_eq!(reused.index(), 3, "free once closed");
     drop((first, second, third, reused));
+}
+
+/// A frame for an endpoint another process on the interface holds is that
+/// process's to answer: this board drops it without a NACK (which would cost
+/// the sender a resend), and still refuses one for an endpoint nobody holds.
+#[test]
+fn a_frame_for_another_process_endpoint_is_left_to_it() {
+    let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let (wc, _wd) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let wc = wc.sharing_claims_with(&wa);
+    let a = Native::start(
+        config(
+            "ha",
+            vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))],
+        ),
+        Box::new(wa),
+    )
+    .expect("board A");
+    let b = Native::start(
+        config(
+            "hb",
+            vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)],
+        ),
+        Box::new(wb),
+    )
+    .expect("board B");
+    let c = Native::start(
+        config(
+            "ha",
+            vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))],
+        ),
+        Box::new(wc),
+    )
+    .expect("board C");
+    let _held_by_c = c.open(0, Some(4), bell(), false).unwrap();
+    let bell_b = bell();
+    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+    let tiny = |to: u8| Frame {
+        peer_index: IDX_A,
+        dst_endpoint: to,
+        src_endpoint: 2,
+        body: Body::Message(Message {
+            session: 0x1234,
+            seqnum: Seqnum::from_raw(0),
+            piggyack: Seqnum::from_raw(0),
+            match_info: u64::from(to),
+            kind: MessageKind::Tiny,
+            payload: b"who?".to_vec(),
+        }),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    pb.transmit(tiny(4));
+    while a.engine_drops(DropReason::EndpointElsewhere).0 == 0 {
+        assert!(Instant::now() < deadline, "A never took the frame in");
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        a.engine_drops(DropReason::EndpointElsewhere),
+        (1, 0),
+        "no NACK"
+    );
+    // Nobody holds endpoint 5: refused as closed, and B hears of it.
+    pb.transmit(tiny(5));
+    let nack = wait_for(&bell_b, || pb.receive());
+    match nack.body {
+        Body::Nack(n) => assert_eq!(n.nack_type, u8::from(NackType::EndpointClosed)),
+        other => panic!("expected a NACK, got {other:?}"),
+    }
+    assert_eq!(a.engine_drops(DropReason::EndpointClosed), (1, 1));
 }
