@@ -4,14 +4,17 @@
 //! two processes must never open the same endpoint index: both would answer
 //! its peers. (Open-MX's kernel driver keeps that table; here nothing is shared
 //! but the kernel.) A claim is an abstract Unix socket named after the link
-//! (`Wire::claim_scope`, the interface's MAC) and the index: the name is scoped to the network namespace, as the
-//! interface is, and the kernel releases it when its holder exits, however it
-//! exits, so a crashed process leaves nothing to clean up.
+//! (`Wire::claim_scope`, the interface's MAC) and the index: the name is
+//! scoped to the network namespace, as the interface is, and the kernel
+//! releases it when its holder exits, however it exits, so a crashed process
+//! leaves nothing to clean up.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 use rustc_hash::FxHashMap;
 use xmx_engine::EndpointsElsewhere;
 
@@ -26,23 +29,11 @@ impl EndpointClaim {
     /// Claims endpoint `index` of the link `scope` names; `None` if another
     /// claim (another process's, or one this process already holds) has it.
     pub(super) fn take(scope: &str, index: u8) -> io::Result<Option<EndpointClaim>> {
-        let socket = unix_datagram()?;
-        let (addr, len) = claim_address(scope, index)?;
-        // SAFETY: `addr` is a sockaddr_un whose first `len` bytes are set, and
-        // `len` is within its size.
-        let rc = unsafe {
-            libc::bind(
-                socket.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        if rc == 0 {
-            return Ok(Some(EndpointClaim { _socket: socket }));
-        }
-        match io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::EADDRINUSE) => Ok(None),
-            e => Err(e),
+        let (socket, addr) = claim_socket(scope, index)?;
+        match bind(socket.as_raw_fd(), &addr) {
+            Ok(()) => Ok(Some(EndpointClaim { _socket: socket })),
+            Err(Errno::EADDRINUSE) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -50,24 +41,26 @@ impl EndpointClaim {
     /// Connecting to the claim takes no name, so a look never makes a
     /// claimant fail.
     pub(super) fn is_held(scope: &str, index: u8) -> io::Result<bool> {
-        let socket = unix_datagram()?;
-        let (addr, len) = claim_address(scope, index)?;
-        // SAFETY: as in `take`.
-        let rc = unsafe {
-            libc::connect(
-                socket.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        if rc == 0 {
-            return Ok(true);
-        }
-        match io::Error::last_os_error() {
-            e if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) => Ok(false),
-            e => Err(e),
+        let (socket, addr) = claim_socket(scope, index)?;
+        match connect(socket.as_raw_fd(), &addr) {
+            Ok(()) => Ok(true),
+            Err(Errno::ECONNREFUSED | Errno::ENOENT) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
+}
+
+/// A fresh Unix datagram socket and the abstract address of the claim.
+fn claim_socket(scope: &str, index: u8) -> io::Result<(OwnedFd, UnixAddr)> {
+    let name = format!("xmx-native/{scope}/{index}");
+    let addr = UnixAddr::new_abstract(name.as_bytes())?;
+    let socket = socket(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    Ok((socket, addr))
 }
 
 /// How long an answer of [`ClaimsElsewhere`] is believed: a process that
@@ -112,38 +105,6 @@ impl EndpointsElsewhere for ClaimsElsewhere {
         self.answers.insert(endpoint, (held, now));
         held
     }
-}
-
-/// A fresh Unix datagram socket.
-fn unix_datagram() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall; the result is checked before use.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The abstract address of a claim: a leading NUL, then the name (no
-/// terminator), and the length that covers them.
-fn claim_address(scope: &str, index: u8) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
-    let name = format!("xmx-native/{scope}/{index}");
-    let room = std::mem::size_of::<libc::sockaddr_un>() - std::mem::size_of::<libc::sa_family_t>();
-    if 1 + name.len() > room {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "claim name too long",
-        ));
-    }
-    // SAFETY: an all-zero sockaddr_un is a valid value of the type.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (dst, &src) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
-        *dst = src as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-    Ok((addr, len as libc::socklen_t))
 }
 
 #[cfg(test)]
