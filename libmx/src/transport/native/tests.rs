@@ -47,24 +47,20 @@ fn spec(index: u16, mac: Mac, hostname: Option<&str>) -> PeersFileEntry {
 /// B's hostname unless `a_knows_b`.
 fn boards(a_knows_b: bool) -> (Arc<Native>, Arc<Native>) {
     let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
-    let b_name = a_knows_b.then_some("hb");
-    let a = Native::start(
-        config(
-            "ha",
-            vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, b_name)],
-        ),
-        Box::new(wa),
-    )
-    .expect("board A");
-    let b = Native::start(
-        config(
-            "hb",
-            vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)],
-        ),
-        Box::new(wb),
-    )
-    .expect("board B");
-    (a, b)
+    (board_a(wa, a_knows_b), board_b(wb))
+}
+
+/// Board A ("ha") on `wire`, knowing B's hostname if `knows_b`.
+fn board_a(wire: SeqpacketWire, knows_b: bool) -> Arc<Native> {
+    let b_name = knows_b.then_some("hb");
+    let peers = vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, b_name)];
+    Native::start(config("ha", peers), Box::new(wire)).expect("board A")
+}
+
+/// Board B ("hb") on `wire`.
+fn board_b(wire: SeqpacketWire) -> Arc<Native> {
+    let peers = vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)];
+    Native::start(config("hb", peers), Box::new(wire)).expect("board B")
 }
 
 fn bell() -> Arc<Doorbell> {
@@ -741,9 +737,8 @@ fn boards_sharing_an_interface_never_open_the_same_endpoint() {
     let (wa, _wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
     let (wc, _wd) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
     let wc = wc.sharing_claims_with(&wa);
-    let peers = || vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))];
-    let a = Native::start(config("ha", peers()), Box::new(wa)).expect("board A");
-    let c = Native::start(config("ha", peers()), Box::new(wc)).expect("board C");
+    let a = board_a(wa, true);
+    let c = board_a(wc, true);
     let held = a.open(0, Some(3), bell(), false).unwrap();
     assert_eq!(
         c.open(0, Some(3), bell(), false).err(),
@@ -770,30 +765,8 @@ fn a_frame_for_another_process_endpoint_is_left_to_it() {
     let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
     let (wc, _wd) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
     let wc = wc.sharing_claims_with(&wa);
-    let a = Native::start(
-        config(
-            "ha",
-            vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))],
-        ),
-        Box::new(wa),
-    )
-    .expect("board A");
-    let b = Native::start(
-        config(
-            "hb",
-            vec![spec(IDX_A, MAC_A, Some("ha")), spec(IDX_B, MAC_B, None)],
-        ),
-        Box::new(wb),
-    )
-    .expect("board B");
-    let c = Native::start(
-        config(
-            "ha",
-            vec![spec(IDX_A, MAC_A, None), spec(IDX_B, MAC_B, Some("hb"))],
-        ),
-        Box::new(wc),
-    )
-    .expect("board C");
+    let (a, b) = (board_a(wa, true), board_b(wb));
+    let c = board_a(wc, true);
     let _held_by_c = c.open(0, Some(4), bell(), false).unwrap();
     let bell_b = bell();
     let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
