@@ -354,21 +354,20 @@ impl Board {
         let scope = self.wire.claim_scope();
         // The index must also be free in every other process on the
         // interface; a lingering endpoint of ours still holds its claim.
+        // `Ok(None)`: another process holds the index; `Err`: the claim could
+        // not be made at all (out of descriptors), which no index will change.
         let claim_for = |slots: &mut FxHashMap<u8, BoardEndpoint>, i: u8| {
             if let Some(claim) = slots.get_mut(&i).and_then(|s| s.claim.take()) {
-                return Some(claim);
+                return Ok(Some(claim));
             }
-            match EndpointClaim::take(&scope, i) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(%e, index = i, "claiming a native endpoint");
-                    None
-                }
-            }
+            EndpointClaim::take(&scope, i).map_err(|e| {
+                tracing::warn!(%e, index = i, "claiming a native endpoint");
+                OpenError::NoResources
+            })
         };
         let (index, claim) = match endpoint {
             Some(i) if busy(&self.slots, &i) => return Err(OpenError::Busy(i)),
-            Some(i) => match claim_for(&mut self.slots, i) {
+            Some(i) => match claim_for(&mut self.slots, i)? {
                 Some(c) => (i, c),
                 None => {
                     tracing::info!(index = i, "endpoint open in another process");
@@ -380,11 +379,14 @@ impl Board {
                 let (fresh, lingering): (Vec<u8>, Vec<u8>) = (0..=255u8)
                     .filter(|i| !busy(&self.slots, i))
                     .partition(|i| !self.slots.contains_key(i));
-                fresh
-                    .into_iter()
-                    .chain(lingering)
-                    .find_map(|i| claim_for(&mut self.slots, i).map(|c| (i, c)))
-                    .ok_or(OpenError::NoResources)?
+                let mut found = None;
+                for i in fresh.into_iter().chain(lingering) {
+                    if let Some(c) = claim_for(&mut self.slots, i)? {
+                        found = Some((i, c));
+                        break;
+                    }
+                }
+                found.ok_or(OpenError::NoResources)?
             }
         };
         // A new endpoint on a lingering index ends the linger.

@@ -99,6 +99,15 @@ pub(crate) struct SeqpacketWire {
     scope: String,
 }
 
+/// A claim scope no other [`SeqpacketWire`] of this process had: a
+/// descriptor number would do only while its wire lives, and a board's
+/// claims may outlive its wire's descriptor for a moment while it drops.
+#[cfg(test)]
+fn next_scope() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Largest frame a [`SeqpacketWire`] carries (a 9000-byte MTU).
 #[cfg(test)]
 const SEQPACKET_FRAME_MAX: usize = 9000 + 14;
@@ -148,7 +157,7 @@ impl SeqpacketWire {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             mac,
             buf: vec![0; SEQPACKET_FRAME_MAX],
-            scope: format!("test/{}/{fd}", std::process::id()),
+            scope: format!("test/{}/{}", std::process::id(), next_scope()),
         };
         Ok((end(fds[0], a), end(fds[1], b)))
     }
