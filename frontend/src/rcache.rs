@@ -16,7 +16,9 @@
 //!   needed while grants are plenty: a bound below what a stream cycles through (eight
 //!   posted receives of 16 MiB, each into its own buffer) evicted, least recently used,
 //!   exactly the window needed next, and every message paid a registration.
-//! - `MX_RCACHE=0`: every message registers its window and deregisters it when done.
+//! - `MX_RCACHE=0`: a message registers its window and the last message using it
+//!   deregisters it: messages of one buffer in flight at once share its window (MX keeps
+//!   a pending send's buffer unchanged), and nothing stays registered once they are done.
 //!
 //! [`RegionCache::invalidate`] drops windows of a buffer range the application freed or
 //! remapped (a window in use is dropped when its message releases it), so a later buffer
@@ -148,19 +150,24 @@ impl RegionCache {
             len,
         };
         self.clock += 1;
-        if self.enabled {
-            let clock = self.clock;
-            if let Some((id, e)) = self
-                .entries
-                .iter_mut()
-                .find(|(_, e)| e.key == key && !e.stale)
-            {
-                e.users += 1;
-                e.last_use = clock;
-                e.idle_since = None;
-                self.stats.hits += 1;
-                return Ok(Lease { id: *id });
-            }
+        let clock = self.clock;
+        let enabled = self.enabled;
+        // Without the cache, a window another message of the same buffer still holds
+        // serves this one too: nothing stays registered past its last message (what
+        // `MX_RCACHE=0` promises), and a burst of sends from one buffer (a stream, the
+        // window of an MPI bandwidth loop) registers it once, not per message.
+        if let Some((id, e)) = self
+            .entries
+            .iter_mut()
+            .find(|(_, e)| e.key == key && !e.stale && (enabled || e.users > 0))
+        {
+            e.users += 1;
+            e.last_use = clock;
+            e.idle_since = None;
+            self.stats.hits += 1;
+            return Ok(Lease { id: *id });
+        }
+        if enabled {
             self.make_room(reg)?;
         }
         self.stats.misses += 1;
@@ -428,6 +435,54 @@ mod tests {
         assert_eq!((reg.registered, reg.deregistered, reg.live), (3, 3, 0));
         assert_eq!(c.stats().hits, 0);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn without_the_cache_a_window_in_use_serves_the_same_buffer_until_its_last_user() {
+        let mut reg = Fake::default();
+        let mut c = RegionCache::new(false, 8);
+        let a = c.acquire(&mut reg, 0, 0x1000, 5000).unwrap();
+        c.window(a).unwrap().write(0, b"sent").unwrap();
+        // A second message of the same buffer while the first holds its window: shared,
+        // its bytes already there.
+        let b = c.acquire(&mut reg, 0, 0x1000, 5000).unwrap();
+        assert_eq!(a, b);
+        let mut seen = [0u8; 4];
+        c.window(b).unwrap().read(0, &mut seen).unwrap();
+        assert_eq!(&seen, b"sent");
+        // Another length, another endpoint: windows of their own.
+        let other_len = c.acquire(&mut reg, 0, 0x1000, 4000).unwrap();
+        let other_ep = c.acquire(&mut reg, 1, 0x1000, 5000).unwrap();
+        assert_ne!(other_len, a);
+        assert_ne!(other_ep, a);
+        assert_eq!(reg.registered, 3);
+        assert_eq!(c.stats().hits, 1);
+        c.release(&mut reg, a).unwrap();
+        assert!(c.window(b).is_some(), "still held by the second message");
+        c.release(&mut reg, b).unwrap();
+        assert!(c.window(b).is_none(), "nothing kept past the last user");
+        c.release(&mut reg, other_len).unwrap();
+        c.release(&mut reg, other_ep).unwrap();
+        assert_eq!((reg.deregistered, reg.live), (3, 0));
+        // Once released, the same buffer registers again.
+        let again = c.acquire(&mut reg, 0, 0x1000, 5000).unwrap();
+        assert_ne!(again, a);
+        assert_eq!(reg.registered, 4);
+        c.release(&mut reg, again).unwrap();
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn without_the_cache_an_invalidated_window_in_use_is_not_shared() {
+        let mut reg = Fake::default();
+        let mut c = RegionCache::new(false, 8);
+        let a = c.acquire(&mut reg, 0, 0x1000, 0x1000).unwrap();
+        assert_eq!(c.invalidate(&mut reg, 0x1000, 0x1000).unwrap(), 1);
+        let b = c.acquire(&mut reg, 0, 0x1000, 0x1000).unwrap();
+        assert_ne!(a, b, "a remapped buffer never inherits the old window");
+        c.release(&mut reg, a).unwrap();
+        c.release(&mut reg, b).unwrap();
+        assert_eq!((reg.registered, reg.deregistered, reg.live), (2, 2, 0));
     }
 
     #[test]

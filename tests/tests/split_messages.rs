@@ -132,7 +132,8 @@ fn every_class_byte_exact_between_guests() {
 /// into its window once, since MX keeps a pending send's buffer unchanged; once they
 /// have all completed the application may change it, and the next send copies the new
 /// bytes. `same_buffer` checks every copy's bytes on the receiving side; the sender's
-/// log counts its copies: one per round, not one per send.
+/// log counts its copies: one per round, not one per send. Without the registration
+/// cache (`MX_RCACHE=0`) the sends of a round share one registration too.
 #[test]
 fn sends_of_one_buffer_in_flight_at_once_copy_it_once() {
     if skipped("sends_of_one_buffer_in_flight_at_once_copy_it_once") {
@@ -142,19 +143,34 @@ fn sends_of_one_buffer_in_flight_at_once_copy_it_once() {
     let c = SimCluster::up("ssb", &[]);
     let dir = tempfile::tempdir().unwrap();
     let bin = cprog::build("same_buffer", dir.path());
-    let env = [("MX_VERBOSE", "1")];
-    let (p, a) = c.run_pair(&bin, (1, 0), (0, 0), &env);
-    assert!(p.passed().contains("received 16 copies, each as sent"));
-    let out = a.passed();
-    assert!(out.contains("2 rounds of 8 sends of one buffer"), "{out}");
-    let copied = "LARGE sends copied into their windows";
-    let copies = log_field(&a.stderr, copied, "copies").expect("copies are logged");
-    let bytes = log_field(&a.stderr, copied, "bytes").expect("copies are logged");
-    assert_eq!(
-        (copies, bytes),
-        (2, 2 << 20),
-        "one copy per round of 8 sends"
-    );
+    for rcache in ["1", "0"] {
+        let env = [("MX_VERBOSE", "1"), ("MX_RCACHE", rcache)];
+        let (p, a) = c.run_pair(&bin, (1, 0), (0, 0), &env);
+        assert!(p.passed().contains("received 16 copies, each as sent"));
+        let out = a.passed();
+        assert!(out.contains("2 rounds of 8 sends of one buffer"), "{out}");
+        let copied = "LARGE sends copied into their windows";
+        let copies = log_field(&a.stderr, copied, "copies").expect("copies are logged");
+        let bytes = log_field(&a.stderr, copied, "bytes").expect("copies are logged");
+        assert_eq!(
+            (copies, bytes),
+            (2, 2 << 20),
+            "MX_RCACHE={rcache}: one copy per round of 8 sends"
+        );
+        let hits = log_field(&a.stderr, "registration cache", "hits");
+        let misses = log_field(&a.stderr, "registration cache", "misses");
+        // With the cache the window stays registered across the rounds; without it the
+        // eight sends of a round share one registration, gone when the round is done.
+        let expected = if rcache == "1" { (15, 1) } else { (14, 2) };
+        assert_eq!(
+            (
+                hits.expect("the cache's counters are logged"),
+                misses.expect("the cache's counters are logged")
+            ),
+            expected,
+            "MX_RCACHE={rcache}: registrations of 2 rounds of 8 sends of one buffer"
+        );
+    }
 }
 
 /// An application blocked in `mx_wait` sleeps on its endpoint's event-channel port
