@@ -82,6 +82,7 @@ pub use memory::{
 };
 pub use output::{GuestEvent, HostReply, Transmit};
 pub use peers::{PeerEntry, PeerTable};
+pub use pull::pull_magic;
 pub use vnic::{DropReason, EndpointConfig, EndpointsElsewhere, NicCounters, VirtualNic};
 
 use budget::{PullBudget, PullKey};

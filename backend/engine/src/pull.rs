@@ -35,8 +35,9 @@ pub(crate) const BLOCKS_IN_FLIGHT_MAX: usize = 32;
 /// XORed with the endpoint index to form the magic a PULL carries and its replies echo.
 const PULL_MAGIC_XOR: u32 = 0x584d_5830;
 
-/// The magic naming `endpoint` in PULL frames.
-pub(crate) fn pull_magic(endpoint: u8) -> u32 {
+/// The magic naming `endpoint` in PULL frames, which their PULL_REPLY frames echo as
+/// `dst_magic` (a link filter tells by it which endpoint a reply is for).
+pub fn pull_magic(endpoint: u8) -> u32 {
     u32::from(endpoint) ^ PULL_MAGIC_XOR
 }
 

@@ -423,8 +423,27 @@ impl Board {
                 claim: Some(claim),
             },
         );
+        self.filter_link();
         tracing::debug!(index, session, "native endpoint open");
         Ok((index, mailbox))
+    }
+
+    /// Has the kernel keep other processes' PULL_REPLY frames off this
+    /// board's link ([`super::filter`]). Before an endpoint's first PULL
+    /// leaves, so none of its replies is kept off. Without a filter (the
+    /// kernel refused it) every frame still comes, as before: the engine
+    /// leaves other endpoints' replies alone.
+    fn filter_link(&mut self) {
+        let held: Vec<u8> = self.slots.keys().copied().collect();
+        let Some(program) = super::filter::pull_replies_only_for(&held) else {
+            if let Err(e) = self.wire.take_only(&super::filter::everything()) {
+                tracing::debug!(%e, "the link's filter stays");
+            }
+            return;
+        };
+        if let Err(e) = self.wire.take_only(&program) {
+            tracing::debug!(%e, endpoints = held.len(), "link filter refused; every frame comes");
+        }
     }
 
     /// Closes endpoint `index`: its buffers are unmapped and the
@@ -473,6 +492,7 @@ impl Board {
             tracing::warn!(%e, index, "closing a native endpoint");
         }
         self.memory.remove_endpoint(index);
+        self.filter_link();
         tracing::debug!(index, "native endpoint closed");
     }
 

@@ -31,6 +31,7 @@
 mod board;
 mod claim;
 mod driver;
+mod filter;
 mod memory;
 mod peers;
 mod port;

@@ -803,3 +803,69 @@ fn a_frame_for_another_process_endpoint_is_left_to_it() {
     }
     assert_eq!(a.engine_drops(DropReason::EndpointClosed), (1, 1));
 }
+
+/// A board's link filter follows its endpoints: a PULL_REPLY for an endpoint
+/// the process does not hold stays in the kernel (the engine would count it a
+/// stale pull), one for an endpoint it holds arrives, and a close and an open
+/// move the filter with them.
+#[test]
+fn pull_replies_for_endpoints_not_held_stay_in_the_kernel() {
+    use xmx_wire::mxoe::{FrameRepr, HeadRepr, MsgHeader, PacketRepr, PullReplyRepr, TinyRepr};
+    let (wa, mut wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let a = board_a(wa, true);
+    let head = HeadRepr {
+        dst: MAC_A,
+        src: MAC_B,
+        dst_src_peer_index: IDX_B,
+    };
+    let emit = |packet: PacketRepr| {
+        let repr = FrameRepr { head, packet };
+        let mut f = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut f).expect("emit");
+        f
+    };
+    let data = [5u8; 4096];
+    let reply = |endpoint: u8| {
+        emit(PacketRepr::PullReply(PullReplyRepr {
+            frame_seqnum: 0,
+            msg_offset: 0,
+            dst_pull_handle: 1,
+            dst_magic: xmx_engine::pull_magic(endpoint),
+            data: &data,
+        }))
+    };
+    // A TINY for an endpoint nobody holds: refused as closed, which tells when
+    // everything sent before it has been through the engine.
+    let marker = emit(PacketRepr::Tiny(TinyRepr {
+        header: MsgHeader {
+            dst_endpoint: 9,
+            src_endpoint: 2,
+            src_generation: 0,
+            lib_seqnum: 0,
+            lib_piggyack: 0,
+            match_info: 0,
+            session: 0,
+            checksum: 0,
+        },
+        data: b"",
+    }));
+    let mut markers = 0;
+    let mut after = |wb: &mut SeqpacketWire, frame: Vec<u8>| {
+        wb.send(&frame).unwrap();
+        wb.send(&marker).unwrap();
+        markers += 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a.engine_drops(DropReason::EndpointClosed).0 < markers {
+            assert!(Instant::now() < deadline, "A never took the marker in");
+            std::thread::yield_now();
+        }
+        a.engine_drops(DropReason::StalePull).0
+    };
+    let p1 = a.open(0, Some(1), bell(), false).unwrap();
+    assert_eq!(after(&mut wb, reply(4)), 0, "endpoint 4 is not ours");
+    assert_eq!(after(&mut wb, reply(1)), 1, "endpoint 1 is");
+    drop(p1);
+    let _p4 = a.open(0, Some(4), bell(), false).unwrap();
+    assert_eq!(after(&mut wb, reply(1)), 1, "endpoint 1 is closed");
+    assert_eq!(after(&mut wb, reply(4)), 2, "endpoint 4 is open");
+}

@@ -35,6 +35,39 @@ pub(crate) trait Wire: Send {
     fn claim_scope(&self) -> String {
         self.mac().to_string()
     }
+    /// From now on the kernel hands this link only the frames `program` (a
+    /// classic BPF socket filter) takes; it replaces any earlier one.
+    fn take_only(&mut self, program: &[libc::sock_filter]) -> io::Result<()> {
+        attach_filter(self.fd(), program)
+    }
+}
+
+/// Attaches `program` to the socket `fd` (`SO_ATTACH_FILTER`), replacing the
+/// filter it had.
+pub(super) fn attach_filter(fd: RawFd, program: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "socket filter too long"))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `len` initialised instructions that outlive the
+    // call; the kernel copies the program and never writes through the
+    // pointer. An invalid descriptor or program only makes the call fail.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 impl Wire for PacketSocket {
@@ -115,7 +148,7 @@ const SEQPACKET_FRAME_MAX: usize = 9000 + 14;
 #[cfg(test)]
 impl SeqpacketWire {
     /// Sends one frame (a full peer drops it, as a congested cable would).
-    fn send(&mut self, frame: &[u8]) -> Result<(), String> {
+    pub(super) fn send(&mut self, frame: &[u8]) -> Result<(), String> {
         // SAFETY: `frame` is readable for its length; the descriptor is open.
         let sent = unsafe {
             libc::send(
@@ -242,5 +275,59 @@ mod tests {
         assert_eq!(got, vec![vec![1; 60], vec![2; 9014]]);
         assert_eq!(b.recv(&mut |_| panic!("nothing waits")), 0);
         assert!(take_socket_error(b.fd()).is_none());
+    }
+
+    /// The kernel runs the link filter as `filter::takes` does: a frame it
+    /// refuses never reaches the socket, the others arrive whole.
+    #[test]
+    fn the_kernel_keeps_frames_the_link_filter_refuses_out() {
+        use xmx_wire::mxoe::{FrameRepr, HeadRepr, PacketRepr, PacketType, PullReplyRepr};
+        let (mut a, mut b) = SeqpacketWire::pair(Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 2]))
+            .expect("socketpair");
+        let data = vec![7u8; 8192];
+        let reply = |endpoint: u8| {
+            let repr = FrameRepr {
+                head: HeadRepr {
+                    dst: Mac([2, 0, 0, 0, 0, 2]),
+                    src: Mac([2, 0, 0, 0, 0, 1]),
+                    dst_src_peer_index: 0,
+                },
+                packet: PacketRepr::PullReply(PullReplyRepr {
+                    frame_seqnum: 0,
+                    msg_offset: 0,
+                    dst_pull_handle: 9,
+                    dst_magic: xmx_engine::pull_magic(endpoint),
+                    data: &data,
+                }),
+            };
+            let mut f = vec![0u8; repr.buffer_len()];
+            repr.emit(&mut f).expect("emit");
+            f
+        };
+        let program = super::super::filter::pull_replies_only_for(&[3]).unwrap();
+        b.take_only(&program).expect("filter attached");
+        let other_type = {
+            let mut f = reply(5);
+            f[xmx_wire::mxoe::HEAD_LEN] = u8::from(PacketType::Tiny);
+            f
+        };
+        let sent = [
+            reply(5),
+            reply(3),
+            other_type.clone(),
+            vec![0u8; 20],
+            reply(5),
+        ];
+        for f in &sent {
+            assert_eq!(super::super::filter::takes(&program, f), f != &sent[0]);
+            a.send(f).unwrap();
+        }
+        let mut got = Vec::new();
+        b.recv(&mut |f| got.push(f.to_vec()));
+        assert_eq!(got, vec![reply(3), other_type, vec![0u8; 20]]);
+        // Everything again once the filter takes everything.
+        b.take_only(&super::super::filter::everything()).unwrap();
+        a.send(&reply(5)).unwrap();
+        assert_eq!(b.recv(&mut |f| assert_eq!(f, reply(5).as_slice())), 1);
     }
 }
