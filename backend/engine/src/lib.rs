@@ -336,6 +336,7 @@ impl Engine {
                     weight: 1,
                     reopening: Default::default(),
                     elsewhere: None,
+                    unreachable_told: Default::default(),
                 },
                 memory: guest.memory,
                 endpoints: FxHashMap::default(),
@@ -947,7 +948,7 @@ fn refuse_deferred(
         }
         ReplyWriteError::Memory => {
             link.counters.drop(DropReason::MemoryFault);
-            if link.refuse_silently(reply.src_endpoint, NackType::BadRdmaWindow) {
+            if link.refuse_silently(reply.src_endpoint, NackType::BadRdmaWindow, false) {
                 return None;
             }
             link.counters.nacks_sent += 1;

@@ -405,7 +405,8 @@ pub(crate) fn serve_pull(
 ) {
     let link = &mut nic.link;
     let refuse = |ctx: &mut Ctx, link: &mut GuestWire, nack_type: NackType, reason: DropReason| {
-        if link.refuse_silently(pull.dst_endpoint, nack_type) {
+        let from_local = ctx.path(head.src) == Path::Local;
+        if link.refuse_silently(pull.dst_endpoint, nack_type, from_local) {
             return;
         }
         link.counters.drop(reason);

@@ -366,7 +366,8 @@ fn nack_lib(
     refused: Refused,
     nack_type: NackType,
 ) {
-    if link.refuse_silently(refused.our_endpoint, nack_type) {
+    let from_local = ctx.path(to.mac) == Path::Local;
+    if link.refuse_silently(refused.our_endpoint, nack_type, from_local) {
         return;
     }
     link.counters.drop(drop_reason(nack_type));

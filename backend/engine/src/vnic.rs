@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use xmx_wire::mxoe::{Mac, NackType};
 
 use super::memory::{GuestMemory, RegionHandle};
@@ -181,13 +181,20 @@ pub(crate) struct GuestWire {
     /// Endpoints held by other boards on the link, whose frames are left to them
     /// ([`Engine::set_endpoints_elsewhere`](super::Engine::set_endpoints_elsewhere)).
     pub elsewhere: Option<Box<dyn EndpointsElsewhere>>,
+    /// Endpoints held elsewhere that this guest's own frames were refused for, each
+    /// told once in the log.
+    pub unreachable_told: FxHashSet<u8>,
 }
 
 impl GuestWire {
     /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
     /// endpoint is coming back with its session, so the peer must resend, not fail; or
-    /// another board on the link holds it and answers for it.
-    pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType) -> bool {
+    /// another board on the link holds it and answers for it. Not when the frame came
+    /// from this engine's own guests (`from_local`): a board on the same link cannot
+    /// answer those (a frame sent to one's own interface address never comes back in
+    /// from the link), so they are refused, and the sender fails at once instead of
+    /// retrying for as long as its requests may wait.
+    pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType, from_local: bool) -> bool {
         if nack_type != NackType::EndpointClosed {
             return false;
         }
@@ -195,15 +202,24 @@ impl GuestWire {
             self.counters.drop(DropReason::EndpointReopening);
             return true;
         }
-        if self
-            .elsewhere
-            .as_mut()
-            .is_some_and(|e| e.held_elsewhere(endpoint))
-        {
-            self.counters.drop(DropReason::EndpointElsewhere);
-            return true;
+        let Some(elsewhere) = self.elsewhere.as_mut() else {
+            return false;
+        };
+        if !elsewhere.held_elsewhere(endpoint) {
+            return false;
         }
-        false
+        if from_local {
+            if self.unreachable_told.insert(endpoint) {
+                tracing::warn!(
+                    endpoint,
+                    "endpoint {endpoint} of this interface belongs to another process, which \
+                     this one cannot reach through it: refused"
+                );
+            }
+            return false;
+        }
+        self.counters.drop(DropReason::EndpointElsewhere);
+        true
     }
 }
 

@@ -110,6 +110,44 @@ fn frames_for_an_endpoint_held_elsewhere_are_left_to_its_board() {
     assert_eq!((n.nack_type, n.src_endpoint), (NackType::EndpointClosed, 4));
 }
 
+/// A board cannot reach another board on its own link through it (a frame sent to the
+/// interface's own address never comes back in from the link): its own frames for an
+/// endpoint held elsewhere are refused at once, so the sender fails instead of retrying
+/// for as long as its request may wait.
+#[test]
+fn own_frames_for_an_endpoint_held_elsewhere_are_refused() {
+    let mut tb = Testbed::new();
+    let g2 = tb.guest(2);
+    tb.engines[0]
+        .set_endpoints_elsewhere(g2.id, Box::new(HeldElsewhere))
+        .unwrap();
+    let to = Route {
+        endpoint: 5,
+        ..tb.route(2)
+    };
+    tb.send(1, tiny(1, to, 77, b"for the other board")).unwrap();
+    tb.pump();
+    let nacked = tb
+        .take_events(1)
+        .into_iter()
+        .filter(|e| matches!(e.body, EventBody::RecvNack { .. }))
+        .count();
+    assert_eq!(nacked, 1, "the sender hears of the refusal");
+    let c = tb.engines[0].guest(g2.id).unwrap().counters().clone();
+    assert_eq!(c.drops(DropReason::EndpointElsewhere), 0);
+    assert_eq!(c.nacks_sent, 1);
+    // From another host the same endpoint is still left to the board holding it.
+    let from_afar = Route {
+        endpoint: 5,
+        ..tb.route(2)
+    };
+    tb.send(3, tiny(2, from_afar, 78, b"from afar")).unwrap();
+    tb.pump();
+    let c = tb.engines[0].guest(g2.id).unwrap().counters().clone();
+    assert_eq!(c.drops(DropReason::EndpointElsewhere), 1);
+    assert_eq!(c.nacks_sent, 1);
+}
+
 #[test]
 fn endpoint_beyond_the_limit_is_nacked_as_bad() {
     let tb = Testbed::new();
