@@ -151,15 +151,15 @@ impl RegionCache {
         };
         self.clock += 1;
         let clock = self.clock;
-        let enabled = self.enabled;
-        // Without the cache, a window another message of the same buffer still holds
-        // serves this one too: nothing stays registered past its last message (what
-        // `MX_RCACHE=0` promises), and a burst of sends from one buffer (a stream, the
-        // window of an MPI bandwidth loop) registers it once, not per message.
+        // Without the cache every window kept is one a message still holds (the last
+        // release deregisters it), and it serves another message of the same buffer
+        // too: nothing stays registered past its last message (what `MX_RCACHE=0`
+        // promises), and a burst of sends from one buffer (a stream, the window of an
+        // MPI bandwidth loop) registers it once, not per message.
         if let Some((id, e)) = self
             .entries
             .iter_mut()
-            .find(|(_, e)| e.key == key && !e.stale && (enabled || e.users > 0))
+            .find(|(_, e)| e.key == key && !e.stale)
         {
             e.users += 1;
             e.last_use = clock;
@@ -167,7 +167,7 @@ impl RegionCache {
             self.stats.hits += 1;
             return Ok(Lease { id: *id });
         }
-        if enabled {
+        if self.enabled {
             self.make_room(reg)?;
         }
         self.stats.misses += 1;

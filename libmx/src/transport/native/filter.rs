@@ -81,6 +81,30 @@ pub(super) fn everything() -> Vec<libc::sock_filter> {
     vec![op(RET_K, 0, 0, u32::MAX)]
 }
 
+/// A PULL_REPLY frame with `head`, carrying `data` for endpoint `endpoint`
+/// of the puller (a stale pull's handle: only the filter cares what it is).
+#[cfg(test)]
+pub(super) fn pull_reply_frame(
+    head: xmx_wire::mxoe::HeadRepr,
+    endpoint: u8,
+    data: &[u8],
+) -> Vec<u8> {
+    use xmx_wire::mxoe::{FrameRepr, PacketRepr, PullReplyRepr};
+    let repr = FrameRepr {
+        head,
+        packet: PacketRepr::PullReply(PullReplyRepr {
+            frame_seqnum: 0,
+            msg_offset: 0,
+            dst_pull_handle: 1,
+            dst_magic: pull_magic(endpoint),
+            data,
+        }),
+    };
+    let mut f = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut f).expect("a PULL_REPLY fits its own length");
+    f
+}
+
 /// Runs `program` over `frame` as the kernel does (the subset of classic
 /// BPF [`pull_replies_only_for`] uses): whether the frame is taken.
 #[cfg(test)]

@@ -810,7 +810,7 @@ fn a_frame_for_another_process_endpoint_is_left_to_it() {
 /// move the filter with them.
 #[test]
 fn pull_replies_for_endpoints_not_held_stay_in_the_kernel() {
-    use xmx_wire::mxoe::{FrameRepr, HeadRepr, MsgHeader, PacketRepr, PullReplyRepr, TinyRepr};
+    use xmx_wire::mxoe::{FrameRepr, HeadRepr, MsgHeader, PacketRepr, TinyRepr};
     let (wa, mut wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
     let a = board_a(wa, true);
     let head = HeadRepr {
@@ -825,15 +825,7 @@ fn pull_replies_for_endpoints_not_held_stay_in_the_kernel() {
         f
     };
     let data = [5u8; 4096];
-    let reply = |endpoint: u8| {
-        emit(PacketRepr::PullReply(PullReplyRepr {
-            frame_seqnum: 0,
-            msg_offset: 0,
-            dst_pull_handle: 1,
-            dst_magic: xmx_engine::pull_magic(endpoint),
-            data: &data,
-        }))
-    };
+    let reply = |endpoint: u8| filter::pull_reply_frame(head, endpoint, &data);
     // A TINY for an endpoint nobody holds: refused as closed, which tells when
     // everything sent before it has been through the engine.
     let marker = emit(PacketRepr::Tiny(TinyRepr {

@@ -281,29 +281,16 @@ mod tests {
     /// refuses never reaches the socket, the others arrive whole.
     #[test]
     fn the_kernel_keeps_frames_the_link_filter_refuses_out() {
-        use xmx_wire::mxoe::{FrameRepr, HeadRepr, PacketRepr, PacketType, PullReplyRepr};
+        use xmx_wire::mxoe::{HeadRepr, PacketType};
         let (mut a, mut b) = SeqpacketWire::pair(Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 2]))
             .expect("socketpair");
         let data = vec![7u8; 8192];
-        let reply = |endpoint: u8| {
-            let repr = FrameRepr {
-                head: HeadRepr {
-                    dst: Mac([2, 0, 0, 0, 0, 2]),
-                    src: Mac([2, 0, 0, 0, 0, 1]),
-                    dst_src_peer_index: 0,
-                },
-                packet: PacketRepr::PullReply(PullReplyRepr {
-                    frame_seqnum: 0,
-                    msg_offset: 0,
-                    dst_pull_handle: 9,
-                    dst_magic: xmx_engine::pull_magic(endpoint),
-                    data: &data,
-                }),
-            };
-            let mut f = vec![0u8; repr.buffer_len()];
-            repr.emit(&mut f).expect("emit");
-            f
+        let head = HeadRepr {
+            dst: Mac([2, 0, 0, 0, 0, 2]),
+            src: Mac([2, 0, 0, 0, 0, 1]),
+            dst_src_peer_index: 0,
         };
+        let reply = |endpoint: u8| super::super::filter::pull_reply_frame(head, endpoint, &data);
         let program = super::super::filter::pull_replies_only_for(&[3]).unwrap();
         b.take_only(&program).expect("filter attached");
         let other_type = {
