@@ -4,7 +4,7 @@
 //!
 //! - loopback: both sides in one process (`XMX_TRANSPORT=loopback`);
 //! - native: two processes in two network namespaces joined by a veth, on
-//!   the native transport;
+//!   the native transport, and two processes on one interface;
 //! - guests of a simulated cluster, on two hosts and on one host;
 //! - the same across hosts whose links lose, duplicate, reorder and delay
 //!   frames.
@@ -173,6 +173,21 @@ fn a_stalled_wait_is_reported_when_asked() {
 /// board on a veth.
 #[test]
 fn conformance_native() {
+    native_pairs(false);
+}
+
+/// Two processes on one interface on the native transport: each its own
+/// board with the interface's address, reaching the other through its
+/// endpoints' lanes (a frame sent to one's own address never comes back in
+/// from the link), as ranks of one host do.
+#[test]
+fn conformance_native_one_interface() {
+    native_pairs(true);
+}
+
+/// Every program's two sides on the native transport: in the two namespaces
+/// of a veth, or both in one on the same interface (`one_interface`).
+fn native_pairs(one_interface: bool) {
     if let Some(why) = unavailable() {
         println!("skipped: {why}");
         return;
@@ -213,10 +228,15 @@ fn conformance_native() {
     let (env_a, env_b) = (env(&pair.if_a, "a"), env(&pair.if_b, "b"));
     let ea: Vec<(&str, &str)> = env_a.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let eb: Vec<(&str, &str)> = env_b.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (passive_ns, passive_env, passive_host, layout) = if one_interface {
+        (&pair.ns_a, &ea, "a", "native, one interface")
+    } else {
+        (&pair.ns_b, &eb, "b", "native")
+    };
     for p in &programs {
         let mut passive = App::spawn(
-            &format!("{} passive (native)", p.name),
-            netns_cmd(&pair.ns_b, &p.bin, &["-l", "2"], &eb),
+            &format!("{} passive ({layout})", p.name),
+            netns_cmd(passive_ns, &p.bin, &["-l", "2"], passive_env),
         );
         // The library starts its progression thread when the first
         // endpoint opens. A passive side that needs no peer (it sends to
@@ -228,12 +248,12 @@ fn conformance_native() {
             p.name
         );
         let active = App::spawn(
-            &format!("{} active (native)", p.name),
-            netns_cmd(&pair.ns_a, &p.bin, &["-d", "b", "-e", "2"], &ea),
+            &format!("{} active ({layout})", p.name),
+            netns_cmd(&pair.ns_a, &p.bin, &["-d", passive_host, "-e", "2"], &ea),
         )
         .finish();
         let passive = passive.finish();
-        check("native", p, passive.passed(), active.passed());
+        check(layout, p, passive.passed(), active.passed());
     }
 }
 

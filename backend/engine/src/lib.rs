@@ -41,6 +41,16 @@
 //! the events it would have seen over the wire and the data is copied from one guest's
 //! memory to the other's.
 //!
+//! # Boards sharing a link
+//!
+//! In native mode every process on an interface is a board of its own with the
+//! interface's MAC ([`Engine::set_endpoints_elsewhere`]). A looped-back frame for an
+//! endpoint another board holds cannot reach it through the NIC (a frame sent to one's own
+//! address never comes back in): it is handed out instead ([`Engine::transmit_to_boards`])
+//! for the caller to deliver, and the other board takes it in with
+//! [`Engine::handle_board_frame`], as Open-MX's driver delivers between processes of one
+//! host without the wire.
+//!
 //! # Hostile guests
 //!
 //! Every field of a send request is checked again here (parsing checked only the format):
@@ -73,7 +83,9 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use xmx_wire::msg::{ErrorCode, Event, EventBody};
-use xmx_wire::mxoe::{FrameRepr, HeadRepr, Mac, NackType, PacketRepr, HOSTNAME_LEN_MAX};
+use xmx_wire::mxoe::{
+    FrameRepr, HeadPacket, HeadRepr, Mac, NackType, PacketRepr, HEAD_LEN, HOSTNAME_LEN_MAX,
+};
 
 pub use config::{pull_reply_frames_for, EngineConfig};
 pub use error::{EngineError, PeerTableError, Violation};
@@ -120,8 +132,14 @@ pub struct EngineCounters {
     pub rx_malformed: u64,
     /// Frames for a MAC that is none of our guests'.
     pub rx_unknown_destination: u64,
-    /// Frames from the wire whose source MAC is one of our guests'.
+    /// Frames from the wire whose source MAC is one of our guests', and frames from
+    /// other boards whose source MAC is not.
     pub rx_spoofed_source: u64,
+    /// Frames handed to [`Engine::handle_board_frame`].
+    pub rx_board_frames: u64,
+    /// Frames for other boards dropped because too many waited for
+    /// [`Engine::transmit_to_boards`].
+    pub board_frames_dropped: u64,
 }
 
 /// The MX engine of one physical interface. See the module documentation.
@@ -336,7 +354,6 @@ impl Engine {
                     weight: 1,
                     reopening: Default::default(),
                     elsewhere: None,
-                    unreachable_told: Default::default(),
                 },
                 memory: guest.memory,
                 endpoints: FxHashMap::default(),
@@ -624,6 +641,63 @@ impl Engine {
         self.settle(now);
     }
 
+    /// Take in a frame another board on the link handed over
+    /// ([`Engine::transmit_to_boards`] there): it carries one of our own MACs as source
+    /// and destination, and is otherwise checked as any frame from the wire. One claiming
+    /// any other source is dropped as spoofed.
+    pub fn handle_board_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.counters.rx_board_frames += 1;
+        let ours = |at: usize| {
+            frame
+                .get(at..at + 6)
+                .and_then(|m| <[u8; 6]>::try_from(m).ok())
+                .is_some_and(|m| self.local.contains_key(&Mac(m)))
+        };
+        if !ours(6) {
+            self.counters.rx_spoofed_source += 1;
+            return;
+        }
+        self.receive(now, frame, Path::Local);
+        self.settle(now);
+    }
+
+    /// Hands every frame waiting for another board on the link to `deliver`, with the
+    /// endpoint it is for (which names that board); returns how many.
+    pub fn transmit_to_boards(&mut self, mut deliver: impl FnMut(u8, &[u8])) -> usize {
+        let mut n = 0;
+        while let Some((endpoint, buf)) = self.out.to_boards.pop_front() {
+            deliver(endpoint, &buf);
+            self.out.recycle(buf);
+            n += 1;
+        }
+        n
+    }
+
+    /// Frames waiting for [`Engine::transmit_to_boards`].
+    pub fn pending_board_frames(&self) -> usize {
+        self.out.to_boards.len()
+    }
+
+    /// The endpoint a looped-back frame is for, when another board on the link holds it
+    /// and this engine does not: such a frame goes to that board instead of being
+    /// refused here.
+    fn held_by_another_board(&mut self, frame: &[u8]) -> Option<u8> {
+        let head = HeadPacket::new_checked(frame).ok()?;
+        let &(guest, _) = self.local.get(&head.dst())?;
+        let nic = self.guests.get_mut(&guest)?;
+        nic.link.elsewhere.as_ref()?;
+        let packet = PacketRepr::parse(frame.get(HEAD_LEN..)?).ok()?;
+        let endpoint = pull::addressed_endpoint(&packet)?;
+        if nic.endpoints.contains_key(&endpoint) || nic.link.reopening.contains_key(&endpoint) {
+            return None;
+        }
+        nic.link
+            .elsewhere
+            .as_mut()?
+            .held_elsewhere(endpoint)
+            .then_some(endpoint)
+    }
+
     /// Let time pass: pulls without progress for a timeout request their blocks again or
     /// fail; endpoints marked re-opening that did not open in time lose the mark.
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -836,6 +910,16 @@ impl Engine {
             let Some(buf) = self.out.loopback.pop_front() else {
                 return;
             };
+            if let Some(endpoint) = self.held_by_another_board(&buf) {
+                if self.out.to_boards.len() < self.config.max_tx_frames {
+                    self.out.to_boards.push_back((endpoint, buf));
+                } else {
+                    // As a full transmit queue would: MX sends it again.
+                    self.counters.board_frames_dropped += 1;
+                    self.out.recycle(buf);
+                }
+                continue;
+            }
             self.receive(now, &buf, Path::Local);
             self.out.recycle(buf);
         }

@@ -266,6 +266,8 @@ pub(crate) struct EngineOutput {
     pub tx: TxQueues,
     max_tx_frames: usize,
     pub loopback: VecDeque<Vec<u8>>,
+    /// Looped-back frames for endpoints other boards on the link hold, with the endpoint.
+    pub to_boards: VecDeque<(u8, Vec<u8>)>,
     events: VecDeque<GuestEvent>,
     pending: FxHashMap<(GuestId, u8), usize>,
     max_pending: usize,
@@ -286,6 +288,7 @@ impl EngineOutput {
             tx: TxQueues::default(),
             max_tx_frames,
             loopback: VecDeque::new(),
+            to_boards: VecDeque::new(),
             events: VecDeque::new(),
             pending: FxHashMap::default(),
             max_pending,

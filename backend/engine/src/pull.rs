@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use xmx_wire::mxoe::{Mac, PullRepr, PULL_BLOCK_LEN_MAX, PULL_REPLY_LEN_MAX};
+use xmx_wire::mxoe::{Mac, PacketRepr, PullRepr, PULL_BLOCK_LEN_MAX, PULL_REPLY_LEN_MAX};
 
 use super::memory::RegionHandle;
 
@@ -44,6 +44,26 @@ pub fn pull_magic(endpoint: u8) -> u32 {
 /// The endpoint a magic names, if it is one of ours.
 pub(crate) fn magic_endpoint(magic: u32) -> Option<u8> {
     u8::try_from(magic ^ PULL_MAGIC_XOR).ok()
+}
+
+/// The endpoint of ours a packet is for: the destination endpoint of a message or
+/// control packet, the puller's endpoint (by its magic) for a PULL_REPLY or a NACK_MCP;
+/// `None` for what goes to the board itself (host discovery, RAW).
+pub(crate) fn addressed_endpoint(packet: &PacketRepr) -> Option<u8> {
+    Some(match packet {
+        PacketRepr::Tiny(p) => p.header.dst_endpoint,
+        PacketRepr::Small(p) => p.header.dst_endpoint,
+        PacketRepr::Medium(p) => p.header.dst_endpoint,
+        PacketRepr::Rndv(p) => p.header.dst_endpoint,
+        PacketRepr::Truc(p) => p.dst_endpoint,
+        PacketRepr::Connect(p) => p.dst_endpoint,
+        PacketRepr::Pull(p) => p.dst_endpoint,
+        PacketRepr::Notify(p) => p.dst_endpoint,
+        PacketRepr::NackLib(p) => p.dst_endpoint,
+        PacketRepr::PullReply(p) => magic_endpoint(p.dst_magic)?,
+        PacketRepr::NackMcp(p) => magic_endpoint(p.src_magic)?,
+        PacketRepr::HostQuery(_) | PacketRepr::HostReply(_) | PacketRepr::Raw(_) => return None,
+    })
 }
 
 /// Where the data comes from.

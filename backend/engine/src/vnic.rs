@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use xmx_wire::mxoe::{Mac, NackType};
 
 use super::memory::{GuestMemory, RegionHandle};
@@ -181,19 +181,17 @@ pub(crate) struct GuestWire {
     /// Endpoints held by other boards on the link, whose frames are left to them
     /// ([`Engine::set_endpoints_elsewhere`](super::Engine::set_endpoints_elsewhere)).
     pub elsewhere: Option<Box<dyn EndpointsElsewhere>>,
-    /// Endpoints held elsewhere that this guest's own frames were refused for, each
-    /// told once in the log.
-    pub unreachable_told: FxHashSet<u8>,
 }
 
 impl GuestWire {
     /// Whether a frame for closed endpoint `endpoint` is dropped without a NACK: the
     /// endpoint is coming back with its session, so the peer must resend, not fail; or
-    /// another board on the link holds it and answers for it. Not when the frame came
-    /// from this engine's own guests (`from_local`): a board on the same link cannot
-    /// answer those (a frame sent to one's own interface address never comes back in
-    /// from the link), so they are refused, and the sender fails at once instead of
-    /// retrying for as long as its requests may wait.
+    /// another board on the link holds it and answers for it. Not for a frame from our
+    /// own MAC (`from_local`): this engine's own frames for another board's endpoints are
+    /// handed to that board before they get here (see
+    /// [`Engine::transmit_to_boards`](super::Engine::transmit_to_boards)), so one that
+    /// still does came from another board for an endpoint it believed ours, and its
+    /// sender must hear of the refusal.
     pub fn refuse_silently(&mut self, endpoint: u8, nack_type: NackType, from_local: bool) -> bool {
         if nack_type != NackType::EndpointClosed {
             return false;
@@ -209,13 +207,6 @@ impl GuestWire {
             return false;
         }
         if from_local {
-            if self.unreachable_told.insert(endpoint) {
-                tracing::warn!(
-                    endpoint,
-                    "endpoint {endpoint} of this interface belongs to another process, which \
-                     this one cannot reach through it: refused"
-                );
-            }
             return false;
         }
         self.counters.drop(DropReason::EndpointElsewhere);

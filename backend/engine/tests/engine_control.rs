@@ -110,13 +110,16 @@ fn frames_for_an_endpoint_held_elsewhere_are_left_to_its_board() {
     assert_eq!((n.nack_type, n.src_endpoint), (NackType::EndpointClosed, 4));
 }
 
-/// A board cannot reach another board on its own link through it (a frame sent to the
-/// interface's own address never comes back in from the link): its own frames for an
-/// endpoint held elsewhere are refused at once, so the sender fails instead of retrying
-/// for as long as its request may wait.
+/// A board's own frame for an endpoint another board on its link holds (native processes
+/// on one interface) cannot go through the NIC: it is handed out for that board, not
+/// refused, and the board holding the endpoint takes it in as if from the wire. A frame
+/// from a board that claims a source MAC not ours is dropped as spoofed.
 #[test]
-fn own_frames_for_an_endpoint_held_elsewhere_are_refused() {
-    let mut tb = Testbed::new();
+fn own_frames_for_an_endpoint_held_elsewhere_go_to_its_board() {
+    let mut tb = Testbed::with_config(EngineConfig {
+        endpoints_per_guest: 8,
+        ..EngineConfig::default()
+    });
     let g2 = tb.guest(2);
     tb.engines[0]
         .set_endpoints_elsewhere(g2.id, Box::new(HeldElsewhere))
@@ -127,25 +130,84 @@ fn own_frames_for_an_endpoint_held_elsewhere_are_refused() {
     };
     tb.send(1, tiny(1, to, 77, b"for the other board")).unwrap();
     tb.pump();
-    let nacked = tb
-        .take_events(1)
-        .into_iter()
-        .filter(|e| matches!(e.body, EventBody::RecvNack { .. }))
-        .count();
-    assert_eq!(nacked, 1, "the sender hears of the refusal");
+    let events = tb.take_events(1);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.body, EventBody::RecvNack { .. })),
+        "not refused: {events:?}"
+    );
     let c = tb.engines[0].guest(g2.id).unwrap().counters().clone();
-    assert_eq!(c.drops(DropReason::EndpointElsewhere), 0);
-    assert_eq!(c.nacks_sent, 1);
+    assert_eq!(
+        (c.nacks_sent, c.drops(DropReason::EndpointElsewhere)),
+        (0, 0)
+    );
+    assert_eq!(tb.engines[0].pending_board_frames(), 1);
+    let mut handed = Vec::new();
+    let n =
+        tb.engines[0].transmit_to_boards(|endpoint, frame| handed.push((endpoint, frame.to_vec())));
+    assert_eq!(n, 1);
+    let (endpoint, frame) = handed.pop().unwrap();
+    assert_eq!(endpoint, 5);
+    let repr = xmx_wire::mxoe::FrameRepr::parse(&frame).unwrap();
+    assert_eq!((repr.head.src, repr.head.dst), (tb.guest(1).mac, g2.mac));
+    let PacketRepr::Tiny(t) = repr.packet else {
+        panic!("not the TINY: {repr:?}")
+    };
+    assert_eq!(
+        (t.header.dst_endpoint, t.data),
+        (5, &b"for the other board"[..])
+    );
+
+    // The board holding endpoint 5 (this engine, once it opens it) takes the frame in.
+    g2.mem.add_area(
+        MemoryArea::SendQueue { endpoint: 5 },
+        usize::from(SENDQ_SLOTS) * 4096,
+    );
+    g2.mem.add_area(
+        MemoryArea::RecvQueue { endpoint: 5 },
+        usize::from(RECVQ_SLOTS) * 4096,
+    );
+    tb.engines[0]
+        .open_endpoint(
+            g2.id,
+            5,
+            xmx_engine::EndpointConfig {
+                session_id: g2.session,
+                send_queue_slots: SENDQ_SLOTS,
+                recv_queue_slots: RECVQ_SLOTS,
+            },
+        )
+        .unwrap();
+    let now = tb.now;
+    tb.engines[0].handle_board_frame(now, &frame);
+    let got = tb.take_guest_events(2);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].endpoint, 5);
+    let EventBody::RecvTiny { msg, .. } = &got[0].event.body else {
+        panic!("{got:?}")
+    };
+    assert_eq!(msg.data.as_slice(), b"for the other board");
+    assert_eq!(tb.engines[0].counters().rx_board_frames, 1);
+
+    // A board frame claiming another host's MAC is no board's.
+    let mut forged = frame.clone();
+    forged[6..12].copy_from_slice(&tb.guest(3).mac.0);
+    tb.engines[0].handle_board_frame(now, &forged);
+    assert!(tb.take_guest_events(2).is_empty());
+    assert_eq!(tb.engines[0].counters().rx_spoofed_source, 1);
+
     // From another host the same endpoint is still left to the board holding it.
     let from_afar = Route {
-        endpoint: 5,
+        endpoint: 6,
         ..tb.route(2)
     };
     tb.send(3, tiny(2, from_afar, 78, b"from afar")).unwrap();
     tb.pump();
     let c = tb.engines[0].guest(g2.id).unwrap().counters().clone();
     assert_eq!(c.drops(DropReason::EndpointElsewhere), 1);
-    assert_eq!(c.nacks_sent, 1);
+    assert_eq!(c.nacks_sent, 0);
+    assert_eq!(tb.engines[0].pending_board_frames(), 0);
 }
 
 #[test]

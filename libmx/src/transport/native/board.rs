@@ -39,7 +39,9 @@ use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::{EventBody, SendOp, SendRequest};
 use xmx_wire::mxoe::Mac;
 
-use super::claim::{ClaimsElsewhere, EndpointClaim};
+use super::claim::{
+    BoardLanes, ClaimsElsewhere, EndpointClaim, LaneSend, LANE_DATAGRAM_MAX, LANE_RETRY,
+};
 use super::memory::NativeMemory;
 use super::peers::{self, CLUSTER};
 use super::wire::Wire;
@@ -203,6 +205,15 @@ pub(crate) struct BoardCounters {
     pub(crate) violations: u64,
     /// Events that could not become frames.
     pub(crate) unreadable: u64,
+    /// Frames sent to other processes on the link, through their endpoints'
+    /// lanes ([`super::claim`]).
+    pub(crate) lane_sent: u64,
+    /// Frames for other processes lost (their lane full, or closed).
+    pub(crate) lane_lost: u64,
+    /// Frames taken in from this process's lanes.
+    pub(crate) lane_taken: u64,
+    /// Frames on this process's lanes from another user's process: dropped.
+    pub(crate) lane_refused: u64,
 }
 
 /// The engine, its link and the endpoints. See the module documentation.
@@ -221,6 +232,12 @@ pub(super) struct Board {
     /// The timer the driver thread sleeps until (`None`: none), so a thread
     /// arming an earlier one knows to wake it.
     pub(crate) driver_wake: Option<Instant>,
+    /// Where frames for other processes' endpoints on the link go.
+    lanes: BoardLanes,
+    /// A frame taken from a lane.
+    lane_buf: Vec<u8>,
+    /// Readable when the link or a lane of ours has frames.
+    arrivals: ArrivalSet,
 }
 
 impl Board {
@@ -248,6 +265,11 @@ impl Board {
         engine
             .set_endpoints_elsewhere(GUEST, Box::new(ClaimsElsewhere::new(wire.claim_scope())))
             .map_err(|e| format!("board {}: {e}", wire.mac()))?;
+        let lanes = BoardLanes::new(wire.claim_scope())
+            .map_err(|e| format!("board {}: lanes to other processes: {e}", wire.mac()))?;
+        let arrivals = ArrivalSet::new(wire.fd())
+            .map_err(|e| format!("board {}: arrival set: {e}", wire.mac()))?;
+        let lane_buf = vec![0; LANE_DATAGRAM_MAX.max(wire.max_frame_len() + 4)];
         let mut board = Board {
             engine,
             wire,
@@ -260,6 +282,9 @@ impl Board {
             replay: Vec::new(),
             counters: BoardCounters::default(),
             driver_wake: None,
+            lanes,
+            lane_buf,
+            arrivals,
         };
         board.set_peers(entries, false)?;
         Ok(board)
@@ -287,6 +312,12 @@ impl Board {
     /// The link's descriptor.
     pub(super) fn wire_fd(&self) -> std::os::fd::RawFd {
         self.wire.fd()
+    }
+
+    /// A descriptor readable while the link or a lane of ours has frames
+    /// ([`Board::receive`], [`Board::receive_lanes`]).
+    pub(super) fn arrival_fd(&self) -> std::os::fd::RawFd {
+        self.arrivals.fd()
     }
 
     /// The peer entries.
@@ -404,6 +435,12 @@ impl Board {
             })?;
         self.memory
             .add_endpoint(index, SEND_QUEUE_SLOTS, RECV_QUEUE_SLOTS);
+        // A claim carried over from a lingering endpoint is in the set already.
+        if let Err(e) = self.arrivals.add(claim.fd()) {
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                tracing::warn!(%e, index, "the endpoint's lane is not watched: its frames from other processes wait for the next look");
+            }
+        }
         let mailbox = Arc::new(Mailbox::new(doorbell));
         self.slots.insert(
             index,
@@ -724,6 +761,28 @@ impl Board {
         wire.recv(&mut |frame| engine.handle_frame(clock.now(), frame))
     }
 
+    /// Takes in every frame other processes on the link sent to our
+    /// endpoints' lanes ([`super::claim`]); returns how many.
+    pub(super) fn receive_lanes(&mut self, clock: &mut Clock) -> usize {
+        let Board {
+            slots,
+            engine,
+            lane_buf,
+            counters,
+            ..
+        } = self;
+        let mut taken = 0;
+        for claim in slots.values().filter_map(|s| s.claim.as_ref()) {
+            let seen = claim.take_frames(lane_buf, &mut |frame| {
+                engine.handle_board_frame(clock.now(), frame)
+            });
+            taken += seen.taken;
+            counters.lane_taken += seen.taken as u64;
+            counters.lane_refused += seen.refused as u64;
+        }
+        taken
+    }
+
     /// Runs the engine's timers if one is due.
     pub(super) fn timers(&mut self, now: Instant) {
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
@@ -740,13 +799,15 @@ impl Board {
         }
     }
 
-    /// When the board next needs [`Board::timers`].
+    /// When the board next needs [`Board::timers`] (or a pass that offers
+    /// its lanes' backlog again).
     pub(super) fn next_timer(&self) -> Option<Instant> {
         let linger = self.slots.values().filter_map(|s| s.lingering).min();
-        match (self.engine.poll_timeout(), linger) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let lanes = self.lanes.backlogged().then(|| Instant::now() + LANE_RETRY);
+        [self.engine.poll_timeout(), linger, lanes]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Moves the engine's outputs on: frames to the link, events to the
@@ -830,6 +891,19 @@ impl Board {
                 self.counters.tx_errors += 1;
                 tracing::debug!(%e, "frames lost on the link");
             }
+        }
+        if self.engine.pending_board_frames() > 0 || self.lanes.backlogged() {
+            let Board {
+                engine,
+                lanes,
+                counters,
+                ..
+            } = self;
+            let mut done = LaneSend::default();
+            engine.transmit_to_boards(|endpoint, frame| lanes.queue(endpoint, frame, &mut done));
+            lanes.flush(&mut done);
+            counters.lane_sent += done.sent as u64;
+            counters.lane_lost += done.lost as u64;
         }
     }
 
@@ -949,5 +1023,49 @@ impl Board {
     #[cfg(test)]
     pub(super) fn mapped_regions(&self) -> usize {
         self.memory.regions()
+    }
+}
+
+/// An epoll set of the link and the lanes of our endpoints: one descriptor a
+/// thread sleeps on for every arrival of the process (a lane leaves the set
+/// by itself when its claim's socket closes).
+struct ArrivalSet(std::os::fd::OwnedFd);
+
+impl ArrivalSet {
+    /// A set holding `wire`.
+    fn new(wire: std::os::fd::RawFd) -> std::io::Result<ArrivalSet> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; the result is checked before use.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let set = ArrivalSet(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        set.add(wire)?;
+        Ok(set)
+    }
+
+    /// Watches `fd` for input as well.
+    fn add(&self, fd: std::os::fd::RawFd) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `event` is a valid epoll_event the kernel only reads; an
+        // invalid or closed `fd` only makes the call fail.
+        let rc =
+            unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
     }
 }

@@ -21,7 +21,10 @@
 //! no process holds. Every board sees every frame of the interface and
 //! leaves those for an endpoint another process holds to that process
 //! (`claim::ClaimsElsewhere`), refusing only those for an endpoint nobody
-//! holds.
+//! holds. A board reaches another process's endpoints on its own interface
+//! through the endpoints' lanes (`claim::BoardLanes`), not the link; the
+//! driver and a sleeping application wake on the link and the lanes alike
+//! (one epoll set, `Board::arrival_fd`).
 //!
 //! Environment (read at `mx_init`; see libmx/README.md):
 //! `XMX_IFACE`, `XMX_HOSTNAME`, `XMX_PEERS`, `XMX_NIC_SPIN_US`,
@@ -206,6 +209,9 @@ pub(crate) struct NativeShared {
     hostname: RwLock<String>,
     wake: WakeFd,
     wire_fd: RawFd,
+    /// Readable when the link or a lane of ours has frames (see
+    /// [`Board::arrival_fd`]).
+    arrival_fd: RawFd,
     /// Whether the driver thread sleeps on the link (else only on `wake`,
     /// because an application thread polls the link; see `driver`).
     watching: AtomicBool,
@@ -320,12 +326,14 @@ impl Native {
             view.clone(),
         )?;
         let wire_fd = board.wire_fd();
+        let arrival_fd = board.arrival_fd();
         let shared = Arc::new(NativeShared {
             board: Mutex::new(board),
             view,
             hostname: RwLock::new(config.hostname.clone()),
             wake: WakeFd::new().map_err(|e| format!("eventfd: {e}"))?,
             wire_fd,
+            arrival_fd,
             watching: AtomicBool::new(true),
             stop: AtomicBool::new(false),
             mac,

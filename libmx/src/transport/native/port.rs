@@ -33,7 +33,21 @@ pub(super) struct NativePort {
     /// the caller's next round looks again).
     looked: bool,
     doorbell: Arc<Doorbell>,
+    /// Looks at the link since the lanes were last looked at.
+    since_lanes: u32,
+    /// Looks left in which the lanes are looked at every time: traffic came
+    /// through them lately.
+    lanes_busy: u32,
 }
+
+/// While no frame came through the lanes lately, a polling thread looks at
+/// them once per this many looks at the link: each look is a system call per
+/// endpoint, which every poll of a wire-only exchange would pay.
+const LANE_LOOK_EVERY: u32 = 16;
+/// After frames came through the lanes, this many looks at the link look at
+/// the lanes too (an exchange between processes on one interface polls them
+/// every time).
+const LANES_BUSY_FOR: u32 = 1 << 14;
 
 impl NativePort {
     pub(super) fn new(
@@ -58,6 +72,8 @@ impl NativePort {
             inbox: VecDeque::new(),
             looked: false,
             doorbell,
+            since_lanes: 0,
+            lanes_busy: 0,
         }
     }
 
@@ -70,15 +86,31 @@ impl NativePort {
     /// mailbox's ring did per frame: a wait whose last round took frames in
     /// goes on polling instead of sleeping while traffic flows, and other
     /// threads waiting on the endpoint look again.
-    fn poll_link(&mut self) -> Option<usize> {
+    ///
+    /// The lanes from other processes on the link are looked at too when
+    /// `lanes` is set, or when they are due (see [`LANE_LOOK_EVERY`]).
+    fn poll_link(&mut self, lanes: bool) -> Option<usize> {
         let before = self.inbox.len();
+        self.since_lanes += 1;
+        let lanes = lanes || self.lanes_busy > 0 || self.since_lanes >= LANE_LOOK_EVERY;
+        if lanes {
+            self.since_lanes = 0;
+            self.lanes_busy = self.lanes_busy.saturating_sub(1);
+        }
         let inbox = Inbox {
             index: self.index,
             frames: &mut self.inbox,
         };
-        let got = self
-            .shared
-            .try_run(Some(inbox), |b, clock| b.receive(clock));
+        let got = self.shared.try_run(Some(inbox), |b, clock| {
+            let from_lanes = if lanes { b.receive_lanes(clock) } else { 0 };
+            (b.receive(clock), from_lanes)
+        });
+        let got = got.map(|(wire, from_lanes)| {
+            if from_lanes > 0 {
+                self.lanes_busy = LANES_BUSY_FOR;
+            }
+            wire + from_lanes
+        });
         if self.inbox.len() > before {
             self.doorbell.ring_local();
         }
@@ -118,7 +150,7 @@ impl TransportPort for NativePort {
         // The polling thread moves the link itself (the mailbox's older
         // frames come first, see `Board::pump`), unless another thread
         // holds the board: then they wait in the mailbox.
-        match self.poll_link() {
+        match self.poll_link(false) {
             Some(_) => {
                 let f = self.inbox.pop_front();
                 self.looked = f.is_some();
@@ -144,14 +176,15 @@ impl TransportPort for NativePort {
             self.shared.wake.notify();
         }
         // Frames in the inbox ring nobody: the caller must take them first.
-        self.poll_link();
+        self.poll_link(true);
         !self.inbox.is_empty()
     }
 
     fn arrival_fd(&self) -> Option<std::os::fd::RawFd> {
-        // The link itself: readable at the next frame for any endpoint of the
-        // process, which the woken thread's progress takes in and hands out.
-        Some(self.shared.wire_fd)
+        // The link and our lanes: readable at the next frame for any
+        // endpoint of the process, which the woken thread's progress takes in
+        // and hands out.
+        Some(self.shared.arrival_fd)
     }
 }
 

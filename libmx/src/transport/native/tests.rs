@@ -80,6 +80,56 @@ fn wait_for<T>(bell: &Doorbell, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// The next frame of `port`, waited for as the library's own waits do: a
+/// round that finds nothing looks at the port once more before sleeping
+/// (`before_sleep`), since its last look may have left frames another thread
+/// took in since (5 s at most).
+fn next_frame(port: &mut Box<dyn TransportPort>, bell: &Doorbell) -> Frame<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = bell.generation();
+        if let Some(f) = port.receive() {
+            return f;
+        }
+        if port.before_sleep() {
+            continue;
+        }
+        assert!(Instant::now() < deadline, "no frame in time");
+        bell.wait(seen, Some(deadline));
+    }
+}
+
+/// The fragments of a MEDIUM message of `data` from endpoint `ends.0` to
+/// endpoint `ends.1` of peer `to_peer`, whose session is `session`.
+fn medium_fragments(
+    data: &[u8],
+    to_peer: u16,
+    ends: (u8, u8),
+    session: u32,
+    match_info: u64,
+) -> Vec<Frame<Vec<u8>>> {
+    data.chunks(4096)
+        .enumerate()
+        .map(|(i, chunk)| Frame {
+            peer_index: to_peer,
+            dst_endpoint: ends.1,
+            src_endpoint: ends.0,
+            body: Body::Message(Message {
+                session,
+                seqnum: Seqnum::from_raw(1),
+                piggyack: Seqnum::from_raw(0),
+                match_info,
+                kind: MessageKind::Medium(MediumFrag {
+                    msg_length: data.len() as u32,
+                    frag_seqnum: i as u8,
+                    frag_pipeline: 12,
+                }),
+                payload: chunk.to_vec(),
+            }),
+        })
+        .collect()
+}
+
 fn connect(from: u8, to_peer: u16, to: u8, session: u32) -> Frame<Vec<u8>> {
     Frame {
         peer_index: to_peer,
@@ -128,27 +178,7 @@ fn connects_and_medium_messages_cross_between_boards() {
 
     // A MEDIUM message goes as one request once its fragments are in.
     let data: Vec<u8> = (0..9000u32).map(|i| (i % 251) as u8).collect();
-    let frags: Vec<Frame<Vec<u8>>> = data
-        .chunks(4096)
-        .enumerate()
-        .map(|(i, c)| Frame {
-            peer_index: IDX_B,
-            dst_endpoint: 2,
-            src_endpoint: 1,
-            body: Body::Message(Message {
-                session: pb.session(),
-                seqnum: Seqnum::from_raw(1),
-                piggyack: Seqnum::from_raw(0),
-                match_info: 77,
-                kind: MessageKind::Medium(MediumFrag {
-                    msg_length: data.len() as u32,
-                    frag_seqnum: i as u8,
-                    frag_pipeline: 12,
-                }),
-                payload: c.to_vec(),
-            }),
-        })
-        .collect();
+    let frags = medium_fragments(&data, IDX_B, (1, 2), pb.session(), 77);
     for f in &frags {
         pa.transmit(f.clone());
     }
@@ -802,6 +832,106 @@ fn a_frame_for_another_process_endpoint_is_left_to_it() {
         other => panic!("expected a NACK, got {other:?}"),
     }
     assert_eq!(a.engine_drops(DropReason::EndpointClosed), (1, 1));
+}
+
+/// Two processes on one interface reach each other's endpoints through the
+/// endpoints' lanes, not the link (a frame to one's own address never comes
+/// back in from it): a connect, a MEDIUM message and a LARGE pull cross, every
+/// byte as sent, and nothing of it goes on the link.
+#[test]
+fn processes_on_one_interface_exchange_through_the_lanes() {
+    let (wa, wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let (wc, _wd) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let wc = wc.sharing_claims_with(&wa);
+    let a = board_a(wa, true);
+    let c = board_a(wc, true);
+    let _b = board_b(wb);
+    let bell_a = bell();
+    let mut pa = a.open(0, Some(1), bell_a.clone(), false).unwrap();
+    let bell_c = bell();
+    let mut pc = c.open(0, Some(4), bell_c.clone(), false).unwrap();
+
+    let sent = connect(1, IDX_A, 4, pa.session());
+    pa.transmit(sent.clone());
+    assert_eq!(
+        wait_for(&bell_c, || pc.receive()),
+        sent,
+        "the connect crosses"
+    );
+    pc.transmit(connect(4, IDX_A, 1, pc.session()));
+    let back = wait_for(&bell_a, || pa.receive());
+    assert_eq!((back.src_endpoint, back.dst_endpoint), (4, 1));
+
+    let data: Vec<u8> = (0..9000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let frags = medium_fragments(&data, IDX_A, (1, 4), pc.session(), 78);
+    for f in &frags {
+        pa.transmit(f.clone());
+    }
+    let mut got = Vec::new();
+    while got.len() < frags.len() {
+        got.push(next_frame(&mut pc, &bell_c));
+    }
+    assert_eq!(
+        got, frags,
+        "the MEDIUM's fragments cross whole and in order"
+    );
+
+    // C pulls 300 kB from A's buffer: PULLs one way, replies the other.
+    let mut src: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 256) as u8).collect();
+    let window = pa.regions().register(&segments(&mut src)).expect("window");
+    let mut dst = vec![0u8; 300_000];
+    let regions = pc.regions();
+    let started = regions.pull(
+        RequestId(5),
+        PeerAddr::new(IDX_A, 1),
+        window,
+        &segments(&mut dst),
+        300_000,
+    );
+    assert_eq!(started, PullProgress::Started);
+    let done = wait_for(&bell_c, || regions.completed_pull());
+    assert_eq!(done, (RequestId(5), Ok(())));
+    assert!(dst == src, "every byte pulled as it is in A's buffer");
+
+    let (ca, cc) = (a.counters(), c.counters());
+    assert!(ca.lane_sent > 0 && cc.lane_sent > 0, "{ca:?} {cc:?}");
+    assert_eq!(
+        (ca.lane_lost, cc.lane_lost, ca.lane_refused, cc.lane_refused),
+        (0, 0, 0, 0)
+    );
+    assert_eq!((ca.lane_taken, cc.lane_taken), (cc.lane_sent, ca.lane_sent));
+    assert_eq!((ca.tx_errors, cc.tx_errors), (0, 0));
+    assert_eq!(
+        a.engine_drops(DropReason::EndpointClosed),
+        (0, 0),
+        "nothing refused"
+    );
+}
+
+/// A process asleep on its arrivals wakes for a frame another process on the
+/// interface sent to its endpoint's lane.
+#[test]
+fn a_thread_asleep_wakes_for_a_frame_from_another_process_on_its_interface() {
+    let (wa, _wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let (wc, _wd) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
+    let wc = wc.sharing_claims_with(&wa);
+    let a = board_a(wa, true);
+    let c = board_a(wc, true);
+    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
+    let mut pc = c.open(0, Some(4), bell(), false).unwrap();
+    let fd = pc.arrival_fd().expect("an arrival descriptor");
+    let sent = connect(1, IDX_A, 4, pa.session());
+    pa.transmit(sent.clone());
+    let mut fds = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one initialised pollfd, as the count says.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, 5000) };
+    assert_eq!(rc, 1, "the arrival descriptor turned readable");
+    assert!(pc.before_sleep(), "the frame is taken in before sleeping");
+    assert_eq!(pc.receive(), Some(sent));
 }
 
 /// A board's link filter follows its endpoints: a PULL_REPLY for an endpoint
