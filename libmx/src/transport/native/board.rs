@@ -39,9 +39,7 @@ use xmx_mx::{Body, Frame, PeerAddr, RdmaWindow, RequestId, Status};
 use xmx_wire::msg::{EventBody, SendOp, SendRequest};
 use xmx_wire::mxoe::Mac;
 
-use super::claim::{
-    BoardLanes, ClaimsElsewhere, EndpointClaim, LaneSend, LANE_DATAGRAM_MAX, LANE_RETRY,
-};
+use super::claim::{BoardLanes, ClaimsElsewhere, EndpointClaim, LaneSend, LANE_DATAGRAM_MAX};
 use super::memory::NativeMemory;
 use super::peers::{self, CLUSTER};
 use super::wire::Wire;
@@ -803,7 +801,7 @@ impl Board {
     /// its lanes' backlog again).
     pub(super) fn next_timer(&self) -> Option<Instant> {
         let linger = self.slots.values().filter_map(|s| s.lingering).min();
-        let lanes = self.lanes.backlogged().then(|| Instant::now() + LANE_RETRY);
+        let lanes = self.lanes.retry_at();
         [self.engine.poll_timeout(), linger, lanes]
             .into_iter()
             .flatten()

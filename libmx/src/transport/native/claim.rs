@@ -197,6 +197,10 @@ pub(super) struct BoardLanes {
     /// Datagrams the holder's queue had no room for yet, oldest first.
     backlog: VecDeque<LaneDatagram>,
     backlog_bytes: usize,
+    /// When the backlog is offered again if nothing else flushes first, and
+    /// the gap that time was set with (doubled while holders take nothing).
+    retry_at: Option<Instant>,
+    retry_gap: Duration,
 }
 
 /// A datagram for the lane of one endpoint.
@@ -205,6 +209,8 @@ struct LaneDatagram {
     endpoint: u8,
     bytes: Vec<u8>,
     frames: usize,
+    /// When a full queue first refused it.
+    refused_at: Option<Instant>,
 }
 
 /// Bytes of datagrams kept for holders whose queue is full: a receiver's
@@ -248,6 +254,8 @@ impl BoardLanes {
             filling: None,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
+            retry_at: None,
+            retry_gap: Duration::ZERO,
         })
     }
 
@@ -266,6 +274,7 @@ impl BoardLanes {
             endpoint,
             bytes: Vec::new(),
             frames: 0,
+            refused_at: None,
         });
         d.bytes
             .extend_from_slice(&(frame.len() as u32).to_le_bytes());
@@ -308,22 +317,51 @@ impl BoardLanes {
             backlog_bytes,
             ..
         } = self;
+        let mut moved = false;
         while let Some(d) = backlog.front() {
-            match send_datagram(socket, scope, names, d) {
-                LaneOutcome::Full => return,
+            let outcome = if d.refused_at.is_some_and(|t| t.elapsed() > LANE_BACKLOG_AGE) {
+                // Its holder took nothing for that long: MX has sent the
+                // frames again already, or its peer is gone.
+                LaneOutcome::Lost
+            } else {
+                send_datagram(socket, scope, names, d)
+            };
+            match outcome {
+                LaneOutcome::Full => break,
                 LaneOutcome::Sent => done.sent += d.frames,
                 LaneOutcome::Lost => done.lost += d.frames,
             }
+            moved = true;
             if let Some(d) = backlog.pop_front() {
                 *backlog_bytes -= d.bytes.len();
             }
         }
+        if backlog.is_empty() {
+            self.retry_at = None;
+            self.retry_gap = Duration::ZERO;
+            return;
+        }
+        let now = Instant::now();
+        for d in backlog.iter_mut() {
+            d.refused_at.get_or_insert(now);
+        }
+        self.retry_gap = if moved || self.retry_gap.is_zero() {
+            LANE_RETRY
+        } else {
+            (self.retry_gap * 2).min(LANE_RETRY_MAX)
+        };
+        self.retry_at = Some(now + self.retry_gap);
     }
 
-    /// Whether datagrams wait for room in a holder's queue: the board looks
-    /// again soon ([`LANE_RETRY`]) even if nothing else moves it.
+    /// Whether datagrams wait for room in a holder's queue.
     pub(super) fn backlogged(&self) -> bool {
         !self.backlog.is_empty()
+    }
+
+    /// When the board must flush again for the backlog if nothing else makes
+    /// it (`None`: nothing waits).
+    pub(super) fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
     }
 }
 
@@ -364,8 +402,12 @@ fn send_datagram(
 }
 
 /// How soon a board with a backlog on its lanes offers it again when nothing
-/// else moves it.
-pub(super) const LANE_RETRY: Duration = Duration::from_micros(200);
+/// else moves it; doubled, up to [`LANE_RETRY_MAX`], while the holders take
+/// nothing (a stopped process costs its senders few wake-ups).
+const LANE_RETRY: Duration = Duration::from_micros(200);
+const LANE_RETRY_MAX: Duration = Duration::from_millis(50);
+/// A datagram refused this long is dropped (see [`LaneSend::lost`]).
+const LANE_BACKLOG_AGE: Duration = Duration::from_millis(500);
 
 /// How long an answer of [`ClaimsElsewhere`] is believed: a process that
 /// opens or closes an endpoint is seen that much later at most, and a stream
@@ -473,6 +515,9 @@ mod tests {
         }
         assert_eq!(done.lost, 0);
         assert!(lanes.backlogged(), "the queue filled up");
+        // While the holder takes nothing, the board looks again ever later.
+        assert_eq!(lanes.retry_gap, LANE_RETRY_MAX);
+        assert!(lanes.retry_at().is_some());
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.len() < 200 {
@@ -489,6 +534,7 @@ mod tests {
         assert_eq!(got, (0..200).map(frame).collect::<Vec<_>>());
         assert_eq!((done.sent, done.lost), (200, 0));
         assert!(!lanes.backlogged());
+        assert_eq!(lanes.retry_at(), None);
         // Nobody holds endpoint 4.
         lanes.queue(4, &frame(0), &mut done);
         lanes.flush(&mut done);
