@@ -470,4 +470,55 @@ proptest! {
         let received = ev.iter().any(|e| matches!(e.body, EventBody::RecvTiny { .. }));
         prop_assert!(received, "{:?}", ev);
     }
+
+    /// The same from another board on the link (native processes on one interface): a
+    /// frame with our own MAC as source, whatever it carries, for any endpoint.
+    #[test]
+    fn random_packets_from_another_board_never_panic(
+        ptype in prop_oneof![Just(3u8), Just(4), 35u8..=45, any::<u8>()],
+        body in proptest::collection::vec(any::<u8>(), 0..200),
+        to_endpoint_held_elsewhere in any::<bool>(),
+    ) {
+        let mut tb = testbed();
+        let (g3, g4) = (tb.guest(3), tb.guest(4));
+        tb.engines[1]
+            .set_endpoints_elsewhere(g3.id, Box::new(HeldElsewhere))
+            .unwrap();
+        let head = HeadRepr { dst: g3.mac, src: g4.mac, dst_src_peer_index: 0 };
+        let mut frame = FrameRepr {
+            head,
+            packet: PacketRepr::Tiny(TinyRepr { header: Default::default(), data: b"" }),
+        }
+        .to_vec()
+        .unwrap();
+        frame.truncate(HEAD_LEN);
+        frame.push(ptype);
+        frame.extend_from_slice(&body);
+        if to_endpoint_held_elsewhere && frame.len() > HEAD_LEN + 2 {
+            frame[HEAD_LEN + 2] = 5;
+        }
+        let now = tb.now;
+        tb.engines[1].handle_board_frame(now, &frame);
+        tb.pump();
+        tb.fire_timers();
+        let mut handed = 0;
+        tb.engines[1].transmit_to_boards(|_, _| handed += 1);
+        prop_assert!(handed <= 1);
+        tb.collect_events();
+        tb.events.clear();
+        let to3 = tb.route(3);
+        tb.send(1, tiny(7, to3, 1, b"ok")).unwrap();
+        tb.pump();
+        let ev = tb.take_events(3);
+        let received = ev.iter().any(|e| matches!(e.body, EventBody::RecvTiny { .. }));
+        prop_assert!(received, "{:?}", ev);
+    }
+}
+
+/// Endpoints 5 and 6 are held by another board on the link.
+struct HeldElsewhere;
+impl xmx_engine::EndpointsElsewhere for HeldElsewhere {
+    fn held_elsewhere(&mut self, endpoint: u8) -> bool {
+        matches!(endpoint, 5 | 6)
+    }
 }
