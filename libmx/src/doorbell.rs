@@ -6,7 +6,7 @@
 //! check and the sleep is never lost. Waits spin briefly before sleeping:
 //! with two cores, a reply often arrives within microseconds.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -390,7 +390,7 @@ impl Doorbell {
     /// readable, whose signal the caller then consumes.
     pub(crate) fn sleep_on(
         &self,
-        arrival: RawFd,
+        arrival: crate::transport::ArrivalFds,
         seen: u64,
         deadline: Option<Instant>,
     ) -> Option<bool> {
@@ -413,9 +413,15 @@ impl Doorbell {
             left = left.min(d.saturating_duration_since(now));
         }
         if self.generation() == seen && !left.is_zero() {
+            let [first, second] = arrival.0;
             let mut fds = [
                 libc::pollfd {
-                    fd: arrival,
+                    fd: first,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: second,
                     events: libc::POLLIN,
                     revents: 0,
                 },
@@ -426,11 +432,11 @@ impl Doorbell {
                 },
             ];
             let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-            // SAFETY: `fds` holds two initialised entries for the whole call. A
+            // SAFETY: `fds` holds three initialised entries for the whole call. A
             // descriptor closed meanwhile (the port re-opened) is reported as
             // POLLNVAL or never signals; the sleep's bound covers the latter.
             let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-            arrived = rc > 0 && fds[0].revents != 0;
+            arrived = rc > 0 && (fds[0].revents | fds[1].revents) != 0;
         }
         self.arrival_sleeper.store(false, Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
@@ -463,6 +469,7 @@ impl Drop for Attendance<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::ArrivalFds;
 
     struct Count(AtomicU64, AtomicU64);
     impl Unattended for Count {
@@ -507,11 +514,18 @@ mod tests {
     }
 
     /// Spawns a thread sleeping on `fd` as its arrival descriptor; returns once it sleeps.
-    fn arrival_sleeper(d: &Arc<Doorbell>, fd: RawFd) -> std::thread::JoinHandle<Option<bool>> {
+    fn arrival_sleeper(
+        d: &Arc<Doorbell>,
+        fd: std::os::fd::RawFd,
+    ) -> std::thread::JoinHandle<Option<bool>> {
         let seen = d.generation();
         let d2 = d.clone();
         let t = std::thread::spawn(move || {
-            d2.sleep_on(fd, seen, Some(Instant::now() + Duration::from_secs(60)))
+            d2.sleep_on(
+                ArrivalFds::one(fd),
+                seen,
+                Some(Instant::now() + Duration::from_secs(60)),
+            )
         });
         while !d.arrival_sleeper.load(Ordering::SeqCst) {
             std::thread::yield_now();
@@ -550,7 +564,10 @@ mod tests {
         // The ring is drained by the next sleep, which sees the generation moved.
         let seen = d.generation();
         d.ring_local();
-        assert_eq!(d.sleep_on(port.as_raw_fd(), seen, None), Some(false));
+        assert_eq!(
+            d.sleep_on(ArrivalFds::one(port.as_raw_fd()), seen, None),
+            Some(false)
+        );
     }
 
     #[test]
@@ -559,7 +576,10 @@ mod tests {
         let port = arrival();
         let first = arrival_sleeper(&d, port.as_raw_fd());
         let seen = d.generation();
-        assert_eq!(d.sleep_on(port.as_raw_fd(), seen, None), None);
+        assert_eq!(
+            d.sleep_on(ArrivalFds::one(port.as_raw_fd()), seen, None),
+            None
+        );
         // A thread asleep on the doorbell is woken when the first leaves, so it
         // takes the descriptor over.
         let d2 = d.clone();
@@ -580,7 +600,7 @@ mod tests {
         let seen = d.generation();
         let deadline = Instant::now() + Duration::from_millis(5);
         assert_eq!(
-            d.sleep_on(port.as_raw_fd(), seen, Some(deadline)),
+            d.sleep_on(ArrivalFds::one(port.as_raw_fd()), seen, Some(deadline)),
             Some(false)
         );
         assert!(Instant::now() >= deadline);

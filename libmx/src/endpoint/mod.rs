@@ -592,10 +592,10 @@ impl AppEndpoint {
     /// Asks the port to signal the next arrival ([`TransportPort::before_sleep`]);
     /// true if something arrived meanwhile, and the descriptor the signal
     /// comes on, if the port has one.
-    fn prepare_sleep(&self) -> MxResult<(bool, Option<std::os::fd::RawFd>)> {
+    fn prepare_sleep(&self) -> MxResult<(bool, Option<crate::transport::ArrivalFds>)> {
         let mut st = self.lock()?;
         Ok(match st.port.as_mut() {
-            Some(p) => (p.before_sleep(), p.arrival_fd()),
+            Some(p) => (p.before_sleep(), p.arrival_fds()),
             None => (false, None),
         })
     }
@@ -606,12 +606,12 @@ impl AppEndpoint {
     /// doorbell alone.
     fn sleep_for_arrival(
         &self,
-        arrival: Option<std::os::fd::RawFd>,
+        arrival: Option<crate::transport::ArrivalFds>,
         seen: u64,
         until: Option<std::time::Instant>,
     ) {
-        if let Some(fd) = arrival {
-            match self.doorbell.sleep_on(fd, seen, until) {
+        if let Some(fds) = arrival {
+            match self.doorbell.sleep_on(fds, seen, until) {
                 Some(true) => {
                     let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(p) = st.port.as_mut() {

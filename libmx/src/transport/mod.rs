@@ -37,6 +37,20 @@ pub(crate) mod peers;
 pub(crate) mod rcache;
 pub(crate) mod xen;
 
+/// The descriptors a thread sleeps on for an endpoint's arrivals: one, or two
+/// (the native link and the lanes from other processes on it, kept apart so
+/// that frames on the link wake nothing while nobody sleeps on it). A
+/// negative descriptor is none, as `poll` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ArrivalFds(pub(crate) [std::os::fd::RawFd; 2]);
+
+impl ArrivalFds {
+    /// `fd` alone.
+    pub(crate) fn one(fd: std::os::fd::RawFd) -> ArrivalFds {
+        ArrivalFds([fd, -1])
+    }
+}
+
 /// What a board reports about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BoardInfo {
@@ -160,15 +174,15 @@ pub(crate) trait TransportPort: Send {
     fn before_sleep(&mut self) -> bool {
         false
     }
-    /// A descriptor that turns readable when the next arrival is signalled
-    /// (after [`before_sleep`](Self::before_sleep) asked for the signal), for
-    /// the waiting thread to sleep on itself; `None`: arrivals ring the
-    /// doorbell.
-    fn arrival_fd(&self) -> Option<std::os::fd::RawFd> {
+    /// Descriptors one of which turns readable when the next arrival is
+    /// signalled (after [`before_sleep`](Self::before_sleep) asked for the
+    /// signal), for the waiting thread to sleep on itself; `None`: arrivals
+    /// ring the doorbell.
+    fn arrival_fds(&self) -> Option<ArrivalFds> {
         None
     }
     /// Consumes the signal a sleeping thread saw on
-    /// [`arrival_fd`](Self::arrival_fd).
+    /// [`arrival_fds`](Self::arrival_fds).
     fn take_arrival_signal(&mut self) {}
     /// Where the port stands (pulls in progress, rings), as lines of text
     /// for a stall report; empty when it has nothing to say.

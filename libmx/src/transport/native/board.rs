@@ -234,8 +234,8 @@ pub(super) struct Board {
     lanes: BoardLanes,
     /// A frame taken from a lane.
     lane_buf: Vec<u8>,
-    /// Readable when the link or a lane of ours has frames.
-    arrivals: ArrivalSet,
+    /// Readable when a lane of ours has frames.
+    lane_set: LaneSet,
 }
 
 impl Board {
@@ -265,8 +265,8 @@ impl Board {
             .map_err(|e| format!("board {}: {e}", wire.mac()))?;
         let lanes = BoardLanes::new(wire.claim_scope())
             .map_err(|e| format!("board {}: lanes to other processes: {e}", wire.mac()))?;
-        let arrivals = ArrivalSet::new(wire.fd())
-            .map_err(|e| format!("board {}: arrival set: {e}", wire.mac()))?;
+        let lane_set =
+            LaneSet::new().map_err(|e| format!("board {}: lane set: {e}", wire.mac()))?;
         let lane_buf = vec![0; LANE_DATAGRAM_MAX.max(wire.max_frame_len() + 4)];
         let mut board = Board {
             engine,
@@ -282,7 +282,7 @@ impl Board {
             driver_wake: None,
             lanes,
             lane_buf,
-            arrivals,
+            lane_set,
         };
         board.set_peers(entries, false)?;
         Ok(board)
@@ -312,10 +312,16 @@ impl Board {
         self.wire.fd()
     }
 
-    /// A descriptor readable while the link or a lane of ours has frames
-    /// ([`Board::receive`], [`Board::receive_lanes`]).
-    pub(super) fn arrival_fd(&self) -> std::os::fd::RawFd {
-        self.arrivals.fd()
+    /// Frames sent and taken in through the lanes so far: a thread that sees
+    /// it move expects more that way.
+    pub(super) fn lane_traffic(&self) -> u64 {
+        self.counters.lane_sent + self.counters.lane_taken
+    }
+
+    /// A descriptor readable while a lane of ours has frames
+    /// ([`Board::receive_lanes`]).
+    pub(super) fn lanes_fd(&self) -> std::os::fd::RawFd {
+        self.lane_set.fd()
     }
 
     /// The peer entries.
@@ -434,7 +440,7 @@ impl Board {
         self.memory
             .add_endpoint(index, SEND_QUEUE_SLOTS, RECV_QUEUE_SLOTS);
         // A claim carried over from a lingering endpoint is in the set already.
-        if let Err(e) = self.arrivals.add(claim.fd()) {
+        if let Err(e) = self.lane_set.add(claim.fd()) {
             if e.raw_os_error() != Some(libc::EEXIST) {
                 tracing::warn!(%e, index, "the endpoint's lane is not watched: its frames from other processes wait for the next look");
             }
@@ -1024,14 +1030,16 @@ impl Board {
     }
 }
 
-/// An epoll set of the link and the lanes of our endpoints: one descriptor a
-/// thread sleeps on for every arrival of the process (a lane leaves the set
-/// by itself when its claim's socket closes).
-struct ArrivalSet(std::os::fd::OwnedFd);
+/// An epoll set of the lanes of our endpoints: one descriptor a thread sleeps
+/// on, beside the link's, for frames from other processes on the link (a lane
+/// leaves the set by itself when its claim's socket closes). The link itself
+/// stays out: a socket in an epoll set wakes the set at every frame, which
+/// costs the sender of each a lock and a callback even while nobody sleeps.
+struct LaneSet(std::os::fd::OwnedFd);
 
-impl ArrivalSet {
-    /// A set holding `wire`.
-    fn new(wire: std::os::fd::RawFd) -> std::io::Result<ArrivalSet> {
+impl LaneSet {
+    /// An empty set.
+    fn new() -> std::io::Result<LaneSet> {
         use std::os::fd::FromRawFd;
         // SAFETY: plain syscall; the result is checked before use.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -1039,9 +1047,7 @@ impl ArrivalSet {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `fd` was just created and is owned by nothing else.
-        let set = ArrivalSet(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-        set.add(wire)?;
-        Ok(set)
+        Ok(LaneSet(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
     }
 
     /// Watches `fd` for input as well.

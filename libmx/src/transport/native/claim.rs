@@ -550,13 +550,7 @@ mod tests {
         let scope = format!("lane-hostile/{}", std::process::id());
         let claim = EndpointClaim::take(&scope, 5).unwrap().expect("free");
         let to = claim_name(&scope, 5).unwrap();
-        let sender = socket(
-            AddressFamily::Unix,
-            SockType::Datagram,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
+        let sender = datagram_socket().unwrap();
         let mut cut = Vec::new();
         cut.extend_from_slice(&3u32.to_le_bytes());
         cut.extend_from_slice(b"abc");
@@ -580,28 +574,21 @@ mod tests {
         }
         let mut record = 3u32.to_le_bytes().to_vec();
         record.extend_from_slice(b"xyz");
-        // SAFETY: the child makes only raw system calls (setuid, sendto,
-        // _exit) on memory prepared before the fork.
-        let child = unsafe { libc::fork() };
-        if child == 0 {
-            // SAFETY: as above; `to` and `record` are alive in the child's copy.
-            unsafe {
-                let ok = libc::syscall(libc::SYS_setuid, 65534) == 0
-                    && libc::sendto(
-                        sender.as_raw_fd(),
-                        record.as_ptr().cast(),
-                        record.len(),
-                        0,
-                        to.as_ptr().cast(),
-                        nix::sys::socket::SockaddrLike::len(&to),
-                    ) == record.len() as isize;
-                libc::_exit(if ok { 0 } else { 1 });
-            }
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child just forked; `status` is a writable local.
-        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        // A thread of its own takes another user's identity: the raw system
+        // call changes the calling thread's credentials alone (a forked
+        // child would hold copies of every socket of the tests running
+        // beside this one, claims included, until it exits).
+        let sent = std::thread::spawn(move || {
+            // SAFETY: a plain system call on integers; it changes only this
+            // thread's credentials, which end with it.
+            let rc = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
+            assert_eq!(rc, 0, "setresuid");
+            let sender = datagram_socket().unwrap();
+            sendto(sender.as_raw_fd(), &record, &to, MsgFlags::empty()).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(sent, 7);
         let (got, seen) = take_all(&claim);
         assert!(got.is_empty(), "another user's frame taken: {got:?}");
         assert_eq!(

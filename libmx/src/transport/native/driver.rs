@@ -1,7 +1,7 @@
 //! The driver thread: what Open-MX's kernel driver does on packet arrival.
 //!
-//! It sleeps in `ppoll` on the board's arrivals (the link and the lanes other
-//! processes on it send to, see `claim`) and on a wake-up descriptor, with the
+//! It sleeps in `ppoll` on the link, on the lanes other processes on the
+//! link send to (see `claim`) and on a wake-up descriptor, with the
 //! engine's next timer as timeout; when woken it takes in the waiting frames,
 //! runs due timers and pumps the engine's outputs (which rings the doorbells
 //! of endpoints that got something). It may spin on the link for a while
@@ -55,20 +55,24 @@ impl WakeFd {
     }
 }
 
-/// Empty wake-ups in a row after which the arrival set is looked at on a
-/// clock ([`STUCK_LOOK`]) until frames come again.
-const STUCK_AFTER: u32 = 64;
-/// How often a stuck arrival set is looked at.
-const STUCK_LOOK: Duration = Duration::from_millis(10);
-
-/// Waits until `arrivals` (`None`: not watched) or `wake` is readable, or
-/// `timeout` passes; returns the `revents` of the arrivals and whether `wake`
-/// fired.
-fn wait(arrivals: Option<RawFd>, wake: RawFd, timeout: Option<Duration>) -> (libc::c_short, bool) {
+/// Waits until the wire or the lanes (`None`: neither watched) or `wake` is
+/// readable, or `timeout` passes; returns the `revents` of the wire and
+/// whether `wake` fired.
+fn wait(
+    arrivals: Option<(RawFd, RawFd)>,
+    wake: RawFd,
+    timeout: Option<Duration>,
+) -> (libc::c_short, bool) {
     // A negative descriptor is ignored by ppoll.
+    let (wire, lanes) = arrivals.unwrap_or((-1, -1));
     let mut fds = [
         libc::pollfd {
-            fd: arrivals.unwrap_or(-1),
+            fd: wire,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: lanes,
             events: libc::POLLIN,
             revents: 0,
         },
@@ -85,13 +89,13 @@ fn wait(arrivals: Option<RawFd>, wake: RawFd, timeout: Option<Duration>) -> (lib
     let ts_ptr = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `fds` holds two initialised pollfd entries, as the count says;
-    // `ts_ptr` is null or points to a timespec alive across the call.
-    let rc = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, ts_ptr, std::ptr::null()) };
+    // SAFETY: `fds` holds three initialised pollfd entries, as the count
+    // says; `ts_ptr` is null or points to a timespec alive across the call.
+    let rc = unsafe { libc::ppoll(fds.as_mut_ptr(), 3, ts_ptr, std::ptr::null()) };
     if rc <= 0 {
         return (0, false);
     }
-    (fds[0].revents, fds[1].revents & libc::POLLIN != 0)
+    (fds[0].revents, fds[2].revents & libc::POLLIN != 0)
 }
 
 /// The driver thread's body; returns when the transport stops.
@@ -99,8 +103,6 @@ pub(super) fn run(shared: Arc<NativeShared>) {
     let wire_fd = shared.wire_fd;
     let spin = shared.config.nic_spin;
     let mut errors = 0u64;
-    // Waits in a row that ended on the arrival set with nothing to take in.
-    let mut empty_wakes = 0u32;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return;
@@ -121,9 +123,6 @@ pub(super) fn run(shared: Arc<NativeShared>) {
                 .map(|t| crate::runtime::to_std(xmx_mx::Instant::from_nanos(t)));
             (got, timer, driven)
         });
-        if got > 0 {
-            empty_wakes = 0;
-        }
         if got > 0 && !spin.is_zero() && spin_for_more(&shared, spin) {
             continue;
         }
@@ -135,48 +134,27 @@ pub(super) fn run(shared: Arc<NativeShared>) {
             (Some(t), Some(d)) => Some(t.min(d)),
             (t, d) => t.or(d),
         };
-        let mut timeout = wake_at.map(|t| t.saturating_duration_since(Instant::now()));
-        // A set that stays readable with nothing to read (a link whose far end
-        // is gone reads as end-of-file for ever) is looked at on a clock
-        // instead of waking this thread in a loop.
-        let stuck = empty_wakes >= STUCK_AFTER;
-        if stuck {
-            if empty_wakes == STUCK_AFTER {
-                tracing::warn!(
-                    "the link signals input with nothing to read: looked at every {STUCK_LOOK:?}"
-                );
-            }
-            timeout = Some(timeout.map_or(STUCK_LOOK, |t| t.min(STUCK_LOOK)));
-        }
-        let arrivals = if driven.is_some() || stuck {
+        let timeout = wake_at.map(|t| t.saturating_duration_since(Instant::now()));
+        let wire = if driven.is_some() {
             None
         } else {
             shared.watching.store(true, Ordering::SeqCst);
-            Some(shared.arrival_fd)
+            Some((wire_fd, shared.lanes_fd))
         };
-        if empty_wakes > 0 {
-            // The set turned readable and nothing came: an error on the link
-            // (the set reports its members' errors as input), which reading it
-            // clears.
-            if let Some(e) = take_socket_error(wire_fd) {
-                errors += 1;
-                if errors == 1 || errors.is_power_of_two() {
-                    tracing::warn!(error = %e, errors, "link error");
-                }
-            }
-        }
-        let (revents, woken) = wait(arrivals, shared.wake.fd(), timeout);
+        let (revents, woken) = wait(wire, shared.wake.fd(), timeout);
         if woken {
             shared.wake.drain();
         }
-        if revents & libc::POLLNVAL != 0 {
-            // The descriptor is gone: nothing to wait on any more.
-            return;
-        }
-        if revents & libc::POLLIN != 0 {
-            empty_wakes = empty_wakes.saturating_add(1);
-        } else if !stuck {
-            empty_wakes = 0;
+        if revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            let e = take_socket_error(wire_fd);
+            errors += 1;
+            if errors == 1 || errors.is_power_of_two() {
+                tracing::warn!(error = ?e, revents, errors, "link error");
+            }
+            if revents & libc::POLLNVAL != 0 {
+                // The descriptor is gone: nothing to wait on any more.
+                return;
+            }
         }
     }
 }

@@ -24,7 +24,7 @@
 //! holds. A board reaches another process's endpoints on its own interface
 //! through the endpoints' lanes (`claim::BoardLanes`), not the link; the
 //! driver and a sleeping application wake on the link and the lanes alike
-//! (one epoll set, `Board::arrival_fd`).
+//! (the lanes in one epoll set, `Board::lanes_fd`).
 //!
 //! Environment (read at `mx_init`; see libmx/README.md):
 //! `XMX_IFACE`, `XMX_HOSTNAME`, `XMX_PEERS`, `XMX_NIC_SPIN_US`,
@@ -209,9 +209,8 @@ pub(crate) struct NativeShared {
     hostname: RwLock<String>,
     wake: WakeFd,
     wire_fd: RawFd,
-    /// Readable when the link or a lane of ours has frames (see
-    /// [`Board::arrival_fd`]).
-    arrival_fd: RawFd,
+    /// Readable when a lane of ours has frames (see [`Board::lanes_fd`]).
+    lanes_fd: RawFd,
     /// Whether the driver thread sleeps on the link (else only on `wake`,
     /// because an application thread polls the link; see `driver`).
     watching: AtomicBool,
@@ -326,14 +325,14 @@ impl Native {
             view.clone(),
         )?;
         let wire_fd = board.wire_fd();
-        let arrival_fd = board.arrival_fd();
+        let lanes_fd = board.lanes_fd();
         let shared = Arc::new(NativeShared {
             board: Mutex::new(board),
             view,
             hostname: RwLock::new(config.hostname.clone()),
             wake: WakeFd::new().map_err(|e| format!("eventfd: {e}"))?,
             wire_fd,
-            arrival_fd,
+            lanes_fd,
             watching: AtomicBool::new(true),
             stop: AtomicBool::new(false),
             mac,

@@ -694,7 +694,7 @@ fn a_thread_asleep_on_the_link_takes_its_frame_and_the_driver_leaves_it() {
     let bell_b = bell();
     let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
     let session_b = pb.session();
-    let link = pb.arrival_fd().expect("the link is the arrival descriptor");
+    let link = pb.arrival_fds().expect("the link is an arrival descriptor");
     let deadline = Instant::now() + Duration::from_secs(10);
     let sleeper = {
         let bell_b = bell_b.clone();
@@ -908,8 +908,9 @@ fn processes_on_one_interface_exchange_through_the_lanes() {
     );
 }
 
-/// A process asleep on its arrivals wakes for a frame another process on the
-/// interface sent to its endpoint's lane.
+/// A thread asleep on its endpoint's arrivals wakes for a frame another
+/// process on its interface sent to the endpoint's lane (the driver leaves
+/// the lanes to it, as it leaves the link).
 #[test]
 fn a_thread_asleep_wakes_for_a_frame_from_another_process_on_its_interface() {
     let (wa, _wb) = SeqpacketWire::pair(MAC_A, MAC_B).expect("socketpair");
@@ -918,20 +919,39 @@ fn a_thread_asleep_wakes_for_a_frame_from_another_process_on_its_interface() {
     let a = board_a(wa, true);
     let c = board_a(wc, true);
     let mut pa = a.open(0, Some(1), bell(), false).unwrap();
-    let mut pc = c.open(0, Some(4), bell(), false).unwrap();
-    let fd = pc.arrival_fd().expect("an arrival descriptor");
+    let bell_c = bell();
+    let mut pc = c.open(0, Some(4), bell_c.clone(), false).unwrap();
+    let fds = pc.arrival_fds().expect("arrival descriptors");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sleeper = {
+        let bell_c = bell_c.clone();
+        std::thread::spawn(move || {
+            let _waiting = bell_c.attend();
+            let seen = bell_c.generation();
+            assert!(!pc.before_sleep(), "nothing was sent yet");
+            let woke = bell_c.sleep_on(fds, seen, Some(deadline));
+            (woke, pc)
+        })
+    };
+    while bell_c
+        .port_taken_until(crate::runtime::now().as_nanos())
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the thread never slept");
+        std::thread::yield_now();
+    }
+    // The driver watched before the thread slept: have it look again.
+    c.shared.wake.notify();
+    while c.shared.watching.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the driver kept watching");
+        std::thread::yield_now();
+    }
     let sent = connect(1, IDX_A, 4, pa.session());
     pa.transmit(sent.clone());
-    let mut fds = [libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    // SAFETY: one initialised pollfd, as the count says.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, 5000) };
-    assert_eq!(rc, 1, "the arrival descriptor turned readable");
-    assert!(pc.before_sleep(), "the frame is taken in before sleeping");
-    assert_eq!(pc.receive(), Some(sent));
+    let (woke, mut pc) = sleeper.join().unwrap();
+    assert_eq!(woke, Some(true), "woken by the lane, not by a ring");
+    assert_eq!(next_frame(&mut pc, &bell_c), sent);
+    assert_eq!(c.counters().lane_taken, 1);
 }
 
 /// A board's link filter follows its endpoints: a PULL_REPLY for an endpoint

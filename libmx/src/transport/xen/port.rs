@@ -211,8 +211,10 @@ impl TransportPort for XenPort {
         lock(&self.ep.link).take_in_and_arm(&self.ep.mailbox, &mut reg) > 0
     }
 
-    fn arrival_fd(&self) -> Option<std::os::fd::RawFd> {
-        lock(&self.ep.link).port_fd()
+    fn arrival_fds(&self) -> Option<crate::transport::ArrivalFds> {
+        lock(&self.ep.link)
+            .port_fd()
+            .map(crate::transport::ArrivalFds::one)
     }
 
     fn take_arrival_signal(&mut self) {
