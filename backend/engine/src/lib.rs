@@ -647,13 +647,9 @@ impl Engine {
     /// any other source is dropped as spoofed.
     pub fn handle_board_frame(&mut self, now: Instant, frame: &[u8]) {
         self.counters.rx_board_frames += 1;
-        let ours = |at: usize| {
-            frame
-                .get(at..at + 6)
-                .and_then(|m| <[u8; 6]>::try_from(m).ok())
-                .is_some_and(|m| self.local.contains_key(&Mac(m)))
-        };
-        if !ours(6) {
+        let from_ours =
+            HeadPacket::new_checked(frame).is_ok_and(|head| self.local.contains_key(&head.src()));
+        if !from_ours {
             self.counters.rx_spoofed_source += 1;
             return;
         }

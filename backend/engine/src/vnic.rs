@@ -200,13 +200,12 @@ impl GuestWire {
             self.counters.drop(DropReason::EndpointReopening);
             return true;
         }
-        let Some(elsewhere) = self.elsewhere.as_mut() else {
-            return false;
-        };
-        if !elsewhere.held_elsewhere(endpoint) {
-            return false;
-        }
-        if from_local {
+        if from_local
+            || !self
+                .elsewhere
+                .as_mut()
+                .is_some_and(|e| e.held_elsewhere(endpoint))
+        {
             return false;
         }
         self.counters.drop(DropReason::EndpointElsewhere);

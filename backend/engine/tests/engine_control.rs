@@ -68,12 +68,18 @@ fn closed_endpoint_is_nacked() {
     nack_test(route, NackKind::EndpointClosed, NackType::EndpointClosed);
 }
 
-/// Endpoints 5 and 6 are held by another board on the link.
-struct HeldElsewhere;
-impl xmx_engine::EndpointsElsewhere for HeldElsewhere {
-    fn held_elsewhere(&mut self, endpoint: u8) -> bool {
-        matches!(endpoint, 5 | 6)
-    }
+/// A testbed whose guest `n` shares its link with another board holding endpoints 5 and 6
+/// ([`HeldElsewhere`]), with room for eight endpoints per guest.
+fn sharing_a_link(n: u32) -> (Testbed, TestGuest) {
+    let mut tb = Testbed::with_config(EngineConfig {
+        endpoints_per_guest: 8,
+        ..EngineConfig::default()
+    });
+    let g = tb.guest(n);
+    tb.engines[g.host]
+        .set_endpoints_elsewhere(g.id, Box::new(HeldElsewhere))
+        .unwrap();
+    (tb, g)
 }
 
 /// A link several boards share (native processes on one interface): frames for an
@@ -82,14 +88,7 @@ impl xmx_engine::EndpointsElsewhere for HeldElsewhere {
 /// endpoint too.
 #[test]
 fn frames_for_an_endpoint_held_elsewhere_are_left_to_its_board() {
-    let mut tb = Testbed::with_config(EngineConfig {
-        endpoints_per_guest: 8,
-        ..EngineConfig::default()
-    });
-    let g3 = tb.guest(3);
-    tb.engines[1]
-        .set_endpoints_elsewhere(g3.id, Box::new(HeldElsewhere))
-        .unwrap();
+    let (mut tb, g3) = sharing_a_link(3);
     let route = tb.route(3);
     let to = |endpoint| Route { endpoint, ..route };
     tb.send(1, tiny(1, to(5), 77, b"for the other board"))
@@ -116,14 +115,7 @@ fn frames_for_an_endpoint_held_elsewhere_are_left_to_its_board() {
 /// from a board that claims a source MAC not ours is dropped as spoofed.
 #[test]
 fn own_frames_for_an_endpoint_held_elsewhere_go_to_its_board() {
-    let mut tb = Testbed::with_config(EngineConfig {
-        endpoints_per_guest: 8,
-        ..EngineConfig::default()
-    });
-    let g2 = tb.guest(2);
-    tb.engines[0]
-        .set_endpoints_elsewhere(g2.id, Box::new(HeldElsewhere))
-        .unwrap();
+    let (mut tb, g2) = sharing_a_link(2);
     let to = Route {
         endpoint: 5,
         ..tb.route(2)

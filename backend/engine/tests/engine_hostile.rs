@@ -12,7 +12,7 @@ use xmx_wire::msg::{
     NotifySend, Pull, QueueSlots, RingConnectReply, RingConnectRequest, RndvSend, Route, SendOp,
     SendRequest,
 };
-use xmx_wire::mxoe::{FrameRepr, HeadRepr, PacketRepr, PacketType, TinyRepr, HEAD_LEN};
+use xmx_wire::mxoe::{PacketType, HEAD_LEN};
 
 fn req(route: Route, op: SendOp) -> SendRequest {
     SendRequest { tag: 99, route, op }
@@ -443,16 +443,7 @@ proptest! {
     ) {
         let mut tb = testbed();
         let (g1, g3) = (tb.guest(1), tb.guest(3));
-        let head = HeadRepr { dst: g3.mac, src: g1.mac, dst_src_peer_index: 0 };
-        let mut frame = FrameRepr {
-            head,
-            packet: PacketRepr::Tiny(TinyRepr { header: Default::default(), data: b"" }),
-        }
-        .to_vec()
-        .unwrap();
-        frame.truncate(HEAD_LEN);
-        frame.push(ptype);
-        frame.extend_from_slice(&body);
+        let mut frame = raw_frame(g1.mac, g3.mac, ptype, &body);
         if big {
             frame.resize(HEAD_LEN + 4200, 0xa5);
         }
@@ -461,14 +452,8 @@ proptest! {
         tb.pump();
         tb.fire_timers();
         // Whatever happened, guest 3 still receives.
-        tb.collect_events();
-        tb.events.clear();
-        let to3 = tb.route(3);
-        tb.send(1, tiny(7, to3, 1, b"ok")).unwrap();
-        tb.pump();
-        let ev = tb.take_events(3);
-        let received = ev.iter().any(|e| matches!(e.body, EventBody::RecvTiny { .. }));
-        prop_assert!(received, "{:?}", ev);
+        let still = guest_3_still_receives(&mut tb);
+        prop_assert!(still.is_ok(), "{:?}", still);
     }
 
     /// The same from another board on the link (native processes on one interface): a
@@ -484,16 +469,7 @@ proptest! {
         tb.engines[1]
             .set_endpoints_elsewhere(g3.id, Box::new(HeldElsewhere))
             .unwrap();
-        let head = HeadRepr { dst: g3.mac, src: g4.mac, dst_src_peer_index: 0 };
-        let mut frame = FrameRepr {
-            head,
-            packet: PacketRepr::Tiny(TinyRepr { header: Default::default(), data: b"" }),
-        }
-        .to_vec()
-        .unwrap();
-        frame.truncate(HEAD_LEN);
-        frame.push(ptype);
-        frame.extend_from_slice(&body);
+        let mut frame = raw_frame(g4.mac, g3.mac, ptype, &body);
         if to_endpoint_held_elsewhere && frame.len() > HEAD_LEN + 2 {
             frame[HEAD_LEN + 2] = 5;
         }
@@ -504,21 +480,7 @@ proptest! {
         let mut handed = 0;
         tb.engines[1].transmit_to_boards(|_, _| handed += 1);
         prop_assert!(handed <= 1);
-        tb.collect_events();
-        tb.events.clear();
-        let to3 = tb.route(3);
-        tb.send(1, tiny(7, to3, 1, b"ok")).unwrap();
-        tb.pump();
-        let ev = tb.take_events(3);
-        let received = ev.iter().any(|e| matches!(e.body, EventBody::RecvTiny { .. }));
-        prop_assert!(received, "{:?}", ev);
-    }
-}
-
-/// Endpoints 5 and 6 are held by another board on the link.
-struct HeldElsewhere;
-impl xmx_engine::EndpointsElsewhere for HeldElsewhere {
-    fn held_elsewhere(&mut self, endpoint: u8) -> bool {
-        matches!(endpoint, 5 | 6)
+        let still = guest_3_still_receives(&mut tb);
+        prop_assert!(still.is_ok(), "{:?}", still);
     }
 }

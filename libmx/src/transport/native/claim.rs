@@ -51,7 +51,14 @@ const LANE_BUFFER: usize = 8 << 20;
 #[derive(Debug)]
 pub(super) struct EndpointClaim {
     socket: OwnedFd,
+    /// This process's user, whose frames (and root's) the lane takes.
+    owner: libc::uid_t,
 }
+
+/// Datagrams one look at a lane takes at most: a sender as fast as the
+/// taker cannot keep it in one look for ever (what is left keeps the lane
+/// readable for the next).
+const LANE_TAKE_MAX: usize = 64;
 
 /// What one look at a lane found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +85,9 @@ impl EndpointClaim {
         if setsockopt(&socket, sockopt::RcvBufForce, &LANE_BUFFER).is_err() {
             let _ = setsockopt(&socket, sockopt::RcvBuf, &LANE_BUFFER);
         }
-        Ok(Some(EndpointClaim { socket }))
+        // SAFETY: getuid cannot fail and touches no memory.
+        let owner = unsafe { libc::getuid() };
+        Ok(Some(EndpointClaim { socket, owner }))
     }
 
     /// The lane's descriptor: readable while frames wait on it.
@@ -90,10 +99,9 @@ impl EndpointClaim {
     /// [`LANE_DATAGRAM_MAX`] and a frame long: a longer datagram is cut short
     /// and refused), without blocking.
     pub(super) fn take_frames(&self, buf: &mut [u8], f: &mut dyn FnMut(&[u8])) -> LaneTake {
-        // SAFETY: getuid cannot fail and touches no memory.
-        let ours = unsafe { libc::getuid() };
+        let ours = self.owner;
         let mut seen = LaneTake::default();
-        loop {
+        for _ in 0..LANE_TAKE_MAX {
             let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
             let (len, from, cut) = {
                 let mut iov = [IoSliceMut::new(buf)];
@@ -148,6 +156,7 @@ impl EndpointClaim {
                 rest = rest.get(4 + frame.len()..).unwrap_or(&[]);
             }
         }
+        seen
     }
 
     /// Whether some process holds endpoint `index` of the link `scope` names.
@@ -194,6 +203,8 @@ pub(super) struct BoardLanes {
     names: FxHashMap<u8, UnixAddr>,
     /// The datagram being filled: its endpoint, bytes and frames.
     filling: Option<LaneDatagram>,
+    /// A sent datagram's buffer, for the next one to fill.
+    spare: Vec<u8>,
     /// Datagrams the holder's queue had no room for yet, oldest first.
     backlog: VecDeque<LaneDatagram>,
     backlog_bytes: usize,
@@ -252,6 +263,7 @@ impl BoardLanes {
             scope,
             names: FxHashMap::default(),
             filling: None,
+            spare: Vec::new(),
             backlog: VecDeque::new(),
             backlog_bytes: 0,
             retry_at: None,
@@ -270,9 +282,10 @@ impl BoardLanes {
         if !fits {
             self.flush(done);
         }
+        let spare = &mut self.spare;
         let d = self.filling.get_or_insert_with(|| LaneDatagram {
             endpoint,
-            bytes: Vec::new(),
+            bytes: std::mem::take(spare),
             frames: 0,
             refused_at: None,
         });
@@ -302,6 +315,8 @@ impl BoardLanes {
                     {
                         last.bytes.extend_from_slice(&d.bytes);
                         last.frames += d.frames;
+                        self.spare = d.bytes;
+                        self.spare.clear();
                     }
                     _ => self.backlog.push_back(d),
                 }
@@ -315,6 +330,7 @@ impl BoardLanes {
             names,
             backlog,
             backlog_bytes,
+            spare,
             ..
         } = self;
         let mut moved = false;
@@ -332,8 +348,10 @@ impl BoardLanes {
                 LaneOutcome::Lost => done.lost += d.frames,
             }
             moved = true;
-            if let Some(d) = backlog.pop_front() {
+            if let Some(mut d) = backlog.pop_front() {
                 *backlog_bytes -= d.bytes.len();
+                d.bytes.clear();
+                *spare = d.bytes;
             }
         }
         if backlog.is_empty() {

@@ -167,7 +167,7 @@ fn connects_and_medium_messages_cross_between_boards() {
 
     let sent = connect(1, IDX_B, 2, pa.session());
     pa.transmit(sent.clone());
-    let got = wait_for(&bell_b, || pb.receive());
+    let got = next_frame(&mut pb, &bell_b);
     assert_eq!(
         got,
         Frame {
@@ -184,7 +184,7 @@ fn connects_and_medium_messages_cross_between_boards() {
     }
     let mut got = Vec::new();
     while got.len() < frags.len() {
-        got.push(wait_for(&bell_b, || pb.receive()));
+        got.push(next_frame(&mut pb, &bell_b));
     }
     let expected: Vec<_> = frags
         .into_iter()
@@ -206,7 +206,7 @@ fn a_closed_endpoint_is_nacked_by_the_peer_board() {
     let pb = b.open(0, Some(2), bell(), false).unwrap();
     drop(pb);
     pa.transmit(connect(1, IDX_B, 2, pa.session()));
-    let got = wait_for(&bell_a, || pa.receive());
+    let got = next_frame(&mut pa, &bell_a);
     assert_eq!(
         got,
         Frame {
@@ -229,7 +229,7 @@ fn large_data_is_pulled_from_the_senders_buffer_until_released() {
     let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
     // B learns A's session from A's connect request.
     pa.transmit(connect(1, IDX_B, 2, pa.session()));
-    wait_for(&bell_b, || pb.receive());
+    next_frame(&mut pb, &bell_b);
 
     let mut src: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 256) as u8).collect();
     let window = pa.regions().register(&segments(&mut src)).expect("window");
@@ -457,7 +457,7 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
         }),
     };
     pb.transmit(message.clone());
-    wait_for(&bell_a, || pa.receive());
+    next_frame(&mut pa, &bell_a);
     // A's core acknowledges it, then A closes.
     let ack = Frame {
         peer_index: IDX_B,
@@ -474,7 +474,7 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
     };
     pa.transmit(ack.clone());
     drop(pa);
-    let first = wait_for(&bell_b, || pb.receive());
+    let first = next_frame(&mut pb, &bell_b);
     assert_eq!(
         first,
         Frame {
@@ -485,7 +485,7 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
 
     // B missed nothing but resends anyway: the ack comes again, marked resent.
     pb.transmit(message.clone());
-    let again = wait_for(&bell_b, || pb.receive());
+    let again = next_frame(&mut pb, &bell_b);
     let Body::Liback(l) = again.body else {
         panic!("expected the ack again, got {again:?}");
     };
@@ -509,7 +509,7 @@ fn a_closed_endpoint_lingers_repeating_its_last_ack() {
     let bell_a2 = bell();
     let _pa2 = a.open(0, Some(1), bell_a2, false).unwrap();
     pb.transmit(message);
-    let stale = wait_for(&bell_b, || pb.receive());
+    let stale = next_frame(&mut pb, &bell_b);
     assert!(
         matches!(stale.body, Body::Nack(n) if n.nack_type == 3),
         "bad session: {stale:?}"
@@ -687,28 +687,28 @@ fn frames_reach_the_port_in_order_whichever_thread_takes_them_in() {
 /// thread, which takes it in, and the driver leaves the link alone meanwhile
 /// (it would wake for the same frame and ring the thread, two wake-ups for
 /// one arrival).
-#[test]
-fn a_thread_asleep_on_the_link_takes_its_frame_and_the_driver_leaves_it() {
-    let (a, b) = boards(true);
-    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
-    let bell_b = bell();
-    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
-    let session_b = pb.session();
-    let link = pb.arrival_fds().expect("the link is an arrival descriptor");
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// A thread asleep on `port`'s arrival descriptors (until `deadline`), once
+/// `native`'s driver has stopped watching them: it joins with whether an
+/// arrival woke it, and the port.
+fn asleep_on_arrivals(
+    native: &Native,
+    mut port: Box<dyn TransportPort>,
+    bell: &Arc<Doorbell>,
+    deadline: Instant,
+) -> std::thread::JoinHandle<(Option<bool>, Box<dyn TransportPort>)> {
+    let fds = port.arrival_fds().expect("arrival descriptors");
     let sleeper = {
-        let bell_b = bell_b.clone();
+        let bell = bell.clone();
         std::thread::spawn(move || {
-            let _waiting = bell_b.attend();
-            let seen = bell_b.generation();
-            let arrived = pb.before_sleep();
-            assert!(!arrived, "nothing was sent yet");
-            let woke = bell_b.sleep_on(link, seen, Some(deadline));
-            (woke, pb)
+            let _waiting = bell.attend();
+            let seen = bell.generation();
+            assert!(!port.before_sleep(), "nothing was sent yet");
+            let woke = bell.sleep_on(fds, seen, Some(deadline));
+            (woke, port)
         })
     };
-    // The thread is asleep on the link once the doorbell says so.
-    while bell_b
+    // The thread is asleep once the doorbell says so.
+    while bell
         .port_taken_until(crate::runtime::now().as_nanos())
         .is_none()
     {
@@ -717,19 +717,31 @@ fn a_thread_asleep_on_the_link_takes_its_frame_and_the_driver_leaves_it() {
     }
     let now = crate::runtime::now().as_nanos();
     assert!(
-        b.shared.run(|board, _| board.driven_until(now)).is_some(),
-        "the driver must leave the link to the thread asleep on it"
+        native
+            .shared
+            .run(|board, _| board.driven_until(now))
+            .is_some(),
+        "the driver must leave the arrivals to the thread asleep on them"
     );
-    // The driver watched the link before the thread slept (nothing told it
-    // since): have it look again, as its next timer or frame would.
-    b.shared.wake.notify();
-    while b.shared.watching.load(Ordering::SeqCst) {
-        assert!(
-            Instant::now() < deadline,
-            "the driver kept watching the link"
-        );
+    // The driver watched before the thread slept (nothing told it since):
+    // have it look again, as its next timer or frame would.
+    native.shared.wake.notify();
+    while native.shared.watching.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the driver kept watching");
         std::thread::yield_now();
     }
+    sleeper
+}
+
+#[test]
+fn a_thread_asleep_on_the_link_takes_its_frame_and_the_driver_leaves_it() {
+    let (a, b) = boards(true);
+    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
+    let bell_b = bell();
+    let pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+    let session_b = pb.session();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sleeper = asleep_on_arrivals(&b, pb, &bell_b, deadline);
     pa.transmit(Frame {
         peer_index: IDX_B,
         dst_endpoint: 2,
@@ -826,7 +838,7 @@ fn a_frame_for_another_process_endpoint_is_left_to_it() {
     );
     // Nobody holds endpoint 5: refused as closed, and B hears of it.
     pb.transmit(tiny(5));
-    let nack = wait_for(&bell_b, || pb.receive());
+    let nack = next_frame(&mut pb, &bell_b);
     match nack.body {
         Body::Nack(n) => assert_eq!(n.nack_type, u8::from(NackType::EndpointClosed)),
         other => panic!("expected a NACK, got {other:?}"),
@@ -853,13 +865,9 @@ fn processes_on_one_interface_exchange_through_the_lanes() {
 
     let sent = connect(1, IDX_A, 4, pa.session());
     pa.transmit(sent.clone());
-    assert_eq!(
-        wait_for(&bell_c, || pc.receive()),
-        sent,
-        "the connect crosses"
-    );
+    assert_eq!(next_frame(&mut pc, &bell_c), sent, "the connect crosses");
     pc.transmit(connect(4, IDX_A, 1, pc.session()));
-    let back = wait_for(&bell_a, || pa.receive());
+    let back = next_frame(&mut pa, &bell_a);
     assert_eq!((back.src_endpoint, back.dst_endpoint), (4, 1));
 
     let data: Vec<u8> = (0..9000u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -920,32 +928,9 @@ fn a_thread_asleep_wakes_for_a_frame_from_another_process_on_its_interface() {
     let c = board_a(wc, true);
     let mut pa = a.open(0, Some(1), bell(), false).unwrap();
     let bell_c = bell();
-    let mut pc = c.open(0, Some(4), bell_c.clone(), false).unwrap();
-    let fds = pc.arrival_fds().expect("arrival descriptors");
+    let pc = c.open(0, Some(4), bell_c.clone(), false).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let sleeper = {
-        let bell_c = bell_c.clone();
-        std::thread::spawn(move || {
-            let _waiting = bell_c.attend();
-            let seen = bell_c.generation();
-            assert!(!pc.before_sleep(), "nothing was sent yet");
-            let woke = bell_c.sleep_on(fds, seen, Some(deadline));
-            (woke, pc)
-        })
-    };
-    while bell_c
-        .port_taken_until(crate::runtime::now().as_nanos())
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "the thread never slept");
-        std::thread::yield_now();
-    }
-    // The driver watched before the thread slept: have it look again.
-    c.shared.wake.notify();
-    while c.shared.watching.load(Ordering::SeqCst) {
-        assert!(Instant::now() < deadline, "the driver kept watching");
-        std::thread::yield_now();
-    }
+    let sleeper = asleep_on_arrivals(&c, pc, &bell_c, deadline);
     let sent = connect(1, IDX_A, 4, pa.session());
     pa.transmit(sent.clone());
     let (woke, mut pc) = sleeper.join().unwrap();
