@@ -42,13 +42,6 @@ pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 pub(crate) const LEASE: Duration = Duration::from_millis(1);
 const LEASE_NS: u64 = LEASE.as_nanos() as u64;
 
-/// The longest a nonblocking call (`mx_test`, `mx_iprobe`, ...) that found
-/// nothing sleeps on the doorbell once its application has polled in vain
-/// for the doorbell's spin ([`Doorbell::idle_poll`]). An arrival ends the
-/// nap at once; the bound only caps how late an event nobody rings for (a
-/// completion made by another thread's progress) is seen.
-pub(crate) const POLL_NAP: Duration = Duration::from_micros(200);
-
 /// The longest one sleep on a transport's arrival descriptor lasts
 /// ([`Doorbell::sleep_on`]) before the sleeper looks again: the descriptor is
 /// read under the endpoint's lock and polled after it is released, so a port
@@ -64,19 +57,6 @@ pub(crate) const ARRIVAL_SLEEP_MAX: Duration = Duration::from_millis(50);
 /// of a lease later.
 pub(crate) const ARRIVAL_REWATCH: Duration = Duration::from_millis(10);
 const ARRIVAL_REWATCH_NS: u64 = ARRIVAL_REWATCH.as_nanos() as u64;
-
-/// What a nonblocking call that found nothing does before it returns
-/// ([`Doorbell::idle_poll`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PollPace {
-    /// Give the core away once (`sched_yield`): whoever holds the next step
-    /// (the backend, the peer, the driver thread) runs now, not at the end
-    /// of the caller's time slice.
-    Yield,
-    /// Nothing moved for the whole spin: sleep on the doorbell, at most
-    /// [`POLL_NAP`], woken by the next arrival.
-    Nap,
-}
 
 /// Something to tell when a doorbell rings while no application thread
 /// waits on it (the background progression thread).
@@ -106,9 +86,6 @@ pub(crate) struct Doorbell {
     /// thread looks at the endpoint when the lease ends, unless the
     /// application progressed it first.
     deferred: AtomicBool,
-    /// Since when (runtime nanoseconds) nonblocking calls on the endpoint
-    /// have found nothing and moved nothing; 0 while things move.
-    idle_since: AtomicU64,
     /// A thread sleeps on its transport's arrival descriptor
     /// ([`Doorbell::sleep_on`]); at most one does, the others on `cond`.
     arrival_sleeper: AtomicBool,
@@ -142,7 +119,6 @@ impl Doorbell {
             pollers: AtomicUsize::new(0),
             leased_until: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
-            idle_since: AtomicU64::new(0),
             arrival_sleeper: AtomicBool::new(false),
             ring_fd: EventFd::from_value_and_flags(
                 0,
@@ -279,42 +255,6 @@ impl Doorbell {
         self.pollers.load(Ordering::SeqCst) > 0
     }
 
-    /// A nonblocking call on the endpoint found what it looked for, or its
-    /// progress moved something: the application's polling is not idle.
-    pub(crate) fn poll_moved(&self) {
-        self.idle_since.store(0, Ordering::Relaxed);
-    }
-
-    /// A nonblocking call found nothing and its progress moved nothing
-    /// (`now_ns`: a [`crate::runtime::now`] reading): how the caller gives the
-    /// core away before it returns.
-    ///
-    /// An application that polls in a tight loop (an MPI progress engine
-    /// calling `mx_test`) would otherwise hold its core until the scheduler
-    /// preempts it, and the backend or peer that must make the next step
-    /// waits a time slice (milliseconds) when pollers outnumber cores. Each
-    /// idle call yields, which costs one system call when nobody else wants
-    /// the core; once nothing has moved for the doorbell's spin, calls nap
-    /// on the doorbell instead, as a blocking wait would sleep.
-    pub(crate) fn idle_poll(&self, now_ns: u64) -> PollPace {
-        let since = match self.idle_since.load(Ordering::Relaxed) {
-            0 => {
-                // 0 means "not idle": a reading of 0 (the runtime's first
-                // nanosecond) counts as 1.
-                let start = now_ns.max(1);
-                self.idle_since.store(start, Ordering::Relaxed);
-                start
-            }
-            t => t,
-        };
-        let spin_ns = u64::try_from(self.spin.as_nanos()).unwrap_or(u64::MAX);
-        if now_ns.saturating_sub(since) < spin_ns {
-            PollPace::Yield
-        } else {
-            PollPace::Nap
-        }
-    }
-
     /// How long a waiter polls before it sleeps.
     pub(crate) fn spin(&self) -> Duration {
         self.spin
@@ -431,11 +371,24 @@ impl Doorbell {
                     revents: 0,
                 },
             ];
-            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-            // SAFETY: `fds` holds three initialised entries for the whole call. A
-            // descriptor closed meanwhile (the port re-opened) is reported as
-            // POLLNVAL or never signals; the sleep's bound covers the latter.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            // `ppoll` keeps the bound to the microsecond (`poll`'s milliseconds
+            // made a 100 us bound a millisecond's sleep).
+            let ts = libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: `fds` holds three initialised entries and `ts` a valid
+            // time for the whole call; no signal mask is passed. A descriptor
+            // closed meanwhile (the port re-opened) is reported as POLLNVAL or
+            // never signals; the sleep's bound covers the latter.
+            let rc = unsafe {
+                libc::ppoll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
             arrived = rc > 0 && (fds[0].revents | fds[1].revents) != 0;
         }
         self.arrival_sleeper.store(false, Ordering::SeqCst);
@@ -672,24 +625,6 @@ mod tests {
         d.ring();
         assert_eq!(c.0.load(Ordering::SeqCst), 5);
         assert_eq!(d.deferred_until(), None);
-    }
-
-    #[test]
-    fn idle_polls_yield_for_the_spin_then_nap_until_something_moves() {
-        let d = Doorbell::new(Duration::from_micros(50), 0, None);
-        let t0 = 1_000_000;
-        assert_eq!(d.idle_poll(t0), PollPace::Yield, "first idle call");
-        assert_eq!(d.idle_poll(t0 + 49_000), PollPace::Yield, "within the spin");
-        assert_eq!(d.idle_poll(t0 + 50_000), PollPace::Nap, "spin over");
-        assert_eq!(d.idle_poll(t0 + 900_000), PollPace::Nap);
-        d.poll_moved();
-        assert_eq!(
-            d.idle_poll(t0 + 1_000_000),
-            PollPace::Yield,
-            "a call that moved something starts the spin again"
-        );
-        assert_eq!(d.idle_poll(t0 + 1_049_000), PollPace::Yield);
-        assert_eq!(d.idle_poll(t0 + 1_050_000), PollPace::Nap);
     }
 
     #[test]

@@ -190,9 +190,9 @@ fn mpi_transport_pattern() {
     assert!(program("mpi_pattern").contains("received 4 rounds in arrival order"));
 }
 
-/// An application polling with nothing to find gives the core away, and still
-/// finds the message that then arrives.
+/// An application polling with nothing to find is never put to sleep by the
+/// nonblocking calls, and finds the message that then arrives.
 #[test]
-fn idle_polling_gives_the_core_away() {
+fn idle_polling_never_sleeps_and_finds_what_arrives() {
     assert!(program("poll_idle").contains("then found the message"));
 }

@@ -24,7 +24,7 @@ use self::unexp::Caller;
 use crate::abi::{MxEndpointAddr, MxErrorHandler, MxReturn, MxStatus, MX_INFINITE};
 use crate::addr::Addr;
 use crate::counters::{self, Counter};
-use crate::doorbell::{Doorbell, PollPace, POLL_NAP};
+use crate::doorbell::Doorbell;
 use crate::errors::{Failure, MxResult};
 use crate::runtime::{self, Background, Library};
 use crate::segments::Segments;
@@ -554,39 +554,29 @@ impl AppEndpoint {
     }
 
     /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): [`Self::with_state`],
-    /// then, when it found nothing and nothing moved, the caller gives the
-    /// core away as the doorbell's [`PollPace`] says, so an application that
-    /// polls in a loop never starves the backend or peer it waits on.
+    /// then, when it found nothing and nothing moved, one `sched_yield`
+    /// before it returns.
+    ///
+    /// An application that polls in a tight loop (an MPI progress engine)
+    /// would otherwise hold its core until the scheduler preempts it, and
+    /// the backend or peer that must make the next step waits a time slice
+    /// when pollers outnumber cores; a yield costs one system call when
+    /// nobody else wants the core. The call never sleeps, however long
+    /// nothing moves: the progress engine calling it may be waiting for
+    /// something the library never sees (an MPI's shared-memory messages
+    /// between ranks of one host, its own sends to itself), and a nap here
+    /// made each of its rounds last the nap (a millisecond a message between
+    /// two ranks of one host). A thread that wants to sleep calls `mx_wait`.
     pub(crate) fn poll_state<T>(
         &self,
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<Option<T>>,
     ) -> MxResult<Option<T>> {
         let seen = self.doorbell.generation();
         let (found, moved) = self.with_state_moved(f)?;
-        if found.is_some() || moved || seen != self.doorbell.generation() {
-            self.doorbell.poll_moved();
-            return Ok(found);
+        if found.is_none() && !moved && seen == self.doorbell.generation() {
+            std::thread::yield_now();
         }
-        match self.doorbell.idle_poll(runtime::now().as_nanos()) {
-            PollPace::Yield => std::thread::yield_now(),
-            PollPace::Nap => self.nap(seen)?,
-        }
-        Ok(None)
-    }
-
-    /// Sleeps on the doorbell at most [`POLL_NAP`] (or until the next timer),
-    /// with the transport asked to ring it at the next arrival.
-    fn nap(&self, seen: u64) -> MxResult<()> {
-        let _attending = self.doorbell.attend();
-        let (arrived, arrival) = self.prepare_sleep()?;
-        if !arrived {
-            let mut until = std::time::Instant::now() + POLL_NAP;
-            if let Some(timer) = self.next_deadline().map(runtime::to_std) {
-                until = until.min(timer);
-            }
-            self.sleep_for_arrival(arrival, seen, Some(until));
-        }
-        Ok(())
+        Ok(found)
     }
 
     /// Asks the port to signal the next arrival ([`TransportPort::before_sleep`]);
