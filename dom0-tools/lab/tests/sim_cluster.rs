@@ -151,6 +151,36 @@ fn cluster_up_run_status_down_and_crash_cleanup() {
             .status
             .success()
     );
+    // The command runs in place of `xmx sim run`: a signal to it (an MPI
+    // launcher's interrupt, a Ctrl-C) reaches the program, which no parent
+    // outlives.
+    let mut child = Command::new(xmx())
+        .args(["sim", "run", "--name", &name, "h0", "g0", "--"])
+        .args(["sh", "-c", "echo $$; exec sleep 60"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running xmx sim run");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim().parse::<u32>().ok(),
+        Some(child.id()),
+        "the program is the process `xmx sim run` started as"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGINT)
+    );
 
     let status: Value =
         serde_json::from_str(&ok(&["sim", "status", "--name", &name, "--json"])).unwrap();

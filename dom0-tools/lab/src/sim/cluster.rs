@@ -559,7 +559,12 @@ pub fn guest_env(host: &HostState, guest: &GuestState, bin_dir: &Path) -> Vec<(S
     env
 }
 
-/// Run `cmd` as an application of `guest` on `host`; returns its exit code.
+/// Runs `cmd` as an application of `guest` on `host`, in place of this
+/// process (`ip netns exec` then executes `cmd` in place of itself): the
+/// program gets the signals sent to `xmx sim run` (an MPI launcher's
+/// interrupt, a terminal's Ctrl-C) and its exit status is the command's. A
+/// parent that outlived a killed child left the program running unseen,
+/// holding the launcher's output open. Returns only if it cannot be started.
 pub fn run(
     state: &ClusterState,
     host: &str,
@@ -567,25 +572,20 @@ pub fn run(
     cmd: &[String],
     bin_dir: &Path,
 ) -> Result<i32> {
+    use std::os::unix::process::CommandExt;
     require_root()?;
     let h = state.host(host)?;
     let g = h.guest(guest)?;
     let Some((prog, args)) = cmd.split_first() else {
         bail!("no command given after `--`")
     };
-    let status = Command::new("ip")
+    let err = Command::new("ip")
         .args(["netns", "exec", &h.netns])
         .arg(prog)
         .args(args)
         .envs(guest_env(h, g, bin_dir))
-        .status()
-        .with_context(|| format!("running {prog} in {}/{}", h.name, g.name))?;
-    Ok(status.code().unwrap_or_else(|| 128 + nix_signal(&status)))
-}
-
-fn nix_signal(status: &std::process::ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status.signal().unwrap_or(0)
+        .exec();
+    Err(err).with_context(|| format!("running {prog} in {}/{}", h.name, g.name))
 }
 
 /// One line per host and guest, with whether each daemon is alive.
