@@ -554,8 +554,8 @@ impl AppEndpoint {
     }
 
     /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): [`Self::with_state`],
-    /// then, when it found nothing and nothing moved, one `sched_yield`
-    /// before it returns.
+    /// then, when it found nothing and nothing moved, a `sched_yield` before
+    /// it returns as [`Doorbell::idle_call`] says.
     ///
     /// An application that polls in a tight loop (an MPI progress engine)
     /// would otherwise hold its core until the scheduler preempts it, and
@@ -573,7 +573,9 @@ impl AppEndpoint {
     ) -> MxResult<Option<T>> {
         let seen = self.doorbell.generation();
         let (found, moved) = self.with_state_moved(f)?;
-        if found.is_none() && !moved && seen == self.doorbell.generation() {
+        if found.is_some() || moved || seen != self.doorbell.generation() {
+            self.doorbell.call_moved();
+        } else if self.doorbell.idle_call() {
             std::thread::yield_now();
         }
         Ok(found)
