@@ -553,7 +553,29 @@ impl AppEndpoint {
         r
     }
 
-    /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): [`Self::with_state`],
+    /// [`Self::with_state_moved`] for a call that only looks (`mx_test`,
+    /// `mx_iprobe`, ...): one progress pass, before `f`. `f` queues nothing
+    /// for a second pass to send, and an idle MPI progress engine makes
+    /// several such calls per round, each a look at the link.
+    fn with_state_looking<T>(
+        &self,
+        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
+    ) -> MxResult<(T, bool)> {
+        let now = runtime::now();
+        let (r, handlers) = {
+            let mut st = self.lock_at(now)?;
+            st.now = now;
+            let moved = self.progress_at(&mut st, now);
+            let r = f(self, &mut st);
+            (r.map(|r| (r, moved)), Self::handlers_pending(&st))
+        };
+        if handlers {
+            self.run_handlers();
+        }
+        r
+    }
+
+    /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): [`Self::with_state_looking`],
     /// then, when it found nothing and nothing moved, a `sched_yield` before
     /// it returns as [`Doorbell::idle_call`] says.
     ///
@@ -572,7 +594,7 @@ impl AppEndpoint {
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<Option<T>>,
     ) -> MxResult<Option<T>> {
         let seen = self.doorbell.generation();
-        let (found, moved) = self.with_state_moved(f)?;
+        let (found, moved) = self.with_state_looking(f)?;
         if found.is_some() || moved || seen != self.doorbell.generation() {
             self.doorbell.call_moved();
         } else if self.doorbell.idle_call() {
