@@ -262,9 +262,9 @@ impl Doorbell {
         self.pollers.load(Ordering::SeqCst) > 0
     }
 
-    /// A nonblocking call found nothing and moved nothing: whether it gives
-    /// the core away (`sched_yield`) before it returns: one call in
-    /// [`IDLE_CALLS_PER_YIELD`] in a row does, the last of them. An MPI
+    /// Whether a nonblocking call that found nothing and moved nothing gives
+    /// the core away (`sched_yield`) before it returns: the last of each
+    /// [`IDLE_CALLS_PER_YIELD`] such calls in a row does. An MPI
     /// progress engine makes several such calls per round (three for
     /// MVAPICH2's MX module); a yield in each cost its messages 0.6 us of a
     /// 4.4 us round trip natively, and one in the first idle call after a

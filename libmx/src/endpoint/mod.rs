@@ -124,6 +124,17 @@ pub(crate) enum StallView {
     },
 }
 
+/// Where a call's progress passes go around its work ([`AppEndpoint::with_passes`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Passes {
+    /// Before and after: the work may need what arrived and may queue frames.
+    Around,
+    /// After only: the work posts (a send, a receive) and needs nothing that arrived.
+    After,
+    /// Before only: the work looks (a test, a probe) and queues nothing.
+    Before,
+}
+
 /// An open endpoint.
 pub(crate) struct AppEndpoint {
     handle: u32,
@@ -504,7 +515,7 @@ impl AppEndpoint {
         &self,
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<T> {
-        self.with_state_moved(f).map(|(r, _)| r)
+        self.with_passes(Passes::Around, f).map(|(r, _)| r)
     }
 
     /// [`Self::with_state`] for a call that only posts work (`mx_isend`, `mx_irecv`):
@@ -516,23 +527,15 @@ impl AppEndpoint {
         &self,
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<T> {
-        let now = runtime::now();
-        let (r, handlers) = {
-            let mut st = self.lock_at(now)?;
-            st.now = now;
-            let r = f(self, &mut st);
-            self.progress_at(&mut st, now);
-            (r, Self::handlers_pending(&st))
-        };
-        if handlers {
-            self.run_handlers();
-        }
-        r
+        self.with_passes(Passes::After, f).map(|(r, _)| r)
     }
 
-    /// [`Self::with_state`], also saying whether progress moved anything.
-    fn with_state_moved<T>(
+    /// Runs `f` under the endpoint's lock with the progress passes `passes`
+    /// names, then the unexpected handlers; also says whether progress moved
+    /// anything.
+    fn with_passes<T>(
         &self,
+        passes: Passes,
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
     ) -> MxResult<(T, bool)> {
         // One clock reading for the lease and both progress passes: they
@@ -542,9 +545,11 @@ impl AppEndpoint {
         let (r, handlers) = {
             let mut st = self.lock_at(now)?;
             st.now = now;
-            let mut moved = self.progress_at(&mut st, now);
+            let mut moved = passes != Passes::After && self.progress_at(&mut st, now);
             let r = f(self, &mut st);
-            moved |= self.progress_at(&mut st, now);
+            if passes != Passes::Before {
+                moved |= self.progress_at(&mut st, now);
+            }
             (r.map(|r| (r, moved)), Self::handlers_pending(&st))
         };
         if handlers {
@@ -553,30 +558,10 @@ impl AppEndpoint {
         r
     }
 
-    /// [`Self::with_state_moved`] for a call that only looks (`mx_test`,
-    /// `mx_iprobe`, ...): one progress pass, before `f`. `f` queues nothing
-    /// for a second pass to send, and an idle MPI progress engine makes
-    /// several such calls per round, each a look at the link.
-    fn with_state_looking<T>(
-        &self,
-        f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<T>,
-    ) -> MxResult<(T, bool)> {
-        let now = runtime::now();
-        let (r, handlers) = {
-            let mut st = self.lock_at(now)?;
-            st.now = now;
-            let moved = self.progress_at(&mut st, now);
-            let r = f(self, &mut st);
-            (r.map(|r| (r, moved)), Self::handlers_pending(&st))
-        };
-        if handlers {
-            self.run_handlers();
-        }
-        r
-    }
-
-    /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): [`Self::with_state_looking`],
-    /// then, when it found nothing and nothing moved, a `sched_yield` before
+    /// A nonblocking call (`mx_test`, `mx_iprobe`, ...): one progress pass,
+    /// before `f` (`f` queues nothing for a pass after it to send, and an
+    /// idle MPI progress engine makes several such calls per round, each a
+    /// look at the link), then, when it found nothing and nothing moved, a `sched_yield` before
     /// it returns as [`Doorbell::idle_call`] says.
     ///
     /// An application that polls in a tight loop (an MPI progress engine)
@@ -594,7 +579,7 @@ impl AppEndpoint {
         f: impl FnOnce(&Self, &mut EndpointState) -> MxResult<Option<T>>,
     ) -> MxResult<Option<T>> {
         let seen = self.doorbell.generation();
-        let (found, moved) = self.with_state_looking(f)?;
+        let (found, moved) = self.with_passes(Passes::Before, f)?;
         if found.is_some() || moved || seen != self.doorbell.generation() {
             self.doorbell.call_moved();
         } else if self.doorbell.idle_call() {
