@@ -340,6 +340,7 @@ fn emit_refuses_unrepresentable_values() {
         header: MsgHeader::default(),
         msg_length: 100,
         frag_seqnum: 1,
+        frag_pipeline: 12,
         data: &[0; 10],
     };
     assert!(invalid("medium frag length")(
@@ -397,21 +398,98 @@ fn emit_refuses_short_buffers() {
     );
 }
 
-/// The mark of xmx's multi-frame replies lives in PULL's padding: absent (MX, Open-MX,
-/// zero padding) it reads as one frame per reply; a count is bounded by a block.
+/// The mark of xmx's wide frames lives in a packet's padding: absent (MX, Open-MX,
+/// zero padding) it reads as one unit per frame; a count is bounded by a block.
 #[test]
-fn reply_frames_mark_reads_what_was_written_and_defaults_to_one() {
-    use xmx_wire::mxoe::pull::reply_frames_mark;
+fn units_mark_reads_what_was_written_and_defaults_to_one() {
+    use xmx_wire::mxoe::units_mark;
     let mut padding = [0u8; 12];
-    assert_eq!(reply_frames_mark::read(&padding), 1, "zero padding");
-    assert_eq!(reply_frames_mark::read(&[]), 1, "no padding at all");
-    assert!(reply_frames_mark::write(&mut padding, 2));
-    assert_eq!(reply_frames_mark::read(&padding), 2);
-    assert!(reply_frames_mark::write(&mut padding, 200));
-    assert_eq!(reply_frames_mark::read(&padding), 8, "at most a block");
-    assert!(reply_frames_mark::write(&mut padding, 0));
-    assert_eq!(reply_frames_mark::read(&padding), 1);
-    assert!(!reply_frames_mark::write(&mut padding[..3], 2), "no room");
+    assert_eq!(units_mark::read(&padding), 1, "zero padding");
+    assert_eq!(units_mark::read(&[]), 1, "no padding at all");
+    assert!(units_mark::write(&mut padding, 2));
+    assert_eq!(units_mark::read(&padding), 2);
+    assert!(units_mark::write(&mut padding, 200));
+    assert_eq!(units_mark::read(&padding), 8, "at most a block");
+    assert!(units_mark::write(&mut padding, 0));
+    assert_eq!(units_mark::read(&padding), 1);
+    assert!(!units_mark::write(&mut padding[..3], 2), "no room");
     padding[0] = b'X';
-    assert_eq!(reply_frames_mark::read(&padding), 1, "another tag");
+    assert_eq!(units_mark::read(&padding), 1, "another tag");
+}
+
+/// Wider MEDIUM strides than MX's (xmx toward a board that allows them) parse within
+/// the same 32 KiB message; a stride outside 4-32 KiB, a fragment longer than its stride
+/// or starting past 32 KiB is refused.
+#[test]
+fn medium_strides_are_bounded_by_the_message() {
+    let data = vec![7u8; 8192];
+    let mut buf = vec![0u8; medium::field::DATA + 32768];
+    let wide = MediumRepr {
+        header: MsgHeader::default(),
+        msg_length: 20000,
+        frag_seqnum: 2,
+        frag_pipeline: 13,
+        data: &data[..20000 - 16384],
+    };
+    wide.emit(&mut MediumPacket::new_unchecked(&mut buf[..]))
+        .unwrap();
+    let parsed = MediumRepr::parse(&MediumPacket::new_checked(&buf[..]).unwrap()).unwrap();
+    assert_eq!(parsed, wide);
+    assert_eq!(parsed.frag_offset(), 16384);
+
+    let refused = |repr: MediumRepr, field: &'static str| {
+        let mut buf = vec![0u8; medium::field::DATA + 32768];
+        let err = repr
+            .emit(&mut MediumPacket::new_unchecked(&mut buf[..]))
+            .unwrap_err();
+        assert!(invalid(field)(&err), "{repr:?}: {err:?}");
+        // The same fields written by hand are refused by the parser too.
+        let mut view = MediumPacket::new_unchecked(&mut buf[..]);
+        view.set_ptype(PacketType::Medium as u8);
+        view.set_length(repr.msg_length);
+        view.set_frag_seqnum(repr.frag_seqnum);
+        view.set_frag_pipeline(repr.frag_pipeline);
+        view.set_frag_length(repr.data.len() as u16);
+        let err = MediumRepr::parse(&MediumPacket::new_checked(&buf[..]).unwrap()).unwrap_err();
+        assert!(invalid(field)(&err), "{repr:?}: {err:?}");
+    };
+    refused(
+        MediumRepr {
+            frag_pipeline: 11,
+            ..wide
+        },
+        "medium frag pipeline",
+    );
+    refused(
+        MediumRepr {
+            frag_pipeline: 16,
+            ..wide
+        },
+        "medium frag pipeline",
+    );
+    refused(
+        MediumRepr {
+            msg_length: 32768,
+            frag_seqnum: 0,
+            data: &[0; 8193],
+            ..wide
+        },
+        "medium frag length",
+    );
+    refused(
+        MediumRepr {
+            msg_length: 32768,
+            frag_seqnum: 4,
+            data: &[],
+            ..wide
+        },
+        "medium frag seqnum",
+    );
+    refused(
+        MediumRepr {
+            data: &data[..4000],
+            ..wide
+        },
+        "medium frag length",
+    );
 }

@@ -267,6 +267,7 @@ fn medium_fragment() {
         header: msg_header(),
         msg_length: 8192,
         frag_seqnum: 1,
+        frag_pipeline: 12,
         data: &[1, 2, 3, 4, 5, 6, 7, 8],
     };
     check_known(&bytes, PacketRepr::Medium(repr));

@@ -229,15 +229,26 @@ fn arb_nack_mcp() -> impl Strategy<Value = NackMcpRepr> {
 }
 
 /// A MEDIUM fragment's (message length, seqnum, data) that lies inside its message.
-fn arb_medium_parts() -> impl Strategy<Value = (u16, u8, Vec<u8>)> {
-    (
-        0..MEDIUM_FRAGS_MAX as u8,
-        vec(any::<u8>(), 0..=MEDIUM_FRAG_LEN_MAX),
-    )
-        .prop_flat_map(|(frag_seqnum, data)| {
-            let end = (usize::from(frag_seqnum) << MEDIUM_FRAG_LEN_SHIFT) + data.len();
+fn arb_medium_parts() -> impl Strategy<Value = (u16, u8, u8, Vec<u8>)> {
+    // MX's stride and xmx's wider ones, each fragment inside a message of at most 32 KiB.
+    (MEDIUM_FRAG_LEN_SHIFT..=MEDIUM_FRAG_LEN_SHIFT_MAX)
+        .prop_flat_map(|pipeline| {
+            let frags = (MEDIUM_MSG_LEN_MAX >> pipeline) as u8;
+            (Just(pipeline as u8), 0..frags)
+        })
+        .prop_flat_map(|(pipeline, frag_seqnum)| {
+            let start = usize::from(frag_seqnum) << pipeline;
+            let room = (1usize << pipeline).min(MEDIUM_MSG_LEN_MAX - start);
+            (
+                Just(pipeline),
+                Just(frag_seqnum),
+                vec(any::<u8>(), 0..=room),
+            )
+        })
+        .prop_flat_map(|(pipeline, frag_seqnum, data)| {
+            let end = (usize::from(frag_seqnum) << pipeline) + data.len();
             let msg_length = end as u16..=MEDIUM_MSG_LEN_MAX as u16;
-            (msg_length, Just(frag_seqnum), Just(data))
+            (msg_length, Just(frag_seqnum), Just(pipeline), Just(data))
         })
 }
 
@@ -251,7 +262,7 @@ enum OwnedPacket {
     Connect(ConnectRepr),
     Tiny(MsgHeader, Vec<u8>),
     Small(MsgHeader, Vec<u8>),
-    Medium(MsgHeader, (u16, u8, Vec<u8>)),
+    Medium(MsgHeader, (u16, u8, u8, Vec<u8>)),
     Rndv(RndvRepr),
     Pull(PullRepr),
     PullReply((u8, u32, u32, u32), Vec<u8>),
@@ -282,11 +293,12 @@ impl OwnedPacket {
                 header: *header,
                 data,
             }),
-            OwnedPacket::Medium(header, (msg_length, frag_seqnum, data)) => {
+            OwnedPacket::Medium(header, (msg_length, frag_seqnum, frag_pipeline, data)) => {
                 PacketRepr::Medium(MediumRepr {
                     header: *header,
                     msg_length: *msg_length,
                     frag_seqnum: *frag_seqnum,
+                    frag_pipeline: *frag_pipeline,
                     data,
                 })
             }
@@ -465,8 +477,8 @@ proptest! {
     }
 
     #[test]
-    fn medium_round_trip(header in arb_msg_header(), (msg_length, frag_seqnum, data) in arb_medium_parts()) {
-        let repr = MediumRepr { header, msg_length, frag_seqnum, data: &data };
+    fn medium_round_trip(header in arb_msg_header(), (msg_length, frag_seqnum, frag_pipeline, data) in arb_medium_parts()) {
+        let repr = MediumRepr { header, msg_length, frag_seqnum, frag_pipeline, data: &data };
         assert_round_trip!(repr, MediumPacket, MediumRepr);
     }
 
@@ -519,7 +531,9 @@ proptest! {
         let repr = FrameRepr { head, packet: packet.repr() };
         let bytes = repr.to_vec().unwrap();
         prop_assert_eq!(bytes.len(), repr.buffer_len());
-        prop_assert!(bytes.len() <= FRAME_LEN_MAX);
+        // MX's frames fit its MTU; only xmx's wider MEDIUM fragments go beyond.
+        let wide = matches!(repr.packet, PacketRepr::Medium(m) if m.frag_pipeline > 12);
+        prop_assert!(bytes.len() <= FRAME_LEN_MAX || wide);
         let parsed = FrameRepr::parse(&bytes).unwrap();
         prop_assert_eq!(parsed, repr);
         prop_assert_eq!(parsed.to_vec().unwrap(), bytes.clone());

@@ -12,11 +12,12 @@ pub struct EngineConfig {
     /// Most PULL blocks one pull keeps requested at once (at most 32; Open-MX keeps 4):
     /// what a lone pull gets when the budget has room.
     pub pull_blocks_in_flight: usize,
-    /// Frames' worth of data (4 KiB each) one PULL_REPLY may carry between xmx hosts,
-    /// asked for in this engine's PULLs and given to peers that ask (1: MX's one frame
-    /// per reply, asked of nobody). Set it from the NIC's MTU, and only where the
+    /// Frames' worth of data (4 KiB each) one frame may carry between xmx hosts: asked
+    /// for in this engine's PULLs (one PULL_REPLY carrying that many frames' data) and
+    /// CONNECTs (MEDIUM fragments toward it that long), and given to peers that ask
+    /// (1: MX's frames, asked of nobody). Set it from the NIC's MTU, and only where the
     /// fabric carries frames that long: 2 fits a 9000-byte MTU. MX and Open-MX peers
-    /// are never asked (they ignore the mark) and never sent more than one frame.
+    /// are never asked (they ignore the mark) and never sent more than MX's frames.
     pub pull_reply_frames: u8,
     /// PULL_REPLY frames all pulls of all guests may have requested and not yet retired
     /// (at least one block of 8). Keep it below the NIC's receive ring so a burst of

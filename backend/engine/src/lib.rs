@@ -78,6 +78,7 @@ mod rdma;
 mod recv;
 mod send;
 mod vnic;
+mod wide;
 
 use std::time::Instant;
 
@@ -350,6 +351,7 @@ impl Engine {
                     hostname: guest.hostname,
                     counters: NicCounters::default(),
                     reverse_index: FxHashMap::default(),
+                    wide: Default::default(),
                     tx_bytes_queued: 0,
                     weight: 1,
                     reopening: Default::default(),

@@ -370,7 +370,13 @@ impl EngineOutput {
 
     /// True if an unsolicited event for the endpoint would be accepted.
     pub fn has_event_room(&self, guest: GuestId, endpoint: u8) -> bool {
-        self.pending.get(&(guest, endpoint)).copied().unwrap_or(0) < self.max_pending
+        self.has_event_room_for(guest, endpoint, 1)
+    }
+
+    /// True if `events` more unsolicited events for the endpoint may be queued.
+    pub fn has_event_room_for(&self, guest: GuestId, endpoint: u8, events: usize) -> bool {
+        let pending = self.pending.get(&(guest, endpoint)).copied().unwrap_or(0);
+        pending.saturating_add(events) <= self.max_pending
     }
 
     /// True if an advisory event (pull progress) for the endpoint may be queued: only

@@ -6,7 +6,6 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::Instant;
 
 use xmx_wire::msg::{self, fill_marks, DoneStatus, ErrorCode, Event, EventBody, Route};
-use xmx_wire::mxoe::pull::reply_frames_mark;
 use xmx_wire::mxoe::{
     HeadRepr, Mac, NackMcpRepr, NackType, PacketRepr, PullReplyRepr, PullRepr, HEAD_LEN,
     PULL_REPLY_LEN, PULL_REPLY_LEN_MAX,
@@ -20,6 +19,7 @@ use super::pull::{
     ReplyRefusal, TimeoutOutcome,
 };
 use super::vnic::{DropReason, EngineUsage, GuestEndpoint, GuestWire, VirtualNic};
+use super::wide::OurMark;
 use super::Ctx;
 
 const FRAME: u64 = PULL_REPLY_LEN_MAX as u64;
@@ -138,17 +138,10 @@ pub(crate) fn request_blocks(
     };
     let dst = pull.source.peer_mac;
     // Asking for several frames per reply costs MX peers nothing: they never read it.
-    let mut mark = [0u8; reply_frames_mark::LEN];
-    let after: &[u8] = match ctx.config.pull_reply_frames {
-        0 | 1 => &[],
-        n => {
-            reply_frames_mark::write(&mut mark, n);
-            &mark
-        }
-    };
+    let mark = OurMark::new(ctx.config.pull_reply_frames);
     for block in mask_positions(mask) {
         if let Some(request) = pull.request(block, endpoint) {
-            ctx.send_padded(link, dst, PacketRepr::Pull(request), after);
+            ctx.send_padded(link, dst, PacketRepr::Pull(request), mark.bytes());
         }
     }
 }

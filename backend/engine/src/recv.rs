@@ -9,10 +9,10 @@ use xmx_wire::msg::{
     medium_frags, Event, EventBody, InlineData, InlineMsg, LibackSend, MsgInfo, NackKind,
     NotifySend, RecvMedium, RingConnectReply, RingConnectRequest, RndvSend, Route, MEDIUM_FRAG_MAX,
 };
-use xmx_wire::mxoe::pull::reply_frames_mark;
+use xmx_wire::mxoe::units_mark;
 use xmx_wire::mxoe::{
-    ConnectData, HeadPacket, HeadRepr, Mac, MsgHeader, NackLibRepr, NackType, PacketRepr, HEAD_LEN,
-    MEDIUM_FRAG_LEN_SHIFT, PULL_LEN,
+    ConnectData, HeadPacket, HeadRepr, Mac, MsgHeader, NackLibRepr, NackType, PacketRepr,
+    CONNECT_LEN, HEAD_LEN, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_LEN_SHIFT, PULL_LEN,
 };
 
 use super::memory::MemoryArea;
@@ -112,44 +112,69 @@ impl Engine {
             PacketRepr::Medium(m) => {
                 let h = m.header;
                 let length = u32::from(m.msg_length);
-                if usize::from(m.frag_seqnum) >= medium_frags(length) {
+                // A fragment wider than MX's (from an xmx board we allowed it) goes to the
+                // library as the MX fragments it covers, each in a slot of its own.
+                let widen = u32::from(m.frag_pipeline).saturating_sub(MEDIUM_FRAG_LEN_SHIFT);
+                let first = usize::from(m.frag_seqnum) << widen;
+                if first >= medium_frags(length) {
                     // An empty fragment past the end of the message.
                     return link.counters.drop(DropReason::Malformed);
                 }
                 let Some(ep) = accept_message(&mut ctx, link, endpoints, from, &h) else {
                     return;
                 };
-                if !ctx.out.has_event_room(link.id, h.dst_endpoint) {
+                let pieces = m.data.len().div_ceil(MEDIUM_FRAG_MAX).max(1);
+                if !ctx.out.has_event_room_for(link.id, h.dst_endpoint, pieces) {
                     return link.counters.drop(DropReason::EventQueueFull);
                 }
-                let Some(slot) = ep.recvq.take() else {
+                if ep.recvq.free_slots() < pieces {
                     return link.counters.drop(DropReason::RecvQueueFull);
-                };
+                }
                 let area = MemoryArea::RecvQueue {
                     endpoint: h.dst_endpoint,
                 };
-                let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
-                if nic.memory.write(area, offset, m.data).is_err() {
-                    ep.recvq.give_back(slot);
+                let mut frags = [None; MEDIUM_FRAGS_MAX];
+                for (k, place) in frags.iter_mut().take(pieces).enumerate() {
+                    let data = m.data.chunks(MEDIUM_FRAG_MAX).nth(k).unwrap_or(&[]);
+                    let Some(slot) = ep.recvq.take() else {
+                        break;
+                    };
+                    let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
+                    if nic.memory.write(area, offset, data).is_err() {
+                        ep.recvq.give_back(slot);
+                        break;
+                    }
+                    *place = Some(RecvMedium {
+                        info: msg_info(&h),
+                        length,
+                        recvq_slot: slot,
+                        // At most 4096: one chunk of the data.
+                        frag_length: data.len() as u16,
+                        frag_seqnum: (first + k) as u8,
+                        frag_pipeline: MEDIUM_FRAG_LEN_SHIFT as u8,
+                    });
+                }
+                if frags.iter().take(pieces).any(Option::is_none) {
+                    // Nothing is delivered of a fragment not wholly written: the sender
+                    // sends the message again.
+                    for frag in frags.iter().flatten() {
+                        ep.recvq.give_back(frag.recvq_slot);
+                    }
                     return link.counters.drop(DropReason::MemoryFault);
                 }
-                let frag = RecvMedium {
-                    info: msg_info(&h),
-                    length,
-                    recvq_slot: slot,
-                    // At most 4096: checked by the parser.
-                    frag_length: m.data.len() as u16,
-                    frag_seqnum: m.frag_seqnum,
-                    frag_pipeline: MEDIUM_FRAG_LEN_SHIFT as u8,
-                };
+                if widen > 0 {
+                    link.counters.wide_frags_received += 1;
+                }
                 let from = from.route(h.src_endpoint, 0);
-                deliver(
-                    &mut ctx,
-                    link,
-                    ep,
-                    h.dst_endpoint,
-                    EventBody::RecvMedium { from, frag },
-                );
+                for frag in frags.into_iter().flatten() {
+                    deliver(
+                        &mut ctx,
+                        link,
+                        ep,
+                        h.dst_endpoint,
+                        EventBody::RecvMedium { from, frag },
+                    );
+                }
             }
             PacketRepr::Rndv(r) => {
                 let h = r.header;
@@ -173,8 +198,11 @@ impl Engine {
                 );
             }
             PacketRepr::Connect(c) => {
-                // The sender tells us our index in its table, whatever happens next.
+                // The sender tells us our index in its table, and how long our MEDIUM
+                // fragments to it may be, whatever happens next.
                 link.reverse_index.insert(from.mac, c.src_dst_peer_index);
+                let after = frame.get(HEAD_LEN + CONNECT_LEN..).unwrap_or(&[]);
+                link.wide.learn(from.mac, units_mark::read(after));
                 let check = check_endpoint(ctx.config, endpoints, c.dst_endpoint, None);
                 let ep = match check {
                     Ok(ep) => ep,
@@ -288,7 +316,7 @@ impl Engine {
             }
             PacketRepr::Pull(p) => {
                 let after = frame.get(HEAD_LEN + PULL_LEN..).unwrap_or(&[]);
-                let reply_frames = reply_frames_mark::read(after);
+                let reply_frames = units_mark::read(after);
                 rdma::serve_pull(&mut ctx, nic, &head, &p, reply_frames)
             }
             PacketRepr::PullReply(r) => rdma::on_pull_reply(&mut ctx, nic, now, from.mac, &r),

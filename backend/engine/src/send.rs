@@ -10,12 +10,13 @@ use xmx_wire::msg::{
 use xmx_wire::mxoe::{
     ConnectData, ConnectRepr, ConnectStatus, HeadPacket, HeadRepr, LibAck, Mac, MediumPacket,
     MediumRepr, MsgHeader, NotifyRepr, PacketRepr, RndvRepr, SmallRepr, TinyRepr, TrucRepr,
-    HEAD_LEN, MEDIUM_FRAGS_MAX, MEDIUM_LEN,
+    HEAD_LEN, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_LEN_SHIFT, MEDIUM_LEN,
 };
 
 use super::memory::MemoryArea;
 use super::output::Path;
 use super::vnic::{DropReason, GuestEndpoint, GuestWire};
+use super::wide::{OurMark, WideSend};
 use super::{rdma, Ctx, Engine, GuestId, Violation};
 
 impl Engine {
@@ -75,7 +76,21 @@ impl Engine {
                 done(&mut ctx, link, data.len() as u32);
             }
             SendOp::Medium(m) => {
-                let frags = m.sendq_slots.len();
+                let header = msg_header(&route, endpoint, &m.info);
+                let wide = WideSend {
+                    dst,
+                    dst_endpoint: route.endpoint,
+                    src_endpoint: endpoint,
+                    lib_seqnum: header.lib_seqnum,
+                };
+                let stride = link
+                    .wide
+                    .stride(wide, m.length, ctx.config.pull_reply_frames);
+                let shift = stride.shift;
+                // Send-queue slots (4 KiB each) per fragment: 1 at MX's stride.
+                let per_frag = 1usize << (shift - MEDIUM_FRAG_LEN_SHIFT);
+                let slots = m.sendq_slots.as_slice();
+                let frags = slots.len().div_ceil(per_frag);
                 let wire_bytes = frags * (HEAD_LEN + MEDIUM_LEN) + m.length as usize;
                 if ctx.path(dst) == Path::Wire
                     && link.tx_bytes_queued + wire_bytes > ctx.config.max_tx_bytes_per_guest
@@ -84,11 +99,13 @@ impl Engine {
                     ctx.refuse(link, endpoint, tag, ErrorCode::NoResources);
                     return Ok(());
                 }
+                if stride.downgraded {
+                    link.counters.wide_downgrades += 1;
+                }
                 // Every fragment is read straight into its frame, and the frames are
                 // queued only once all of them are read: the guest may rewrite its slots
                 // at any time, and a fault must not leave half a message sent.
                 let area = MemoryArea::SendQueue { endpoint };
-                let header = msg_header(&route, endpoint, &m.info);
                 let fields = HEAD_LEN + MEDIUM_LEN;
                 let frag_head = HeadRepr {
                     dst,
@@ -97,20 +114,26 @@ impl Engine {
                 };
                 let mut built: [Option<Vec<u8>>; MEDIUM_FRAGS_MAX] = Default::default();
                 let mut fault = false;
-                for (i, &slot) in m.sendq_slots.as_slice().iter().enumerate() {
-                    let (_, len) = frag_span(m.length, i);
+                for (i, group) in slots.chunks(per_frag).enumerate() {
+                    let (start, len) = frag_span(m.length, i, shift);
                     let frag = MediumRepr {
                         header,
                         // At most 32 KiB: checked by check_op.
                         msg_length: m.length as u16,
                         frag_seqnum: i as u8,
+                        frag_pipeline: shift as u8,
                         data: &[],
                     };
-                    let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
                     let memory = &nic.memory;
                     let frame = ctx.out.build_in_place(fields + len, |frame| {
                         let (front, data) = frame.split_at_mut(fields);
-                        memory.read(area, offset, data).map_err(|_| ())?;
+                        // The fragment's slots, 4 KiB of the message each.
+                        for (j, &slot) in group.iter().enumerate() {
+                            let (at, n) = frag_span(m.length, start / MEDIUM_FRAG_MAX + j, 12);
+                            let into = data.get_mut(at - start..at - start + n).ok_or(())?;
+                            let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
+                            memory.read(area, offset, into).map_err(|_| ())?;
+                        }
                         // Zeroed first: the pooled buffer holds an earlier frame's bytes.
                         front.fill(0);
                         frag_head
@@ -140,6 +163,9 @@ impl Engine {
                     link.counters.drop(DropReason::MemoryFault);
                     ctx.refuse(link, endpoint, tag, ErrorCode::Malformed);
                     return Ok(());
+                }
+                if shift > MEDIUM_FRAG_LEN_SHIFT {
+                    link.counters.wide_frags_sent += frags as u64;
                 }
                 for buf in built.into_iter().flatten() {
                     match ctx.room_for(link, dst) {
@@ -189,7 +215,9 @@ impl Engine {
                         connect_seqnum: c.connect_seqnum,
                     }),
                 };
-                ctx.send(link, dst, PacketRepr::Connect(connect));
+                // Tells the peer how long our MEDIUM fragments may be (see `wide`).
+                let mark = OurMark::new(ctx.config.pull_reply_frames);
+                ctx.send_padded(link, dst, PacketRepr::Connect(connect), mark.bytes());
                 done(&mut ctx, link, 0);
             }
             SendOp::ConnectReply(c) => {
@@ -208,7 +236,9 @@ impl Engine {
                         status: ConnectStatus::try_from(c.status).unwrap_or(ConnectStatus::BadKey),
                     }),
                 };
-                ctx.send(link, dst, PacketRepr::Connect(connect));
+                // Tells the peer how long our MEDIUM fragments may be (see `wide`).
+                let mark = OurMark::new(ctx.config.pull_reply_frames);
+                ctx.send_padded(link, dst, PacketRepr::Connect(connect), mark.bytes());
                 done(&mut ctx, link, 0);
             }
             SendOp::Notify(n) => {
@@ -362,9 +392,11 @@ fn msg_header(route: &Route, src_endpoint: u8, info: &MsgInfo) -> MsgHeader {
     }
 }
 
-/// Start and length of fragment `i` of a MEDIUM message of `length` bytes.
-fn frag_span(length: u32, i: usize) -> (usize, usize) {
-    let start = i * MEDIUM_FRAG_MAX;
-    let len = (length as usize).saturating_sub(start).min(MEDIUM_FRAG_MAX);
+/// Start and length of fragment `i` of a MEDIUM message of `length` bytes, at a stride
+/// of `1 << shift` bytes.
+fn frag_span(length: u32, i: usize, shift: u32) -> (usize, usize) {
+    let stride = 1usize << shift;
+    let start = i * stride;
+    let len = (length as usize).saturating_sub(start).min(stride);
     (start, len)
 }

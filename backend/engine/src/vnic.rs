@@ -9,6 +9,7 @@ use xmx_wire::mxoe::{Mac, NackType};
 
 use super::memory::{GuestMemory, RegionHandle};
 use super::pull::PullSlots;
+use super::wide::WideMedium;
 use super::{ClusterId, GuestId};
 
 /// Why the engine dropped a frame or a packet for a guest.
@@ -119,6 +120,12 @@ pub struct NicCounters {
     /// Broadcasts that told the fabric where the guest's MAC is (not MX frames: not in
     /// `tx_frames`).
     pub announcements: u64,
+    /// MEDIUM fragments sent wider than MX's 4 KiB, to xmx peers that allow them.
+    pub wide_frags_sent: u64,
+    /// Wide MEDIUM fragments received, each split into MX's fragments for the library.
+    pub wide_frags_received: u64,
+    /// Wide messages sent again at MX's stride (the peer stopped taking them).
+    pub wide_downgrades: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -170,6 +177,8 @@ pub(crate) struct GuestWire {
     pub counters: NicCounters,
     /// Our index in each peer's table, as the peer told us (CONNECT, HOST_QUERY/REPLY).
     pub reverse_index: FxHashMap<Mac, u16>,
+    /// How long MEDIUM fragments toward each peer may be (their CONNECTs' marks).
+    pub wide: WideMedium,
     /// Bytes of this guest's frames waiting in the transmit queue.
     pub tx_bytes_queued: usize,
     /// Its share of the pull budget against other guests' (dom0's QoS weight, >= 1).

@@ -638,7 +638,7 @@ fn transfer_between(
 }
 
 fn mark_of(pull: &WireFrame) -> u8 {
-    xmx_wire::mxoe::pull::reply_frames_mark::read(&pull.bytes[HEAD_LEN + PULL_LEN..])
+    xmx_wire::mxoe::units_mark::read(&pull.bytes[HEAD_LEN + PULL_LEN..])
 }
 
 /// Between two xmx hosts that both allow it, a reply carries two frames' data: half the

@@ -59,10 +59,11 @@ struct BackdArgs {
     /// as a source guest that real Xen is migrating).
     #[arg(long, env = "XMX_PULL_RETRIES", default_value_t = EngineConfig::default().pull_retries_max, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pull_retries: u32,
-    /// Frames' worth of data (4 KiB each) one PULL_REPLY carries between xmx hosts, 1 to
-    /// 8 (default: as many as the interface's MTU takes, 2 at 9000). 1 keeps to MX's
-    /// replies, for a fabric whose switches drop frames the interfaces would take. MX
-    /// and Open-MX peers are never asked for more than one, nor sent more.
+    /// Frames' worth of data (4 KiB each) one frame carries between xmx hosts, a
+    /// PULL_REPLY or a MEDIUM fragment, 1 to 8 (default: as many as the interface's MTU
+    /// takes, 2 at 9000). 1 keeps to MX's frames, for a fabric whose switches drop frames
+    /// the interfaces would take. MX and Open-MX peers are never asked for more than
+    /// one, nor sent more.
     #[arg(long, env = "XMX_PULL_REPLY_FRAMES", value_parser = clap::value_parser!(u8).range(1..=8))]
     pull_reply_frames: Option<u8>,
     /// KiB of a guest's pull landed in order after which its library is told, so that it

@@ -1,14 +1,14 @@
-//! MEDIUM: one fragment of a message of at most 32 KiB. In MX wire-compatible
-//! mode fragments are at most 4096 bytes and fragment `n` sits at offset
-//! `n << frag_pipeline` (pipeline 12) of the message.
+//! MEDIUM: one fragment of a message of at most 32 KiB. Fragment `n` sits at offset
+//! `n << frag_pipeline` of the message and carries at most `1 << frag_pipeline` bytes.
+//! MX and Open-MX send and take pipeline 12 (4096-byte fragments) only; xmx sends wider
+//! fragments (pipeline up to 15) to a board that allows them
+//! ([`units_mark`](super::units_mark)), and takes them from anyone.
 
 use super::access::{
     clamped, clamped_mut, expect_ptype, need, packet_fields, packet_view, put, room,
 };
 use super::msg::{join_match, split_match, MsgHeader};
-use super::{
-    PacketType, MEDIUM_FRAGS_MAX, MEDIUM_FRAG_LEN_MAX, MEDIUM_FRAG_LEN_SHIFT, MEDIUM_MSG_LEN_MAX,
-};
+use super::{PacketType, MEDIUM_FRAG_LEN_SHIFT, MEDIUM_FRAG_LEN_SHIFT_MAX, MEDIUM_MSG_LEN_MAX};
 use crate::{Error, Result};
 
 /// Byte offsets inside the MEDIUM fragment header (32 bytes).
@@ -39,7 +39,7 @@ pub mod field {
     pub const FRAG_LENGTH: usize = 24;
     /// Index of this fragment in the message.
     pub const FRAG_SEQNUM: usize = 26;
-    /// log2 of the fragment stride (12).
+    /// log2 of the fragment stride (12 in MX; up to 15 between xmx boards).
     pub const FRAG_PIPELINE: usize = 27;
     /// Message checksum.
     pub const CHECKSUM: usize = 28;
@@ -134,16 +134,19 @@ pub struct MediumRepr<'a> {
     pub header: MsgHeader,
     /// Length of the whole message (at most 32 KiB).
     pub msg_length: u16,
-    /// Index of this fragment (below 8).
+    /// Index of this fragment (below 8 at MX's stride).
     pub frag_seqnum: u8,
-    /// This fragment's data (at most 4096 bytes).
+    /// log2 of the fragment stride: [`MEDIUM_FRAG_LEN_SHIFT`] (MX's 4096 bytes), or
+    /// wider, up to [`MEDIUM_FRAG_LEN_SHIFT_MAX`], toward an xmx board that allows it.
+    pub frag_pipeline: u8,
+    /// This fragment's data (at most `1 << frag_pipeline` bytes).
     pub data: &'a [u8],
 }
 
 impl<'a> MediumRepr<'a> {
     /// Byte offset of this fragment in the message.
     pub const fn frag_offset(&self) -> usize {
-        (self.frag_seqnum as usize) << MEDIUM_FRAG_LEN_SHIFT
+        (self.frag_seqnum as usize) << self.frag_pipeline
     }
 
     fn validate(
@@ -153,19 +156,21 @@ impl<'a> MediumRepr<'a> {
         frag_length: usize,
     ) -> Result<()> {
         let invalid = |field, reason| Err(Error::Invalid { field, reason });
-        if frag_length > MEDIUM_FRAG_LEN_MAX {
-            return invalid("medium frag length", "above 4096");
+        let pipeline = u32::from(frag_pipeline);
+        if !(MEDIUM_FRAG_LEN_SHIFT..=MEDIUM_FRAG_LEN_SHIFT_MAX).contains(&pipeline) {
+            return invalid("medium frag pipeline", "stride not 4 to 32 KiB");
         }
-        if usize::from(frag_seqnum) >= MEDIUM_FRAGS_MAX {
-            return invalid("medium frag seqnum", "a message has at most 8 fragments");
+        if frag_length > 1 << pipeline {
+            return invalid("medium frag length", "above the stride");
         }
-        if u32::from(frag_pipeline) != MEDIUM_FRAG_LEN_SHIFT {
-            return invalid("medium frag pipeline", "MX wire-compatible stride is 12");
+        let start = usize::from(frag_seqnum) << pipeline;
+        if start >= MEDIUM_MSG_LEN_MAX {
+            return invalid("medium frag seqnum", "a message has at most 32 KiB");
         }
         if usize::from(msg_length) > MEDIUM_MSG_LEN_MAX {
             return invalid("medium length", "above 32 KiB");
         }
-        let end = (usize::from(frag_seqnum) << MEDIUM_FRAG_LEN_SHIFT) + frag_length;
+        let end = start + frag_length;
         if end > usize::from(msg_length) {
             return invalid("medium frag length", "fragment ends past the message");
         }
@@ -195,6 +200,7 @@ impl<'a> MediumRepr<'a> {
             },
             msg_length: packet.length(),
             frag_seqnum: packet.frag_seqnum(),
+            frag_pipeline: packet.frag_pipeline(),
             data: packet.data_ref(),
         })
     }
@@ -219,7 +225,7 @@ impl<'a> MediumRepr<'a> {
         packet: &mut MediumPacket<T>,
         data_len: usize,
     ) -> Result<()> {
-        let pipeline = MEDIUM_FRAG_LEN_SHIFT as u8;
+        let pipeline = self.frag_pipeline;
         Self::validate(self.msg_length, self.frag_seqnum, pipeline, data_len)?;
         room(packet.buffer.as_ref().len(), field::DATA)?;
         let h = &self.header;
@@ -233,7 +239,7 @@ impl<'a> MediumRepr<'a> {
         packet.set_lib_piggyack(h.lib_piggyack);
         packet.set_match_info(h.match_info);
         packet.set_session(h.session);
-        // validate() bounded the data to 4096 bytes.
+        // validate() bounded the data to the stride, at most 32 KiB.
         packet.set_frag_length(data_len as u16);
         packet.set_frag_seqnum(self.frag_seqnum);
         packet.set_frag_pipeline(pipeline);

@@ -47,6 +47,7 @@ pub mod raw;
 pub mod rndv;
 pub mod truc;
 mod types;
+pub mod units_mark;
 
 pub use connect::{ConnectData, ConnectPacket, ConnectReplyData, ConnectRepr, ConnectRequestData};
 pub use frame::{FrameRepr, PacketRepr};
@@ -115,6 +116,9 @@ pub const MEDIUM_MSG_LEN_MAX: usize = 32 * 1024;
 pub const MEDIUM_FRAG_LEN_MAX: usize = 4096;
 /// log2 of [`MEDIUM_FRAG_LEN_MAX`]: fragment `n` starts at `n << 12`.
 pub const MEDIUM_FRAG_LEN_SHIFT: u32 = 12;
+/// The widest fragment stride (log2) xmx sends a board that allows it
+/// ([`units_mark`]): one fragment for a whole 32 KiB message.
+pub const MEDIUM_FRAG_LEN_SHIFT_MAX: u32 = 15;
 /// Fragments in the longest MEDIUM message.
 pub const MEDIUM_FRAGS_MAX: usize = MEDIUM_MSG_LEN_MAX / MEDIUM_FRAG_LEN_MAX;
 /// Longest PULL_REPLY payload.

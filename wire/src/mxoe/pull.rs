@@ -272,14 +272,14 @@ pub struct PullReplyRepr<'a> {
     /// The puller's endpoint magic.
     pub dst_magic: u32,
     /// This frame's data: at most 4096 bytes (MX), or the data of up to a block's
-    /// consecutive frames for a puller that asked for it ([`reply_frames_mark`]).
+    /// consecutive frames for a puller that asked for it ([`units_mark`](super::units_mark)).
     pub data: &'a [u8],
 }
 
 impl<'a> PullReplyRepr<'a> {
     /// Reads a PULL_REPLY; its data must be present and at most a block (32 KiB): MX
     /// sends at most 4096 bytes, xmx more only to a puller that asked
-    /// ([`reply_frames_mark`]), and the puller checks the data against the frames it
+    /// ([`units_mark`](super::units_mark)), and the puller checks the data against the frames it
     /// requested.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &PullReplyPacket<&'a T>) -> Result<Self> {
         packet.check_len()?;
@@ -338,41 +338,5 @@ impl<'a> PullReplyRepr<'a> {
         packet.set_dst_pull_handle(self.dst_pull_handle);
         packet.set_dst_magic(self.dst_magic);
         Ok(())
-    }
-}
-
-/// xmx's extension of PULL: a puller whose link takes frames longer than MX's says how
-/// many frames' worth of data (4 KiB each) one PULL_REPLY may carry, in the Ethernet
-/// padding right after the packet. MX and Open-MX never read the padding, so they answer
-/// with one frame per reply as always; an xmx sender answers with up to that many
-/// consecutive frames per reply, each still numbered and placed as MX's would be.
-pub mod reply_frames_mark {
-    use super::super::PULL_REPLIES_PER_BLOCK;
-
-    /// The mark's tag; the count follows it.
-    pub const TAG: [u8; 3] = *b"xmx";
-    /// Bytes of the mark.
-    pub const LEN: usize = TAG.len() + 1;
-
-    /// Writes the mark for `frames` per reply at the start of `after_packet` (the bytes
-    /// right after the PULL packet); false (nothing written) if it has no room.
-    pub fn write(after_packet: &mut [u8], frames: u8) -> bool {
-        let Some(mark) = after_packet.get_mut(..LEN) else {
-            return false;
-        };
-        mark[..TAG.len()].copy_from_slice(&TAG);
-        mark[TAG.len()] = frames;
-        true
-    }
-
-    /// Frames per reply the puller asked for: 1 without a mark (MX, Open-MX), and at
-    /// most a block's [`PULL_REPLIES_PER_BLOCK`].
-    pub fn read(after_packet: &[u8]) -> u8 {
-        match after_packet.get(..LEN) {
-            Some(mark) if mark[..TAG.len()] == TAG => {
-                mark[TAG.len()].clamp(1, PULL_REPLIES_PER_BLOCK as u8)
-            }
-            _ => 1,
-        }
     }
 }

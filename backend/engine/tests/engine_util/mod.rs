@@ -11,7 +11,7 @@ use xmx_engine::{
 use xmx_wire::msg::{
     DoneStatus, Event, EventBody, InlineData, InlineMsg, MsgInfo, Route, SendOp, SendRequest,
 };
-use xmx_wire::mxoe::pull::reply_frames_mark;
+use xmx_wire::mxoe::units_mark;
 use xmx_wire::mxoe::{FrameRepr, Mac, PacketRepr, PacketType, ETH_FRAME_LEN_MIN, HEAD_LEN};
 
 /// Send-queue slots of every test endpoint.
@@ -315,11 +315,14 @@ fn check_frame(tb: &Testbed, frame: &WireFrame) {
     );
     assert!(frame.bytes.len() >= HEAD_LEN);
     // Frame buffers are pooled across guests: what pads a short frame must be zeros,
-    // never an earlier frame's bytes; a PULL may start it with xmx's mark.
+    // never an earlier frame's bytes; a PULL or a CONNECT may start it with xmx's mark.
     let mut padding = &frame.bytes[repr.buffer_len()..];
-    if repr.packet.packet_type() == PacketType::Pull && padding.starts_with(&reply_frames_mark::TAG)
-    {
-        padding = &padding[reply_frames_mark::LEN..];
+    let marked = matches!(
+        repr.packet.packet_type(),
+        PacketType::Pull | PacketType::Connect
+    );
+    if marked && padding.starts_with(&units_mark::TAG) {
+        padding = &padding[units_mark::LEN..];
     }
     assert!(padding.iter().all(|&b| b == 0), "Ethernet padding is zeros");
 }

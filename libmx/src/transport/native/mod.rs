@@ -103,9 +103,10 @@ pub(crate) struct NativeConfig {
     /// asks again (default: the engine's).
     pub(crate) pull_timeout: Option<Duration>,
     /// `XMX_PULL_REPLY_FRAMES` (1 to 8; default: as many as the link's MTU
-    /// takes): frames' worth of data one PULL_REPLY carries between xmx
-    /// boards. 1 keeps to MX's replies, for a fabric whose switches drop
-    /// frames longer than the interfaces' MTU suggests.
+    /// takes): frames' worth of data one frame (a PULL_REPLY or a MEDIUM
+    /// fragment) carries between xmx boards. 1 keeps to MX's frames, for a
+    /// fabric whose switches drop frames longer than the interfaces' MTU
+    /// suggests.
     pub(crate) pull_reply_frames: Option<u8>,
     /// `XMX_DISCOVERY_MS` (default 1000): how long a hostname lookup waits
     /// for HOST_REPLY answers.
