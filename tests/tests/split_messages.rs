@@ -290,4 +290,22 @@ fn frames_on_the_link_are_mxoe() {
             );
         }
     }
+    // The backends count the wide fragments both ways.
+    for h in 0..2 {
+        let report = c.admin(h, &["counters"]);
+        let nics: Vec<&serde_json::Value> = report["guests"]
+            .as_array()
+            .expect("guests")
+            .iter()
+            .map(|g| &g["nic"])
+            .filter(|n| !n.is_null())
+            .collect();
+        let sum = |key: &str| {
+            nics.iter()
+                .map(|n| n[key].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        };
+        assert!(sum("wide_frags_sent") > 0, "host {h}: {report}");
+        assert!(sum("wide_frags_received") > 0, "host {h}: {report}");
+    }
 }

@@ -83,15 +83,9 @@ impl Engine {
                     src_endpoint: endpoint,
                     lib_seqnum: header.lib_seqnum,
                 };
-                let stride = link
-                    .wide
-                    .stride(wide, m.length, ctx.config.pull_reply_frames);
-                let shift = stride.shift;
-                // Send-queue slots (4 KiB each) per fragment: 1 at MX's stride.
-                let per_frag = 1usize << (shift - MEDIUM_FRAG_LEN_SHIFT);
                 let slots = m.sendq_slots.as_slice();
-                let frags = slots.len().div_ceil(per_frag);
-                let wire_bytes = frags * (HEAD_LEN + MEDIUM_LEN) + m.length as usize;
+                // Counted at MX's stride, the most frames the message can take.
+                let wire_bytes = slots.len() * (HEAD_LEN + MEDIUM_LEN) + m.length as usize;
                 if ctx.path(dst) == Path::Wire
                     && link.tx_bytes_queued + wire_bytes > ctx.config.max_tx_bytes_per_guest
                 {
@@ -99,6 +93,14 @@ impl Engine {
                     ctx.refuse(link, endpoint, tag, ErrorCode::NoResources);
                     return Ok(());
                 }
+                // Chosen once the message goes: one refused is not taken for sent.
+                let stride = link
+                    .wide
+                    .stride(wide, m.length, ctx.config.pull_reply_frames);
+                let shift = stride.shift;
+                // Send-queue slots (4 KiB each) per fragment: 1 at MX's stride.
+                let per_frag = 1usize << (shift - MEDIUM_FRAG_LEN_SHIFT);
+                let frags = slots.len().div_ceil(per_frag);
                 if stride.downgraded {
                     link.counters.wide_downgrades += 1;
                 }

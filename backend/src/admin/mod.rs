@@ -31,7 +31,8 @@
 //!                "nic":{"tx_frames","tx_bytes","local_frames","local_bytes","rx_frames",
 //!                       "rx_bytes","nacks_sent","send_errors","pulls_done","pulls_failed",
 //!                       "retransmits","quota_refusals","total_drops","drops":{REASON:N},
-//!                       "weight","pull_frames_granted"},
+//!                       "weight","pull_frames_granted","wide_frags_sent",
+//!                       "wide_frags_received","wide_downgrades"},
 //!                "endpoints":[{"endpoint","send_requests","events","event_drops",
 //!                              "notifications","quiet_send_done","quiet_events",
 //!                              "backlog"}]}]}`
@@ -199,6 +200,15 @@ pub struct NicCountersReport {
     /// PULL_REPLY frames of the host's budget granted to the guest's pulls.
     #[serde(default)]
     pub pull_frames_granted: u64,
+    /// MEDIUM fragments sent wider than MX's 4 KiB, to xmx peers that allow them.
+    #[serde(default)]
+    pub wide_frags_sent: u64,
+    /// Wide MEDIUM fragments received (split into MX's for the guest).
+    #[serde(default)]
+    pub wide_frags_received: u64,
+    /// Wide messages sent again in MX's fragments (a peer stopped taking them).
+    #[serde(default)]
+    pub wide_downgrades: u64,
 }
 
 fn default_qos_weight() -> u32 {

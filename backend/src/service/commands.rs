@@ -28,6 +28,9 @@ fn nic_report(nic: &VirtualNic, pull_frames_granted: u64) -> NicCountersReport {
         pulls_failed: c.pulls_failed,
         retransmits: c.pull_rerequests,
         quota_refusals: c.quota_refusals,
+        wide_frags_sent: c.wide_frags_sent,
+        wide_frags_received: c.wide_frags_received,
+        wide_downgrades: c.wide_downgrades,
         total_drops: c.total_drops(),
         drops: DropReason::ALL
             .iter()
