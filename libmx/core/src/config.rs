@@ -27,6 +27,10 @@ pub const DEFAULT_IMM_ACK_THRESHOLD: u16 = 4;
 /// MX counts this window in messages, as here; a wire-compatible peer only
 /// ever sees fewer frames in flight than the protocol allows.
 pub const DEFAULT_SEND_WINDOW: u16 = 16;
+/// Unexpected LARGE messages up to this size are pulled before their receive by
+/// default: where the pull's round trip is a large share of the message's time
+/// (at 1 MiB it is a few percent, and the copy out costs more than it saves).
+pub const DEFAULT_EARLY_PULL_MAX: u32 = 256 << 10;
 
 /// Tunables of an [`Endpoint`](crate::Endpoint).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +63,14 @@ pub struct Config {
     pub unexpected_bytes_max: usize,
     /// Out-of-order frames kept per partner while an earlier one is missing.
     pub early_frames_max: usize,
+    /// LARGE messages of at most this many bytes that arrive before their receive is
+    /// posted are pulled at once into the library's memory (within
+    /// [`unexpected_bytes_max`](Self::unexpected_bytes_max)) and copied out when a
+    /// receive takes them: the pull's round trip overlaps the application's work
+    /// instead of following the post. The sender still completes only once a receive
+    /// took the message (its NOTIFY waits for the match), as MX's `mx_issend` needs.
+    /// 0 pulls only for a posted receive, as MX does.
+    pub early_pull_max: u32,
     /// Sequenced messages per partner in flight (sent, not yet acked) before
     /// further sends wait; at most the protocol's throttle window. A receiver
     /// whose queue of MEDIUM fragments is smaller than what a sender has in
@@ -81,6 +93,7 @@ impl Default for Config {
             rendezvous_timeout: None,
             unexpected_bytes_max: 64 << 20,
             early_frames_max: 1024,
+            early_pull_max: DEFAULT_EARLY_PULL_MAX,
             send_window: DEFAULT_SEND_WINDOW,
         }
     }
@@ -92,8 +105,9 @@ impl Config {
     /// `MX_MAX_RETRIES` set [`max_retries`](Self::max_retries);
     /// `OMX_NOTACKED_MAX` or else `MX_IMM_ACK` set
     /// [`imm_ack_threshold`](Self::imm_ack_threshold); `XMX_SEND_WINDOW` sets
-    /// [`send_window`](Self::send_window). Unparsable values are ignored with
-    /// a warning.
+    /// [`send_window`](Self::send_window); `XMX_EARLY_PULL_KIB` sets
+    /// [`early_pull_max`](Self::early_pull_max) in KiB (0: never). Unparsable
+    /// values are ignored with a warning.
     pub fn with_env(mut self, lookup: impl Fn(&str) -> Option<String>) -> Self {
         let pick = |a: &str, b: &str| {
             lookup(a)
@@ -116,6 +130,12 @@ impl Config {
             match v.trim().parse::<u16>() {
                 Ok(n) => self.send_window = n,
                 Err(_) => tracing::warn!(value = %v, "ignoring unparsable XMX_SEND_WINDOW"),
+            }
+        }
+        if let Some(v) = lookup("XMX_EARLY_PULL_KIB") {
+            match v.trim().parse::<u32>() {
+                Ok(kib) => self.early_pull_max = kib.saturating_mul(1024),
+                Err(_) => tracing::warn!(value = %v, "ignoring unparsable XMX_EARLY_PULL_KIB"),
             }
         }
         self
@@ -236,5 +256,12 @@ mod tests {
         let env: HashMap<&str, &str> = [("XMX_SEND_WINDOW", "-1")].into();
         let c = Config::default().with_env(|k| env.get(k).map(|v| v.to_string()));
         assert_eq!(c.send_window, DEFAULT_SEND_WINDOW);
+
+        let env: HashMap<&str, &str> = [("XMX_EARLY_PULL_KIB", "0")].into();
+        let c = Config::default().with_env(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(c.early_pull_max, 0);
+        let env: HashMap<&str, &str> = [("XMX_EARLY_PULL_KIB", "64")].into();
+        let c = Config::default().with_env(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(c.early_pull_max, 64 << 10);
     }
 }

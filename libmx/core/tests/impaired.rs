@@ -96,8 +96,11 @@ fn take_recv(s: &mut Sim, node: usize, id: u64) -> Option<RecvDone> {
         return None;
     };
     assert!(done.next().is_none(), "receive {id} completed twice");
+    // Pulled into the receive's buffer, or before the receive (the bytes came
+    // with it, and the simulation kept a copy).
+    let pulled = s.pulled.remove(&(node, id)).unwrap_or_default();
     if r.data.is_empty() {
-        r.data = s.pulled.remove(&(node, id)).unwrap_or_default();
+        r.data = pulled;
     }
     Some(r)
 }
@@ -304,7 +307,12 @@ fn settle(s: &mut Sim, what: &str) {
         let stray: Vec<&EndpointEvent> = n
             .events
             .iter()
-            .filter(|e| !matches!(e, EndpointEvent::PullNeeded(_)))
+            .filter(|e| {
+                !matches!(
+                    e,
+                    EndpointEvent::PullNeeded(_) | EndpointEvent::EarlyPullNeeded(_)
+                )
+            })
             .collect();
         assert!(stray.is_empty(), "{what}: node {i} stray events {stray:?}");
     }

@@ -142,7 +142,7 @@ proptest! {
         let sends = s.nodes[0].take_events(|e| matches!(e, EndpointEvent::SendDone { status: Status::Success, .. }));
         prop_assert_eq!(sends.len(), n);
         prop_assert!(s.nodes[0].events.is_empty(), "stray events {:?}", s.nodes[0].events);
-        prop_assert!(s.nodes[1].events.iter().all(|e| matches!(e, EndpointEvent::PullNeeded(_))));
+        prop_assert!(s.nodes[1].events.iter().all(|e| matches!(e, EndpointEvent::PullNeeded(_) | EndpointEvent::EarlyPullNeeded(_))));
         prop_assert_eq!(s.nodes[0].ep.pending_requests(), 0);
         prop_assert_eq!(s.nodes[1].ep.pending_requests(), 0);
     }

@@ -107,6 +107,40 @@ pub(crate) struct EndpointState {
     /// reading the clock again there cost a send or receive tens of
     /// nanoseconds for a reading a few hundred nanoseconds fresher.
     pub(crate) now: xmx_mx::Instant,
+    /// The buffers of pulls started before a receive took their message
+    /// (`EndpointEvent::EarlyPullNeeded`), by pull, until the transport ends
+    /// each pull. Declared after `port`: fields drop in order, and a pull's
+    /// buffer must outlive the port that writes into it.
+    /// Each with the pull's length.
+    early_pulls: FxHashMap<RequestId, (Vec<u8>, usize)>,
+    /// Buffers of early pulls whose bytes were delivered, for the next: the
+    /// same memory each time, a registration cache hit in a guest and no
+    /// fresh pages to fault in natively.
+    early_pool: Vec<Vec<u8>>,
+}
+
+/// Early-pull buffers kept for reuse per endpoint.
+const EARLY_POOL_MAX: usize = 8;
+
+impl EndpointState {
+    /// A buffer for an early pull of `len` bytes, from the pool if one is long enough.
+    fn early_buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.early_pool.iter().position(|b| b.capacity() >= len) {
+            Some(i) => {
+                let mut buf = self.early_pool.swap_remove(i);
+                buf.clear();
+                buf
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Keeps a delivered (or failed) early pull's buffer for the next one.
+    fn keep_early_buffer(&mut self, buf: Vec<u8>) {
+        if self.early_pool.len() < EARLY_POOL_MAX {
+            self.early_pool.push(buf);
+        }
+    }
 }
 
 /// What [`AppEndpoint::stall_view`] saw.
@@ -259,6 +293,8 @@ impl AppEndpoint {
                 unexp: unexp::Unexp::default(),
                 completed: false,
                 now: runtime::now(),
+                early_pulls: FxHashMap::default(),
+                early_pool: Vec::new(),
             }),
             handlers: Mutex::new(()),
         });
@@ -832,6 +868,26 @@ impl AppEndpoint {
                     let _ = st.core.pull_done(now, p.id, Status::Aborted);
                 }
             },
+            EndpointEvent::EarlyPullNeeded(p) => {
+                // Not zeroed: the pull writes every byte before any is read
+                // (see `finish_pull`), and zeroing cost as much as the copy out.
+                let mut buf = st.early_buffer(p.length as usize);
+                // SAFETY: the block `buf` reserved is kept in `early_pulls`
+                // until the transport reports this pull ended (`finish_pull`)
+                // or the port is gone (it drops first), and is never resized
+                // meanwhile: a Vec's heap block does not move when the Vec
+                // itself is moved. The transport only writes through it.
+                let segs = unsafe {
+                    Segments::from_parts(vec![(buf.as_mut_ptr() as usize, p.length as usize)])
+                };
+                st.early_pulls.insert(p.id, (buf, p.length as usize));
+                let progress = st
+                    .regions
+                    .pull(p.id, p.source.peer, p.window, &segs, p.length);
+                if let PullProgress::Done(result) = progress {
+                    self.finish_pull(st, now, p.id, result);
+                }
+            }
         }
     }
 
@@ -843,6 +899,25 @@ impl AppEndpoint {
         result: Result<(), Status>,
     ) {
         counters::add(Counter::Pulls, 1);
+        if let Some((mut buf, len)) = st.early_pulls.remove(&id) {
+            let result = match result {
+                Ok(()) => {
+                    // SAFETY: `buf` reserved `len` bytes (the pull's length),
+                    // and a transport reports a pull done only once it wrote
+                    // every one of them: all `len` are initialised.
+                    unsafe { buf.set_len(len) };
+                    Ok(buf)
+                }
+                Err(status) => {
+                    st.keep_early_buffer(buf);
+                    Err(status)
+                }
+            };
+            if st.core.early_pull_done(now, id, result).is_err() {
+                tracing::debug!(?id, "early pull finished for a message that is gone");
+            }
+            return;
+        }
         let status = match result {
             Ok(()) => Status::Success,
             Err(s) => s,
@@ -861,6 +936,9 @@ impl AppEndpoint {
         } else {
             r.segs.scatter(&done.data)
         };
+        // Only a LARGE message pulled before its receive brings more than a
+        // MEDIUM's bytes: its buffer serves the next early pull.
+        let early = done.data.capacity() > xmx_mx::MEDIUM_MAX;
         r.code = done.status;
         r.source = Addr {
             nic_id: self
@@ -876,6 +954,9 @@ impl AppEndpoint {
         r.xfer_length = written as u32;
         counters::add(Counter::BytesReceived, r.xfer_length as u64);
         self.complete(st, seq);
+        if early {
+            st.keep_early_buffer(done.data);
+        }
     }
 
     /// A request finished: queue it for test/wait (or drop it if forgotten).

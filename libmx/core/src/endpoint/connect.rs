@@ -155,14 +155,17 @@ impl Endpoint {
                 }
             }
         }
-        // Unexpected rendezvous name the old connection's memory: unusable now.
-        // Whole unexpected messages were acked and stay deliverable.
+        // Unexpected rendezvous name the old connection's memory: unusable now
+        // (one pulled early too: its NOTIFY has nobody to go to). Whole unexpected
+        // messages were acked and stay deliverable.
         let inbound = &self.inbound;
         let stale = self.matcher.remove_unexpected(
-            |iid| matches!(inbound.get(iid), Some(i) if i.source == peer && matches!(i.content, Content::Rndv(_))),
+            |iid| matches!(inbound.get(iid), Some(i) if i.source == peer && i.is_rendezvous()),
         );
         for iid in stale {
-            self.inbound.remove(&iid);
+            if let Some(inb) = self.inbound.remove(&iid) {
+                self.unexpected_bytes -= inb.stored_len();
+            }
         }
         if let Some(p) = self.partners.get_mut(&peer) {
             p.reset();

@@ -136,6 +136,10 @@ pub enum EndpointEvent {
     RecvDone(RecvDone),
     /// A receive needs its LARGE data pulled.
     PullNeeded(PullNeeded),
+    /// An unexpected LARGE message is to be pulled into the library's memory before a
+    /// receive takes it ([`Config::early_pull_max`]): `id` names the pull, not a
+    /// request. Report its end with [`Endpoint::early_pull_done`].
+    EarlyPullNeeded(PullNeeded),
     /// A message matched no posted receive and joined the unexpected queue
     /// (reported only after [`Endpoint::set_unexpected_events`]).
     Unexpected(UnexpectedArrival),
@@ -250,6 +254,15 @@ enum Content {
     Whole(Vec<u8>),
     Assembling(Reassembly),
     Rndv(RdmaWindow),
+    /// A LARGE message pulled before any receive took it (see
+    /// [`Config::early_pull_max`]): the NOTIFY waits for the receive.
+    EarlyPull {
+        window: RdmaWindow,
+        /// The pull's id while it runs; `None` once landed.
+        pull: Option<RequestId>,
+        /// The pulled bytes, once landed.
+        data: Vec<u8>,
+    },
 }
 
 /// A message being received (matched or not).
@@ -270,6 +283,11 @@ impl InboundMessage {
             _ => self.msg_length as usize,
         }
     }
+
+    /// Whether the message names its sender's memory (a rendezvous, pulled or not).
+    fn is_rendezvous(&self) -> bool {
+        matches!(self.content, Content::Rndv(_) | Content::EarlyPull { .. })
+    }
 }
 
 /// One MX endpoint's protocol state machine.
@@ -285,6 +303,8 @@ pub struct Endpoint {
     /// time per message.
     requests: FxHashMap<RequestId, CoreRequest>,
     inbound: FxHashMap<InboundId, InboundMessage>,
+    /// Pulls started before a receive took their message: pull id to message.
+    early_pulls: FxHashMap<RequestId, InboundId>,
     matcher: Matcher<RequestId, InboundId>,
     unexpected_bytes: usize,
     /// Whether arrivals into the unexpected queue are reported.
@@ -331,6 +351,7 @@ impl Endpoint {
             partners: BTreeMap::new(),
             requests: FxHashMap::default(),
             inbound: FxHashMap::default(),
+            early_pulls: FxHashMap::default(),
             matcher: Matcher::new(),
             unexpected_bytes: 0,
             report_unexpected: false,
@@ -695,7 +716,46 @@ impl Endpoint {
             })) => *large,
             _ => return Err(Error::BadRequest(id)),
         };
-        self.start_notify(now, id, large, status);
+        self.start_notify(now, id, large, status, Vec::new());
+        Ok(())
+    }
+
+    /// Reports the end of a pull requested by [`EndpointEvent::EarlyPullNeeded`]:
+    /// `Ok` with the message's bytes, or the pull's failure. A message a receive took
+    /// meanwhile completes now; one still unexpected keeps its bytes until a receive
+    /// takes it. A failed pull leaves the message a plain rendezvous, pulled again
+    /// into the receive's buffer once one takes it. `Err` if the message is gone (its
+    /// partner's connection was reset): the bytes are dropped.
+    pub fn early_pull_done(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        result: Result<Vec<u8>, Status>,
+    ) -> Result<(), Error> {
+        self.timers_changed();
+        let iid = self.early_pulls.remove(&id).ok_or(Error::BadRequest(id))?;
+        let inb = self.inbound.get_mut(&iid).ok_or(Error::BadRequest(id))?;
+        let Content::EarlyPull { window, .. } = inb.content else {
+            return Err(Error::BadRequest(id));
+        };
+        match result {
+            Ok(data) if data.len() == inb.msg_length as usize => {
+                inb.content = Content::EarlyPull {
+                    window,
+                    pull: None,
+                    data,
+                };
+            }
+            failed => {
+                let status = failed.err().unwrap_or(Status::Aborted);
+                tracing::debug!(%status, "early pull failed; pulled again once received");
+                if inb.recv.is_none() {
+                    self.unexpected_bytes -= inb.stored_len();
+                }
+                inb.content = Content::Rndv(window);
+            }
+        }
+        self.settle(now, iid);
         Ok(())
     }
 
@@ -1045,6 +1105,14 @@ mod tests {
                                 Status::Success
                             };
                             let _ = self.eps[i].pull_done(self.now, p.id, status);
+                        }
+                        EndpointEvent::EarlyPullNeeded(p) => {
+                            let result = if rng.u8(..4) == 0 {
+                                Err(Status::BadRdmawin)
+                            } else {
+                                Ok(vec![0; p.length as usize])
+                            };
+                            let _ = self.eps[i].early_pull_done(self.now, p.id, result);
                         }
                         EndpointEvent::RecvDone(r) => self.posted[i].retain(|&x| x != r.id),
                         EndpointEvent::Unexpected(u) => self.unexpected[i].push(u.id),

@@ -294,6 +294,27 @@ impl Endpoint {
                 self.settle(now, iid);
             }
             None => {
+                if let Content::Rndv(window) = inb.content {
+                    let fits = self.unexpected_bytes + msg_length as usize
+                        <= self.config.unexpected_bytes_max;
+                    if msg_length > 0 && msg_length <= self.config.early_pull_max && fits {
+                        let pull = self.alloc_request();
+                        self.early_pulls.insert(pull, iid);
+                        inb.content = Content::EarlyPull {
+                            window,
+                            pull: Some(pull),
+                            data: Vec::new(),
+                        };
+                        let source = self.addr_of(src);
+                        self.events
+                            .push_back(EndpointEvent::EarlyPullNeeded(PullNeeded {
+                                id: pull,
+                                source,
+                                window,
+                                length: msg_length,
+                            }));
+                    }
+                }
                 self.unexpected_bytes += inb.stored_len();
                 if self.report_unexpected {
                     let source = self.addr_of(src);
@@ -376,6 +397,32 @@ impl Endpoint {
                 };
                 self.complete_recv(rid, inb.source, inb.match_info, inb.msg_length, data, None);
             }
+            Content::EarlyPull { pull: Some(_), .. } => {
+                // Matched while its early pull runs: done when the pull ends.
+                if let Some(CoreRequest::Recv(r)) = self.requests.get_mut(&rid) {
+                    r.state = RecvState::Assembling;
+                }
+            }
+            Content::EarlyPull { pull: None, .. } => {
+                let Some(inb) = self.inbound.remove(&iid) else {
+                    return;
+                };
+                let Content::EarlyPull { window, data, .. } = inb.content else {
+                    return;
+                };
+                let capacity = match self.requests.get(&rid) {
+                    Some(CoreRequest::Recv(r)) => r.capacity,
+                    _ => return,
+                };
+                let large = LargeRecv {
+                    source: inb.source,
+                    window,
+                    match_info: inb.match_info,
+                    msg_length: inb.msg_length,
+                    xfer_length: (inb.msg_length as usize).min(capacity) as u32,
+                };
+                self.start_notify(now, rid, large, Status::Success, data);
+            }
             Content::Rndv(window) => {
                 let Some(inb) = self.inbound.remove(&iid) else {
                     return;
@@ -393,7 +440,7 @@ impl Endpoint {
                     xfer_length,
                 };
                 if xfer_length == 0 {
-                    self.start_notify(now, rid, large, Status::Success);
+                    self.start_notify(now, rid, large, Status::Success, Vec::new());
                 } else {
                     if let Some(CoreRequest::Recv(r)) = self.requests.get_mut(&rid) {
                         r.state = RecvState::Pulling(large);
@@ -410,12 +457,16 @@ impl Endpoint {
         }
     }
 
+    /// `data` is the message's bytes where the library holds them (an early pull,
+    /// see [`Config::early_pull_max`](crate::Config::early_pull_max)); empty where
+    /// they were pulled into the application's buffer.
     pub(super) fn start_notify(
         &mut self,
         now: Instant,
         id: RequestId,
         large: LargeRecv,
         status: Status,
+        mut data: Vec<u8>,
     ) {
         if !matches!(self.requests.get(&id), Some(CoreRequest::Recv(_))) {
             return;
@@ -446,7 +497,8 @@ impl Endpoint {
                 retx: None,
             };
         }
-        // The data is in the application's buffer already: the receive completes
+        // The data is in the application's buffer already (or in `data`, pulled
+        // before the receive was posted): the receive completes
         // now, as MX completes it, and the NOTIFY stays queued until the sender
         // acks it. A sender that closes as soon as it is notified never acks,
         // and that must not turn a delivered message into a failed receive.
@@ -467,7 +519,10 @@ impl Endpoint {
             match_info: large.match_info,
             msg_length: large.msg_length,
             xfer_length,
-            data: Vec::new(),
+            data: {
+                data.truncate(xfer_length as usize);
+                data
+            },
         }));
         self.enqueue_sequenced(now, large.source, id);
     }
