@@ -64,8 +64,9 @@ pub struct Config {
     /// Out-of-order frames kept per partner while an earlier one is missing.
     pub early_frames_max: usize,
     /// LARGE messages of at most this many bytes that arrive before their receive is
-    /// posted are pulled at once into the library's memory (within
-    /// [`unexpected_bytes_max`](Self::unexpected_bytes_max)) and copied out when a
+    /// posted are pulled at once into the library's memory (while the unexpected
+    /// messages hold at most half of [`unexpected_bytes_max`](Self::unexpected_bytes_max),
+    /// so eager messages keep the other half) and copied out when a
     /// receive takes them: the pull's round trip overlaps the application's work
     /// instead of following the post. The sender still completes only once a receive
     /// took the message (its NOTIFY waits for the match), as MX's `mx_issend` needs.

@@ -126,7 +126,8 @@ fn an_unexpected_large_message_is_pulled_at_once_and_its_sender_waits_for_the_re
 fn messages_above_the_limit_or_beyond_the_unexpected_room_wait_for_their_receive() {
     let config = Config {
         early_pull_max: 64 << 10,
-        unexpected_bytes_max: 100_000,
+        // Early pulls take at most half: 100,000.
+        unexpected_bytes_max: 200_000,
         ..Config::default()
     };
     let mut s = pair(config);

@@ -295,8 +295,10 @@ impl Endpoint {
             }
             None => {
                 if let Content::Rndv(window) = inb.content {
+                    // Only into the first half of the unexpected memory: eager
+                    // messages, which have nowhere else to wait, keep the rest.
                     let fits = self.unexpected_bytes + msg_length as usize
-                        <= self.config.unexpected_bytes_max;
+                        <= self.config.unexpected_bytes_max / 2;
                     if msg_length > 0 && msg_length <= self.config.early_pull_max && fits {
                         let pull = self.alloc_request();
                         self.early_pulls.insert(pull, iid);
