@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use xmx_mx::frame::Nack;
 use xmx_mx::{
-    Body, Endpoint, EndpointEvent, Frame, Instant, NackType, PeerAddr, RdmaWindow, RecvDone, Status,
+    Body, Endpoint, EndpointEvent, Frame, Instant, NackType, PeerAddr, PullNeeded, RdmaWindow,
+    RecvDone, Status,
 };
 
 /// The seeded generator that picks losses and delays: a seed replays a run.
@@ -161,6 +162,18 @@ impl Sim {
         self.nodes.iter().position(|n| n.addr() == addr)
     }
 
+    /// The first `p.length` bytes (fewer if it is shorter) of the window a pull names;
+    /// `None` if no such window was registered.
+    fn window_bytes(&self, p: &PullNeeded) -> Option<Vec<u8>> {
+        let key = (
+            p.source.peer.peer_index,
+            p.source.peer.endpoint,
+            p.window.id,
+        );
+        let d = self.windows.get(&key)?;
+        Some(d[..(p.length as usize).min(d.len())].to_vec())
+    }
+
     /// Collects every frame and event the endpoints have ready.
     pub fn pump(&mut self) {
         for i in 0..self.nodes.len() {
@@ -176,14 +189,8 @@ impl Sim {
                 if let EndpointEvent::EarlyPullNeeded(p) = &ev {
                     if self.auto_pull {
                         let data = self
-                            .windows
-                            .get(&(
-                                p.source.peer.peer_index,
-                                p.source.peer.endpoint,
-                                p.window.id,
-                            ))
-                            .filter(|d| d.len() >= p.length as usize)
-                            .map(|d| d[..p.length as usize].to_vec())
+                            .window_bytes(p)
+                            .filter(|d| d.len() == p.length as usize)
                             .ok_or(Status::BadRdmawin);
                         let now = self.now;
                         // Gone if its partner's connection was reset meanwhile.
@@ -206,14 +213,7 @@ impl Sim {
                 }
                 if let EndpointEvent::PullNeeded(p) = &ev {
                     if self.auto_pull {
-                        let data = self
-                            .windows
-                            .get(&(
-                                p.source.peer.peer_index,
-                                p.source.peer.endpoint,
-                                p.window.id,
-                            ))
-                            .map(|d| d[..(p.length as usize).min(d.len())].to_vec());
+                        let data = self.window_bytes(p);
                         let status = if data.is_some() {
                             Status::Success
                         } else {
