@@ -241,3 +241,37 @@ fn a_reset_partner_takes_its_early_pulled_messages_with_it() {
         "the new connection's message, not the old one"
     );
 }
+
+/// Early pulls run a bounded number at once: a transport's pulls are a shared quota,
+/// and receives posted later must still find room. The rest wait for their receive.
+#[test]
+fn a_burst_of_unexpected_messages_runs_at_most_sixteen_early_pulls_at_once() {
+    let mut s = pair(Config::default());
+    s.auto_pull = false;
+    let data: Vec<Vec<u8>> = (0..20).map(|i| pattern(10 + i, 40_000)).collect();
+    for (i, d) in data.iter().enumerate() {
+        send(&mut s, i as u8 + 1, d);
+    }
+    run(&mut s);
+    let early = early_pulls(&mut s);
+    assert_eq!(early.len(), 16);
+    for (p, d) in early.iter().zip(&data) {
+        let now = s.now;
+        s.nodes[1]
+            .ep
+            .early_pull_done(now, p.id, Ok(d.clone()))
+            .unwrap();
+    }
+    for d in &data[..16] {
+        recv(&mut s, 40_000);
+        let done = recv_done(&mut s);
+        assert_eq!(done.len(), 1);
+        assert_eq!(&done[0].data, d);
+    }
+    for _ in 16..20 {
+        let r = recv(&mut s, 40_000);
+        assert!(recv_done(&mut s).is_empty());
+        let p = pulls(&mut s);
+        assert_eq!((p.len(), p[0].id.0), (1, r), "pulled for its receive");
+    }
+}

@@ -290,6 +290,9 @@ impl InboundMessage {
     }
 }
 
+/// Early pulls one endpoint runs at once (see [`Config::early_pull_max`]).
+pub(crate) const EARLY_PULLS_IN_FLIGHT_MAX: usize = 16;
+
 /// One MX endpoint's protocol state machine.
 #[derive(Debug)]
 pub struct Endpoint {

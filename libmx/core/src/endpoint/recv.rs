@@ -297,8 +297,12 @@ impl Endpoint {
                 if let Content::Rndv(window) = inb.content {
                     // Only into the first half of the unexpected memory: eager
                     // messages, which have nowhere else to wait, keep the rest.
+                    // And a bounded number at once: a transport's pulls are a
+                    // shared quota (256 per guest in the engine), which
+                    // receives already posted must still find room in.
                     let fits = self.unexpected_bytes + msg_length as usize
-                        <= self.config.unexpected_bytes_max / 2;
+                        <= self.config.unexpected_bytes_max / 2
+                        && self.early_pulls.len() < EARLY_PULLS_IN_FLIGHT_MAX;
                     if msg_length > 0 && msg_length <= self.config.early_pull_max && fits {
                         let pull = self.alloc_request();
                         self.early_pulls.insert(pull, iid);
