@@ -131,7 +131,8 @@ impl Engine {
                         let (front, data) = frame.split_at_mut(fields);
                         // The fragment's slots, 4 KiB of the message each.
                         for (j, &slot) in group.iter().enumerate() {
-                            let (at, n) = frag_span(m.length, start / MEDIUM_FRAG_MAX + j, 12);
+                            let piece = start / MEDIUM_FRAG_MAX + j;
+                            let (at, n) = frag_span(m.length, piece, MEDIUM_FRAG_LEN_SHIFT);
                             let into = data.get_mut(at - start..at - start + n).ok_or(())?;
                             let offset = u64::from(slot) * MEDIUM_FRAG_MAX as u64;
                             memory.read(area, offset, into).map_err(|_| ())?;

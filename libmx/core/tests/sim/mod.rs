@@ -174,14 +174,19 @@ impl Sim {
         Some(d[..(p.length as usize).min(d.len())].to_vec())
     }
 
+    /// Puts every frame node `i` has ready on the simulated network.
+    fn transmit_all(&mut self, i: usize) {
+        while let Some(frame) = self.nodes[i].ep.poll_transmit() {
+            self.nodes[i].sent_frames += 1;
+            let src_host = self.nodes[i].host;
+            self.submit(src_host, frame);
+        }
+    }
+
     /// Collects every frame and event the endpoints have ready.
     pub fn pump(&mut self) {
         for i in 0..self.nodes.len() {
-            while let Some(frame) = self.nodes[i].ep.poll_transmit() {
-                self.nodes[i].sent_frames += 1;
-                let src_host = self.nodes[i].host;
-                self.submit(src_host, frame);
-            }
+            self.transmit_all(i);
             while let Some(ev) = self.nodes[i].ep.poll_event() {
                 if self.trace {
                     println!("{:?} node {i} event {:?}", self.now, ev);
@@ -196,11 +201,7 @@ impl Sim {
                         // Gone if its partner's connection was reset meanwhile.
                         let _ = self.nodes[i].ep.early_pull_done(now, p.id, data);
                         self.nodes[i].events.push(ev);
-                        while let Some(frame) = self.nodes[i].ep.poll_transmit() {
-                            self.nodes[i].sent_frames += 1;
-                            let src_host = self.nodes[i].host;
-                            self.submit(src_host, frame);
-                        }
+                        self.transmit_all(i);
                         continue;
                     }
                 }
@@ -227,11 +228,7 @@ impl Sim {
                             .expect("pull_done");
                         self.nodes[i].events.push(ev);
                         // pull_done may have queued a NOTIFY.
-                        while let Some(frame) = self.nodes[i].ep.poll_transmit() {
-                            self.nodes[i].sent_frames += 1;
-                            let src_host = self.nodes[i].host;
-                            self.submit(src_host, frame);
-                        }
+                        self.transmit_all(i);
                         continue;
                     }
                 }
