@@ -77,6 +77,14 @@ fn unexpected_handler() {
     program("unexp");
 }
 
+/// A receive the unexpected handler posts completes in the call whose
+/// progress met the message, before a later message's completion is seen.
+#[test]
+fn handler_receives_complete_in_the_call_that_met_them() {
+    assert!(program("handler_first")
+        .contains("the first poll took the first control packet, then the message"));
+}
+
 #[test]
 fn info_names_raw_and_init_checks() {
     program("info");

@@ -582,6 +582,18 @@ impl AppEndpoint {
             let mut st = self.lock_at(now)?;
             st.now = now;
             let mut moved = passes != Passes::After && self.progress_at(&mut st, now);
+            if passes != Passes::After && Self::handlers_pending(&st) {
+                // MX shows an unexpected message to the handler as progress
+                // meets it, so what the handler receives is complete when
+                // the call that progressed looks. An MPI that takes one
+                // completion of each kind per poll otherwise sees a later
+                // message (already matched) before the earlier ones its
+                // handler posts receives for.
+                drop(st);
+                self.run_handlers();
+                st = self.lock_at(now)?;
+                st.now = now;
+            }
             let r = f(self, &mut st);
             if passes != Passes::Before {
                 moved |= self.progress_at(&mut st, now);
@@ -1097,15 +1109,17 @@ impl AppEndpoint {
             // looking at an empty direct lane).
             let now = std::time::Instant::now();
             let core_now = core_time(now);
-            let (found, handlers) = {
+            let found = {
                 let mut st = self.lock_at(core_now)?;
                 self.progress_at(&mut st, core_now);
-                let found = check(self, &mut st);
-                (found, Self::handlers_pending(&st))
+                if Self::handlers_pending(&st) {
+                    // As in `with_passes`: handlers first, then the look.
+                    drop(st);
+                    self.run_handlers();
+                    st = self.lock_at(core_now)?;
+                }
+                check(self, &mut st)
             };
-            if handlers {
-                self.run_handlers();
-            }
             if found.is_some() {
                 return Ok(found);
             }

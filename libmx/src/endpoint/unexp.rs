@@ -12,6 +12,7 @@
 //! is pulled only once a receive takes it, straight into that receive's
 //! buffer.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 
@@ -22,6 +23,20 @@ use crate::abi::{MxMatchingCallback, MxReturn, MxUnexpHandler, MX_RECV_FINISHED}
 use crate::counters::{self, Counter};
 use crate::errors::{Failure, MxResult};
 use crate::runtime;
+
+thread_local! {
+    /// Whether this thread is showing arrivals to a handler.
+    static SHOWING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears [`SHOWING`] when a run ends, however it ends.
+struct ShowingGuard;
+
+impl Drop for ShowingGuard {
+    fn drop(&mut self) {
+        SHOWING.with(|s| s.set(false));
+    }
+}
 
 /// Who shows arrivals to the handler.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -98,10 +113,27 @@ impl AppEndpoint {
     /// arrival under the lock `mx_disable_progression` waits for, so none
     /// begins after the switch (it looked before its progress began, which
     /// the application's section may have begun during).
+    ///
+    /// An application call waits for another thread's run to end rather
+    /// than return before the handler has posted the receives of what its
+    /// own progress met (the look after the handlers must see them); the
+    /// progression thread never waits, and a run never starts inside this
+    /// thread's own run (a handler's MX calls, the library's own calls
+    /// between handlers).
     pub(super) fn run_handlers_from(&self, caller: Caller) {
-        let Ok(_one_at_a_time) = self.handlers.try_lock() else {
+        if SHOWING.with(Cell::get) {
             return;
+        }
+        let _one_at_a_time = if caller == Caller::Application {
+            self.handlers.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            let Ok(guard) = self.handlers.try_lock() else {
+                return;
+            };
+            guard
         };
+        SHOWING.with(|s| s.set(true));
+        let _showing = ShowingGuard;
         loop {
             if caller == Caller::ProgressionThread && self.progression_disabled() {
                 return;
