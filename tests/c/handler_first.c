@@ -28,7 +28,7 @@
 #define NCONTROL 3
 #define CONTROL_LEN 24
 
-static int ready, sent;
+static int connected, ready, sent;
 
 struct handler_state {
   mx_endpoint_t ep;
@@ -64,6 +64,7 @@ static void await_flag(int *flag, const char *what) {
 
 static void active(mx_endpoint_t ep, struct test_opts *o) {
   mx_endpoint_addr_t peer = test_connect(ep, o->host, o->remote_eid);
+  __atomic_store_n(&connected, 1, __ATOMIC_RELEASE);
   await_flag(&ready, "the passive side's receive");
   static unsigned char control[NCONTROL][CONTROL_LEN];
   static unsigned char message[8];
@@ -90,6 +91,14 @@ static void passive(mx_endpoint_t ep, struct test_opts *o) {
   mx_segment_t seg = {message, sizeof(message)};
   mx_request_t mreq;
   CHECK(mx_irecv(ep, &seg, 1, MESSAGE, FULL_MASK, &mreq, &mreq));
+  /* The active side's connect is answered before the endpoint is left alone. */
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!__atomic_load_n(&connected, __ATOMIC_ACQUIRE)) {
+    CHECK(mx_progress(ep));
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    EXPECT(t.tv_sec - t0.tv_sec < 60, "the active side did not connect in 60 s");
+  }
   mx_disable_progression(ep);
   __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
   await_flag(&sent, "the active side's sends");

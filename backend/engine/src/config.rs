@@ -29,7 +29,8 @@ pub struct EngineConfig {
     pub pull_retries_max: u32,
     /// Pulls one guest may have outstanding.
     pub max_pulls_per_guest: usize,
-    /// Sum of the lengths of one guest's outstanding pulls.
+    /// Sum of the lengths of one guest's outstanding pulls; a pull alone is taken
+    /// whatever its length.
     pub max_pull_bytes_per_guest: u64,
     /// Regions one guest may have registered, over all its endpoints.
     pub max_regions_per_guest: usize,

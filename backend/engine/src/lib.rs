@@ -394,6 +394,14 @@ impl Engine {
         self.guests.get(&guest)
     }
 
+    /// Whether a pull of `length` bytes by `guest` would be within its quotas now (a
+    /// caller that can wait holds a pull back instead of seeing it refused).
+    pub fn admits_pull(&self, guest: GuestId, length: u32) -> bool {
+        self.guests
+            .get(&guest)
+            .is_some_and(|nic| nic.usage.admits_pull(&self.config, length))
+    }
+
     /// Every guest's id, ascending.
     pub fn guest_ids(&self) -> Vec<GuestId> {
         let mut ids: Vec<GuestId> = self.guests.keys().copied().collect();

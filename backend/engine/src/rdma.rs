@@ -52,9 +52,7 @@ pub(crate) fn start_pull(
         ctx.refuse(link, s.endpoint, s.tag, ErrorCode::BadRegion);
         return;
     };
-    if usage.pulls >= ctx.config.max_pulls_per_guest
-        || usage.pull_bytes + u64::from(p.length) > ctx.config.max_pull_bytes_per_guest
-    {
+    if !usage.admits_pull(ctx.config, p.length) {
         link.counters.quota_refusals += 1;
         ctx.refuse(link, s.endpoint, s.tag, ErrorCode::NoResources);
         return;

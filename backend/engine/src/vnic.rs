@@ -10,7 +10,7 @@ use xmx_wire::mxoe::{Mac, NackType};
 use super::memory::{GuestMemory, RegionHandle};
 use super::pull::PullSlots;
 use super::wide::WideMedium;
-use super::{ClusterId, GuestId};
+use super::{ClusterId, EngineConfig, GuestId};
 
 /// Why the engine dropped a frame or a packet for a guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -228,6 +228,17 @@ pub(crate) struct EngineUsage {
     pub regions: usize,
     pub pulls: usize,
     pub pull_bytes: u64,
+}
+
+impl EngineUsage {
+    /// Whether the quotas take one more pull of `length` bytes. The byte quota bounds
+    /// what is outstanding together, never one message: a lone pull is taken whatever
+    /// its length (MX's messages reach 4 GiB - 1).
+    pub(crate) fn admits_pull(&self, config: &EngineConfig, length: u32) -> bool {
+        self.pulls < config.max_pulls_per_guest
+            && (self.pulls == 0
+                || self.pull_bytes + u64::from(length) <= config.max_pull_bytes_per_guest)
+    }
 }
 
 /// A registered region.

@@ -265,6 +265,35 @@ fn quotas_refuse_excess_pulls_without_disconnecting() {
     assert_eq!(nic.outstanding_pulls(), 2);
 }
 
+/// The byte quota limits what is outstanding together: a message longer than the
+/// quota (MX's reach 4 GiB - 1) is pulled when it is alone, and a second pull beside it
+/// is refused.
+#[test]
+fn a_lone_pull_longer_than_the_byte_quota_is_taken() {
+    let mut tb = Testbed::with_config(EngineConfig {
+        max_pull_bytes_per_guest: 10_000,
+        ..EngineConfig::default()
+    });
+    tb.region(1, 1, 1, vec![0; 100_000]);
+    let to3 = tb.route(3);
+    tb.send(1, req(to3, pull(1, 0, 50_000))).unwrap();
+    assert_eq!(tb.take_events(1), vec![]);
+    tb.send(1, req(to3, pull(1, 0, 1000))).unwrap();
+    assert_eq!(
+        tb.take_events(1),
+        vec![Event {
+            tag: 99,
+            body: EventBody::Error {
+                code: ErrorCode::NoResources
+            }
+        }]
+    );
+    let g1 = tb.guest(1).id;
+    let nic = tb.engines[0].guest(g1).unwrap();
+    assert_eq!(nic.counters().quota_refusals, 1);
+    assert_eq!(nic.outstanding_pulls(), 1);
+}
+
 #[test]
 fn region_quota_is_per_guest() {
     let mut tb = Testbed::with_config(EngineConfig {

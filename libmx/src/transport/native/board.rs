@@ -143,6 +143,23 @@ struct BoardWindow {
     cached: bool,
 }
 
+/// How long pulls held for room wait without any pull of the board ending before
+/// they fail with `NoResources`: every pull in progress ends (done, or failed by its own
+/// retries), so room comes unless something is wrong, and then the receives must not
+/// wait without a bound.
+const PULL_HELD_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A pull waiting for room: the engine's pull quotas, or a free region id of its
+/// endpoint. MX never fails a receive for want of either.
+struct HeldPull {
+    index: u8,
+    id: RequestId,
+    source: PeerAddr,
+    window: RdmaWindow,
+    dest: Segments,
+    length: u32,
+}
+
 /// A receive's buffer, registered while a pull writes into it.
 struct BoardSink {
     id: RequestId,
@@ -212,6 +229,8 @@ pub(crate) struct BoardCounters {
     pub(crate) lane_taken: u64,
     /// Frames on this process's lanes from another user's process: dropped.
     pub(crate) lane_refused: u64,
+    /// Pulls that waited for room before they started.
+    pub(crate) pulls_held: u64,
 }
 
 /// The engine, its link and the endpoints. See the module documentation.
@@ -236,6 +255,10 @@ pub(super) struct Board {
     lane_buf: Vec<u8>,
     /// Readable when a lane of ours has frames.
     lane_set: LaneSet,
+    /// Pulls waiting for room, oldest first.
+    held_pulls: VecDeque<HeldPull>,
+    /// Since when the held pulls wait without a pull of the board ending.
+    held_since: Option<Instant>,
 }
 
 impl Board {
@@ -283,6 +306,8 @@ impl Board {
             lanes,
             lane_buf,
             lane_set,
+            held_pulls: VecDeque::new(),
+            held_since: None,
         };
         board.set_peers(entries, false)?;
         Ok(board)
@@ -499,6 +524,8 @@ impl Board {
         if slot.lingering.is_some() {
             return;
         }
+        // Never started, and their buffers are the application's to free now.
+        self.held_pulls.retain(|p| p.index != index);
         let mut handles: Vec<RegionHandle> = Vec::new();
         for (id, w) in slot.windows.drain() {
             let _ = self.engine.deregister_region(GUEST, index, id);
@@ -719,15 +746,62 @@ impl Board {
         if length as usize > dest.len() {
             return PullProgress::Done(Err(Status::BadRdmawin));
         }
+        let Some(slot) = self.slots.get(&index) else {
+            return PullProgress::Done(Err(Status::Aborted));
+        };
+        if slot.sessions.get(source).is_none() {
+            tracing::warn!(
+                ?source,
+                "no session known for the sender of a LARGE message"
+            );
+            return PullProgress::Done(Err(Status::EndpointUnreachable));
+        }
+        let pull = HeldPull {
+            index,
+            id,
+            source,
+            window,
+            dest: dest.clone(),
+            length,
+        };
+        // Behind pulls already held, in order: a later receive must not take the
+        // room an earlier one waits for.
+        if self.held_pulls.is_empty() && self.has_room_for_pull(index, length) {
+            return self.issue_pull(now, pull);
+        }
+        tracing::debug!(index, ?id, length, "pull held until a pull ends");
+        self.counters.pulls_held += 1;
+        self.held_since.get_or_insert(now);
+        self.held_pulls.push_back(pull);
+        PullProgress::Started
+    }
+
+    /// Whether a pull of `length` bytes for endpoint `index` could start now: within
+    /// the engine's pull quotas, and with a region id free (windows and pulls take
+    /// distinct ones).
+    fn has_room_for_pull(&self, index: u8, length: u32) -> bool {
+        self.engine.admits_pull(GUEST, length)
+            && self
+                .slots
+                .get(&index)
+                .is_some_and(|s| s.windows.len() + s.sinks.len() < REGION_IDS)
+    }
+
+    /// Registers `pull`'s destination and asks the engine to pull into it.
+    fn issue_pull(&mut self, now: Instant, pull: HeldPull) -> PullProgress {
+        let HeldPull {
+            index,
+            id,
+            source,
+            window,
+            dest,
+            length,
+        } = pull;
         let handle = self.new_region_handle();
         let Some(slot) = self.slots.get_mut(&index) else {
             return PullProgress::Done(Err(Status::Aborted));
         };
         let Some(session) = slot.sessions.get(source) else {
-            tracing::warn!(
-                ?source,
-                "no session known for the sender of a LARGE message"
-            );
             return PullProgress::Done(Err(Status::EndpointUnreachable));
         };
         let Some(region) = slot.free_region() else {
@@ -757,6 +831,53 @@ impl Board {
             return PullProgress::Done(Err(Status::Aborted));
         }
         PullProgress::Started
+    }
+
+    /// Starts the held pulls there is room for now, oldest first; fails them all
+    /// once no pull has ended for [`PULL_HELD_MAX`].
+    fn start_held_pulls(&mut self, now: Instant) {
+        while let Some(pull) = self.held_pulls.front() {
+            if !self.slots.contains_key(&pull.index) {
+                self.held_pulls.pop_front();
+                continue;
+            }
+            if !self.has_room_for_pull(pull.index, pull.length) {
+                break;
+            }
+            let Some(pull) = self.held_pulls.pop_front() else {
+                break;
+            };
+            let (index, id) = (pull.index, pull.id);
+            if let PullProgress::Done(result) = self.issue_pull(now, pull) {
+                self.pull_finished(index, id, result);
+            }
+        }
+        if self.held_pulls.is_empty() {
+            self.held_since = None;
+            return;
+        }
+        let since = *self.held_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= PULL_HELD_MAX {
+            tracing::warn!(
+                pulls = self.held_pulls.len(),
+                "no room for held pulls: they fail"
+            );
+            for pull in std::mem::take(&mut self.held_pulls) {
+                self.pull_finished(pull.index, pull.id, Err(Status::NoResources));
+            }
+            self.held_since = None;
+        }
+    }
+
+    /// Tells endpoint `index` that pull `id` is over.
+    fn pull_finished(&mut self, index: u8, id: RequestId, result: Result<(), Status>) {
+        let Some(slot) = self.slots.get(&index) else {
+            return;
+        };
+        slot.mailbox.put_pulls([(id, result)]);
+        if !self.rings.iter().any(|m| Arc::ptr_eq(m, &slot.mailbox)) {
+            self.rings.push(slot.mailbox.clone());
+        }
     }
 
     /// Takes in every frame waiting on the link; returns how many.
@@ -808,7 +929,8 @@ impl Board {
     pub(super) fn next_timer(&self) -> Option<Instant> {
         let linger = self.slots.values().filter_map(|s| s.lingering).min();
         let lanes = self.lanes.retry_at();
-        [self.engine.poll_timeout(), linger, lanes]
+        let held = self.held_since.map(|t| t + PULL_HELD_MAX);
+        [self.engine.poll_timeout(), linger, lanes, held]
             .into_iter()
             .flatten()
             .min()
@@ -832,6 +954,10 @@ impl Board {
         self.send_transmits();
         while let Some(ev) = self.engine.poll_event() {
             self.deliver(ev, inbox.as_mut());
+        }
+        if !self.held_pulls.is_empty() {
+            self.start_held_pulls(clock.now());
+            self.send_transmits();
         }
         if !self.replay.is_empty() {
             let now = clock.now();
@@ -989,6 +1115,8 @@ impl Board {
                 }
                 self.memory.remove_region(sink.handle);
                 slot.mailbox.put_pulls([(sink.id, result.map(|_| ()))]);
+                // Room came: the held pulls' wait starts over.
+                self.held_since = None;
             }
             Err(e) => {
                 self.counters.unreadable += 1;

@@ -267,6 +267,47 @@ fn large_data_is_pulled_from_the_senders_buffer_until_released() {
     );
 }
 
+/// More LARGE receives pulling at once than the engine's pull quota (256 per
+/// process) and an endpoint's region ids (256) allow: the pulls beyond wait for room
+/// and start as others end, and every receive gets its bytes (MX fails none of them).
+#[test]
+fn pulls_beyond_the_quota_wait_for_room_instead_of_failing() {
+    let (a, b) = boards(true);
+    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
+    let bell_b = bell();
+    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
+    pa.transmit(connect(1, IDX_B, 2, pa.session()));
+    next_frame(&mut pb, &bell_b);
+
+    const PULLS: usize = 300;
+    // Long enough that the 45 pulls beyond the quota are posted long before 45
+    // others could have ended.
+    const LEN: usize = 512 << 10;
+    let mut src: Vec<u8> = (0..LEN as u32).map(|i| (i * 7 % 251) as u8).collect();
+    let window = pa.regions().register(&segments(&mut src)).expect("window");
+    let mut dst = vec![vec![0u8; LEN]; PULLS];
+    let from = PeerAddr::new(IDX_A, 1);
+    let regions = pb.regions();
+    for (i, d) in dst.iter_mut().enumerate() {
+        let started = regions.pull(RequestId(i as u64), from, window, &segments(d), LEN as u32);
+        assert_eq!(started, PullProgress::Started, "pull {i}");
+    }
+    assert!(b.counters().pulls_held > 0, "no pull waited for room");
+    let mut done = vec![false; PULLS];
+    for _ in 0..PULLS {
+        let (id, result) = wait_for(&bell_b, || regions.completed_pull());
+        assert_eq!(result, Ok(()), "pull {id:?}");
+        assert!(
+            !std::mem::replace(&mut done[id.0 as usize], true),
+            "{id:?} twice"
+        );
+    }
+    for (i, d) in dst.iter().enumerate() {
+        assert_eq!(d[..], src[..], "pull {i}'s bytes");
+    }
+    assert_eq!(b.mapped_regions(), 0, "every destination unmapped");
+}
+
 #[test]
 fn a_pull_from_an_endpoint_never_connected_fails() {
     let (a, b) = boards(true);

@@ -43,8 +43,8 @@ const PULL_RESERVE: usize = 8;
 pub(crate) const CACHE_CAPACITY: usize = 32;
 
 /// How long a pull is held back (the send ring full, or the backend refusing it for lack
-/// of room) before its receive fails: a backend that stays alive but never makes room must
-/// not leave the receive waiting without a bound.
+/// of room) with no pull of the link ending before its receive fails: a backend that stays
+/// alive but never makes room must not leave the receive waiting without a bound.
 const PULL_HELD_MAX: Duration = Duration::from_secs(10);
 
 /// Bytes of windows an endpoint lends to peers at once (a send's window holds its grants
@@ -631,6 +631,11 @@ impl XenLink {
         }
         if !pulls.is_empty() {
             mailbox.put_pulls(pulls);
+            // Room came: the held pulls' bounded wait starts over (a long queue of
+            // LARGE receives behind one another is not a backend that never makes room).
+            for sink in &mut self.deferred {
+                sink.held_since = None;
+            }
             // Their windows are back: a starved pull may register now.
             self.feed_starved(mailbox, reg);
         }
