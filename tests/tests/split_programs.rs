@@ -203,7 +203,8 @@ fn ranks_exchanging_large_messages(c: &SimCluster, dir: &Path) {
 /// uses while another endpoint of the guest receives: that receive waits for them to be
 /// given back. No receive fails with `MX_STATUS_NO_RESOURCES`, and every byte lands in
 /// its own buffer. `too_large` sends 32 MiB, more than a guest can ever register: the
-/// send ends with `MX_STATUS_NO_RESOURCES` after its bounded wait, not never.
+/// send ends with `MX_STATUS_NO_RESOURCES` after its bounded wait, not never; then 100
+/// MiB, longer than any guest region: that send fails at once, the log naming the limit.
 #[test]
 fn messages_short_of_grants_wait_for_room() {
     if skipped("messages_short_of_grants_wait_for_room") {
@@ -227,13 +228,6 @@ fn messages_short_of_grants_wait_for_room() {
             "2 messages of 8388608 bytes to one endpoint, then one to another",
             &PLACEMENTS[..],
         ),
-        (
-            "too_large",
-            "the message after the oversized one arrived",
-            "a 33554432-byte send failed with Out of resources, and the next one went",
-            // The wait is the same in either placement (ten seconds): one is enough.
-            &PLACEMENTS[..1],
-        ),
     ];
     for (name, passive_says, active_says, placements) in programs {
         let bin = cprog::build(name, dir.path());
@@ -242,6 +236,23 @@ fn messages_short_of_grants_wait_for_room() {
             both_said(&p, &a, passive_says, active_says);
         }
     }
+    // The wait is the same in either placement (ten seconds): one is enough.
+    let bin = cprog::build("too_large", dir.path());
+    let (_, passive, active) = PLACEMENTS[0];
+    let (p, a) = c.run_pair(&bin, passive, active, &[("MX_VERBOSE", "1")]);
+    both_said(
+        &p,
+        &a,
+        "the message after the oversized one arrived",
+        "sends of 33554432 and 104857600 bytes failed with Out of resources, and the next one \
+         went",
+    );
+    assert!(
+        a.stderr
+            .contains("a LARGE message longer than one window of this transport holds"),
+        "the 100 MiB send's failure names the limit:\n{}",
+        a.stderr
+    );
 }
 
 #[test]

@@ -868,9 +868,13 @@ impl AppEndpoint {
                         let _ = st.core.pull_done(now, p.id, Status::Aborted);
                         return;
                     };
-                    let progress =
+                    let progress = if Self::beyond_one_window(st, p.length as usize) {
+                        // No room would ever come: waiting for it only delays the error.
+                        PullProgress::Done(Err(Status::NoResources))
+                    } else {
                         st.regions
-                            .pull(p.id, p.source.peer, p.window, &r.segs, p.length);
+                            .pull(p.id, p.source.peer, p.window, &r.segs, p.length)
+                    };
                     if let PullProgress::Done(result) = progress {
                         self.finish_pull(st, now, p.id, result);
                     }
@@ -1044,6 +1048,21 @@ impl AppEndpoint {
             return st.regions.register(&segs);
         }
         st.regions.register(&r.segs)
+    }
+
+    /// Whether a LARGE message of `len` bytes is longer than one window of the
+    /// transport holds (a guest's region: 96 MiB), said in the log when it is.
+    pub(super) fn beyond_one_window(st: &EndpointState, len: usize) -> bool {
+        let Some(max) = st.regions.window_len_max().filter(|&max| len > max) else {
+            return false;
+        };
+        tracing::warn!(
+            len,
+            max,
+            "a LARGE message longer than one window of this transport holds: it fails \
+             with MX_STATUS_NO_RESOURCES"
+        );
+        true
     }
 
     fn launch_large(

@@ -165,6 +165,12 @@ impl AppEndpoint {
                 ep.eager_sent(st, seq, id);
                 Ok(ep.token(seq))
             } else {
+                if Self::beyond_one_window(st, segs.len()) {
+                    r.code = Status::NoResources;
+                    let seq = ep.new_request(st, r);
+                    ep.complete(st, seq);
+                    return Ok(ep.token(seq));
+                }
                 r.segs = segs;
                 let seq = ep.new_request(st, r);
                 if st.waiting_large.is_empty() {

@@ -249,6 +249,11 @@ pub(crate) trait Regions: Send + Sync {
     fn completed_pull(&self) -> Option<(RequestId, Result<(), Status>)> {
         None
     }
+    /// The longest LARGE message one window (a send's, a pull's destination) can
+    /// hold, if the transport bounds it (`None`: MX's own 4 GiB - 1).
+    fn window_len_max(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A raw endpoint (mapper traffic): whole frames, no protocol.

@@ -251,6 +251,12 @@ pub(crate) struct XenRegions {
 }
 
 impl Regions for XenRegions {
+    fn window_len_max(&self) -> Option<usize> {
+        // A guest's region is named to the backend by at most REGION_INFO_REFS_MAX
+        // pages of grant refs.
+        Some(xmx_wire::msg::REGION_PAGES_MAX * xmx_wire::ring::PAGE_SIZE)
+    }
+
     fn register(&self, data: &Segments) -> Option<RdmaWindow> {
         let mut reg = FrontdRegistrar(&self.shared.client);
         lock(&self.ep.link).register(&mut reg, data)
