@@ -44,9 +44,21 @@ const FRAMES_PER_ROUND: usize = 256;
 /// goes to receives first, since a send's window holds its grants until a peer pulls it,
 /// and sends that took all of two guests' grants would leave neither able to pull.
 const WINDOW_RETRY: Duration = Duration::from_millis(100);
-/// How long a LARGE send waits for a window before it fails with
-/// `MX_STATUS_NO_RESOURCES` (as long as a pull waits for room to register).
+/// How long a LARGE send waits for a window, with no send of its endpoint giving one
+/// back, before it fails with `MX_STATUS_NO_RESOURCES` (as long as a pull waits for room).
 const WINDOW_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Whether a LARGE send queued at `queued` for a window has waited too long at `now`,
+/// the endpoint's sends having last given a window back at `returned`: a long queue of
+/// sends that move is not a transport that never makes room.
+fn window_wait_over(
+    queued: xmx_mx::Instant,
+    returned: Option<xmx_mx::Instant>,
+    now: xmx_mx::Instant,
+) -> bool {
+    let since = returned.map_or(queued, |r| r.max(queued));
+    now.saturating_since(since) >= WINDOW_WAIT_MAX
+}
 
 /// The protocol core's time ([`runtime::now`]) at the wall-clock instant
 /// `t`, so one clock reading serves both clocks.
@@ -99,6 +111,8 @@ pub(crate) struct EndpointState {
     /// LARGE sends waiting for a free window, and the sends posted after
     /// them, in posting order, each with when it was queued.
     waiting_large: VecDeque<(u64, xmx_mx::Instant)>,
+    /// When a LARGE send of the endpoint last gave its window back.
+    window_returned: Option<xmx_mx::Instant>,
     addr_contexts: FxHashMap<(u64, u8), usize>,
     pub(crate) unexp: unexp::Unexp,
     completed: bool,
@@ -289,6 +303,7 @@ impl AppEndpoint {
                 next_done: 1,
                 zombies: 0,
                 waiting_large: VecDeque::new(),
+                window_returned: None,
                 addr_contexts: FxHashMap::default(),
                 unexp: unexp::Unexp::default(),
                 completed: false,
@@ -842,6 +857,7 @@ impl AppEndpoint {
                     r.code = status;
                     if let Some(w) = r.window.take() {
                         st.regions.release(w);
+                        st.window_returned = Some(now);
                     }
                     if r.kind == (RequestKind::Send { eager: false }) {
                         // Rendezvous: what the receiver took.
@@ -1014,7 +1030,7 @@ impl AppEndpoint {
                 continue;
             }
             let Some(window) = self.window_for(st, seq) else {
-                if now.saturating_since(queued) < WINDOW_WAIT_MAX {
+                if !window_wait_over(queued, st.window_returned, now) {
                     return;
                 }
                 tracing::warn!(
@@ -1237,5 +1253,27 @@ impl AppEndpoint {
     pub(crate) fn addr_context(&self, addr: &Addr) -> MxResult<usize> {
         let st = self.lock()?;
         Ok(st.addr_contexts.get(&addr.remote()).copied().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod window_wait_tests {
+    use super::*;
+
+    fn at(secs: u64) -> xmx_mx::Instant {
+        xmx_mx::Instant::from_millis(secs * 1000)
+    }
+
+    /// A send behind a long queue of sends that give windows back keeps waiting; one
+    /// that sees no window come back for the bound fails.
+    #[test]
+    fn a_send_waits_while_windows_come_back_and_fails_when_none_do() {
+        assert!(!window_wait_over(at(0), None, at(9)));
+        assert!(window_wait_over(at(0), None, at(10)));
+        // Queued 12 s ago, a window came back 2 s ago: still waiting.
+        assert!(!window_wait_over(at(0), Some(at(10)), at(12)));
+        // A window came back before it was queued: the queueing counts.
+        assert!(window_wait_over(at(5), Some(at(1)), at(15)));
+        assert!(window_wait_over(at(0), Some(at(10)), at(20)));
     }
 }
