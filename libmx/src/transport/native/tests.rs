@@ -221,15 +221,30 @@ fn a_closed_endpoint_is_nacked_by_the_peer_board() {
     );
 }
 
-#[test]
-fn large_data_is_pulled_from_the_senders_buffer_until_released() {
+/// Boards A and B, endpoint 1's port on A, endpoint 2's on B, B's doorbell.
+type ConnectedBoards = (
+    Arc<Native>,
+    Arc<Native>,
+    Box<dyn TransportPort>,
+    Box<dyn TransportPort>,
+    Arc<Doorbell>,
+);
+
+/// Boards A and B with endpoint 1 open on A and 2 on B, B knowing A's session from A's
+/// connect request.
+fn connected_boards() -> ConnectedBoards {
     let (a, b) = boards(true);
     let mut pa = a.open(0, Some(1), bell(), false).unwrap();
     let bell_b = bell();
     let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
-    // B learns A's session from A's connect request.
     pa.transmit(connect(1, IDX_B, 2, pa.session()));
     next_frame(&mut pb, &bell_b);
+    (a, b, pa, pb, bell_b)
+}
+
+#[test]
+fn large_data_is_pulled_from_the_senders_buffer_until_released() {
+    let (a, b, pa, pb, bell_b) = connected_boards();
 
     let mut src: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 256) as u8).collect();
     let window = pa.regions().register(&segments(&mut src)).expect("window");
@@ -272,12 +287,7 @@ fn large_data_is_pulled_from_the_senders_buffer_until_released() {
 /// and start as others end, and every receive gets its bytes (MX fails none of them).
 #[test]
 fn pulls_beyond_the_quota_wait_for_room_instead_of_failing() {
-    let (a, b) = boards(true);
-    let mut pa = a.open(0, Some(1), bell(), false).unwrap();
-    let bell_b = bell();
-    let mut pb = b.open(0, Some(2), bell_b.clone(), false).unwrap();
-    pa.transmit(connect(1, IDX_B, 2, pa.session()));
-    next_frame(&mut pb, &bell_b);
+    let (_a, b, pa, pb, bell_b) = connected_boards();
 
     const PULLS: usize = 300;
     // Long enough that the 45 pulls beyond the quota are posted long before 45
