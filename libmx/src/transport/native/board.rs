@@ -808,10 +808,11 @@ impl Board {
             tracing::warn!(index, "every region id is in use");
             return PullProgress::Done(Err(Status::NoResources));
         };
-        self.memory.add_region(handle, dest.clone());
+        let len = dest.len() as u64;
+        self.memory.add_region(handle, dest);
         if let Err(e) = self
             .engine
-            .register_region(GUEST, index, region, handle, dest.len() as u64)
+            .register_region(GUEST, index, region, handle, len)
         {
             tracing::warn!(%e, "pull destination not registered");
             self.memory.remove_region(handle);
@@ -875,9 +876,7 @@ impl Board {
             return;
         };
         slot.mailbox.put_pulls([(id, result)]);
-        if !self.rings.iter().any(|m| Arc::ptr_eq(m, &slot.mailbox)) {
-            self.rings.push(slot.mailbox.clone());
-        }
+        self.ring_later(index);
     }
 
     /// Takes in every frame waiting on the link; returns how many.
@@ -1114,9 +1113,10 @@ impl Board {
                     tracing::debug!(%e, "pull destination already gone");
                 }
                 self.memory.remove_region(sink.handle);
-                slot.mailbox.put_pulls([(sink.id, result.map(|_| ()))]);
                 // Room came: the held pulls' wait starts over.
                 self.held_since = None;
+                self.pull_finished(endpoint, sink.id, result.map(|_| ()));
+                return;
             }
             Err(e) => {
                 self.counters.unreadable += 1;
@@ -1124,7 +1124,12 @@ impl Board {
                 return;
             }
         }
-        let Some(slot) = self.slots.get(&endpoint) else {
+        self.ring_later(endpoint);
+    }
+
+    /// Rings endpoint `index`'s mailbox once the board's lock is released.
+    fn ring_later(&mut self, index: u8) {
+        let Some(slot) = self.slots.get(&index) else {
             return;
         };
         if !self.rings.iter().any(|m| Arc::ptr_eq(m, &slot.mailbox)) {
