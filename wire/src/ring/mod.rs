@@ -48,7 +48,7 @@ use std::sync::atomic::Ordering;
 
 pub use back::BackRing;
 pub use front::FrontRing;
-pub use shared::SharedMem;
+pub use shared::{copy_shared, SharedMem};
 
 /// Offsets of the shared header fields and of the slot array.
 pub mod layout {

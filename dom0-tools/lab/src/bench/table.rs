@@ -106,9 +106,14 @@ fn table(
     format!("{title}\n{}", align(&rows))
 }
 
-/// The tables, then why setups were n/a and which cells failed.
+/// The tables, then why setups were n/a and which cells failed; nothing when no size-by-size
+/// setup was asked for (`--setups guest-scaling` alone), rather than tables of sizes with no
+/// column.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
+    if report.setups.is_empty() {
+        return out;
+    }
     out.push_str(&table(
         report,
         "Half round-trip latency (ping-pong), microseconds",
@@ -376,5 +381,12 @@ mod tests {
         let lines: Vec<&str> = text.lines().skip(1).take(4).collect();
         let bars = |l: &str| l.match_indices('|').map(|(i, _)| i).collect::<Vec<_>>();
         assert!(lines.windows(2).all(|w| bars(w[0]) == bars(w[1])), "{text}");
+        // With no size-by-size setup (the scaling setup alone) there is no table at all.
+        let empty = Report {
+            setups: vec![],
+            ratios: vec![],
+            ..report
+        };
+        assert_eq!(render(&empty), "");
     }
 }

@@ -800,8 +800,9 @@ impl XenLink {
             // SAFETY: `addr..addr + len` is part of the send's buffer, which
             // MX keeps valid and unchanged while the send is pending (it is:
             // the window is still lent); `dst + at .. + len` is within the
-            // `n` bytes the caller vouches for.
-            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.add(at), len) };
+            // `n` bytes the caller vouches for, shared memory (a direct
+            // channel's lane) its other side may write meanwhile.
+            unsafe { xmx_wire::ring::copy_shared(addr as *const u8, dst.add(at), len) };
             at += len;
         });
         at == n

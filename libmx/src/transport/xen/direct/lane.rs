@@ -20,6 +20,7 @@
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use xmx_hv::PAGE_SIZE;
+use xmx_wire::ring::copy_shared;
 
 use super::codec::MAX_RECORD as MAX_FRAME;
 
@@ -273,10 +274,9 @@ impl Producer {
         self.header(pos, len as u32, KIND_FRAME);
         // SAFETY: `pos + total <= DATA_BYTES` (checked above: the record fits
         // before the end), so both writes stay inside the lane's data area;
-        // the consumer does not read these bytes before `prod` is released.
-        unsafe {
-            std::ptr::copy_nonoverlapping(head.as_ptr(), self.end.data(pos + HEADER), head.len());
-        }
+        // the consumer does not read these bytes before `prod` is released
+        // (one that does anyway races on values: `copy_shared`).
+        unsafe { copy_shared(head.as_ptr(), self.end.data(pos + HEADER), head.len()) }
         if body_len > 0 && !fill(self.end.data(pos + HEADER + head.len())) {
             return Ok(Pushed::Full);
         }
@@ -346,7 +346,7 @@ impl Producer {
         h[4..].copy_from_slice(&kind.to_le_bytes());
         // SAFETY: `pos` is 8-aligned and below DATA_BYTES, whose size is a
         // multiple of 8, so the 8 header bytes are inside the data area.
-        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.end.data(pos), HEADER) }
+        unsafe { copy_shared(h.as_ptr(), self.end.data(pos), HEADER) }
     }
 }
 
@@ -387,7 +387,7 @@ impl Consumer {
             // SAFETY: `pos` is 8-aligned (every advance is a multiple of 8)
             // and below DATA_BYTES: the header is inside the data area. The
             // bytes are copied before they are looked at.
-            unsafe { std::ptr::copy_nonoverlapping(self.end.data(pos), h.as_mut_ptr(), HEADER) };
+            unsafe { copy_shared(self.end.data(pos), h.as_mut_ptr(), HEADER) };
             let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
             let kind = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
             let step = match kind {
@@ -425,9 +425,7 @@ impl Consumer {
             // SAFETY: `rec` was checked by `peek` to lie inside the data area
             // (`rec.pos + HEADER + rec.len <= DATA_BYTES`) and `offset + n <=
             // rec.len`; the caller vouches for `dst`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.end.data(rec.pos + HEADER + offset), dst, n)
-            };
+            unsafe { copy_shared(self.end.data(rec.pos + HEADER + offset), dst, n) };
         }
         n
     }
