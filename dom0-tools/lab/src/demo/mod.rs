@@ -93,6 +93,12 @@ const LIBRARY: &str = "libmyriexpress.so";
 /// Version of the JSON document.
 pub const SCHEMA: &str = "xmx-demo/2";
 
+/// Printed under the figures: TCP's bandwidth over the simulated hosts' veth is no wire's.
+const TCP_BASELINE_CAVEAT: &str =
+    "TCP here crosses a veth, which no wire bounds: it moves 64 KiB segments \
+(segmentation\noffload) where MXoE frames carry at most 9000 bytes; on a real link both meet the \
+wire's rate\n(docs/mpi.md, \"Bandwidth over a veth\").";
+
 /// Arguments of `xmx demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -710,6 +716,8 @@ impl Demo {
             ratios,
         };
         self.console.show(&table::render(&report));
+        // The ratios to TCP are the first figures a newcomer reads: say what bounds them.
+        self.console.show(TCP_BASELINE_CAVEAT);
         self.figures = Some(report);
         if let Some(e) = failed {
             interrupt::check()?;
