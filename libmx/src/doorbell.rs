@@ -54,24 +54,12 @@ const IDLE_CALLS_PER_YIELD: u32 = 4;
 pub(crate) const ARRIVAL_SLEEP_MAX: Duration = Duration::from_millis(50);
 
 /// How long after it saw a thread sleeping on an endpoint's arrival
-/// descriptor a driver looks at that endpoint again ([`Doorbell::port_taken_until`]),
-/// the first time. Between its looks an application that left its wait to
-/// compute has its arrivals taken in that much later (within MX's ack delay,
-/// 1/64 s), instead of a lease later.
+/// descriptor a driver looks at that endpoint again ([`Doorbell::driven_until`]).
+/// Between its looks an application that left its wait to compute has its
+/// arrivals taken in that much later (within MX's ack delay, 1/64 s), instead
+/// of a lease later.
 pub(crate) const ARRIVAL_REWATCH: Duration = Duration::from_millis(10);
 const ARRIVAL_REWATCH_NS: u64 = ARRIVAL_REWATCH.as_nanos() as u64;
-
-/// The longest the interval between a driver's looks grows to while every
-/// look finds a thread asleep on the arrival descriptor: it doubles from
-/// [`ARRIVAL_REWATCH`] at each such look, and starts again at any other. An
-/// application that mostly waits (a stream's receiver, a rank blocked on its
-/// peers) then costs its driver 25 wake-ups a second, not 100: with 40
-/// blocked guests per host on two cores those looks were a seventh of the
-/// machine and found nothing. The price: an application that leaves such a
-/// long wait to compute has its next arrivals taken in up to this late, well
-/// within MX's resend delay (500 ms).
-pub(crate) const ARRIVAL_REWATCH_MAX: Duration = Duration::from_millis(40);
-const ARRIVAL_REWATCH_MAX_NS: u64 = ARRIVAL_REWATCH_MAX.as_nanos() as u64;
 
 /// Something to tell when a doorbell rings while no application thread
 /// waits on it (the background progression thread).
@@ -107,9 +95,6 @@ pub(crate) struct Doorbell {
     /// A thread sleeps on its transport's arrival descriptor
     /// ([`Doorbell::sleep_on`]); at most one does, the others on `cond`.
     arrival_sleeper: AtomicBool,
-    /// The interval until the driver's next look while a thread sleeps on the
-    /// arrival descriptor, nanoseconds ([`ARRIVAL_REWATCH_MAX`]).
-    rewatch_ns: AtomicU64,
     /// Made readable by a ring while `arrival_sleeper` is set (`None`: no
     /// eventfd could be made; every sleeper then sleeps on `cond`).
     ring_fd: Option<EventFd>,
@@ -142,7 +127,6 @@ impl Doorbell {
             deferred: AtomicBool::new(false),
             idle_calls: AtomicU32::new(0),
             arrival_sleeper: AtomicBool::new(false),
-            rewatch_ns: AtomicU64::new(ARRIVAL_REWATCH_NS),
             ring_fd: EventFd::from_value_and_flags(
                 0,
                 EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
@@ -231,21 +215,13 @@ impl Doorbell {
     /// is still the driver's to watch while that thread sleeps. Looked at
     /// again a while later, not a lease: the driver would wake a thousand
     /// times a second for each sleeping endpoint (with 80 blocked
-    /// applications, more wake-ups than the arrivals it no longer relays);
-    /// and later still while every look finds a thread asleep there
-    /// ([`ARRIVAL_REWATCH_MAX`]). Called by the endpoint's one driver.
+    /// applications, more wake-ups than the arrivals it no longer relays).
     pub(crate) fn port_taken_until(&self, now_ns: u64) -> Option<u64> {
-        let driven = self.driven_until(now_ns);
-        if driven.is_some() || !self.arrival_sleeper.load(Ordering::SeqCst) {
-            self.rewatch_ns.store(ARRIVAL_REWATCH_NS, Ordering::Relaxed);
-            return driven;
-        }
-        let interval = self.rewatch_ns.load(Ordering::Relaxed);
-        self.rewatch_ns.store(
-            interval.saturating_mul(2).min(ARRIVAL_REWATCH_MAX_NS),
-            Ordering::Relaxed,
-        );
-        Some(now_ns.saturating_add(interval))
+        self.driven_until(now_ns).or_else(|| {
+            self.arrival_sleeper
+                .load(Ordering::SeqCst)
+                .then(|| now_ns.saturating_add(ARRIVAL_REWATCH_NS))
+        })
     }
 
     /// Wakes every waiter, but not the background thread: for events the
@@ -555,30 +531,6 @@ mod tests {
             None,
             "nobody attends: the driver watches"
         );
-    }
-
-    #[test]
-    fn the_driver_looks_less_often_while_a_thread_stays_asleep_on_arrivals() {
-        let d = Arc::new(Doorbell::new(Duration::ZERO, 0, None));
-        let port = arrival();
-        let t = arrival_sleeper(&d, port.as_raw_fd());
-        let now = crate::runtime::now().as_nanos();
-        let looks: Vec<u64> = (0..5)
-            .map(|_| d.port_taken_until(now).expect("the sleeper has the port") - now)
-            .collect();
-        let ms = Duration::from_millis(1).as_nanos() as u64;
-        assert_eq!(looks, [10 * ms, 20 * ms, 40 * ms, 40 * ms, 40 * ms]);
-        assert_eq!(ARRIVAL_REWATCH_MAX_NS, 40 * ms);
-        port.write(1).expect("signal");
-        assert_eq!(t.join().expect("sleeper"), Some(true));
-        // The thread left: the driver watches the port, and the next sleep is
-        // looked at after the first interval again.
-        assert_eq!(d.port_taken_until(now), None);
-        let port = arrival();
-        let t = arrival_sleeper(&d, port.as_raw_fd());
-        assert_eq!(d.port_taken_until(now), Some(now + ARRIVAL_REWATCH_NS));
-        port.write(1).expect("signal");
-        assert_eq!(t.join().expect("sleeper"), Some(true));
     }
 
     #[test]
